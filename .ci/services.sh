@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Ensure the local services exist and write the resolved settings to .local/env (sourced by every target
+# and read by the tests). Idempotent: what runs already is reused. Starts only what is missing and records
+# each PID under .local/ so `make stop` stops exactly that.
+#   PostgreSQL: $TIERING_DATABASE_URL when reachable; else 127.0.0.1:5432 when it answers; else a private
+#               cluster under .local/pg run as the `postgres` user on a free port.
+#   S3:         moto_server on a free loopback port, the bucket created.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+LOCAL="$ROOT/.local"
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+mkdir -p "$LOCAL"
+DB_NAME="${TIERING_DB_NAME:-tiering}"
+BUCKET="${TIERING_BUCKET:-tiering-local}"
+
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+http_ok() { "$PY" -c 'import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' "$1" >/dev/null 2>&1; }
+pg_ok() { psql "$1" -Atqc 'select 1' >/dev/null 2>&1; }
+
+# ---- PostgreSQL ------------------------------------------------------------------------------------
+DB_URL=""
+if [ -n "${TIERING_DATABASE_URL:-}" ]; then
+  psql_url="${TIERING_DATABASE_URL/postgresql+psycopg2:/postgresql:}"
+  if pg_ok "$psql_url"; then DB_URL="$TIERING_DATABASE_URL"; else
+    echo "services: TIERING_DATABASE_URL is set but not reachable; falling back to a local server" >&2; fi
+fi
+if [ -z "$DB_URL" ] && [ "${TIERING_PG_PRIVATE:-0}" != 1 ] && pg_ok "postgresql://postgres@127.0.0.1:5432/postgres"; then
+  base="postgresql://postgres@127.0.0.1:5432"
+  if [ "$(psql "$base/postgres" -Atqc "select 1 from pg_database where datname='$DB_NAME'")" != "1" ]; then
+    psql "$base/postgres" -qc "create database \"$DB_NAME\"" >/dev/null
+  fi
+  DB_URL="$base/$DB_NAME"
+fi
+if [ -z "$DB_URL" ]; then
+  PGBIN="$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb | sort -V | tail -n1)")"
+  PGDATA="$LOCAL/pg/data"; SOCK="$LOCAL/pg/sock"
+  mkdir -p "$LOCAL/pg" "$SOCK"
+  AS_PG=(); if [ "$(id -u)" -eq 0 ]; then AS_PG=(runuser -u postgres --); chown -R postgres "$LOCAL/pg"; fi
+  if [ ! -f "$PGDATA/PG_VERSION" ]; then
+    "${AS_PG[@]}" "$PGBIN/initdb" -D "$PGDATA" -U postgres --auth=trust >"$LOCAL/pg/initdb.log" 2>&1
+  fi
+  port="$(cat "$LOCAL/pg/port" 2>/dev/null || true)"
+  if [ -z "$port" ] || ! pg_ok "postgresql://postgres@127.0.0.1:$port/postgres"; then
+    port="$(free_port)"
+    echo "$port" >"$LOCAL/pg/port"
+    setsid "${AS_PG[@]}" "$PGBIN/pg_ctl" -D "$PGDATA" -l "$LOCAL/pg/server.log" \
+      -o "-p $port -k $SOCK -c listen_addresses=127.0.0.1" -w start >/dev/null
+    head -n1 "$PGDATA/postmaster.pid" >"$LOCAL/pg.pid"
+  fi
+  base="postgresql://postgres@127.0.0.1:$port"
+  if [ "$(psql "$base/postgres" -Atqc "select 1 from pg_database where datname='$DB_NAME'")" != "1" ]; then
+    psql "$base/postgres" -qc "create database \"$DB_NAME\"" >/dev/null
+  fi
+  DB_URL="$base/$DB_NAME"
+fi
+
+# ---- S3 (moto_server on loopback) --------------------------------------------------------------------
+S3_URL="${TIERING_S3_ENDPOINT_URL:-}"
+if [ -z "$S3_URL" ]; then
+  port="$(cat "$LOCAL/moto.port" 2>/dev/null || true)"
+  if ! alive "$LOCAL/moto.pid" || ! http_ok "http://127.0.0.1:$port/"; then
+    port="$(free_port)"
+    echo "$port" >"$LOCAL/moto.port"
+    setsid "$VENV/bin/moto_server" -H 127.0.0.1 -p "$port" >"$LOCAL/moto.log" 2>&1 </dev/null &
+    echo $! >"$LOCAL/moto.pid"
+    for _ in $(seq 1 100); do http_ok "http://127.0.0.1:$port/" && break; sleep 0.1; done
+  fi
+  S3_URL="http://127.0.0.1:$port"
+fi
+
+cat >"$LOCAL/env" <<ENV
+# Written by .ci/services.sh; every make target and the tests read it. Variables already set win.
+TIERING_DATABASE_URL=${DB_URL}
+TIERING_S3_ENDPOINT_URL=${S3_URL}
+TIERING_BUCKET=${BUCKET}
+TIERING_PREFIX=${TIERING_PREFIX:-tiering/}
+TIERING_TIER1_ROOT=${TIERING_TIER1_ROOT:-$LOCAL/tier1}
+AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-testing}
+AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-testing}
+AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-east-1}
+ENV
+set -a; . "$LOCAL/env"; set +a
+"$PY" - <<'PYEOF'
+import os, boto3
+s3 = boto3.client("s3", endpoint_url=os.environ["TIERING_S3_ENDPOINT_URL"])
+try:
+    s3.head_bucket(Bucket=os.environ["TIERING_BUCKET"])
+except Exception:
+    s3.create_bucket(Bucket=os.environ["TIERING_BUCKET"])
+PYEOF
+echo "services: postgres $(echo "$DB_URL" | sed -E 's#://([^:/@]+):[^@]*@#://\1:***@#')  s3 ${S3_URL}  bucket ${BUCKET}"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install the Debian packages the project needs when they are missing: a JDK (Spark), the PostgreSQL JDBC
+# driver (Spark reads the metadata over JDBC), PostgreSQL (a private cluster when none is reachable).
+set -euo pipefail
+need=()
+command -v java >/dev/null 2>&1 || need+=(default-jdk-headless)
+[ -f /usr/share/java/postgresql.jar ] || need+=(libpostgresql-jdbc-java)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+command -v psql >/dev/null 2>&1 || need+=(postgresql-client)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "sysdeps: installing ${need[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi

@@ -1,0 +1,49 @@
+# The two commands of the README: `make demo` and `make test`. Every target bootstraps what it needs:
+# the virtualenv (.venv, from the pinned requirements.txt), Debian packages it lacks, the local services
+# (.local/env holds their resolved settings) and the schema.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+ROOT := $(CURDIR)
+VENV := $(ROOT)/.venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+LOCAL := $(ROOT)/.local
+# Settings for every command: the services' env file, the venv first on PATH (spark-submit finds
+# SPARK_HOME through it), Airflow's home under .local and this repo's airflow.cfg.
+WITH_ENV := set -a && . $(LOCAL)/env && set +a && export PATH="$(VENV)/bin:$$PATH" SPARK_LOCAL_IP=127.0.0.1 \
+	AIRFLOW_HOME="$(LOCAL)/airflow" AIRFLOW_CONFIG="$(ROOT)/airflow.cfg" TIERING_REPO="$(ROOT)" PYSPARK_PYTHON="$(PY)"
+PYTEST_ARGS ?=
+
+.PHONY: demo test services schema up stop bench venv sysdeps clean dist
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "venv: installing pinned requirements (first time: a few minutes)"
+	@$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	@$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $@
+
+sysdeps:
+	@bash .ci/sysdeps.sh
+
+services: venv sysdeps
+	@bash .ci/services.sh
+
+schema: services
+	@$(WITH_ENV) && tiering db upgrade
+
+test: schema
+	@$(WITH_ENV) && $(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+demo: schema
+	@$(WITH_ENV) && bash .ci/demo.sh
+
+up: schema
+	@$(WITH_ENV) && bash .ci/airflow_up.sh
+
+stop:
+	@bash .ci/stop.sh
+
+clean: stop
+	rm -rf $(LOCAL) build dist

@@ -1,0 +1,136 @@
+"""Shared fixtures: the services `make services` started (read from .local/env), a fresh database and a
+fresh bucket per test run (random names), a tier-1 root per test."""
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_local_env() -> None:
+    env_file = ROOT / ".local" / "env"
+    if not env_file.exists():
+        return
+    for line in env_file.read_text().splitlines():
+        if line.strip() and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            os.environ.setdefault(key, value)
+
+
+_load_local_env()
+RUN_ID = secrets.token_hex(4)
+
+
+def _require(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        pytest.fail(f"{name} is not set: run `make services` (or `make test`) first", pytrace=False)
+    return value
+
+
+@pytest.fixture(scope="session")
+def database_url():
+    """A database of its own for this test run, migrated; dropped at the end."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from tiering.metadata import make_engine, upgrade
+
+    server = make_url(_require("TIERING_DATABASE_URL").replace("postgresql://", "postgresql+psycopg2://", 1))
+    name = f"tiering_test_{RUN_ID}"
+    admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = server.set(database=name).render_as_string(hide_password=False)
+    engine = make_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def engine(database_url):
+    from tiering.metadata import make_engine
+
+    eng = make_engine(database_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def db(engine):
+    """The run's database, emptied before the test."""
+    from sqlalchemy import text
+
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
+                          "tiering.attribute, tiering.job_run RESTART IDENTITY CASCADE"))
+    return engine
+
+
+@pytest.fixture(scope="session")
+def s3_settings():
+    return {
+        "endpoint_url": _require("TIERING_S3_ENDPOINT_URL"),
+        "aws_access_key_id": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
+        "aws_secret_access_key": os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
+        "region_name": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+    }
+
+
+@pytest.fixture(scope="session")
+def s3_client(s3_settings):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", **s3_settings, config=Config(max_pool_connections=32))
+
+
+@pytest.fixture(scope="session")
+def run_bucket(s3_client):
+    name = f"tiering-test-{RUN_ID}"
+    s3_client.create_bucket(Bucket=name)
+    yield name
+    _empty_bucket(s3_client, name)
+    s3_client.delete_bucket(Bucket=name)
+
+
+def _empty_bucket(s3, bucket: str) -> None:
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            s3.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+    for up in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
+        s3.abort_multipart_upload(Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+
+
+@pytest.fixture
+def bucket(s3_client, run_bucket):
+    """The run's bucket, emptied (objects and multipart uploads) before the test."""
+    _empty_bucket(s3_client, run_bucket)
+    return run_bucket
+
+
+@pytest.fixture
+def tier1_root(tmp_path):
+    root = tmp_path / "tier1"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def settings(database_url, s3_settings, run_bucket, tier1_root):
+    from tiering.config import Settings
+
+    return Settings(database_url=database_url, bucket=run_bucket, tier1_root=tier1_root, prefix="t/",
+                    s3_endpoint_url=s3_settings["endpoint_url"],
+                    aws_access_key_id=s3_settings["aws_access_key_id"],
+                    aws_secret_access_key=s3_settings["aws_secret_access_key"],
+                    aws_region=s3_settings["region_name"])

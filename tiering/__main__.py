@@ -1,0 +1,3 @@
+from tiering.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,202 @@
+"""Settings: the one place that reads the environment (or Airflow connections).
+
+Everything below this module takes its clients and paths as arguments. `Settings` never shows secrets in
+its repr, and errors name the variable, never its value.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping
+from urllib.parse import urlsplit
+
+from tiering.errors import ConfigError
+
+MIB = 1024 * 1024
+
+# Variables read by from_env(); the README's configuration table lists the same.
+VARIABLES = {
+    "TIERING_DATABASE_URL": "PostgreSQL URL of the metadata database (required)",
+    "TIERING_S3_ENDPOINT_URL": "S3 endpoint for non-AWS stores (moto, MinIO, Ceph); empty for AWS",
+    "TIERING_BUCKET": "bucket of tier 2 (required)",
+    "TIERING_PREFIX": "key prefix inside the bucket (default 'tiering/')",
+    "TIERING_TIER1_ROOT": "directory of tier-1 ledgers (required)",
+    "TIERING_BLOCK_SIZE": "offload block (= multipart part) size in bytes (default 64 MiB, minimum 5 MiB)",
+    "TIERING_UPLOAD_CONCURRENCY": "parts uploaded in parallel per ledger (default 4)",
+    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY": "S3 credentials (else boto3's default chain)",
+    "AWS_DEFAULT_REGION": "S3 region (default us-east-1)",
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = field(repr=False)
+    bucket: str
+    tier1_root: Path
+    prefix: str = "tiering/"
+    s3_endpoint_url: str | None = None
+    aws_access_key_id: str | None = field(default=None, repr=False)
+    aws_secret_access_key: str | None = field(default=None, repr=False)
+    aws_region: str = "us-east-1"
+    block_size: int = 64 * MIB
+    upload_concurrency: int = 4
+
+    @property
+    def database_url_safe(self) -> str:
+        """The database URL with any password masked, for messages."""
+        parts = urlsplit(self.database_url)
+        if parts.password:
+            netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+            return parts._replace(netloc=netloc).geturl()
+        return self.database_url
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if environ is None else environ
+        return cls(
+            database_url=_database_url(_required(env, "TIERING_DATABASE_URL")),
+            bucket=_required(env, "TIERING_BUCKET"),
+            tier1_root=Path(_required(env, "TIERING_TIER1_ROOT")),
+            prefix=_prefix(env.get("TIERING_PREFIX", "tiering/")),
+            s3_endpoint_url=_endpoint(env.get("TIERING_S3_ENDPOINT_URL") or None, "TIERING_S3_ENDPOINT_URL"),
+            aws_access_key_id=env.get("AWS_ACCESS_KEY_ID") or None,
+            aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
+            aws_region=env.get("AWS_DEFAULT_REGION") or "us-east-1",
+            block_size=_block_size(env.get("TIERING_BLOCK_SIZE")),
+            upload_concurrency=_positive_int(env.get("TIERING_UPLOAD_CONCURRENCY"), "TIERING_UPLOAD_CONCURRENCY", 4),
+        ).validated()
+
+    @classmethod
+    def from_airflow(cls, environ: Mapping[str, str] | None = None,
+                     metadata_conn_id: str = "tiering_metadata", s3_conn_id: str = "tiering_s3") -> "Settings":
+        """Settings from the Airflow connections, the environment filling what they do not say."""
+        from airflow.sdk import BaseHook  # imported here: the library works without Airflow
+
+        env = dict(os.environ if environ is None else environ)
+        pg = BaseHook.get_connection(metadata_conn_id)
+        env["TIERING_DATABASE_URL"] = _conn_to_url(pg)
+        aws = BaseHook.get_connection(s3_conn_id)
+        extra = aws.extra_dejson or {}
+        if aws.login:
+            env["AWS_ACCESS_KEY_ID"] = aws.login
+        if aws.password:
+            env["AWS_SECRET_ACCESS_KEY"] = aws.password
+        if extra.get("endpoint_url"):
+            env["TIERING_S3_ENDPOINT_URL"] = extra["endpoint_url"]
+        if extra.get("region_name"):
+            env["AWS_DEFAULT_REGION"] = extra["region_name"]
+        for key, var in (("bucket", "TIERING_BUCKET"), ("prefix", "TIERING_PREFIX")):
+            if extra.get(key):
+                env[var] = extra[key]
+        return cls.from_env(env)
+
+    def validated(self) -> "Settings":
+        if not self.bucket or len(self.bucket) < 3:
+            raise ConfigError("TIERING_BUCKET must be a bucket name of at least 3 characters")
+        return self
+
+    def with_(self, **changes) -> "Settings":
+        return replace(self, **changes)
+
+    def to_env(self) -> dict[str, str]:
+        """The settings as environment variables (for spark-submit's env, never its argv)."""
+        env = {
+            "TIERING_DATABASE_URL": self.database_url,
+            "TIERING_BUCKET": self.bucket,
+            "TIERING_PREFIX": self.prefix,
+            "TIERING_TIER1_ROOT": str(self.tier1_root),
+            "AWS_DEFAULT_REGION": self.aws_region,
+            "TIERING_BLOCK_SIZE": str(self.block_size),
+            "TIERING_UPLOAD_CONCURRENCY": str(self.upload_concurrency),
+        }
+        if self.s3_endpoint_url:
+            env["TIERING_S3_ENDPOINT_URL"] = self.s3_endpoint_url
+        if self.aws_access_key_id:
+            env["AWS_ACCESS_KEY_ID"] = self.aws_access_key_id
+        if self.aws_secret_access_key:
+            env["AWS_SECRET_ACCESS_KEY"] = self.aws_secret_access_key
+        return env
+
+    # -- clients built from the settings (the layers below take these as arguments) --
+
+    def engine(self, **kwargs):
+        from tiering.metadata.db import make_engine
+
+        return make_engine(self.database_url, **kwargs)
+
+    def s3_client(self, max_pool_connections: int = 32):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.s3_endpoint_url,
+            aws_access_key_id=self.aws_access_key_id,
+            aws_secret_access_key=self.aws_secret_access_key,
+            region_name=self.aws_region,
+            config=Config(max_pool_connections=max_pool_connections, retries={"max_attempts": 5, "mode": "standard"},
+                          request_checksum_calculation="when_required", response_checksum_validation="when_required"),
+        )
+
+
+def _required(env: Mapping[str, str], name: str) -> str:
+    value = env.get(name)
+    if value is None or not value.strip():
+        raise ConfigError(f"{name} is not set (see README, Configuration)")
+    return value.strip()
+
+
+def _database_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres", "postgresql+psycopg2") or not parts.hostname and not parts.path:
+        raise ConfigError("TIERING_DATABASE_URL must be a postgresql:// URL")
+    if parts.scheme == "postgres":
+        url = "postgresql" + url[len("postgres"):]
+    return url
+
+
+def _endpoint(url: str | None, name: str) -> str | None:
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{name} must be an http:// or https:// URL")
+    return url
+
+
+def _prefix(prefix: str) -> str:
+    if prefix.startswith("/") or ".." in prefix.split("/"):
+        raise ConfigError("TIERING_PREFIX must be relative and must not contain '..'")
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    return prefix
+
+
+def _positive_int(raw: str | None, name: str, default: int) -> int:
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be positive")
+    return value
+
+
+def _block_size(raw: str | None) -> int:
+    value = _positive_int(raw, "TIERING_BLOCK_SIZE", 64 * MIB)
+    if value < 5 * MIB:
+        raise ConfigError("TIERING_BLOCK_SIZE must be at least 5 MiB (S3's minimum part size)")
+    return value
+
+
+def _conn_to_url(conn) -> str:
+    """A SQLAlchemy URL from an Airflow postgres connection (credentials quoted, never logged)."""
+    from sqlalchemy.engine import URL
+
+    return URL.create(
+        "postgresql+psycopg2", username=conn.login or None, password=conn.password or None,
+        host=conn.host or None, port=conn.port or None, database=conn.schema or None,
+    ).render_as_string(hide_password=False)

@@ -1,0 +1,80 @@
+"""Typed errors of the tiering library.
+
+Every error a user can cause derives from `TieringError`; the CLI prints its one-line `str()` and exits
+with `exit_code`. Errors never carry secrets (no URLs with passwords, no credentials).
+"""
+from __future__ import annotations
+
+
+class TieringError(Exception):
+    """Base of every error the library raises on purpose."""
+
+    exit_code = 1
+
+
+class BadInput(TieringError):
+    """The caller asked for something malformed or impossible (CLI exit 2)."""
+
+    exit_code = 2
+
+
+class ConfigError(BadInput):
+    """A setting is missing or malformed; the message names the variable."""
+
+
+class TopicNotFound(BadInput):
+    def __init__(self, topic: str):
+        super().__init__(f"topic {topic!r} does not exist")
+        self.topic = topic
+
+
+class TopicExists(BadInput):
+    def __init__(self, topic: str):
+        super().__init__(f"topic {topic!r} already exists")
+        self.topic = topic
+
+
+class LedgerNotFound(BadInput):
+    def __init__(self, topic: str, ledger_id: int):
+        super().__init__(f"ledger {ledger_id} of topic {topic!r} does not exist")
+        self.topic = topic
+        self.ledger_id = ledger_id
+
+
+class ConditionalUpdateFailed(TieringError):
+    """A compare-and-set lost: the row was not in the expected version/state.
+
+    Says what was expected and what was found, as Pravega's BadKeyVersionException does.
+    """
+
+    def __init__(self, what: str, expected: object, found: object):
+        super().__init__(f"conditional update of {what} failed: expected {expected}, found {found}")
+        self.what = what
+        self.expected = expected
+        self.found = found
+
+
+class CorruptObjectError(TieringError):
+    """Bytes read from a tier do not follow the format; says what and where."""
+
+    def __init__(self, what: str, where: str, detail: str):
+        super().__init__(f"corrupt {what} at {where}: {detail}")
+        self.what = what
+        self.where = where
+        self.detail = detail
+
+
+class LedgerStorageError(TieringError):
+    """Tier-1 storage could not do what was asked (missing file, sealed ledger, ...)."""
+
+
+class EntryNotFound(BadInput):
+    """An entry id outside the ledger's range was asked for."""
+
+
+class Tier2Error(TieringError):
+    """The object store failed; the message has the operation and key, never credentials."""
+
+
+class DataLossError(TieringError):
+    """Metadata says a ledger exists but no tier holds its bytes."""

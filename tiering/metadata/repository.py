@@ -1,0 +1,293 @@
+"""The metadata repository: topics, ledgers and chunks, every state change a conditional update.
+
+Each transition is `UPDATE ... WHERE version = :expected AND state IN (...)` that bumps `version`, inside
+one transaction with everything it touches; a lost race raises `ConditionalUpdateFailed` naming what was
+expected and what was found (PDP-34's conditional, transactional metadata updates).
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Iterable, Sequence
+
+from sqlalchemy import and_, delete, func, insert, select, update
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
+
+from tiering.errors import ConditionalUpdateFailed, LedgerNotFound, TopicExists, TopicNotFound
+from tiering.metadata.tables import chunk, gc_task, ledger, topic
+from tiering.model import Chunk, Ledger, LedgerState, Topic, TopicPolicy
+
+S = LedgerState
+_POLICY_FIELDS = tuple(TopicPolicy.__dataclass_fields__)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _topic_row(row) -> Topic:
+    return Topic(row.topic_id, row.name, TopicPolicy(**{f: getattr(row, f) for f in _POLICY_FIELDS}),
+                 row.next_ledger_id, row.version)
+
+
+def _ledger_row(row) -> Ledger:
+    return Ledger(row.topic_id, row.name, row.ledger_id, S(row.state), row.entry_count, row.size_bytes,
+                  row.created_at, row.sealed_at, row.tier1_present, row.offload_uuid, row.offload_started_at,
+                  row.offloaded_at, row.deleted_at, row.version)
+
+
+def _chunk_row(row) -> Chunk:
+    return Chunk(row.data_key, row.data_offset, row.data_length, row.index_key, row.index_offset,
+                 row.index_length, row.first_entry_id, row.last_entry_id, row.version)
+
+
+_LEDGER_SELECT = select(ledger, topic.c.name).join(topic, topic.c.topic_id == ledger.c.topic_id)
+
+
+class MetadataStore:
+    """All reads and conditional writes of topic, ledger, chunk (and the gc keys they queue)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    # ---------------------------------------------------------------- topics
+    def create_topic(self, name: str, policy: TopicPolicy = TopicPolicy()) -> Topic:
+        try:
+            with self.engine.begin() as conn:
+                row = conn.execute(
+                    insert(topic).values(name=name, **{f: getattr(policy, f) for f in _POLICY_FIELDS})
+                    .returning(topic)).one()
+        except IntegrityError as exc:
+            if "topic_name_key" in str(exc.orig):
+                raise TopicExists(name) from None
+            raise
+        return _topic_row(row)
+
+    def get_topic(self, name: str, conn: Connection | None = None) -> Topic:
+        with self._conn(conn) as c:
+            row = c.execute(select(topic).where(topic.c.name == name)).one_or_none()
+        if row is None:
+            raise TopicNotFound(name)
+        return _topic_row(row)
+
+    def list_topics(self) -> list[Topic]:
+        with self.engine.connect() as conn:
+            return [_topic_row(r) for r in conn.execute(select(topic).order_by(topic.c.name))]
+
+    def set_policy(self, name: str, expected_version: int, policy: TopicPolicy) -> Topic:
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                update(topic).where(topic.c.name == name, topic.c.version == expected_version)
+                .values(version=topic.c.version + 1, **{f: getattr(policy, f) for f in _POLICY_FIELDS})
+                .returning(topic)).one_or_none()
+            if row is None:
+                current = self.get_topic(name, conn)
+                raise ConditionalUpdateFailed(f"topic {name!r}", f"version {expected_version}",
+                                              f"version {current.version}")
+        return _topic_row(row)
+
+    # ---------------------------------------------------------------- ledgers: reads
+    def get_ledger(self, topic_name: str, ledger_id: int, conn: Connection | None = None) -> Ledger:
+        with self._conn(conn) as c:
+            row = c.execute(_LEDGER_SELECT.where(topic.c.name == topic_name,
+                                                 ledger.c.ledger_id == ledger_id)).one_or_none()
+        if row is None:
+            self.get_topic(topic_name, conn)  # an unknown topic says so rather than "no ledger"
+            raise LedgerNotFound(topic_name, ledger_id)
+        return _ledger_row(row)
+
+    def list_ledgers(self, topic_name: str, states: Iterable[LedgerState] | None = None,
+                     conn: Connection | None = None) -> list[Ledger]:
+        query = _LEDGER_SELECT.where(topic.c.name == topic_name).order_by(ledger.c.ledger_id)
+        if states is not None:
+            query = query.where(ledger.c.state.in_([s.value for s in states]))
+        with self._conn(conn) as c:
+            rows = c.execute(query).all()
+            if not rows:
+                self.get_topic(topic_name, c)
+        return [_ledger_row(r) for r in rows]
+
+    def get_chunk(self, led: Ledger, conn: Connection | None = None) -> Chunk | None:
+        with self._conn(conn) as c:
+            row = c.execute(select(chunk).where(chunk.c.topic_id == led.topic_id,
+                                                chunk.c.ledger_id == led.ledger_id)).one_or_none()
+        return None if row is None else _chunk_row(row)
+
+    def chunks(self, topic_name: str, conn: Connection | None = None) -> dict[int, Chunk]:
+        q = (select(chunk).join(topic, topic.c.topic_id == chunk.c.topic_id)
+             .where(topic.c.name == topic_name).order_by(chunk.c.ledger_id))
+        with self._conn(conn) as c:
+            return {r.ledger_id: _chunk_row(r) for r in c.execute(q)}
+
+    # ---------------------------------------------------------------- ledgers: transitions
+    def open_ledger(self, topic_name: str) -> Ledger:
+        """Allocate the topic's next ledger id and create it OPEN (at most one OPEN ledger per topic)."""
+        try:
+            with self.engine.begin() as conn:
+                row = conn.execute(
+                    update(topic).where(topic.c.name == topic_name)
+                    .values(next_ledger_id=topic.c.next_ledger_id + 1)
+                    .returning(topic.c.topic_id, topic.c.next_ledger_id)).one_or_none()
+                if row is None:
+                    raise TopicNotFound(topic_name)
+                conn.execute(insert(ledger).values(topic_id=row.topic_id, ledger_id=row.next_ledger_id - 1,
+                                                   state=S.OPEN.value))
+                return self.get_ledger(topic_name, row.next_ledger_id - 1, conn)
+        except IntegrityError as exc:
+            if "ledger_one_open_per_topic" in str(exc.orig):
+                raise ConditionalUpdateFailed(f"topic {topic_name!r}", "no OPEN ledger",
+                                              "an OPEN ledger already") from None
+            raise
+
+    def seal_ledger(self, led: Ledger, entry_count: int, size_bytes: int,
+                    sealed_at: datetime | None = None) -> Ledger:
+        with self.engine.begin() as conn:
+            return self._cas(conn, led, [S.OPEN], state=S.SEALED.value, entry_count=entry_count,
+                             size_bytes=size_bytes, sealed_at=sealed_at or _now())
+
+    def begin_offload(self, led: Ledger, attempt: str, keys: Sequence[str], gc_delay: timedelta,
+                      stale_after: timedelta | None = None) -> Ledger:
+        """SEALED (or an OFFLOADING attempt older than `stale_after`) -> OFFLOADING(attempt), and the
+        attempt's keys queued for GC not before now + gc_delay, in one transaction."""
+        allowed = [S.SEALED]
+        with self.engine.begin() as conn:
+            if led.state == S.OFFLOADING and stale_after is not None:
+                now = conn.execute(select(func.now())).scalar_one()
+                if led.offload_started_at is None or now - led.offload_started_at < stale_after:
+                    raise ConditionalUpdateFailed(
+                        f"ledger {led.topic}/{led.ledger_id}", f"SEALED or an attempt older than {stale_after}",
+                        f"attempt {led.offload_uuid} started {led.offload_started_at}")
+                allowed = [S.OFFLOADING]
+            new = self._cas(conn, led, allowed, state=S.OFFLOADING.value, offload_uuid=attempt,
+                            offload_started_at=func.now())
+            self._enqueue(conn, keys, reason="offload attempt", owner=attempt, delay=gc_delay)
+            return new
+
+    def complete_offload(self, led: Ledger, attempt: str, ch: Chunk) -> Ledger:
+        """OFFLOADING(attempt) -> OFFLOADED with its chunk; dequeue the attempt's keys: all or nothing.
+
+        Fails if another attempt took the ledger over, or if GC already claimed one of the keys."""
+        with self.engine.begin() as conn:
+            new = self._cas(conn, led, [S.OFFLOADING], attempt=attempt, state=S.OFFLOADED.value,
+                            offloaded_at=func.now())
+            conn.execute(insert(chunk).values(topic_id=led.topic_id, ledger_id=led.ledger_id,
+                                              **_chunk_values(ch)))
+            keys = sorted({ch.data_key, ch.index_key})
+            gone = conn.execute(delete(gc_task).where(gc_task.c.owner_uuid == attempt,
+                                                      gc_task.c.key.in_(keys))).rowcount
+            if gone != len(keys):
+                raise ConditionalUpdateFailed(f"gc queue of attempt {attempt}", f"{len(keys)} queued keys",
+                                              f"{gone} (collected meanwhile)")
+            return new
+
+    def abort_offload(self, led: Ledger, attempt: str, objects_deleted: bool) -> Ledger:
+        """OFFLOADING(attempt) -> SEALED. When the attempt deleted its own objects its GC keys go too;
+        otherwise they stay queued and GC collects them."""
+        with self.engine.begin() as conn:
+            new = self._cas(conn, led, [S.OFFLOADING], attempt=attempt, state=S.SEALED.value,
+                            offload_uuid=None, offload_started_at=None)
+            if objects_deleted:
+                conn.execute(delete(gc_task).where(gc_task.c.owner_uuid == attempt))
+            return new
+
+    def mark_tier1_deleted(self, led: Ledger) -> Ledger:
+        with self.engine.begin() as conn:
+            return self._cas(conn, led, [S.OFFLOADED, S.DELETED], tier1_present=False,
+                             tier1_deleted_at=func.now())
+
+    def delete_ledgers(self, leds: Sequence[Ledger], reason: str, gc_delay: timedelta) -> list[Ledger]:
+        """Retention: SEALED/OFFLOADED ledgers -> DELETED, their chunks removed and the chunks' keys queued
+        for GC (GC skips keys another chunk still references), all in one transaction."""
+        out = []
+        with self.engine.begin() as conn:
+            for led in leds:
+                ch = self.get_chunk(led, conn)
+                if ch is not None:
+                    conn.execute(delete(chunk).where(chunk.c.topic_id == led.topic_id,
+                                                     chunk.c.ledger_id == led.ledger_id))
+                    self._enqueue(conn, [ch.data_key, ch.index_key], reason=reason, owner=None, delay=gc_delay)
+                out.append(self._cas(conn, led, [S.SEALED, S.OFFLOADED], state=S.DELETED.value,
+                                     deleted_at=func.now()))
+        return out
+
+    def replace_chunks(self, moves: Sequence[tuple[Ledger, Chunk, Chunk]], attempt: str,
+                       old_keys_delay: timedelta) -> None:
+        """Defrag: switch each ledger's chunk from old to new if it is still `old` (version compare),
+        dequeue the merged objects' keys (queued under `attempt`) and queue the old keys, atomically."""
+        with self.engine.begin() as conn:
+            old_keys = set()
+            for led, old, new in moves:
+                res = conn.execute(
+                    update(chunk).where(chunk.c.topic_id == led.topic_id, chunk.c.ledger_id == led.ledger_id,
+                                        chunk.c.version == old.version, chunk.c.data_key == old.data_key)
+                    .values(version=chunk.c.version + 1, **_chunk_values(new)))
+                if res.rowcount != 1:
+                    found = self.get_chunk(led, conn)
+                    raise ConditionalUpdateFailed(f"chunk of {led.topic}/{led.ledger_id}",
+                                                  f"version {old.version} at {old.data_key}",
+                                                  "no chunk" if found is None else
+                                                  f"version {found.version} at {found.data_key}")
+                old_keys.update((old.data_key, old.index_key))
+            new_keys = {k for _, _, n in moves for k in (n.data_key, n.index_key)}
+            gone = conn.execute(delete(gc_task).where(gc_task.c.owner_uuid == attempt,
+                                                      gc_task.c.key.in_(sorted(new_keys)))).rowcount
+            if gone != len(new_keys):
+                raise ConditionalUpdateFailed(f"gc queue of defrag {attempt}", f"{len(new_keys)} queued keys",
+                                              f"{gone}")
+            self._enqueue(conn, sorted(old_keys), reason="defrag: merged away", owner=None, delay=old_keys_delay)
+
+    def enqueue_gc(self, keys: Iterable[str], reason: str, owner: str | None = None,
+                   delay: timedelta = timedelta(0)) -> None:
+        with self.engine.begin() as conn:
+            self._enqueue(conn, keys, reason, owner, delay)
+
+    # ---------------------------------------------------------------- helpers
+    def _enqueue(self, conn: Connection, keys: Iterable[str], reason: str, owner: str | None,
+                 delay: timedelta) -> None:
+        rows = [{"key": k, "reason": reason, "owner_uuid": owner,
+                 "not_before": func.now() + delay} for k in keys]
+        for row in rows:  # per row: not_before is an SQL expression
+            conn.execute(insert(gc_task).values(**row))
+
+    def _cas(self, conn: Connection, led: Ledger, from_states: Sequence[LedgerState],
+             attempt: str | None = None, **values) -> Ledger:
+        cond = [ledger.c.topic_id == led.topic_id, ledger.c.ledger_id == led.ledger_id,
+                ledger.c.version == led.version, ledger.c.state.in_([s.value for s in from_states])]
+        if attempt is not None:
+            cond.append(ledger.c.offload_uuid == attempt)
+        res = conn.execute(update(ledger).where(and_(*cond)).values(version=ledger.c.version + 1, **values))
+        if res.rowcount != 1:
+            current = conn.execute(_LEDGER_SELECT.where(ledger.c.topic_id == led.topic_id,
+                                                        ledger.c.ledger_id == led.ledger_id)).one_or_none()
+            expected = f"version {led.version} in {'/'.join(s.value for s in from_states)}"
+            if attempt is not None:
+                expected += f" with attempt {attempt}"
+            found = "no such ledger" if current is None else (
+                f"version {current.version} in {current.state}"
+                + (f" with attempt {current.offload_uuid}" if current.offload_uuid else ""))
+            raise ConditionalUpdateFailed(f"ledger {led.topic}/{led.ledger_id}", expected, found)
+        return self.get_ledger(led.topic, led.ledger_id, conn)
+
+    def _conn(self, conn: Connection | None):
+        if conn is not None:
+            return _Borrowed(conn)
+        return self.engine.connect()
+
+
+class _Borrowed:
+    """Context manager lending an open connection without closing it."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+
+    def __enter__(self) -> Connection:
+        return self.conn
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def _chunk_values(ch: Chunk) -> dict:
+    return {"data_key": ch.data_key, "data_offset": ch.data_offset, "data_length": ch.data_length,
+            "index_key": ch.index_key, "index_offset": ch.index_offset, "index_length": ch.index_length,
+            "first_entry_id": ch.first_entry_id, "last_entry_id": ch.last_entry_id}

@@ -1,0 +1,98 @@
+"""SQLAlchemy Core table objects mirroring sql/migrations (the SQL files are the source of truth)."""
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Boolean, Column, DateTime, Integer, MetaData, Table, Text
+from sqlalchemy.dialects.postgresql import ENUM, JSONB, UUID
+
+metadata = MetaData(schema="tiering")
+
+ledger_state = ENUM("OPEN", "SEALED", "OFFLOADING", "OFFLOADED", "DELETED", name="ledger_state",
+                    schema="tiering", create_type=False)
+
+topic = Table(
+    "topic", metadata,
+    Column("topic_id", BigInteger, primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("offload_after_seconds", BigInteger, nullable=False),
+    Column("offload_threshold_bytes", BigInteger, nullable=False),
+    Column("deletion_lag_seconds", BigInteger, nullable=False),
+    Column("retention_seconds", BigInteger, nullable=False),
+    Column("retention_bytes", BigInteger, nullable=False),
+    Column("rollover_entries", BigInteger, nullable=False),
+    Column("rollover_bytes", BigInteger, nullable=False),
+    Column("next_ledger_id", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("version", BigInteger, nullable=False),
+)
+
+ledger = Table(
+    "ledger", metadata,
+    Column("topic_id", BigInteger, primary_key=True),
+    Column("ledger_id", BigInteger, primary_key=True),
+    Column("state", ledger_state, nullable=False),
+    Column("entry_count", BigInteger, nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("sealed_at", DateTime(timezone=True)),
+    Column("tier1_present", Boolean, nullable=False),
+    Column("tier1_deleted_at", DateTime(timezone=True)),
+    Column("offload_uuid", UUID(as_uuid=False)),
+    Column("offload_started_at", DateTime(timezone=True)),
+    Column("offloaded_at", DateTime(timezone=True)),
+    Column("deleted_at", DateTime(timezone=True)),
+    Column("version", BigInteger, nullable=False),
+)
+
+chunk = Table(
+    "chunk", metadata,
+    Column("topic_id", BigInteger, primary_key=True),
+    Column("ledger_id", BigInteger, primary_key=True),
+    Column("data_key", Text, nullable=False),
+    Column("data_offset", BigInteger, nullable=False),
+    Column("data_length", BigInteger, nullable=False),
+    Column("index_key", Text, nullable=False),
+    Column("index_offset", BigInteger, nullable=False),
+    Column("index_length", BigInteger, nullable=False),
+    Column("first_entry_id", BigInteger, nullable=False),
+    Column("last_entry_id", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("version", BigInteger, nullable=False),
+)
+
+gc_task = Table(
+    "gc_task", metadata,
+    Column("task_id", BigInteger, primary_key=True),
+    Column("key", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("owner_uuid", UUID(as_uuid=False)),
+    Column("not_before", DateTime(timezone=True), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("last_error", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+attribute = Table(
+    "attribute", metadata,
+    Column("topic_id", BigInteger, primary_key=True),
+    Column("ledger_id", BigInteger, primary_key=True),
+    Column("key", Text, primary_key=True),
+    Column("value", BigInteger, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("version", BigInteger, nullable=False),
+)
+
+job_run = Table(
+    "job_run", metadata,
+    Column("run_id", BigInteger, primary_key=True),
+    Column("job", Text, nullable=False),
+    Column("topic", Text),
+    Column("status", Text, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True)),
+    Column("items_done", BigInteger, nullable=False),
+    Column("items_failed", BigInteger, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("error", Text),
+    Column("details", JSONB),
+)

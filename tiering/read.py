@@ -1,0 +1,130 @@
+"""ReadHandle: read any range of a topic in entry order across both tiers, with explicit gaps.
+
+Per ledger: tier 1 while its copy exists, else tier 2 (the chunk in metadata). A tier-1 copy deleted while
+a read is in flight falls back to tier 2 from the next entry without an error. Ledgers removed by retention
+come back as one `TRIMMED` gap per run of ledgers; a ledger metadata says exists but no tier holds comes
+back as a `DATALOSS` gap, or raises `DataLossError` when the caller asks for that (LogDevice's read path:
+ordered delivery, benign gaps told apart from data loss).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Protocol
+
+from tiering.errors import BadInput, DataLossError, LedgerStorageError
+from tiering.metadata.repository import MetadataStore
+from tiering.model import Chunk, Ledger, LedgerState, Position
+from tiering.tier1 import Tier1Store
+
+TRIMMED = "TRIMMED"
+DATALOSS = "DATALOSS"
+
+
+@dataclass(frozen=True)
+class Entry:
+    ledger_id: int
+    entry_id: int
+    data: bytes
+
+    @property
+    def position(self) -> Position:
+        return Position(self.ledger_id, self.entry_id)
+
+
+@dataclass(frozen=True)
+class Gap:
+    kind: str
+    start: Position
+    end: Position
+
+
+class Tier2Ledger(Protocol):
+    def iter_entries(self, first: int, last: int) -> Iterator[tuple[int, bytes]]: ...
+
+
+# Opens a tier-2 ledger for reading from its chunk; None when tier 2 is not configured.
+Tier2Opener = Callable[[Ledger, Chunk], Tier2Ledger]
+
+
+class ReadHandle:
+    def __init__(self, meta: MetadataStore, tier1: Tier1Store, open_tier2: Tier2Opener | None = None,
+                 raise_on_dataloss: bool = False):
+        self.meta = meta
+        self.tier1 = tier1
+        self.open_tier2 = open_tier2
+        self.raise_on_dataloss = raise_on_dataloss
+
+    def read(self, topic: str, start: Position | None = None,
+             end: Position | None = None) -> Iterator[Entry | Gap]:
+        if start is not None and end is not None and end < start:
+            raise BadInput(f"--to {end} is before --from {start}")
+        ledgers = self.meta.list_ledgers(topic)
+        pending_gap: Gap | None = None
+        for led in ledgers:
+            count = self._entry_count(led)
+            if count == 0:
+                continue
+            first = start.entry_id if start is not None and start.ledger_id == led.ledger_id else 0
+            last = end.entry_id if end is not None and end.ledger_id == led.ledger_id else count - 1
+            if (start is not None and led.ledger_id < start.ledger_id) or \
+               (end is not None and led.ledger_id > end.ledger_id):
+                continue
+            last = min(last, count - 1)
+            if first > last:
+                continue
+            if led.state == LedgerState.DELETED:
+                gap = Gap(TRIMMED, Position(led.ledger_id, first), Position(led.ledger_id, last))
+                pending_gap = gap if pending_gap is None else Gap(TRIMMED, pending_gap.start, gap.end)
+                continue
+            if pending_gap is not None:
+                yield pending_gap
+                pending_gap = None
+            yield from self._read_ledger(led, first, last)
+        if pending_gap is not None:
+            yield pending_gap
+
+    def _entry_count(self, led: Ledger) -> int:
+        if led.state != LedgerState.OPEN:
+            return led.entry_count
+        try:  # an open ledger's length is its tier-1 file's
+            reader = self.tier1.reader(led.topic, led.ledger_id)
+        except LedgerStorageError:
+            return 0
+        with reader:
+            return reader.entry_count
+
+    def _read_ledger(self, led: Ledger, first: int, last: int) -> Iterator[Entry | Gap]:
+        next_id = first
+        if led.tier1_present:
+            try:
+                reader = self.tier1.reader(led.topic, led.ledger_id)
+            except LedgerStorageError:
+                reader = None  # deleted since we listed: tier 2 below
+            if reader is not None:
+                # An open file descriptor keeps reading even if the copy is unlinked meanwhile.
+                with reader:
+                    for entry_id, data in reader.iter_entries(first, last):
+                        yield Entry(led.ledger_id, entry_id, data)
+                        next_id = entry_id + 1
+                if next_id > last:
+                    return
+        chunk = self.meta.get_chunk(led) if led.state == LedgerState.OFFLOADED else None
+        if chunk is None:
+            current = self.meta.get_ledger(led.topic, led.ledger_id)
+            if current.state == LedgerState.OFFLOADED:  # offloaded since we listed
+                chunk = self.meta.get_chunk(current)
+            elif current.state == LedgerState.DELETED:
+                yield Gap(TRIMMED, Position(led.ledger_id, next_id), Position(led.ledger_id, last))
+                return
+        if chunk is None or self.open_tier2 is None:
+            yield from self._dataloss(led, next_id, last)
+            return
+        for entry_id, data in self.open_tier2(led, chunk).iter_entries(next_id, last):
+            yield Entry(led.ledger_id, entry_id, data)
+
+    def _dataloss(self, led: Ledger, first: int, last: int) -> Iterator[Gap]:
+        gap = Gap(DATALOSS, Position(led.ledger_id, first), Position(led.ledger_id, last))
+        if self.raise_on_dataloss:
+            raise DataLossError(f"ledger {led.topic}/{led.ledger_id} entries {first}..{last} are in no tier "
+                                f"(state {led.state.value})")
+        yield gap

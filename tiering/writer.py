@@ -1,0 +1,97 @@
+"""The managed-ledger writer: `append(payload) -> Position`, rolling over to a new ledger by the topic's
+entries/bytes policy (Pulsar's managed ledger). One writer process owns a topic at a time.
+
+Exactly-once appends (optional): with a writer id and an event number, the writer's last event number is
+a topic attribute updated by replace-if-equals, so a retried append of an already written event is not
+written twice and a second process using the same writer id loses the compare-and-set.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tiering.errors import BadInput, ConditionalUpdateFailed
+from tiering.metadata.attributes import Attributes, AttributeUpdate, Verb
+from tiering.metadata.repository import MetadataStore
+from tiering.model import Ledger, LedgerState, Position
+from tiering.tier1 import Tier1Store
+
+MAX_ENTRY_BYTES = 2**31 - 1 - 12  # the PIP-17 entry length is an int32
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    position: Position | None
+    duplicate: bool = False
+
+
+class ManagedLedgerWriter:
+    def __init__(self, meta: MetadataStore, tier1: Tier1Store, topic_name: str):
+        self.meta = meta
+        self.tier1 = tier1
+        self.topic = meta.get_topic(topic_name)
+        self.attributes = Attributes(meta.engine)
+        self._ledger: Ledger | None = None
+        self._writer = None
+        self._entries = 0
+        self._bytes = 0
+        open_ = meta.list_ledgers(topic_name, [LedgerState.OPEN])
+        if open_:  # resume the open ledger; a crash may have torn its tail
+            self._ledger = open_[0]
+            if tier1.exists(topic_name, self._ledger.ledger_id):
+                self._writer = tier1.open_writer(topic_name, self._ledger.ledger_id)
+            else:
+                self._writer = tier1.create_ledger(topic_name, self._ledger.ledger_id)
+            reader = tier1.reader(topic_name, self._ledger.ledger_id)
+            self._entries = reader.entry_count
+            self._bytes = reader.size_bytes
+            reader.close()
+
+    def append(self, payload: bytes) -> Position:
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise BadInput("an entry is bytes")
+        if len(payload) > MAX_ENTRY_BYTES:
+            raise BadInput(f"an entry is at most {MAX_ENTRY_BYTES} bytes, got {len(payload)}")
+        if self._writer is None:
+            self._ledger = self.meta.open_ledger(self.topic.name)
+            self._writer = self.tier1.create_ledger(self.topic.name, self._ledger.ledger_id)
+            self._entries = self._bytes = 0
+        entry_id = self._writer.append(bytes(payload))
+        self._entries += 1
+        self._bytes += len(payload)
+        position = Position(self._ledger.ledger_id, entry_id)
+        policy = self.topic.policy
+        if self._entries >= policy.rollover_entries or self._bytes >= policy.rollover_bytes:
+            self.seal()
+        return position
+
+    def append_once(self, payload: bytes, writer_id: str, event_number: int) -> AppendResult:
+        """Append unless this writer's event `event_number` was already appended."""
+        if event_number < 0:
+            raise BadInput("event numbers are non-negative")
+        key = f"writer:{writer_id}"
+        last = self.attributes.get(self.topic.name, key)
+        if last is not None and event_number <= last:
+            return AppendResult(None, duplicate=True)
+        position = self.append(payload)
+        try:
+            self.attributes.update(self.topic.name, [AttributeUpdate(key, Verb.REPLACE_IF_EQUALS, event_number,
+                                                                     expected=last)])
+        except ConditionalUpdateFailed:
+            # Another process used this writer id meanwhile: the caller must know its append raced.
+            raise
+        return AppendResult(position)
+
+    def seal(self) -> Ledger | None:
+        """Seal the open ledger (fsync, then record count, size and time in metadata)."""
+        if self._writer is None:
+            return None
+        info = self._writer.seal()
+        sealed = self.meta.seal_ledger(self._ledger, info.entry_count, info.size_bytes)
+        self._writer = None
+        self._ledger = None
+        return sealed
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
