@@ -119,6 +119,29 @@ class MetadataStore:
         with self._conn(conn) as c:
             return {r.ledger_id: _chunk_row(r) for r in c.execute(q)}
 
+    def offload_candidates_by_age(self, topic_name: str | None = None, limit: int = 10_000,
+                                  conn: Connection | None = None) -> list[Ledger]:
+        """SEALED, non-empty ledgers sealed longer ago than their topic's offload-after (-1: never),
+        oldest first. Served by the partial index `ledger_offload_candidates`."""
+        query = (_LEDGER_SELECT.where(ledger.c.state == S.SEALED.value, ledger.c.entry_count > 0,
+                                      topic.c.offload_after_seconds >= 0,
+                                      ledger.c.sealed_at <= func.now() - func.make_interval(
+                                          0, 0, 0, 0, 0, 0, topic.c.offload_after_seconds))
+                 .order_by(ledger.c.sealed_at, ledger.c.topic_id, ledger.c.ledger_id).limit(limit))
+        if topic_name is not None:
+            query = query.where(topic.c.name == topic_name)
+        with self._conn(conn) as c:
+            return [_ledger_row(r) for r in c.execute(query)]
+
+    def stale_offloads(self, older_than: timedelta, topic_name: str | None = None) -> list[Ledger]:
+        """OFFLOADING attempts started longer ago than `older_than` (their worker is presumed dead)."""
+        query = _LEDGER_SELECT.where(ledger.c.state == S.OFFLOADING.value,
+                                     ledger.c.offload_started_at <= func.now() - older_than)
+        if topic_name is not None:
+            query = query.where(topic.c.name == topic_name)
+        with self.engine.connect() as c:
+            return [_ledger_row(r) for r in c.execute(query.order_by(ledger.c.offload_started_at))]
+
     # ---------------------------------------------------------------- ledgers: transitions
     def open_ledger(self, topic_name: str) -> Ledger:
         """Allocate the topic's next ledger id and create it OPEN (at most one OPEN ledger per topic)."""

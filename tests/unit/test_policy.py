@@ -1,0 +1,101 @@
+"""The selection rules, with time pinned."""
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tiering import policy
+from tiering.errors import BadInput
+from tiering.model import Chunk, Ledger, LedgerState as S, Position, TopicPolicy
+
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+MIN = timedelta(minutes=1)
+
+
+def L(lid, state=S.SEALED, size=100, entries=10, sealed_ago=60, offloaded_ago=None, tier1=True):
+    sealed = None if state == S.OPEN else NOW - sealed_ago * MIN
+    off = NOW - offloaded_ago * MIN if offloaded_ago is not None else (NOW if state == S.OFFLOADED else None)
+    return Ledger(1, "t", lid, state, entries, size, NOW, sealed, tier1, "u" if off else None, None, off, None, 0)
+
+
+def C(lid, size, key=None):
+    return Chunk(key or f"d{lid}", 0, size, f"i{lid}", 0, 10, 0, 9)
+
+
+def ids(ls):
+    return [x.ledger_id for x in ls]
+
+
+def test_by_age():
+    ledgers = [L(0, sealed_ago=120), L(1, sealed_ago=30), L(2, S.OFFLOADED), L(3, entries=0, sealed_ago=999),
+               L(4, S.OPEN)]
+    assert ids(policy.offload_by_age(ledgers, TopicPolicy(offload_after_seconds=3600), NOW)) == [0]
+    assert ids(policy.offload_by_age(ledgers, TopicPolicy(offload_after_seconds=0), NOW)) == [0, 1]
+    assert policy.offload_by_age(ledgers, TopicPolicy(offload_after_seconds=-1), NOW) == []
+
+
+def test_by_size_is_pulsars_newest_to_oldest_walk():
+    # sizes newest->oldest: open 50, 4:100 offloaded, 3:100, 2:100, 1:100, 0:100; threshold 250
+    ledgers = [L(i) for i in range(4)] + [L(4, S.OFFLOADED), L(5, S.OPEN, size=0)]
+    chosen = policy.offload_by_size(ledgers, TopicPolicy(offload_threshold_bytes=250), open_sizes={5: 50})
+    # sums: 50, 150 (4 offloaded), 250 (3: not over), 350 (2), 450 (1), 550 (0)
+    assert ids(chosen) == [0, 1, 2]
+    assert policy.offload_by_size(ledgers, TopicPolicy(offload_threshold_bytes=-1)) == []
+    assert ids(policy.offload_by_size(ledgers, TopicPolicy(offload_threshold_bytes=0))) == [0, 1, 2, 3]
+
+
+def test_offload_prefix_semantics():
+    ledgers = [L(0), L(1, S.OFFLOADED), L(2, entries=0), L(3), L(4, S.OPEN)]
+    assert ids(policy.offload_prefix(ledgers, Position(4, 0))) == [0, 3]
+    assert ids(policy.offload_prefix(ledgers, Position(3, 5))) == [0]
+    with pytest.raises(BadInput, match="beyond the end"):
+        policy.offload_prefix(ledgers, Position(9, 0))
+    with pytest.raises(BadInput, match="beyond the end of ledger 3"):
+        policy.offload_prefix(ledgers, Position(3, 11))
+    with pytest.raises(BadInput, match="before the first ledger"):
+        policy.offload_prefix([L(5), L(6, S.OPEN)], Position(2, 0))
+
+
+def test_lagged_copies():
+    ledgers = [L(0, S.OFFLOADED, offloaded_ago=300), L(1, S.OFFLOADED, offloaded_ago=10),
+               L(2, S.OFFLOADED, offloaded_ago=999, tier1=False), L(3)]
+    assert ids(policy.lagged_copies(ledgers, TopicPolicy(deletion_lag_seconds=3600), NOW)) == [0]
+    assert ids(policy.lagged_copies(ledgers, TopicPolicy(deletion_lag_seconds=0), NOW)) == [0, 1]
+
+
+def test_retention_by_time_is_a_head_prefix():
+    ledgers = [L(0, sealed_ago=100), L(1, sealed_ago=5), L(2, sealed_ago=100), L(3, S.OPEN)]
+    assert ids(policy.retention(ledgers, TopicPolicy(retention_seconds=3600), NOW)) == [0]  # 2 kept: 1 stops
+
+
+def test_retention_by_size_keeps_at_least_the_quota():
+    ledgers = [L(i, S.OFFLOADED if i < 2 else S.SEALED) for i in range(5)] + [L(5, S.OPEN, size=0)]
+    assert ids(policy.retention(ledgers, TopicPolicy(retention_bytes=250), NOW)) == [0, 1]
+    assert ids(policy.retention(ledgers, TopicPolicy(retention_bytes=0), NOW)) == [0, 1, 2, 3, 4]
+    assert policy.retention(ledgers, TopicPolicy(), NOW) == []
+
+
+def test_retention_never_passes_the_open_ledger_or_an_offload_in_flight():
+    assert ids(policy.retention([L(0), L(1, S.OFFLOADING), L(2)], TopicPolicy(retention_seconds=0), NOW)) == [0]
+    assert policy.retention([L(0, S.OPEN)], TopicPolicy(retention_seconds=0), NOW) == []
+
+
+def test_truncate_before():
+    ledgers = [L(0, S.DELETED), L(1, S.OFFLOADED), L(2), L(3, S.OPEN)]
+    assert ids(policy.truncate_before(ledgers, Position(3, 0))) == [1, 2]
+    with pytest.raises(BadInput):
+        policy.truncate_before(ledgers, Position(7, 0))
+
+
+def test_defrag_groups_runs_of_small_objects():
+    ledgers = [L(i, S.OFFLOADED) for i in range(8)] + [L(8)]
+    chunks = {0: C(0, 10), 1: C(1, 10), 2: C(2, 500), 3: C(3, 10), 4: C(4, 10), 5: C(5, 10), 6: C(6, 10),
+              7: C(7, 10)}
+    groups = policy.defrag_groups(ledgers, chunks, small_bytes=100, max_merged_bytes=30)
+    assert [ids(g.ledgers) for g in groups] == [[0, 1], [3, 4, 5], [6, 7]]
+    assert groups[1].data_bytes == 30
+
+
+def test_defrag_skips_already_merged_objects_and_single_leftovers():
+    ledgers = [L(i, S.OFFLOADED) for i in range(4)]
+    chunks = {0: C(0, 10, "m"), 1: C(1, 10, "m"), 2: C(2, 10), 3: C(3, 500)}
+    assert policy.defrag_groups(ledgers, chunks, 100, 1000) == []

@@ -1,0 +1,154 @@
+"""Which ledgers qualify for each pipeline operation: pure functions over metadata rows (no I/O).
+
+The rules follow Pulsar (offload by age/size, deletion lag, offloadPrefix) and Pravega PDP-19 (retention by
+time and size as head truncation). Every function takes `now` explicitly so tests pin time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Mapping, Sequence
+
+from tiering.errors import BadInput
+from tiering.model import Chunk, Ledger, LedgerState, Position, TopicPolicy
+
+S = LedgerState
+_LIVE = (S.OPEN, S.SEALED, S.OFFLOADING, S.OFFLOADED)
+
+
+def _offloadable(led: Ledger) -> bool:
+    return led.state == S.SEALED and led.entry_count > 0
+
+
+def offload_by_age(ledgers: Sequence[Ledger], policy: TopicPolicy, now: datetime) -> list[Ledger]:
+    """Sealed, non-empty ledgers sealed at least `offload_after_seconds` ago (-1: never; 0: at once)."""
+    if policy.offload_after_seconds < 0:
+        return []
+    cutoff = now - timedelta(seconds=policy.offload_after_seconds)
+    return [led for led in ledgers if _offloadable(led) and led.sealed_at <= cutoff]
+
+
+def offload_by_size(ledgers: Sequence[Ledger], policy: TopicPolicy,
+                    open_sizes: Mapping[int, int] | None = None) -> list[Ledger]:
+    """Pulsar's rule: walk ledgers newest to oldest summing their sizes (offloaded ones included); every
+    ledger not yet offloaded once the sum exceeds the threshold is offloaded, oldest first.
+
+    `open_sizes` gives the live size of the open ledger (metadata records sizes at seal time)."""
+    if policy.offload_threshold_bytes < 0:
+        return []
+    open_sizes = open_sizes or {}
+    total, chosen = 0, []
+    for led in sorted(ledgers, key=lambda x: x.ledger_id, reverse=True):
+        if led.state not in _LIVE:
+            continue
+        total += open_sizes.get(led.ledger_id, led.size_bytes) if led.state == S.OPEN else led.size_bytes
+        if total > policy.offload_threshold_bytes and _offloadable(led):
+            chosen.append(led)
+    return chosen[::-1]
+
+
+def offload_prefix(ledgers: Sequence[Ledger], position: Position) -> list[Ledger]:
+    """Pulsar's offloadPrefix: every sealed, non-empty ledger with an id below the position's ledger.
+
+    A position before the first ledger or beyond the end of the topic is an error."""
+    live = [led for led in ledgers if led.state != S.DELETED]
+    if not live:
+        raise BadInput("the topic has no ledgers to offload")
+    first, last = min(led.ledger_id for led in live), max(led.ledger_id for led in ledgers)
+    if position.ledger_id < first:
+        raise BadInput(f"position {position} is before the first ledger {first} of the topic")
+    if position.ledger_id > last:
+        raise BadInput(f"position {position} is beyond the end of the topic (last ledger {last})")
+    target = next(led for led in ledgers if led.ledger_id == position.ledger_id) \
+        if any(led.ledger_id == position.ledger_id for led in ledgers) else None
+    if target is not None and target.state != S.OPEN and position.entry_id > target.entry_count:
+        raise BadInput(f"position {position} is beyond the end of ledger {target.ledger_id} "
+                       f"({target.entry_count} entries)")
+    return [led for led in sorted(ledgers, key=lambda x: x.ledger_id)
+            if led.ledger_id < position.ledger_id and _offloadable(led)]
+
+
+def lagged_copies(ledgers: Sequence[Ledger], policy: TopicPolicy, now: datetime) -> list[Ledger]:
+    """Offloaded ledgers whose tier-1 copy has outlived the deletion lag."""
+    cutoff = now - timedelta(seconds=policy.deletion_lag_seconds)
+    return [led for led in ledgers
+            if led.state == S.OFFLOADED and led.tier1_present and led.offloaded_at <= cutoff]
+
+
+def retention(ledgers: Sequence[Ledger], policy: TopicPolicy, now: datetime) -> list[Ledger]:
+    """Head truncation (PDP-19): from the oldest ledger on, delete while a ledger is older than the
+    retention time or the topic still holds more than the retention size without it. Whole ledgers,
+    never the open one, and always a prefix: the first ledger to keep stops the walk."""
+    if policy.retention_seconds < 0 and policy.retention_bytes < 0:
+        return []
+    live = sorted((led for led in ledgers if led.state in _LIVE), key=lambda x: x.ledger_id)
+    total = sum(led.size_bytes for led in live)
+    cutoff = now - timedelta(seconds=policy.retention_seconds) if policy.retention_seconds >= 0 else None
+    doomed = []
+    for led in live:
+        if led.state in (S.OPEN, S.OFFLOADING):
+            break  # the open ledger is never deleted; an offload in flight finishes first
+        expired = cutoff is not None and led.sealed_at <= cutoff
+        over_size = policy.retention_bytes >= 0 and total - led.size_bytes >= policy.retention_bytes
+        if not (expired or over_size):
+            break
+        doomed.append(led)
+        total -= led.size_bytes
+    return doomed
+
+
+def truncate_before(ledgers: Sequence[Ledger], position: Position) -> list[Ledger]:
+    """`tiering truncate NAME L:E`: every whole ledger before the position's ledger (never the open one)."""
+    ids = [led.ledger_id for led in ledgers]
+    if not ids or position.ledger_id > max(ids):
+        raise BadInput(f"position {position} is beyond the end of the topic")
+    return [led for led in sorted(ledgers, key=lambda x: x.ledger_id)
+            if led.ledger_id < position.ledger_id and led.state in (S.SEALED, S.OFFLOADED)]
+
+
+@dataclass(frozen=True)
+class DefragGroup:
+    ledgers: tuple[Ledger, ...]
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(c.data_length for c in self.chunks)
+
+
+def defrag_groups(ledgers: Sequence[Ledger], chunks: Mapping[int, Chunk], small_bytes: int,
+                  max_merged_bytes: int, min_group: int = 2) -> list[DefragGroup]:
+    """Runs of consecutive offloaded ledgers whose data object is small (and not already shared), cut so a
+    merged object stays within `max_merged_bytes`; runs shorter than `min_group` are left alone."""
+    if small_bytes <= 0 or max_merged_bytes <= 0:
+        raise BadInput("defrag thresholds must be positive")
+    shared = _shared_keys(chunks)
+    groups: list[DefragGroup] = []
+    run: list[tuple[Ledger, Chunk]] = []
+
+    def close_run():
+        if len(run) >= min_group:
+            groups.append(DefragGroup(tuple(led for led, _ in run), tuple(c for _, c in run)))
+        run.clear()
+
+    for led in sorted(ledgers, key=lambda x: x.ledger_id):
+        ch = chunks.get(led.ledger_id)
+        if led.state == S.DELETED or (led.state == S.SEALED and led.entry_count == 0):
+            continue  # gaps of trimmed or empty ledgers do not break a run
+        small = (led.state == S.OFFLOADED and ch is not None and ch.data_length < small_bytes
+                 and ch.data_key not in shared)
+        if not small:
+            close_run()
+            continue
+        if run and sum(c.data_length for _, c in run) + ch.data_length > max_merged_bytes:
+            close_run()
+        run.append((led, ch))
+    close_run()
+    return groups
+
+
+def _shared_keys(chunks: Mapping[int, Chunk]) -> set[str]:
+    seen, shared = set(), set()
+    for c in chunks.values():
+        (shared if c.data_key in seen else seen).add(c.data_key)
+    return shared
