@@ -101,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument("--json", action="store_true", help="JSON lines (data in base64)")
     read.add_argument("--fail-on-dataloss", action="store_true")
 
+    op = sub.add_parser("offload-prefix", help="offload every sealed ledger before L:E (Pulsar's offloadPrefix)")
+    op.add_argument("name")
+    op.add_argument("position", type=_position, metavar="L:E")
+    op.add_argument("--json", action="store_true")
+    ost = sub.add_parser("offload-status", help="per ledger: state, attempt, offloaded time, keys")
+    ost.add_argument("name")
+    ost.add_argument("--json", action="store_true")
     return p
 
 

@@ -34,8 +34,17 @@ class Context:
         return Tier1Store(self.settings.tier1_root)
 
     @cached_property
-    def s3(self):
-        return self.settings.s3_client()
+    def bucket(self):
+        from tiering.tier2.objects import Bucket
+
+        return Bucket(self.settings.s3_client(), self.settings.bucket, self.settings.prefix)
+
+    @cached_property
+    def deps(self):
+        from tiering.ops.context import Deps, Knobs
+
+        knobs = Knobs(block_size=self.settings.block_size, upload_concurrency=self.settings.upload_concurrency)
+        return Deps(self.meta, self.tier1, self.bucket, knobs)
 
 
 def describe_failure(exc: Exception) -> str:
@@ -171,7 +180,9 @@ def cmd_status(ctx: Context, args) -> int:
 def cmd_read(ctx: Context, args) -> int:
     from tiering.read import Gap, ReadHandle
 
-    handle = ReadHandle(ctx.meta, ctx.tier1, open_tier2=_tier2_opener(ctx),
+    from tiering.tier2.reader import tier2_opener
+
+    handle = ReadHandle(ctx.meta, ctx.tier1, open_tier2=tier2_opener(ctx.bucket),
                         raise_on_dataloss=args.fail_on_dataloss)
     out = sys.stdout
     for item in handle.read(args.name, args.start, args.end):
@@ -184,12 +195,40 @@ def cmd_read(ctx: Context, args) -> int:
     return 0
 
 
-def _tier2_opener(ctx: Context):
-    try:
-        from tiering.tier2.reader import tier2_opener
-    except ImportError:  # tier 2 not built into this checkout
-        return None
-    return tier2_opener(ctx.s3, ctx.settings.bucket)
+def cmd_offload_prefix(ctx: Context, args) -> int:
+    from tiering.ops.offload import offload_prefix
+
+    report, first = offload_prefix(ctx.deps, args.name, args.position)
+    result = {"topic": args.name, "offloaded": report.offloaded, "skipped": report.skipped,
+              "failed": report.failed, "bytes": report.bytes, "first_not_offloaded": str(first)}
+    if args.json:
+        print_json(result)
+    else:
+        print(f"offloaded {len(report.offloaded)} ledger(s) ({report.bytes} bytes), skipped "
+              f"{len(report.skipped)}, failed {len(report.failed)}; first position not offloaded: {first}")
+    if report.first_error:
+        sys.stderr.write(f"tiering: error: {len(report.failed)} ledger(s) failed; first: {report.first_error}\n")
+        return 1
+    return 0
+
+
+def cmd_offload_status(ctx: Context, args) -> int:
+    chunks = ctx.meta.chunks(args.name)
+    rows = []
+    for led in ctx.meta.list_ledgers(args.name):
+        ch = chunks.get(led.ledger_id)
+        rows.append({"ledger": led.ledger_id, "state": led.state.value, "attempt": led.offload_uuid,
+                     "offload_started_at": led.offload_started_at, "offloaded_at": led.offloaded_at,
+                     "tier1_present": led.tier1_present,
+                     "data_key": ch.data_key if ch else None, "index_key": ch.index_key if ch else None})
+    if args.json:
+        for r in rows:
+            print_json(r)
+        return 0
+    print(f"{'ledger':>8} {'state':<11} {'offloaded_at':<32} keys")
+    for r in rows:
+        print(f"{r['ledger']:>8} {r['state']:<11} {str(r['offloaded_at'] or '-'):<32} {r['data_key'] or '-'}")
+    return 0
 
 
 def _progress(iterable, desc: str, stream):
@@ -202,4 +241,5 @@ def _progress(iterable, desc: str, stream):
 
 
 HANDLERS = {"db": cmd_db, "topic": cmd_topic, "produce": cmd_produce, "seal": cmd_seal, "status": cmd_status,
-            "read": cmd_read}
+            "read": cmd_read,
+            "offload-prefix": cmd_offload_prefix, "offload-status": cmd_offload_status}

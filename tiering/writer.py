@@ -41,10 +41,8 @@ class ManagedLedgerWriter:
                 self._writer = tier1.open_writer(topic_name, self._ledger.ledger_id)
             else:
                 self._writer = tier1.create_ledger(topic_name, self._ledger.ledger_id)
-            reader = tier1.reader(topic_name, self._ledger.ledger_id)
-            self._entries = reader.entry_count
-            self._bytes = reader.size_bytes
-            reader.close()
+            self._entries = self._writer.entry_count
+            self._bytes = self._writer.size_bytes
 
     def append(self, payload: bytes) -> Position:
         if not isinstance(payload, (bytes, bytearray, memoryview)):

@@ -86,6 +86,11 @@ class MetadataStore:
                                               f"version {current.version}")
         return _topic_row(row)
 
+    def now(self) -> datetime:
+        """The database's clock: every worker decides ages against the same time."""
+        with self.engine.connect() as conn:
+            return conn.execute(select(func.now())).scalar_one()
+
     # ---------------------------------------------------------------- ledgers: reads
     def get_ledger(self, topic_name: str, ledger_id: int, conn: Connection | None = None) -> Ledger:
         with self._conn(conn) as c:
@@ -224,11 +229,13 @@ class MetadataStore:
         out = []
         with self.engine.begin() as conn:
             for led in leds:
-                ch = self.get_chunk(led, conn)
-                if ch is not None:
-                    conn.execute(delete(chunk).where(chunk.c.topic_id == led.topic_id,
-                                                     chunk.c.ledger_id == led.ledger_id))
-                    self._enqueue(conn, [ch.data_key, ch.index_key], reason=reason, owner=None, delay=gc_delay)
+                # RETURNING: the keys of the chunk row as deleted, even if defrag switched it just before
+                gone = conn.execute(delete(chunk).where(chunk.c.topic_id == led.topic_id,
+                                                        chunk.c.ledger_id == led.ledger_id)
+                                    .returning(chunk.c.data_key, chunk.c.index_key)).one_or_none()
+                if gone is not None:
+                    self._enqueue(conn, [gone.data_key, gone.index_key], reason=reason, owner=None,
+                                  delay=gc_delay)
                 out.append(self._cas(conn, led, [S.SEALED, S.OFFLOADED], state=S.DELETED.value,
                                      deleted_at=func.now()))
         return out
@@ -263,6 +270,16 @@ class MetadataStore:
                    delay: timedelta = timedelta(0)) -> None:
         with self.engine.begin() as conn:
             self._enqueue(conn, keys, reason, owner, delay)
+
+    def dequeue_gc(self, owner: str) -> None:
+        """Drop an attempt's queued keys once the attempt itself deleted its objects."""
+        with self.engine.begin() as conn:
+            conn.execute(delete(gc_task).where(gc_task.c.owner_uuid == owner))
+
+    def chunks_referencing(self, key: str) -> int:
+        with self.engine.connect() as conn:
+            return conn.execute(select(func.count()).select_from(chunk).where(
+                (chunk.c.data_key == key) | (chunk.c.index_key == key))).scalar_one()
 
     # ---------------------------------------------------------------- helpers
     def _enqueue(self, conn: Connection, keys: Iterable[str], reason: str, owner: str | None,

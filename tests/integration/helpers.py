@@ -1,0 +1,61 @@
+"""Helpers shared by integration tests: build deps on the run's services, produce known payloads."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from tiering.metadata.repository import MetadataStore
+from tiering.model import TopicPolicy
+from tiering.ops.context import Deps, Knobs
+from tiering.tier1 import Tier1Store
+from tiering.tier2.objects import Bucket
+from tiering.workload import payload
+from tiering.writer import ManagedLedgerWriter
+
+MIB = 1024 * 1024
+
+
+def make_deps(engine, s3, bucket, tier1_root, **knobs) -> Deps:
+    defaults = dict(block_size=5 * MIB, upload_concurrency=3, offload_timeout=timedelta(hours=1),
+                    gc_delay=timedelta(0))
+    defaults.update(knobs)
+    return Deps(MetadataStore(engine), Tier1Store(tier1_root), Bucket(s3, bucket, "t/"), Knobs(**defaults))
+
+
+def produce(deps: Deps, topic: str, ledgers: list[list[bytes]], policy: TopicPolicy | None = None,
+            open_tail: list[bytes] | None = None) -> dict:
+    """Create `topic` and write one sealed ledger per list of payloads (plus an open tail); returns
+    {(ledger, entry): payload}."""
+    deps.meta.create_topic(topic, policy or TopicPolicy(rollover_entries=10**9, rollover_bytes=2**40))
+    writer = ManagedLedgerWriter(deps.meta, deps.tier1, topic)
+    expected = {}
+    for entries in ledgers:
+        for data in entries:
+            pos = writer.append(data)
+            expected[(pos.ledger_id, pos.entry_id)] = data
+        if entries:
+            writer.seal()
+        else:  # an empty sealed ledger
+            led = deps.meta.open_ledger(topic)
+            deps.tier1.create_ledger(topic, led.ledger_id).seal()
+            deps.meta.seal_ledger(led, 0, 0)
+    for data in open_tail or []:
+        pos = writer.append(data)
+        expected[(pos.ledger_id, pos.entry_id)] = data
+    writer.close()
+    return expected
+
+
+def entries(seed: str, n: int, size: int) -> list[bytes]:
+    return [payload(seed, i, size) for i in range(n)]
+
+
+def bucket_keys(deps: Deps) -> set[str]:
+    b = deps.bucket
+    keys = set()
+    for page in b.s3.get_paginator("list_objects_v2").paginate(Bucket=b.name):
+        keys.update(o["Key"] for o in page.get("Contents", []))
+    return keys
+
+
+def open_uploads(deps: Deps) -> list:
+    return deps.bucket.s3.list_multipart_uploads(Bucket=deps.bucket.name).get("Uploads", [])

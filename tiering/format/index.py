@@ -1,0 +1,155 @@
+"""PIP-17 index object: where each block of a data object starts, plus the ledger's metadata. No I/O.
+
+[int32 magic 0xDE47DE47][int32 index_len][int64 data_object_len][int64 data_header_len=128]
+[int32 entry_count][int32 metadata_len][metadata][entry_count x (int64 first_entry_id, int32 part_id,
+int64 block_offset)] -- entry_count counts index entries (blocks), not ledger entries.
+"""
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from tiering.errors import BadInput, CorruptObjectError, EntryNotFound
+from tiering.format.block import ENTRY_HEADER_LEN, HEADER_LEN, Block
+from tiering.format.metadata import LedgerOffloadMetadata, decode_metadata
+
+INDEX_MAGIC = 0xDE47DE47
+_HEADER = struct.Struct(">Iiqqii")
+_ENTRY = struct.Struct(">qiq")
+INDEX_HEADER_LEN = _HEADER.size  # 32
+INDEX_ENTRY_LEN = _ENTRY.size  # 20
+_MAX_INT32 = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    first_entry_id: int
+    part_id: int
+    block_offset: int
+
+    @classmethod
+    def of(cls, block: Block) -> "IndexEntry":
+        return cls(block.first_entry_id, block.part_id, block.offset)
+
+
+def _layout_problem(entries: Sequence[IndexEntry], data_object_len: int, entry_count: int) -> str | None:
+    """Why these index entries cannot describe a ledger of `entry_count` entries in `data_object_len` bytes."""
+    if data_object_len < 0:
+        return f"negative data_object_len {data_object_len}"
+    if not entries:
+        return None if entry_count == 0 and data_object_len == 0 else \
+            f"no blocks for {entry_count} entries in {data_object_len} bytes"
+    if entries[0].first_entry_id != 0 or entries[0].block_offset != 0:
+        return f"first block must start at entry 0, offset 0; got {entries[0]}"
+    for i, e in enumerate(entries):
+        if not 1 <= e.part_id <= _MAX_INT32:
+            return f"index entry {i}: part id {e.part_id} is not positive"
+        nxt_first, nxt_off = (entries[i + 1].first_entry_id, entries[i + 1].block_offset) \
+            if i + 1 < len(entries) else (entry_count, data_object_len)
+        # Every block holds at least one entry, and each entry takes at least its 12-byte frame.
+        if nxt_first <= e.first_entry_id:
+            return f"index entry {i}: first entry ids not increasing ({e.first_entry_id} then {nxt_first})"
+        if nxt_off - e.block_offset < HEADER_LEN + ENTRY_HEADER_LEN * (nxt_first - e.first_entry_id):
+            return (f"index entry {i}: block at offset {e.block_offset} is {nxt_off - e.block_offset} bytes, "
+                    f"too small for entries {e.first_entry_id}..{nxt_first - 1}")
+    return None
+
+
+def encode_index(entries: Iterable[IndexEntry], data_object_len: int, metadata: bytes) -> bytes:
+    """Build an index object; `metadata` is encode_metadata()'s output for the same ledger."""
+    entries = list(entries)
+    metadata = bytes(metadata)
+    try:
+        meta = decode_metadata(metadata, "metadata given to encode_index")
+    except CorruptObjectError as exc:
+        raise BadInput(f"cannot encode index: {exc}") from None
+    problem = _layout_problem(entries, data_object_len, meta.entry_count)
+    if problem is None and meta.data_object_len != data_object_len:
+        problem = f"metadata says data_object_len {meta.data_object_len}, given {data_object_len}"
+    if problem:
+        raise BadInput(f"cannot encode index: {problem}")
+    index_len = INDEX_HEADER_LEN + len(metadata) + INDEX_ENTRY_LEN * len(entries)
+    if index_len > _MAX_INT32:
+        raise BadInput(f"index of {index_len} bytes does not fit an int32 length")
+    out = bytearray(_HEADER.pack(INDEX_MAGIC, index_len, data_object_len, HEADER_LEN, len(entries), len(metadata)))
+    out += metadata
+    for e in entries:
+        out += _ENTRY.pack(e.first_entry_id, e.part_id, e.block_offset)
+    return bytes(out)
+
+
+@dataclass(frozen=True)
+class OffloadIndex:
+    entries: tuple[IndexEntry, ...]
+    data_object_len: int
+    data_header_len: int
+    metadata_bytes: bytes
+    metadata: LedgerOffloadMetadata
+    _firsts: list[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_firsts", [e.first_entry_id for e in self.entries])
+
+    @property
+    def entry_count(self) -> int:
+        """Entries of the ledger (not blocks)."""
+        return self.metadata.entry_count
+
+    def find(self, entry_id: int) -> int:
+        """Position in `entries` of the block holding entry_id (floor search)."""
+        if isinstance(entry_id, bool) or not isinstance(entry_id, int) or not 0 <= entry_id < self.entry_count:
+            m = self.metadata
+            have = f"entries 0..{m.entry_count - 1}" if m.entry_count else "no entries"
+            raise EntryNotFound(f"entry {entry_id!r} is not in ledger {m.ledger_id} of topic {m.topic!r} ({have})")
+        return bisect.bisect_right(self._firsts, entry_id) - 1
+
+    def lookup(self, entry_id: int) -> IndexEntry:
+        return self.entries[self.find(entry_id)]
+
+    def block_length(self, i: int) -> int:
+        nxt = self.entries[i + 1].block_offset if i + 1 < len(self.entries) else self.data_object_len
+        return nxt - self.entries[i].block_offset
+
+    def block_last_entry(self, i: int) -> int:
+        return (self.entries[i + 1].first_entry_id if i + 1 < len(self.entries) else self.entry_count) - 1
+
+
+def decode_index(buf: bytes | bytearray | memoryview, where: str = "index") -> OffloadIndex:
+    """Decode and cross-check a whole index object (buf must be exactly index_len bytes)."""
+    buf = memoryview(buf)
+
+    def corrupt(offset: int, detail: str) -> CorruptObjectError:
+        return CorruptObjectError("index", f"{where}, offset {offset}" if where else f"offset {offset}", detail)
+
+    if len(buf) < INDEX_HEADER_LEN:
+        raise corrupt(0, f"truncated: {len(buf)} bytes, the header alone is {INDEX_HEADER_LEN}")
+    magic, index_len, data_len, data_header_len, count, meta_len = _HEADER.unpack_from(buf, 0)
+    if magic != INDEX_MAGIC:
+        raise corrupt(0, f"bad magic 0x{magic:08X}, expected 0x{INDEX_MAGIC:08X}")
+    if index_len != len(buf):
+        raise corrupt(4, f"index_len {index_len} but the object holds {len(buf)} bytes")
+    if data_len < 0:
+        raise corrupt(8, f"negative data_object_len {data_len}")
+    if data_header_len != HEADER_LEN:
+        raise corrupt(16, f"data_header_len {data_header_len}, expected {HEADER_LEN}")
+    if count < 0:
+        raise corrupt(24, f"negative index entry count {count}")
+    if not 0 <= meta_len <= len(buf) - INDEX_HEADER_LEN:
+        raise corrupt(28, f"metadata_len {meta_len} out of range for a {len(buf)}-byte index")
+    expected = INDEX_HEADER_LEN + meta_len + INDEX_ENTRY_LEN * count
+    if expected != index_len:
+        raise corrupt(24, f"{count} entries and {meta_len} metadata bytes need {expected} bytes, index_len is "
+                          f"{index_len}")
+    metadata_bytes = bytes(buf[INDEX_HEADER_LEN:INDEX_HEADER_LEN + meta_len])
+    meta = decode_metadata(metadata_bytes, f"{where}, offset {INDEX_HEADER_LEN}" if where else
+                           f"offset {INDEX_HEADER_LEN}")
+    if meta.data_object_len != data_len:
+        raise corrupt(8, f"data_object_len {data_len} but the metadata says {meta.data_object_len}")
+    start = INDEX_HEADER_LEN + meta_len
+    entries = tuple(IndexEntry(*_ENTRY.unpack_from(buf, start + i * INDEX_ENTRY_LEN)) for i in range(count))
+    problem = _layout_problem(entries, data_len, meta.entry_count)
+    if problem:
+        raise corrupt(start, problem)
+    return OffloadIndex(entries, data_len, data_header_len, metadata_bytes, meta)

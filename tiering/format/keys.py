@@ -1,0 +1,66 @@
+"""Object keys: `{prefix}{topic}/{uuid}-ledger-{ledger_id}` (+ `-index`), topic percent-encoded.
+
+Percent-encoding with safe='' turns `/`, NUL, quotes and every non-ASCII byte into %XX, so a topic is always
+exactly one key segment; a topic made only of dots is encoded as %2E... so no segment is `.` or `..` (which
+some tools and S3-compatible stores normalise away).
+"""
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+from urllib.parse import quote, unquote
+
+from tiering.errors import BadInput
+
+INDEX_SUFFIX = "-index"
+_UUID = re.compile(r"[0-9A-Za-z_-]+")
+_TAIL = re.compile(r"(?P<uuid>[0-9A-Za-z_-]+)-ledger-(?P<ledger>0|[1-9][0-9]{0,18})(?P<index>-index)?")
+
+
+class ParsedKey(NamedTuple):
+    topic: str
+    uuid: str
+    ledger_id: int
+    is_index: bool
+
+
+def encode_topic(topic: str) -> str:
+    if not isinstance(topic, str) or not topic:
+        raise BadInput(f"topic must be a non-empty string, got {topic!r}")
+    try:
+        encoded = quote(topic, safe="")
+    except UnicodeEncodeError:  # lone surrogates cannot be UTF-8 encoded
+        raise BadInput(f"topic {topic!r} is not valid Unicode") from None
+    return "%2E" * len(topic) if topic.strip(".") == "" else encoded
+
+
+def data_key(prefix: str, topic: str, uuid: str, ledger_id: int) -> str:
+    if not isinstance(uuid, str) or not _UUID.fullmatch(uuid):
+        raise BadInput(f"offload uuid must be letters, digits, '-' or '_', got {uuid!r}")
+    if isinstance(ledger_id, bool) or not isinstance(ledger_id, int) or not 0 <= ledger_id < 2**63:
+        raise BadInput(f"ledger id must be a non-negative int64, got {ledger_id!r}")
+    return f"{prefix}{encode_topic(topic)}/{uuid}-ledger-{ledger_id}"
+
+
+def index_key(prefix: str, topic: str, uuid: str, ledger_id: int) -> str:
+    return data_key(prefix, topic, uuid, ledger_id) + INDEX_SUFFIX
+
+
+def parse_key(prefix: str, key: str) -> ParsedKey | None:
+    """Invert data_key/index_key; None for any key these functions would not have produced."""
+    if not key.startswith(prefix):
+        return None
+    encoded, slash, tail = key[len(prefix):].partition("/")
+    m = _TAIL.fullmatch(tail) if slash else None
+    if not m or not encoded:
+        return None
+    try:
+        topic = unquote(encoded, errors="strict")
+        if encode_topic(topic) != encoded:  # not canonical (e.g. lower-case %2f): not one of ours
+            return None
+    except (BadInput, UnicodeDecodeError):
+        return None
+    ledger_id = int(m["ledger"])
+    if ledger_id >= 2**63:
+        return None
+    return ParsedKey(topic, m["uuid"], ledger_id, m["index"] is not None)

@@ -1,0 +1,74 @@
+"""The GC queue (`gc_task`): claim due keys under row locks, finish or retry them.
+
+GC holds the claimed rows locked (FOR UPDATE SKIP LOCKED) while it deletes their objects and commits the
+outcome in the same transaction. An offload commit that dequeues one of those keys blocks on the lock and
+then finds the row gone, so it fails whole: an object GC deletes is never one a committed chunk references.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterable
+
+from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy.engine import Connection
+
+from tiering.metadata.tables import chunk, gc_task
+
+
+@dataclass(frozen=True)
+class GcTask:
+    task_id: int
+    key: str
+    attempts: int
+    reason: str
+
+
+def claim_due(conn: Connection, limit: int) -> list[GcTask]:
+    rows = conn.execute(
+        select(gc_task.c.task_id, gc_task.c.key, gc_task.c.attempts, gc_task.c.reason)
+        .where(gc_task.c.state == "PENDING", gc_task.c.not_before <= func.now())
+        .order_by(gc_task.c.not_before, gc_task.c.task_id).limit(limit)
+        .with_for_update(skip_locked=True)).all()
+    return [GcTask(*r) for r in rows]
+
+
+def referenced(conn: Connection, keys: Iterable[str]) -> set[str]:
+    keys = sorted(set(keys))
+    if not keys:
+        return set()
+    rows = conn.execute(select(chunk.c.data_key, chunk.c.index_key)
+                        .where(or_(chunk.c.data_key.in_(keys), chunk.c.index_key.in_(keys)))).all()
+    wanted = set(keys)
+    return {k for r in rows for k in r if k in wanted}
+
+
+def queued(conn: Connection, keys: Iterable[str]) -> set[str]:
+    keys = sorted(set(keys))
+    if not keys:
+        return set()
+    return set(conn.execute(select(gc_task.c.key).where(gc_task.c.key.in_(keys))).scalars())
+
+
+def finish(conn: Connection, task_ids: Iterable[int]) -> None:
+    ids = list(task_ids)
+    if ids:
+        conn.execute(delete(gc_task).where(gc_task.c.task_id.in_(ids)))
+
+
+def retry(conn: Connection, tasks: Iterable[GcTask], error: str, max_attempts: int, backoff: timedelta) -> int:
+    """Count a failed attempt; exponential backoff; FAILED after `max_attempts`. Returns how many failed for good."""
+    failed_for_good = 0
+    for t in tasks:
+        attempts = t.attempts + 1
+        state = "FAILED" if attempts >= max_attempts else "PENDING"
+        failed_for_good += state == "FAILED"
+        conn.execute(update(gc_task).where(gc_task.c.task_id == t.task_id).values(
+            attempts=attempts, state=state, last_error=error[:1000],
+            not_before=func.now() + backoff * (2 ** (attempts - 1))))
+    return failed_for_good
+
+
+def pending_count(conn: Connection) -> int:
+    return conn.execute(select(func.count()).select_from(gc_task).where(gc_task.c.state == "PENDING")).scalar_one()
+

@@ -1,0 +1,165 @@
+"""Defrag (PDP-34's concat): merge runs of small offloaded ledgers of a topic into one data object and
+one index object.
+
+Sources of at least 5 MiB are copied server-side (UploadPartCopy with a byte range); smaller ones are
+downloaded and concatenated into a part (S3 parts but the last must be at least 5 MiB). The index objects
+are concatenated too, so each ledger's chunk row says where in the merged objects its bytes and its index
+lie; readers need nothing else. The merged keys are queued for GC before the upload; one transaction
+switches every chunk row conditionally (version and key compare) and dequeues them; the old objects go to
+GC with a delay so readers holding old metadata finish. Losing a race with retention or another defrag
+aborts the merge whole: nothing is lost, the merged objects are deleted.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from tiering import policy
+from tiering.errors import ConditionalUpdateFailed
+from tiering.format.keys import data_key, index_key
+from tiering.format.metadata import user_metadata
+from tiering.model import Chunk
+from tiering.ops.context import MIB, Deps
+from tiering.tier2.objects import delete_keys, get_range, tier2_error
+from tiering.tier2.offloader import StepHook
+
+MIN_PART = 5 * MIB
+
+
+@dataclass
+class DefragReport:
+    groups: int = 0
+    ledgers: int = 0
+    objects_before: int = 0
+    objects_after: int = 0
+    bytes_copied_server_side: int = 0
+    bytes_downloaded: int = 0
+    lost_races: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def plan_defrag(deps: Deps, topic: str | None = None, small_bytes: int = 8 * MIB,
+                max_merged_bytes: int = 256 * MIB) -> list[policy.DefragGroup]:
+    topics = [deps.meta.get_topic(topic)] if topic else deps.meta.list_topics()
+    groups = []
+    for t in topics:
+        groups += policy.defrag_groups(deps.meta.list_ledgers(t.name), deps.meta.chunks(t.name), small_bytes,
+                                       max_merged_bytes)
+    return groups
+
+
+def merge_group(deps: Deps, group: policy.DefragGroup, report: DefragReport, hook: StepHook = None) -> bool:
+    step = hook or (lambda _n: None)
+    b, first = deps.bucket, group.ledgers[0]
+    attempt = str(uuid.uuid4())
+    new_data = data_key(b.prefix, first.topic, attempt, first.ledger_id)
+    new_index = index_key(b.prefix, first.topic, attempt, first.ledger_id)
+    deps.meta.enqueue_gc([new_data, new_index], "defrag attempt", owner=attempt, delay=deps.knobs.offload_timeout)
+    try:
+        data_offsets = _merge_data(deps, group, new_data, report, step)
+        index_offsets = _merge_indexes(deps, group, new_index, report)
+        step("merged")
+        moves = [(led, old, Chunk(new_data, d_off, old.data_length, new_index, i_off, old.index_length,
+                                  old.first_entry_id, old.last_entry_id, old.version))
+                 for led, old, d_off, i_off in zip(group.ledgers, group.chunks, data_offsets, index_offsets)]
+        deps.meta.replace_chunks(moves, attempt, deps.knobs.gc_delay)
+    except ConditionalUpdateFailed:
+        report.lost_races += 1
+        _discard(deps, attempt, new_data, new_index)
+        return False
+    except BaseException:
+        _discard(deps, attempt, new_data, new_index)
+        raise
+    report.groups += 1
+    report.ledgers += len(group.ledgers)
+    report.objects_before += 2 * len(group.ledgers)
+    report.objects_after += 2
+    return True
+
+
+def _discard(deps: Deps, attempt: str, *keys: str) -> None:
+    """Delete the merged objects unless a commit references them (a lost reply); GC is the safety net."""
+    try:
+        if any(deps.meta.chunks_referencing(k) for k in keys):
+            return
+    except Exception:
+        return
+    if not delete_keys(deps.bucket, keys):
+        deps.meta.dequeue_gc(attempt)
+
+
+def _merge_data(deps: Deps, group: policy.DefragGroup, key: str, report: DefragReport, step) -> list[int]:
+    b = deps.bucket
+    md = user_metadata(group.ledgers[0].topic)
+    upload_id = b.s3.create_multipart_upload(Bucket=b.name, Key=key, Metadata=md,
+                                             ChecksumAlgorithm="CRC32C")["UploadId"]
+    try:
+        parts, pending, offset = [], bytearray(), 0
+
+        def flush():
+            nonlocal pending
+            if pending:
+                resp = b.s3.upload_part(Bucket=b.name, Key=key, UploadId=upload_id, PartNumber=len(parts) + 1,
+                                        Body=bytes(pending), ChecksumAlgorithm="CRC32C")
+                parts.append({"PartNumber": len(parts) + 1, "ETag": resp["ETag"],
+                              "ChecksumCRC32C": resp["ChecksumCRC32C"]})
+                pending = bytearray()
+                step("part")
+
+        # Large sources first, each one server-side copied part; then the small ones concatenated into
+        # parts of at least 5 MiB (the last may be smaller). Chunk rows carry offsets, so order is free.
+        order = sorted(range(len(group.chunks)), key=lambda i: group.chunks[i].data_length < MIN_PART)
+        offsets = [0] * len(group.chunks)
+        for i in order:
+            ch = group.chunks[i]
+            offsets[i] = offset
+            offset += ch.data_length
+            if ch.data_length >= MIN_PART:
+                src = f"bytes={ch.data_offset}-{ch.data_offset + ch.data_length - 1}"
+                resp = b.s3.upload_part_copy(Bucket=b.name, Key=key, UploadId=upload_id,
+                                             PartNumber=len(parts) + 1, CopySourceRange=src,
+                                             CopySource={"Bucket": b.name, "Key": ch.data_key})
+                parts.append({"PartNumber": len(parts) + 1, "ETag": resp["CopyPartResult"]["ETag"]})
+                report.bytes_copied_server_side += ch.data_length
+                step("part")
+            else:
+                pending += get_range(b, ch.data_key, ch.data_offset, ch.data_length)
+                report.bytes_downloaded += ch.data_length
+                if len(pending) >= MIN_PART:
+                    flush()
+        flush()
+        b.s3.complete_multipart_upload(Bucket=b.name, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})
+        return offsets
+    except BaseException as exc:
+        try:
+            b.s3.abort_multipart_upload(Bucket=b.name, Key=key, UploadId=upload_id)
+        except (ClientError, BotoCoreError):
+            pass
+        if isinstance(exc, (ClientError, BotoCoreError)):
+            raise tier2_error("defrag upload", key, exc) from None
+        raise
+
+
+def _merge_indexes(deps: Deps, group: policy.DefragGroup, key: str, report: DefragReport) -> list[int]:
+    b = deps.bucket
+    body, offsets = bytearray(), []
+    for ch in group.chunks:
+        offsets.append(len(body))
+        body += get_range(b, ch.index_key, ch.index_offset, ch.index_length)
+        report.bytes_downloaded += ch.index_length
+    try:
+        b.s3.put_object(Bucket=b.name, Key=key, Body=bytes(body), Metadata=user_metadata(group.ledgers[0].topic),
+                        ChecksumAlgorithm="CRC32C")
+    except (ClientError, BotoCoreError) as exc:
+        raise tier2_error("PUT", key, exc) from None
+    return offsets
+
+
+def defrag(deps: Deps, topic: str | None = None, small_bytes: int = 8 * MIB, max_merged_bytes: int = 256 * MIB,
+           hook: StepHook = None) -> DefragReport:
+    report = DefragReport()
+    for group in plan_defrag(deps, topic, small_bytes, max_merged_bytes):
+        merge_group(deps, group, report, hook)
+    return report

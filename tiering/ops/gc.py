@@ -1,0 +1,89 @@
+"""Garbage collection of tier 2 (Pravega's GC: queue before commit, delay, retries, a failed state).
+
+1. Due `gc_task` keys, claimed under row locks: a key some chunk still references is dropped from the
+   queue (a later removal queues it again); the others are deleted (with any multipart upload under them)
+   and dequeued; a failure retries with exponential backoff and becomes FAILED after `max_attempts`.
+2. Orphan sweep: objects under the prefix that no chunk references and no task holds, older than the
+   grace period (left by a process killed between its S3 write and its queueing, or by hand).
+3. Multipart uploads older than the grace period are aborted.
+Killed anywhere, a rerun converges: deleting a missing key succeeds, and locked rows roll back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from tiering.metadata import gc_queue
+from tiering.ops.context import Deps
+from tiering.tier2.objects import delete_keys, list_objects, list_uploads
+
+
+@dataclass
+class GcReport:
+    deleted: list[str] = field(default_factory=list)
+    still_referenced: int = 0
+    retried: int = 0
+    failed: int = 0
+    orphans_deleted: list[str] = field(default_factory=list)
+    uploads_aborted: int = 0
+
+
+def run_gc(deps: Deps, batch: int = 500, max_attempts: int = 5, backoff: timedelta = timedelta(minutes=1),
+           orphan_grace: timedelta | None = None, sweep: bool = True) -> GcReport:
+    report = GcReport()
+    while _gc_batch(deps, batch, max_attempts, backoff, report):
+        pass
+    if sweep:
+        grace = orphan_grace if orphan_grace is not None else 2 * deps.knobs.offload_timeout
+        _sweep_orphans(deps, grace, report)
+        _abort_stale_uploads(deps, grace, report)
+    return report
+
+
+def _gc_batch(deps: Deps, batch: int, max_attempts: int, backoff: timedelta, report: GcReport) -> bool:
+    with deps.meta.engine.begin() as conn:
+        tasks = gc_queue.claim_due(conn, batch)
+        if not tasks:
+            return False
+        refs = gc_queue.referenced(conn, (t.key for t in tasks))
+        live = [t for t in tasks if t.key in refs]
+        todo = [t for t in tasks if t.key not in refs]
+        failed = set(delete_keys(deps.bucket, {t.key for t in todo}))
+        gc_queue.finish(conn, [t.task_id for t in live] + [t.task_id for t in todo if t.key not in failed])
+        report.failed += gc_queue.retry(conn, [t for t in todo if t.key in failed], "S3 delete failed",
+                                        max_attempts, backoff)
+        report.still_referenced += len(live)
+        report.deleted += sorted({t.key for t in todo if t.key not in failed})
+        report.retried += sum(1 for t in todo if t.key in failed)
+    return len(tasks) == batch  # a full batch: there may be more
+
+
+def _sweep_orphans(deps: Deps, grace: timedelta, report: GcReport) -> None:
+    cutoff = datetime.now(timezone.utc) - grace
+    page: list[str] = []
+    for obj in list_objects(deps.bucket):
+        if obj["LastModified"] <= cutoff:
+            page.append(obj["Key"])
+        if len(page) >= 1000:
+            _delete_orphans(deps, page, report)
+            page = []
+    _delete_orphans(deps, page, report)
+
+
+def _delete_orphans(deps: Deps, keys: list[str], report: GcReport) -> None:
+    if not keys:
+        return
+    with deps.meta.engine.connect() as conn:
+        keep = gc_queue.referenced(conn, keys) | gc_queue.queued(conn, keys)
+    orphans = [k for k in keys if k not in keep]
+    failed = set(delete_keys(deps.bucket, orphans))
+    report.orphans_deleted += [k for k in orphans if k not in failed]
+
+
+def _abort_stale_uploads(deps: Deps, grace: timedelta, report: GcReport) -> None:
+    cutoff = datetime.now(timezone.utc) - grace
+    b = deps.bucket
+    for up in list(list_uploads(b, b.prefix)):
+        if up["Initiated"] <= cutoff:
+            b.s3.abort_multipart_upload(Bucket=b.name, Key=up["Key"], UploadId=up["UploadId"])
+            report.uploads_aborted += 1

@@ -1,0 +1,128 @@
+"""Offload sealed ledgers to tier 2 (PIP-17), crash- and race-safe.
+
+For one ledger: (1) one transaction moves it SEALED -> OFFLOADING with a new attempt UUID and queues the
+attempt's two keys in gc_task (not before the offload timeout); (2) the ledger streams from tier 1 into a
+multipart upload, then the index object is written; (3) one transaction moves it to OFFLOADED only while the
+row still holds this attempt's UUID, writes its chunk row and dequeues the keys. Any failure aborts the
+upload, deletes what was written and returns the ledger to SEALED; a process killed anywhere leaves either
+a SEALED ledger, an OFFLOADING attempt that a later run takes over after the timeout, or an OFFLOADED one,
+and in every case objects nobody references are still queued for GC.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tiering import policy
+from tiering.errors import ConditionalUpdateFailed, TieringError
+from tiering.format.keys import data_key, index_key
+from tiering.model import Chunk, Ledger, LedgerState, Position
+from tiering.ops.context import Deps
+from tiering.tier2.objects import delete_keys
+from tiering.tier2.offloader import LedgerToUpload, StepHook, upload_ledger
+
+
+@dataclass
+class OffloadReport:
+    offloaded: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+    bytes: int = 0
+    first_error: str | None = None
+
+    def merge_failure(self, ledger_id: int, exc: BaseException) -> None:
+        msg = str(exc) or type(exc).__name__
+        self.failed[ledger_id] = msg
+        if self.first_error is None:
+            self.first_error = f"ledger {ledger_id}: {msg}"
+
+
+def offload_ledger(deps: Deps, led: Ledger, hook: StepHook = None) -> Ledger:
+    """Offload one ledger (SEALED, or OFFLOADING older than the offload timeout). Returns it OFFLOADED."""
+    if led.entry_count == 0:
+        raise TieringError(f"ledger {led.topic}/{led.ledger_id} is empty: nothing to offload")
+    knobs, b = deps.knobs, deps.bucket
+    attempt = str(uuid.uuid4())
+    keys = (data_key(b.prefix, led.topic, attempt, led.ledger_id),
+            index_key(b.prefix, led.topic, attempt, led.ledger_id))
+    started = deps.meta.begin_offload(
+        led, attempt, keys, gc_delay=knobs.offload_timeout,
+        stale_after=knobs.offload_timeout if led.state == LedgerState.OFFLOADING else None)
+    try:
+        with deps.tier1.reader(led.topic, led.ledger_id) as reader:
+            uploaded = upload_ledger(
+                b, LedgerToUpload(led.topic, led.ledger_id, led.entry_count,
+                                  int(led.sealed_at.timestamp() * 1000), attempt, *keys),
+                reader.iter_entries(0, led.entry_count - 1), knobs.block_size, knobs.upload_concurrency, hook)
+        chunk = Chunk(uploaded.data_key, 0, uploaded.data_length, uploaded.index_key, 0, uploaded.index_length,
+                      0, led.entry_count - 1)
+        return deps.meta.complete_offload(started, attempt, chunk)
+    except BaseException:
+        _undo(deps, started, attempt, keys)
+        raise
+
+
+def _undo(deps: Deps, started: Ledger, attempt: str, keys: tuple[str, str]) -> None:
+    """Delete the attempt's objects and return the ledger to SEALED, unless the commit did land (a lost
+    reply is not a failed commit) or we cannot tell — then GC's queue and reference check decide."""
+    try:
+        now = deps.meta.get_ledger(started.topic, started.ledger_id)
+    except Exception:
+        return  # metadata unreachable: leave the keys queued; GC deletes them only if unreferenced
+    if now.state == LedgerState.OFFLOADED and now.offload_uuid == attempt:
+        return
+    failed = delete_keys(deps.bucket, keys)
+    if now.state == LedgerState.OFFLOADING and now.offload_uuid == attempt:
+        try:
+            deps.meta.abort_offload(now, attempt, objects_deleted=not failed)
+        except Exception:
+            pass  # taken over meanwhile, or metadata gone: the attempt times out and is taken over
+
+
+def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
+                 on_done: Callable[[Ledger], None] | None = None) -> OffloadReport:
+    """Offload each ledger; a failing ledger does not stop the others. A ledger another worker holds or
+    finished meanwhile is skipped."""
+    report = OffloadReport()
+    for led in ledgers:
+        try:
+            done = offload_ledger(deps, led, hook)
+        except ConditionalUpdateFailed:
+            report.skipped.append(led.ledger_id)
+            continue
+        except TieringError as exc:
+            report.merge_failure(led.ledger_id, exc)
+            continue
+        report.offloaded.append(done.ledger_id)
+        report.bytes += done.size_bytes
+        if on_done:
+            on_done(done)
+    return report
+
+
+def offload_prefix(deps: Deps, topic: str, position: Position, hook: StepHook = None) -> tuple[OffloadReport, Position]:
+    """Pulsar's offloadPrefix: offload every sealed ledger before `position`'s ledger; already-offloaded
+    and empty ledgers are skipped. Returns the report and the first position not offloaded."""
+    ledgers = deps.meta.list_ledgers(topic)
+    targets = policy.offload_prefix(ledgers, position)
+    targets += _stale(deps, topic, lambda led: led.ledger_id < position.ledger_id)
+    report = offload_many(deps, sorted(targets, key=lambda x: x.ledger_id), hook)
+    return report, first_not_offloaded(deps, topic)
+
+
+def _stale(deps: Deps, topic: str, keep: Callable[[Ledger], bool]) -> list[Ledger]:
+    """OFFLOADING attempts older than the timeout: their worker died; a new attempt takes them over."""
+    return [led for led in deps.meta.stale_offloads(deps.knobs.offload_timeout, topic) if keep(led)]
+
+
+def first_not_offloaded(deps: Deps, topic: str) -> Position:
+    """The first position whose entry is not in tier 2 (trimmed and empty ledgers count as done)."""
+    ledgers = deps.meta.list_ledgers(topic)
+    for led in ledgers:
+        if led.state in (LedgerState.DELETED, LedgerState.OFFLOADED):
+            continue
+        if led.state != LedgerState.OPEN and led.entry_count == 0:
+            continue
+        return Position(led.ledger_id, 0)
+    return Position(ledgers[-1].ledger_id + 1 if ledgers else 0, 0)

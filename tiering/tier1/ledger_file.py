@@ -1,0 +1,392 @@
+"""One file per ledger: write, seal, recover and read it (the byte format is in `frames.py`).
+
+Durability: `append` returns once the frame is in the OS (a killed process loses nothing it was told was
+appended; a machine crash may lose unsynced entries, which recovery then cuts off cleanly). `flush()` fsyncs;
+`seal()` fsyncs the file and its directory.
+
+One writer per ledger (and a writer object has one owner: it is not thread-safe): it holds an exclusive
+`flock` on its file until closed or sealed (the kernel releases it when the process dies), so a second
+writer, or a recovery, of the same file fails instead of racing.
+
+Readers need no lock. A reader keeps its file descriptor open, so on POSIX it goes on reading a file that is
+deleted (unlinked) meanwhile. A reader of an open ledger sees the entries complete when it was opened.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import io
+import operator
+import os
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from tiering.errors import BadInput, EntryNotFound, LedgerStorageError
+from tiering.tier1 import frames as F
+
+
+class LedgerFileExists(LedgerStorageError):
+    """Creating a ledger file that already exists."""
+
+
+class LedgerFileMissing(LedgerStorageError):
+    """Opening a ledger file that does not exist."""
+
+
+@dataclass(frozen=True)
+class SealInfo:
+    entry_count: int
+    size_bytes: int  # sum of payload bytes
+    file_bytes: int
+
+
+@dataclass(frozen=True)
+class RecoveryInfo:
+    entry_count: int
+    size_bytes: int
+    truncated_bytes: int  # torn tail removed (0 for a clean or sealed file)
+
+
+def fsync_dir(path: Path | str) -> None:
+    """fsync a directory so a file's creation, rename or removal in it is durable."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise  # some file systems cannot fsync a directory; their metadata is synchronous anyway
+    finally:
+        os.close(fd)
+
+
+def _open(path: Path, flags: int) -> io.FileIO:
+    # FileIO owns the descriptor so a forgotten close is still closed (with a ResourceWarning) by the GC.
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        raise LedgerFileExists(f"ledger file {path} already exists") from None
+    except FileNotFoundError:
+        raise LedgerFileMissing(f"ledger file {path} does not exist") from None
+    return io.FileIO(fd, "r+" if flags & os.O_RDWR else "r", closefd=True)
+
+
+def _lock(file: io.FileIO, path: Path) -> None:
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise LedgerStorageError(f"ledger file {path} is being written by another writer") from None
+
+
+@dataclass
+class _State:
+    count: int
+    offsets: array  # frame offsets of an open file (a sealed file has its index on disk)
+    size_bytes: int
+    end: int
+    sealed: bool
+    truncated: int
+    file_bytes: int
+
+
+def _recover_fd(fd: int, path: Path) -> _State:
+    length = os.fstat(fd).st_size
+    if length < F.HEADER.size or (length == F.HEADER.size and F.pread_exact(fd, length, 0, path) == bytes(length)):
+        # Crashed between creating the file and the header reaching the disk: an empty ledger.
+        os.ftruncate(fd, 0)
+        F.write_all(fd, [F.header_bytes(sealed=False)], 0)
+        os.fsync(fd)
+        return _State(0, array("q"), 0, F.HEADER.size, False, length, F.HEADER.size)
+    sealed, _ = F.read_header(fd, length, path)
+    if sealed:  # immutable: checked (every frame and the index), never changed
+        t = F.read_trailer(fd, length, path)
+        scan = F.scan_frames(fd, t.index_offset, path, verify=True)
+        index = F.pread_exact(fd, length - F.TRAILER.size - t.index_offset, t.index_offset, path)
+        if scan.end != t.index_offset or F.index_bytes(scan.offsets) != index:
+            raise F.corrupt(path, scan.end, f"sealed file's frames and index disagree ({len(scan.offsets)} "
+                                            f"readable of {t.entry_count} entries)")
+        return _State(t.entry_count, array("q"), t.size_bytes, t.index_offset, True, 0, length)
+    scan = F.scan_frames(fd, length, path, verify=True)
+    if scan.end < length:
+        os.ftruncate(fd, scan.end)
+        os.fsync(fd)
+    return _State(len(scan.offsets), scan.offsets, scan.size_bytes, scan.end, False, length - scan.end, scan.end)
+
+
+def recover(path: Path | str) -> RecoveryInfo:
+    """Cut an open ledger's torn tail (partial frame, bad crc, garbage) after its last complete entry.
+
+    A sealed file is checked and left as is. Fails if a live writer holds the file.
+    """
+    path = Path(path)
+    with _open(path, os.O_RDWR) as file:
+        _lock(file, path)
+        st = _recover_fd(file.fileno(), path)
+    return RecoveryInfo(st.count, st.size_bytes, st.truncated)
+
+
+class LedgerWriter:
+    """Appends entries to one ledger file, then seals it.
+
+    `LedgerWriter(path)` creates the file (LedgerFileExists if it exists); `open_existing=True` opens an
+    existing one (LedgerFileMissing if absent) after recovering its torn tail (`.recovery` says what was cut).
+    Opening a sealed file gives a writer with `sealed == True` whose `seal()` returns the file's SealInfo and
+    whose `append` fails (a crash between sealing the file and recording it in the metadata leaves that).
+    """
+
+    def __init__(self, path: Path | str, *, open_existing: bool = False):
+        self.path = Path(path)
+        self.recovery: RecoveryInfo | None = None
+        flags = os.O_RDWR if open_existing else os.O_RDWR | os.O_CREAT | os.O_EXCL
+        self._file = _open(self.path, flags)
+        try:
+            _lock(self._file, self.path)
+            fd = self._file.fileno()
+            if open_existing:
+                st = _recover_fd(fd, self.path)
+            else:
+                F.write_all(fd, [F.header_bytes(sealed=False)], 0)
+                os.fsync(fd)  # the header is durable before anyone relies on the file
+                fsync_dir(self.path.parent)
+                st = _State(0, array("q"), 0, F.HEADER.size, False, 0, F.HEADER.size)
+        except BaseException:
+            self._file.close()
+            if not open_existing:  # don't leave a headerless file that blocks a retry
+                self.path.unlink(missing_ok=True)
+            raise
+        self._offsets = st.offsets
+        self._size = st.size_bytes
+        self._end = st.end
+        self._broken: str | None = None
+        self._seal_info = None
+        if st.sealed:
+            self._seal_info = SealInfo(st.count, st.size_bytes, st.file_bytes)
+            self._file.close()  # immutable: nothing to write, no lock needed
+        if open_existing:
+            self.recovery = RecoveryInfo(self.entry_count, self._size, st.truncated)
+
+    @property
+    def entry_count(self) -> int:
+        return self._seal_info.entry_count if self._seal_info else len(self._offsets)
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size
+
+    @property
+    def file_bytes(self) -> int:
+        return self._seal_info.file_bytes if self._seal_info else self._end
+
+    @property
+    def sealed(self) -> bool:
+        return self._seal_info is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    def _check_writable(self, what: str) -> None:
+        if self._file.closed:
+            raise LedgerStorageError(f"cannot {what} ledger file {self.path}: writer is closed")
+        if self._broken:
+            raise LedgerStorageError(f"cannot {what} ledger file {self.path}: an earlier write failed "
+                                     f"({self._broken}); reopen it to recover")
+
+    def append(self, payload: bytes | bytearray | memoryview) -> int:
+        """Write one entry; returns its id once the frame is in the OS (not yet fsynced)."""
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise BadInput(f"an entry must be bytes, got {type(payload).__name__}")
+        data = payload if isinstance(payload, bytes) else bytes(payload)  # a copy cannot change mid-write
+        if len(data) > F.MAX_PAYLOAD:
+            raise BadInput(f"entry of {len(data)} bytes exceeds the maximum of {F.MAX_PAYLOAD}")
+        if self.sealed:
+            raise LedgerStorageError(f"cannot append to sealed ledger file {self.path}")
+        self._check_writable("append to")
+        entry_id = len(self._offsets)
+        try:
+            F.write_all(self._file.fileno(), [F.frame_header(entry_id, data), data], self._end)
+        except OSError as e:
+            self._undo(e)
+            raise LedgerStorageError(f"append to ledger file {self.path} failed: {e}") from e
+        self._offsets.append(self._end)
+        self._end += F.FRAME.size + len(data)
+        self._size += len(data)
+        return entry_id
+
+    def _undo(self, error: OSError) -> None:
+        # A partial frame may be on disk; cut it so the next append starts at a frame boundary.
+        try:
+            os.ftruncate(self._file.fileno(), self._end)
+        except OSError:
+            self._broken = str(error)  # recovery on reopen will cut it instead
+
+    def flush(self) -> None:
+        """Make every appended entry durable (fsync); a no-op once sealed."""
+        if self.sealed:
+            return
+        self._check_writable("flush")
+        os.fsync(self._file.fileno())
+
+    def seal(self) -> SealInfo:
+        """Write the offset index and trailer, fsync file and directory, close the file. Idempotent."""
+        if self._seal_info is not None:
+            return self._seal_info
+        self._check_writable("seal")
+        fd = self._file.fileno()
+        count = len(self._offsets)
+        footer = [F.index_bytes(self._offsets), F.TRAILER.pack(count, self._end, F.SEAL_MAGIC)]
+        file_bytes = self._end + count * F.OFFSET.size + F.TRAILER.size
+        try:
+            F.write_all(fd, footer, self._end)
+            os.fsync(fd)  # the footer is durable before the flag that says it is valid
+            F.write_all(fd, [F.header_bytes(sealed=True)], 0)
+            os.fsync(fd)
+            fsync_dir(self.path.parent)
+        except OSError as e:
+            self._broken = str(e)
+            raise LedgerStorageError(f"sealing ledger file {self.path} failed: {e}") from e
+        self._seal_info = SealInfo(count, self._size, file_bytes)
+        self._offsets = array("q")  # no longer needed
+        self._file.close()  # a sealed file is immutable: release the descriptor and the lock now
+        return self._seal_info
+
+    def close(self) -> None:
+        """Release the file (and its lock) without sealing. Idempotent."""
+        self._file.close()
+
+    def __enter__(self) -> "LedgerWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"LedgerWriter({str(self.path)!r}, entries={self.entry_count}, sealed={self.sealed})"
+
+
+class LedgerReader:
+    """Reads a ledger file, sealed (one seek per entry through the footer index) or open (scanned once).
+
+    Entries are read with pread through the reader's own descriptor, so it keeps working after the file
+    is unlinked, and several iterators may run at once. Every payload's crc is checked.
+    """
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self._file = _open(self.path, os.O_RDONLY)
+        try:
+            fd = self._file.fileno()
+            length = os.fstat(fd).st_size
+            self.file_bytes = length
+            self._offsets: array | None = None
+            if length < F.HEADER.size:  # being created right now: an open ledger with no entries yet
+                self.sealed, self._count, self.size_bytes, self._end = False, 0, 0, F.HEADER.size
+                self._offsets = array("q")
+                return
+            self.sealed, _ = F.read_header(fd, length, self.path)
+            if self.sealed:
+                t = F.read_trailer(fd, length, self.path)
+                self._count, self.size_bytes, self._end = t.entry_count, t.size_bytes, t.index_offset
+            else:  # headers only; a frame a live writer is still writing is not yet counted
+                scan = F.scan_frames(fd, length, self.path, verify=False)
+                self._offsets, self._count, self.size_bytes, self._end = \
+                    scan.offsets, len(scan.offsets), scan.size_bytes, scan.end
+        except BaseException:
+            self._file.close()
+            raise
+
+    @property
+    def entry_count(self) -> int:
+        return self._count
+
+    def _fd(self) -> int:
+        if self._file.closed:
+            raise LedgerStorageError(f"reader of ledger file {self.path} is closed")
+        return self._file.fileno()
+
+    def _offset(self, i: int) -> int:
+        """File offset of frame i, or the end of the frames for i == entry_count."""
+        if i == self._count:
+            return self._end
+        if self._offsets is not None:
+            return self._offsets[i]
+        at = self._end + i * F.OFFSET.size
+        (offset,) = F.OFFSET.unpack(F.pread_exact(self._fd(), F.OFFSET.size, at, self.path))
+        if not F.HEADER.size <= offset <= self._end - F.FRAME.size:
+            raise F.corrupt(self.path, at, f"index entry {i} points at {offset}, outside the frames")
+        return offset
+
+    def _check_id(self, i: object) -> int:
+        try:
+            i = operator.index(i)
+        except TypeError:
+            raise BadInput(f"entry id must be an integer, got {i!r}") from None
+        if not 0 <= i < self._count:
+            raise EntryNotFound(f"entry {i} is not in ledger file {self.path} ({self._count} entries)")
+        return i
+
+    def _decode(self, i: int, offset: int, raw: bytes, payload_of) -> bytes:
+        plen, entry_id, crc = F.FRAME.unpack(raw)
+        if entry_id != i:
+            raise F.corrupt(self.path, offset, f"frame holds entry {entry_id}, expected {i}", "tier-1 ledger entry")
+        payload = payload_of(plen)
+        if payload is None:
+            raise F.corrupt(self.path, offset, f"entry {i} of {plen} bytes overruns its frame", "tier-1 ledger entry")
+        if F.frame_crc(plen, entry_id, payload) != crc:
+            raise F.corrupt(self.path, offset, f"entry {i} fails its crc check", "tier-1 ledger entry")
+        return payload
+
+    def read_entry(self, i: int) -> bytes:
+        """The payload of entry i (EntryNotFound outside 0..entry_count-1)."""
+        i = self._check_id(i)
+        fd = self._fd()
+        offset = self._offset(i)
+        limit = self._offset(i + 1) if self._offsets is not None else self._end
+        raw = F.pread_exact(fd, F.FRAME.size, offset, self.path)
+
+        def payload_of(plen: int) -> bytes | None:
+            if offset + F.FRAME.size + plen > limit:
+                return None
+            return F.pread_exact(fd, plen, offset + F.FRAME.size, self.path)
+        return self._decode(i, offset, raw, payload_of)
+
+    def iter_entries(self, first: int = 0, last: int | None = None) -> Iterator[tuple[int, bytes]]:
+        """Yield (entry_id, payload) for first..last inclusive (last defaults to the final entry), streaming.
+
+        The range is checked now (EntryNotFound); an empty range is first == last + 1.
+        """
+        first = operator.index(first)
+        last = self._count - 1 if last is None else operator.index(last)
+        if first < 0 or last >= self._count or first > last + 1:
+            raise EntryNotFound(f"entries {first}..{last} are not in ledger file {self.path} "
+                                f"({self._count} entries)")
+        return self._stream(first, last)
+
+    iter_payloads_with_ids = iter_entries
+
+    def _stream(self, first: int, last: int) -> Iterator[tuple[int, bytes]]:
+        if first > last:
+            return
+        fd = self._fd()
+        stream = F.Stream(fd, self._offset(first), self._offset(last + 1), self.path)
+        for i in range(first, last + 1):
+            offset = stream.pos
+            raw = stream.read(F.FRAME.size)
+            if raw is None:
+                raise F.corrupt(self.path, offset, f"entry {i} is missing: frames end early", "tier-1 ledger entry")
+            yield i, self._decode(i, offset, raw, stream.read)
+        if stream.pos != stream.end:
+            raise F.corrupt(self.path, stream.pos, f"{stream.end - stream.pos} unexpected bytes after entry {last}")
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "LedgerReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"LedgerReader({str(self.path)!r}, entries={self._count}, sealed={self.sealed})"

@@ -1,0 +1,115 @@
+"""Tier 1: ledgers of topics as files under one root directory (local disk or a shared mount).
+
+Layout: `{root}/{topic dir}/{ledger_id:020d}.ledger` (see `paths.py`). This layer stores bytes only; which
+ledgers a topic has, and their states, live in the metadata. The root is created on the first write, not
+before, so a read never creates directories (e.g. on an unmounted shared mount).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tiering.errors import LedgerStorageError
+from tiering.tier1.ledger_file import (LedgerFileExists, LedgerFileMissing, LedgerReader, LedgerWriter,
+                                       RecoveryInfo, fsync_dir, recover)
+from tiering.tier1.paths import LEDGER_FILE, ledger_path, topic_dir
+
+_CREATE_ATTEMPTS = 5
+
+
+class Tier1Store:
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"Tier1Store({str(self.root)!r})"
+
+    def path(self, topic: str, ledger_id: int) -> Path:
+        """The file of a ledger (whether or not it exists)."""
+        return ledger_path(self.root, topic, ledger_id)
+
+    @staticmethod
+    def _missing(topic: str, ledger_id: int) -> LedgerFileMissing:
+        return LedgerFileMissing(f"ledger {ledger_id} of topic {topic!r} is not in tier 1")
+
+    def create_ledger(self, topic: str, ledger_id: int) -> LedgerWriter:
+        """A writer of a new, empty ledger (LedgerFileExists if it is already there)."""
+        path = self.path(topic, ledger_id)
+        for _ in range(_CREATE_ATTEMPTS):
+            self._ensure_dir(path.parent)
+            try:
+                return LedgerWriter(path)
+            except LedgerFileMissing:
+                continue  # a concurrent delete removed the then-empty topic directory: make it again
+            except LedgerFileExists:
+                raise LedgerFileExists(f"ledger {ledger_id} of topic {topic!r} already exists in tier 1") from None
+        raise LedgerStorageError(f"cannot create ledger {ledger_id} of topic {topic!r}: its directory "
+                                 f"{path.parent} keeps disappearing")
+
+    def _ensure_dir(self, directory: Path) -> None:
+        if directory.is_dir():
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir()
+        except FileExistsError:
+            return
+        fsync_dir(self.root)  # the new topic directory survives a crash along with its first ledger
+
+    def open_writer(self, topic: str, ledger_id: int) -> LedgerWriter:
+        """A writer appending to an existing open ledger, after cutting a torn tail (see `.recovery`)."""
+        try:
+            return LedgerWriter(self.path(topic, ledger_id), open_existing=True)
+        except LedgerFileMissing:
+            raise self._missing(topic, ledger_id) from None
+
+    def recover(self, topic: str, ledger_id: int) -> RecoveryInfo:
+        try:
+            return recover(self.path(topic, ledger_id))
+        except LedgerFileMissing:
+            raise self._missing(topic, ledger_id) from None
+
+    def reader(self, topic: str, ledger_id: int) -> LedgerReader:
+        try:
+            return LedgerReader(self.path(topic, ledger_id))
+        except LedgerFileMissing:
+            raise self._missing(topic, ledger_id) from None
+
+    def exists(self, topic: str, ledger_id: int) -> bool:
+        return self.path(topic, ledger_id).is_file()
+
+    def file_size(self, topic: str, ledger_id: int) -> int:
+        """Bytes the ledger's file takes (headers, frames and footer included)."""
+        try:
+            return os.stat(self.path(topic, ledger_id)).st_size
+        except FileNotFoundError:
+            raise self._missing(topic, ledger_id) from None
+
+    def delete(self, topic: str, ledger_id: int) -> bool:
+        """Remove the ledger's file; False if it was already gone. Open readers keep reading it (POSIX)."""
+        path = self.path(topic, ledger_id)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        try:
+            fsync_dir(path.parent)
+        except FileNotFoundError:  # a concurrent delete emptied and removed the directory: it fsyncs the root
+            return True
+        try:
+            path.parent.rmdir()  # best effort: fails harmlessly while other ledgers remain
+        except OSError:
+            pass
+        else:
+            fsync_dir(self.root)
+        return True
+
+    def ledger_ids(self, topic: str) -> list[int]:
+        """Ids of the ledger files present for the topic, ascending."""
+        directory = topic_dir(self.root, topic)
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for m in map(LEDGER_FILE.match, names) if m)
+

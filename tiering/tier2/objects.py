@@ -1,0 +1,91 @@
+"""Small S3 operations shared by the offloader, defrag and GC, with errors mapped to `Tier2Error`
+(operation and key, never credentials)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from tiering.errors import DataLossError, Tier2Error
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """The S3 client, bucket and key prefix of tier 2, passed to every operation."""
+
+    s3: object
+    name: str
+    prefix: str
+
+
+def error_code(exc: BaseException) -> str | None:
+    return exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+
+
+def tier2_error(op: str, key: str, exc: BaseException) -> Tier2Error:
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        return Tier2Error(f"S3 {op} of {key!r} failed: {err.get('Code')} {err.get('Message', '')}".rstrip())
+    if isinstance(exc, BotoCoreError):
+        return Tier2Error(f"S3 {op} of {key!r} failed: {type(exc).__name__}")
+    return Tier2Error(f"S3 {op} of {key!r} failed: {type(exc).__name__}: {exc}")
+
+
+def get_range(b: Bucket, key: str, start: int, length: int) -> bytes:
+    """Bytes [start, start+length) of an object; a short read is an error, not a silent truncation."""
+    if length <= 0:
+        return b""
+    try:
+        body = b.s3.get_object(Bucket=b.name, Key=key, Range=f"bytes={start}-{start + length - 1}")["Body"]
+        data = body.read()
+    except (ClientError, BotoCoreError) as exc:
+        if error_code(exc) in ("NoSuchKey", "404", "InvalidRange"):
+            raise DataLossError(f"tier-2 object {key!r} is missing or shorter than metadata says") from None
+        raise tier2_error("GET", key, exc) from None
+    if len(data) != length:
+        from tiering.errors import CorruptObjectError
+
+        raise CorruptObjectError("object", f"{key} bytes {start}..{start + length - 1}",
+                                 f"got {len(data)} bytes, expected {length} (object shorter than metadata says)")
+    return data
+
+
+def delete_keys(b: Bucket, keys: Iterable[str]) -> list[str]:
+    """Delete keys (missing ones count as deleted) and abort their multipart uploads.
+    Returns the keys that could not be deleted."""
+    keys = sorted(set(keys))
+    failed: list[str] = []
+    for i in range(0, len(keys), 1000):
+        batch = keys[i:i + 1000]
+        try:
+            resp = b.s3.delete_objects(Bucket=b.name, Delete={"Objects": [{"Key": k} for k in batch],
+                                                                "Quiet": True})
+            failed += [e["Key"] for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+        except (ClientError, BotoCoreError):
+            failed += batch
+    for key in keys:
+        try:
+            for up in list_uploads(b, key):
+                if up["Key"] == key:
+                    b.s3.abort_multipart_upload(Bucket=b.name, Key=key, UploadId=up["UploadId"])
+        except (ClientError, BotoCoreError):
+            failed.append(key)
+    return sorted(set(failed))
+
+
+def list_uploads(b: Bucket, prefix: str) -> Iterator[dict]:
+    """In-progress multipart uploads under a prefix (paginated)."""
+    kwargs = {"Bucket": b.name, "Prefix": prefix}
+    while True:
+        resp = b.s3.list_multipart_uploads(**kwargs)
+        yield from resp.get("Uploads", [])
+        if not resp.get("IsTruncated"):
+            return
+        kwargs.update(KeyMarker=resp["NextKeyMarker"], UploadIdMarker=resp["NextUploadIdMarker"])
+
+
+def list_objects(b: Bucket, prefix: str | None = None) -> Iterator[dict]:
+    paginator = b.s3.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=b.name, Prefix=b.prefix if prefix is None else prefix):
+        yield from page.get("Contents", [])

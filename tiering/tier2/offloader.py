@@ -1,0 +1,133 @@
+"""Stream one sealed ledger into tier 2 in the PIP-17 layout: a multipart data object whose parts are the
+packed blocks, uploaded in parallel with bounded concurrency, then the index object.
+
+Memory stays within (concurrency + 1) x block size whatever the ledger's size. Every part carries a CRC32C
+checksum so S3 verifies what it stores. A failure aborts the multipart upload; deleting the keys (the data
+object may be complete when the index PUT fails) is the caller's, which also knows whether metadata
+references them (tiering/ops/offload.py).
+"""
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from tiering.errors import BadInput, TieringError
+from tiering.format.block import MIN_BLOCK_SIZE, pack_blocks
+from tiering.format.index import IndexEntry, encode_index
+from tiering.format.metadata import LedgerOffloadMetadata, encode_metadata, user_metadata
+from tiering.tier2.objects import Bucket, tier2_error
+
+MAX_PARTS = 10_000  # S3's limit on parts of one multipart upload
+
+
+@dataclass(frozen=True)
+class LedgerToUpload:
+    topic: str
+    ledger_id: int
+    entry_count: int
+    sealed_time_ms: int
+    attempt: str
+    data_key: str
+    index_key: str
+
+
+@dataclass(frozen=True)
+class UploadedLedger:
+    data_key: str
+    index_key: str
+    data_length: int
+    index_length: int
+    entry_count: int
+    payload_bytes: int
+    parts: int
+
+
+# A hook called at named steps ("initiated", "part", "completed", "index") so fault tests can fail or
+# kill the process exactly there; None in production.
+StepHook = Callable[[str], None] | None
+
+
+def upload_ledger(b: Bucket, ledger: LedgerToUpload, entries: Iterable[tuple[int, bytes]], block_size: int,
+                  concurrency: int, hook: StepHook = None) -> UploadedLedger:
+    if block_size < MIN_BLOCK_SIZE:
+        raise BadInput(f"block size {block_size} is below S3's 5 MiB minimum part size")
+    if concurrency < 1:
+        raise BadInput("upload concurrency must be at least 1")
+    step = hook or (lambda _name: None)
+    md = user_metadata(ledger.topic)
+    counted = _Counting(entries)
+    upload_id = None
+    try:
+        upload_id = b.s3.create_multipart_upload(Bucket=b.name, Key=ledger.data_key, Metadata=md,
+                                                 ChecksumAlgorithm="CRC32C")["UploadId"]
+        step("initiated")
+        parts, index_entries, data_length = [], [], 0
+        with ThreadPoolExecutor(concurrency, thread_name_prefix="upload-part") as pool:
+            inflight: deque = deque()
+            for block in pack_blocks(counted, block_size):
+                if block.part_id > MAX_PARTS:
+                    raise BadInput(f"ledger needs more than {MAX_PARTS} parts: raise TIERING_BLOCK_SIZE")
+                index_entries.append(IndexEntry.of(block))
+                data_length += block.length
+                inflight.append(pool.submit(_upload_part, b, ledger.data_key, upload_id, block.part_id,
+                                            block.data, step))
+                while len(inflight) >= concurrency:  # bound memory: wait for the oldest part
+                    parts.append(inflight.popleft().result())
+            while inflight:
+                parts.append(inflight.popleft().result())
+        if counted.count != ledger.entry_count:
+            raise TieringError(f"ledger {ledger.topic}/{ledger.ledger_id}: tier 1 holds {counted.count} entries, "
+                               f"metadata says {ledger.entry_count}")
+        b.s3.complete_multipart_upload(Bucket=b.name, Key=ledger.data_key, UploadId=upload_id,
+                                       MultipartUpload={"Parts": parts})
+        upload_id = None
+        step("completed")
+        meta = LedgerOffloadMetadata(topic=ledger.topic, ledger_id=ledger.ledger_id, entry_count=counted.count,
+                                     length=counted.payload_bytes, sealed_time_ms=ledger.sealed_time_ms,
+                                     offload_uuid=ledger.attempt, data_object_len=data_length,
+                                     block_size=block_size)
+        index = encode_index(index_entries, data_length, encode_metadata(meta))
+        b.s3.put_object(Bucket=b.name, Key=ledger.index_key, Body=index, Metadata=md, ChecksumAlgorithm="CRC32C")
+        step("index")
+        return UploadedLedger(ledger.data_key, ledger.index_key, data_length, len(index), counted.count,
+                              counted.payload_bytes, len(parts))
+    except BaseException as exc:
+        _abort(b, ledger.data_key, upload_id)
+        if isinstance(exc, (ClientError, BotoCoreError)):
+            raise tier2_error("upload", ledger.data_key, exc) from None
+        raise
+
+
+def _upload_part(b: Bucket, key: str, upload_id: str, part_id: int, data: bytearray, step) -> dict:
+    resp = b.s3.upload_part(Bucket=b.name, Key=key, UploadId=upload_id, PartNumber=part_id, Body=bytes(data),
+                            ChecksumAlgorithm="CRC32C")
+    step("part")
+    return {"PartNumber": part_id, "ETag": resp["ETag"], "ChecksumCRC32C": resp["ChecksumCRC32C"]}
+
+
+def _abort(b: Bucket, key: str, upload_id: str | None) -> None:
+    """Best effort; an upload that cannot be aborted now is found by GC (its key is queued)."""
+    if upload_id is not None:
+        try:
+            b.s3.abort_multipart_upload(Bucket=b.name, Key=key, UploadId=upload_id)
+        except (ClientError, BotoCoreError):
+            pass
+
+
+class _Counting:
+    """Counts the entries and payload bytes flowing through to the packer."""
+
+    def __init__(self, entries: Iterable[tuple[int, bytes]]):
+        self._it = iter(entries)
+        self.count = 0
+        self.payload_bytes = 0
+
+    def __iter__(self):
+        for entry_id, payload in self._it:
+            self.count += 1
+            self.payload_bytes += len(payload)
+            yield entry_id, payload

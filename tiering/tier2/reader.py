@@ -1,0 +1,239 @@
+"""Read an offloaded ledger back from tier 2.
+
+Unlike Pulsar's reader (one 1 MiB buffer, no read-ahead, unbounded offset cache): the index is fetched once
+and cached; the block holding an entry is found by floor search; bytes come by ranged GETs that start
+small (a cold random read costs one or two requests) and grow, with several in flight for sequential reads;
+a bounded cache of entry offsets lets a later read start near its entry instead of at the block's start.
+Every entry's framing and id are checked.
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterator
+
+from tiering.errors import CorruptObjectError, EntryNotFound
+from tiering.format.block import HEADER_LEN, Entry, NeedMore, parse_block_header, read_entry_at
+from tiering.format.index import OffloadIndex, decode_index
+from tiering.model import Chunk, Ledger
+from tiering.tier2.objects import Bucket, get_range
+
+FIRST_RANGE = 64 * 1024
+MAX_RANGE = 4 * 1024 * 1024
+READ_AHEAD = 4
+CHECKPOINT_STRIDE = 64
+
+
+class IndexCache:
+    """LRU of decoded index objects, keyed by (key, offset, length) so merged objects work too."""
+
+    def __init__(self, capacity: int = 1024):
+        self.capacity = capacity
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self.fetches = 0
+
+    def get(self, b: Bucket, ch: Chunk) -> OffloadIndex:
+        key = (ch.index_key, ch.index_offset, ch.index_length)
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        data = get_range(b, ch.index_key, ch.index_offset, ch.index_length)
+        index = decode_index(data, f"index object {ch.index_key} at {ch.index_offset}")
+        with self._lock:
+            self.fetches += 1
+            self._items[key] = index
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+        return index
+
+
+class OffsetCache:
+    """Bounded map of entry checkpoints: (data key, block offset) -> sorted [(entry id, offset)].
+
+    Sequential scans record every CHECKPOINT_STRIDE-th entry; the budget caps the total checkpoints kept
+    (evicting least recently used blocks), which is what Pulsar's unbounded cache lacked (#22679)."""
+
+    def __init__(self, max_checkpoints: int = 1_000_000):
+        self.max_checkpoints = max_checkpoints
+        self._blocks: OrderedDict = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def floor(self, block: tuple, entry_id: int) -> tuple[int, int] | None:
+        with self._lock:
+            points = self._blocks.get(block)
+            if not points:
+                return None
+            self._blocks.move_to_end(block)
+            i = bisect.bisect_right(points, (entry_id, float("inf"))) - 1
+            return points[i] if i >= 0 else None
+
+    def add(self, block: tuple, entry_id: int, offset: int) -> None:
+        with self._lock:
+            points = self._blocks.setdefault(block, [])
+            self._blocks.move_to_end(block)
+            i = bisect.bisect_left(points, (entry_id, offset))
+            if i < len(points) and points[i][0] == entry_id:
+                return
+            points.insert(i, (entry_id, offset))
+            self._size += 1
+            while self._size > self.max_checkpoints and len(self._blocks) > 1:
+                _, evicted = self._blocks.popitem(last=False)
+                self._size -= len(evicted)
+
+    def __len__(self) -> int:
+        return self._size
+
+
+@dataclass
+class ReaderCaches:
+    index: IndexCache
+    offsets: OffsetCache
+
+    @classmethod
+    def new(cls) -> "ReaderCaches":
+        return cls(IndexCache(), OffsetCache())
+
+
+class _RangeStream:
+    """Consecutive ranged GETs of [start, end) of one object, growing from FIRST_RANGE to MAX_RANGE, with up
+    to READ_AHEAD requests in flight."""
+
+    def __init__(self, b: Bucket, key: str, start: int, end: int, pool: ThreadPoolExecutor):
+        self.b, self.key, self.end, self.pool = b, key, end, pool
+        self.next_start = start
+        self.size = FIRST_RANGE
+        self.pending: deque = deque()
+        self.requests = 0
+
+    def _schedule(self, budget: int) -> None:
+        while len(self.pending) < budget and self.next_start < self.end:
+            n = min(self.size, self.end - self.next_start)
+            self.pending.append(self.pool.submit(get_range, self.b, self.key, self.next_start, n))
+            self.requests += 1
+            self.next_start += n
+            self.size = min(self.size * 2, MAX_RANGE)
+
+    def next(self) -> bytes | None:
+        # The first request goes alone (a random read may need nothing more); later ones keep a window.
+        self._schedule(1 if self.requests == 0 else READ_AHEAD)
+        if not self.pending:
+            return None
+        data = self.pending.popleft().result()
+        self._schedule(READ_AHEAD)
+        return data
+
+    def close(self) -> None:
+        for f in self.pending:
+            f.cancel()
+
+
+class OffloadedLedger:
+    """One offloaded ledger, read through its chunk row (the data and index may lie inside merged objects)."""
+
+    def __init__(self, b: Bucket, led: Ledger, ch: Chunk, caches: ReaderCaches, pool: ThreadPoolExecutor):
+        self.b, self.led, self.ch, self.caches, self.pool = b, led, ch, caches, pool
+        self.requests = 0
+
+    def index(self) -> OffloadIndex:
+        index = self.caches.index.get(self.b, self.ch)
+        m = index.metadata
+        if (m.ledger_id, m.entry_count) != (self.led.ledger_id, self.led.entry_count) or \
+                index.data_object_len != self.ch.data_length:
+            raise CorruptObjectError("index object", self.ch.index_key,
+                                     f"describes ledger {m.ledger_id} with {m.entry_count} entries in "
+                                     f"{index.data_object_len} bytes; metadata says ledger {self.led.ledger_id} "
+                                     f"with {self.led.entry_count} entries in {self.ch.data_length} bytes")
+        return index
+
+    def iter_entries(self, first: int, last: int) -> Iterator[tuple[int, bytes]]:
+        index = self.index()
+        if first > last:
+            return
+        index.find(last)  # out of range -> EntryNotFound before any data request
+        block_no = index.find(first)
+        while True:
+            yield from self._read_block(index, block_no, first, last)
+            if index.block_last_entry(block_no) >= last:
+                return
+            block_no += 1
+            first = index.entries[block_no].first_entry_id
+
+    def _read_block(self, index: OffloadIndex, i: int, first: int, last: int) -> Iterator[tuple[int, bytes]]:
+        entry = index.entries[i]
+        block_start = self.ch.data_offset + entry.block_offset
+        block_end = block_start + index.block_length(i)
+        cache_key = (self.ch.data_key, block_start)
+        point = self.caches.offsets.floor(cache_key, first)
+        where = f"data object {self.ch.data_key}"
+        if point is not None and point[0] >= entry.first_entry_id:
+            expected, pos = point
+            stream = _RangeStream(self.b, self.ch.data_key, pos, block_end, self.pool)
+            buf, base = bytearray(), pos
+        else:
+            expected, pos = entry.first_entry_id, block_start
+            stream = _RangeStream(self.b, self.ch.data_key, block_start, block_end, self.pool)
+            buf, base = bytearray(), block_start
+        try:
+            if pos == block_start:
+                while len(buf) < HEADER_LEN:
+                    if not self._pull(stream, buf):
+                        raise CorruptObjectError("block", f"{where} offset {block_start}", "object ends in the header")
+                header = parse_block_header(buf, where, base)
+                if header.first_entry_id != entry.first_entry_id or header.block_len != block_end - block_start:
+                    raise CorruptObjectError("block header", f"{where} offset {block_start}",
+                                             f"block of entries from {header.first_entry_id}, {header.block_len} "
+                                             f"bytes; the index says from {entry.first_entry_id}, "
+                                             f"{block_end - block_start} bytes")
+                pos = block_start + HEADER_LEN
+            while expected <= last:
+                got = read_entry_at(buf, pos - base, where, block_end=block_end - base, base=base)
+                if isinstance(got, NeedMore):
+                    del buf[:pos - base]
+                    base = pos
+                    if not self._pull(stream, buf):
+                        raise CorruptObjectError("entry", f"{where} offset {pos}", "object ends inside an entry")
+                    continue
+                if not isinstance(got, Entry):
+                    raise CorruptObjectError("block", f"{where} offset {pos}",
+                                             f"padding where entry {expected} should be")
+                if got.entry_id != expected:
+                    raise CorruptObjectError("entry", f"{where} offset {pos + 4}",
+                                             f"entry id {got.entry_id}, expected {expected}")
+                if expected % CHECKPOINT_STRIDE == 0 or expected == first:
+                    self.caches.offsets.add(cache_key, expected, pos)
+                if expected >= first:
+                    yield expected, bytes(got.payload)
+                pos = base + got.end
+                expected += 1
+                if expected > index.block_last_entry(i):
+                    return
+        finally:
+            stream.close()
+            self.requests += stream.requests
+
+    def _pull(self, stream: _RangeStream, buf: bytearray) -> bool:
+        data = stream.next()
+        if data is None:
+            return False
+        buf += data
+        return True
+
+
+def tier2_opener(b: Bucket, caches: ReaderCaches | None = None, pool: ThreadPoolExecutor | None = None):
+    """A ReadHandle's `open_tier2`: one shared cache and pool for all ledgers it opens."""
+    caches = caches or ReaderCaches.new()
+    pool = pool or ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="tier2-read")
+
+    def open_ledger(led: Ledger, ch: Chunk) -> OffloadedLedger:
+        return OffloadedLedger(b, led, ch, caches, pool)
+
+    return open_ledger
+
+
+__all__ = ["OffloadedLedger", "ReaderCaches", "IndexCache", "OffsetCache", "tier2_opener", "EntryNotFound"]
