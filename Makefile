@@ -21,7 +21,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "venv: installing pinned requirements (first time: a few minutes)"
 	@$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
-	@$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	@touch $@
 
 sysdeps:

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tiering.errors import CorruptObjectError
-from tiering.format import (HEADER_LEN, PADDING, EndOfEntries, Entry, IndexEntry, LedgerOffloadMetadata, NeedMore,
+from tiering.format import (HEADER_LEN, PADDING, EndOfEntries, IndexEntry, LedgerOffloadMetadata, NeedMore,
                             data_key, decode_block, decode_index, decode_metadata, encode_index, encode_metadata,
                             index_key, iter_block_entries, pack_blocks, parse_block_header, parse_key,
                             read_entry_at)

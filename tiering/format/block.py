@@ -61,6 +61,8 @@ class Block:
 
 
 class Entry(NamedTuple):
+    """A decoded entry. `payload` is a view into the caller's buffer: copy it before resizing a bytearray."""
+
     entry_id: int
     payload: memoryview
     end: int  # offset just after the entry, in the buffer's coordinates
@@ -122,9 +124,10 @@ def read_entry_at(buf: Buffer, offset: int, where: str = "", *, block_end: int |
                   base: int = 0) -> Entry | NeedMore | EndOfEntries:
     """Decode the entry at buf[offset:].
 
-    `block_end` is where the block ends in buf's coordinates, if known; without it a buffer that stops
-    mid-entry gives NeedMore (a ranged GET may simply be short), with it that is corruption.
-    Padding seen at `offset` is checked up to the end of what buf holds, then EndOfEntries is returned.
+    A buffer that stops mid-entry gives NeedMore (a ranged GET may simply be short). `block_end`, where the
+    block ends in buf's coordinates, if known, makes an entry running past it corruption and caps NeedMore
+    at it. `base` (buf's offset in the object) only feeds error messages. Padding at `offset` is checked
+    up to the end of what buf holds, then EndOfEntries is returned.
     """
     if offset < 0:
         raise BadInput(f"entry offset must be non-negative, got {offset}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tiering import policy
-from tiering.errors import ConditionalUpdateFailed, TieringError
+from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
 from tiering.format.keys import data_key, index_key
 from tiering.model import Chunk, Ledger, LedgerState, Position
 from tiering.ops.context import Deps
@@ -126,3 +126,30 @@ def first_not_offloaded(deps: Deps, topic: str) -> Position:
             continue
         return Position(led.ledger_id, 0)
     return Position(ledgers[-1].ledger_id + 1 if ledgers else 0, 0)
+
+
+def plan_offload(deps: Deps, by: str, topic: str | None = None) -> list[Ledger]:
+    """The ledgers a scheduled offload takes on: by age (offload-after) or by size (the tier-1 threshold,
+    Pulsar's rule), plus attempts older than the offload timeout, whose worker is presumed dead."""
+    if by == "age":
+        targets = deps.meta.offload_candidates_by_age(topic)
+    elif by == "size":
+        topics = [deps.meta.get_topic(topic)] if topic else deps.meta.list_topics()
+        targets = []
+        for t in topics:
+            if t.policy.offload_threshold_bytes < 0:
+                continue
+            ledgers = deps.meta.list_ledgers(t.name)
+            targets += policy.offload_by_size(ledgers, t.policy, _open_sizes(deps, ledgers))
+    else:
+        raise BadInput(f"offload by {by!r}: expected 'age' or 'size'")
+    return targets + _stale(deps, topic, lambda led: True)
+
+
+def _open_sizes(deps: Deps, ledgers: list[Ledger]) -> dict[int, int]:
+    sizes = {}
+    for led in ledgers:
+        if led.state == LedgerState.OPEN and deps.tier1.exists(led.topic, led.ledger_id):
+            with deps.tier1.reader(led.topic, led.ledger_id) as r:
+                sizes[led.ledger_id] = r.size_bytes
+    return sizes

@@ -1,0 +1,28 @@
+"""Spark job: retention by time and size, one topic per item (a topic's truncation is one transaction)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tiering.jobs.runner import run, topic_arg
+from tiering.ops.retention import apply_retention, plan_retention
+
+
+def plan(deps, args) -> list[dict]:
+    return [{"topic": name} for name in plan_retention(deps, args.topic)]
+
+
+def work(deps, item) -> tuple[int, bool]:
+    doomed = plan_retention(deps, item["topic"])[item["topic"]]  # re-planned: the freshest view wins
+    report = apply_retention(deps, item["topic"], doomed)
+    return report.bytes, not report.deleted and not report.files_removed
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="tiering-retention")
+    topic_arg(p)
+    return run("retention", argv, p, plan, work)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

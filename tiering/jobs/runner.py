@@ -1,0 +1,116 @@
+"""The shape every Spark job shares: the driver reads settings from the environment, plans items with SQL,
+fans them out with `mapPartitions` (each executor builds its own clients from the settings shipped in the
+closure, never from argv), retries each item, sums the outcomes into one `job_run` row, and exits
+non-zero when an item failed after its retries.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from typing import Callable, Iterable, Iterator
+
+from tiering.config import Settings
+from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
+from tiering.metadata.job_runs import JobOutcome, JobRuns
+from tiering.metadata.repository import MetadataStore
+from tiering.ops.context import Deps, Knobs
+from tiering.tier1 import Tier1Store
+from tiering.tier2.objects import Bucket
+
+RETRIES = 2
+BACKOFF_SECONDS = 1.0
+
+# work(deps, item) -> (bytes done, skipped?)  — raising means the item failed (retried first)
+Work = Callable[[Deps, dict], tuple[int, bool]]
+
+
+def deps_from(settings: Settings, **knobs) -> Deps:
+    return Deps(MetadataStore(settings.engine(pool_size=2)), Tier1Store(settings.tier1_root),
+                Bucket(settings.s3_client(), settings.bucket, settings.prefix),
+                Knobs(block_size=settings.block_size, upload_concurrency=settings.upload_concurrency, **knobs))
+
+
+def topic_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--topic", help="limit the job to one topic")
+
+
+def _do_items(settings: Settings, work: Work, items: Iterable[dict]) -> Iterator[dict]:
+    """Runs on an executor: one set of clients per partition."""
+    deps = deps_from(settings)
+    out = {"done": 0, "failed": 0, "skipped": 0, "bytes": 0, "errors": []}
+    try:
+        for item in items:
+            for attempt in range(RETRIES + 1):
+                try:
+                    nbytes, skipped = work(deps, item)
+                    out["skipped" if skipped else "done"] += 1
+                    out["bytes"] += nbytes
+                    break
+                except ConditionalUpdateFailed:
+                    out["skipped"] += 1  # another worker holds or finished it
+                    break
+                except BadInput as exc:  # not transient: no retry
+                    out["failed"] += 1
+                    out["errors"].append(f"{item}: {exc}")
+                    break
+                except Exception as exc:  # noqa: BLE001 - counted, reported, retried
+                    if attempt == RETRIES:
+                        out["failed"] += 1
+                        out["errors"].append(f"{item}: {type(exc).__name__}: {exc}")
+                    else:
+                        time.sleep(BACKOFF_SECONDS * 2 ** attempt)
+    finally:
+        deps.meta.engine.dispose()
+    yield out
+
+
+def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
+        plan: Callable[[Deps, argparse.Namespace], list[dict]], work: Work,
+        finish: Callable[[Deps, argparse.Namespace, JobOutcome], None] | None = None) -> int:
+    """Parse args, plan on the driver, run items on executors, record one job_run row."""
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except TieringError as exc:
+        print(f"{job}: error: {exc}", file=sys.stderr)
+        return 2
+    deps = deps_from(settings)
+    runs = JobRuns(deps.meta.engine)
+    run_id = runs.start(job, getattr(args, "topic", None) or getattr(args, "prefix", None))
+    outcome = JobOutcome()
+    try:
+        items = plan(deps, args)
+        outcome.details["planned"] = len(items)
+        if items:
+            from pyspark.sql import SparkSession
+
+            spark = SparkSession.builder.appName(f"tiering-{job}").getOrCreate()
+            sc = spark.sparkContext
+            slices = max(1, min(len(items), sc.defaultParallelism * 2))
+            parts = sc.parallelize(items, slices).mapPartitions(
+                lambda it: _do_items(settings, work, it)).collect()
+            for p in parts:
+                outcome.add(JobOutcome(p["done"], p["failed"], p["bytes"], p["errors"]))
+                outcome.details["skipped"] = outcome.details.get("skipped", 0) + p["skipped"]
+        if finish is not None:
+            finish(deps, args, outcome)
+    except TieringError as exc:
+        outcome.errors.append(str(exc))
+    except Exception as exc:  # noqa: BLE001 - recorded in job_run, then the job fails
+        outcome.errors.append(f"{type(exc).__name__}: {exc}")
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        runs.finish(run_id, outcome)
+    summary = {"job": job, "run_id": run_id, "done": outcome.items_done, "failed": outcome.items_failed,
+               "bytes": outcome.bytes, **outcome.details}
+    print(json.dumps(summary, default=str))
+    for err in outcome.errors[:20]:
+        print(f"{job}: error: {err}", file=sys.stderr)
+    return 1 if outcome.items_failed or outcome.errors else 0
+
+
+def ledger_item(led) -> dict:
+    return {"topic": led.topic, "ledger_id": led.ledger_id}

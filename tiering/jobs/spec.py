@@ -1,0 +1,86 @@
+"""The pipeline's jobs and DAGs as data, and the pure function that builds spark-submit arguments.
+
+No Airflow and no Spark imports here: the DAG files and the tests use the same table. Secrets never enter
+`application_args`; settings reach the job through the environment.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tiering.errors import BadInput
+from tiering.model import Position
+
+JOBS_DIR = Path(__file__).resolve().parent
+TOPIC_MAX = 1024
+# Airflow's trigger form validates with this too (a JSON-schema pattern).
+POSITION_PATTERN = r"^[0-9]{1,18}:[0-9]{1,18}$"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    dag_id: str
+    schedule: str | None
+    application: str  # file name under tiering/jobs/
+    summary: str
+    fixed_args: tuple[str, ...] = ()
+    tags: tuple[str, ...] = field(default_factory=tuple)
+    needs_jdbc: bool = False
+
+    @property
+    def application_path(self) -> str:
+        return str(JOBS_DIR / self.application)
+
+
+JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
+    JobSpec("tiering_offload_by_age", "*/15 * * * *", "offload.py",
+            "Offload sealed ledgers older than their topic's offload-after.", ("--by=age",), ("offload",)),
+    JobSpec("tiering_offload_by_size", "*/15 * * * *", "offload.py",
+            "Offload the oldest ledgers while a topic's tier-1 tail exceeds its threshold.", ("--by=size",),
+            ("offload",)),
+    JobSpec("tiering_offload_prefix", None, "offload.py",
+            "Pulsar's offloadPrefix: offload every sealed ledger before a position (manual, with a form).",
+            (), ("offload", "manual")),
+    JobSpec("tiering_delete_lagged", "@hourly", "delete_lagged.py",
+            "Delete tier-1 copies of ledgers offloaded longer ago than the deletion lag.", (), ("tier1",)),
+    JobSpec("tiering_retention", "@hourly", "retention.py",
+            "Truncate topic heads by retention time and size; their objects go to GC.", (), ("retention",)),
+    JobSpec("tiering_defrag", "@daily", "defrag.py", "Merge runs of small tier-2 objects.", (), ("tier2",)),
+    JobSpec("tiering_gc", "@hourly", "gc.py",
+            "Delete queued and orphaned tier-2 objects and stale multipart uploads.", (), ("tier2", "gc")),
+    JobSpec("tiering_metadata_export", "@daily", "export_metadata.py",
+            "Parquet snapshot of the metadata tables (Spark over JDBC).", (), ("metadata",), needs_jdbc=True),
+]}
+
+
+def check_topic(topic: str) -> str:
+    if not isinstance(topic, str) or not topic or len(topic) > TOPIC_MAX or "\x00" in topic:
+        raise BadInput("topic must be 1 to 1024 characters without NUL")
+    return topic
+
+
+def spark_submit_args(dag_id: str, topic: str | None = None, position: str | None = None,
+                      dest: str | None = None) -> list[str]:
+    """`application_args` of a job: its fixed flags plus the run's parameters, validated."""
+    spec = JOBS.get(dag_id)
+    if spec is None:
+        raise BadInput(f"unknown job {dag_id!r}")
+    args = list(spec.fixed_args)
+    if dag_id == "tiering_offload_prefix":
+        if not topic or not position:
+            raise BadInput("offloadPrefix needs a topic and a position L:E")
+        if not re.match(POSITION_PATTERN, position):
+            raise BadInput(f"position {position!r} is not L:E")
+        Position.parse(position)
+        # "--flag=value": a topic that starts with "-" must not read as a flag
+        return args + [f"--prefix={check_topic(topic)}", f"--position={position}"]
+    if position:
+        raise BadInput(f"{dag_id} takes no position")
+    if topic:
+        args += [f"--topic={check_topic(topic)}"]
+    if dest:
+        if spec.dag_id != "tiering_metadata_export":
+            raise BadInput(f"{dag_id} takes no destination")
+        args += [f"--dest={dest}"]
+    return args
