@@ -1,4 +1,5 @@
-"""Handlers of the `tiering` command (parsing is in cli.py)."""
+"""Handlers of the `tiering` command: topics, writes, reads (parsing is in cli.py, pipeline commands in
+cli_ops.py)."""
 from __future__ import annotations
 
 import sys
@@ -7,7 +8,7 @@ from functools import cached_property
 
 from tiering.cli import b64, print_json
 from tiering.config import Settings
-from tiering.errors import BadInput
+from tiering.errors import BadInput, ConfigError, LedgerStorageError
 
 
 class Context:
@@ -19,7 +20,13 @@ class Context:
 
     @cached_property
     def engine(self):
-        return self.settings.engine()
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            return self.settings.engine()
+        except (ArgumentError, ValueError):  # e.g. a port that is not a number; the message may hold the URL
+            raise ConfigError("TIERING_DATABASE_URL is malformed: expected "
+                              "postgresql://USER:PASSWORD@HOST:PORT/DATABASE") from None
 
     @cached_property
     def meta(self):
@@ -46,15 +53,24 @@ class Context:
         knobs = Knobs(block_size=self.settings.block_size, upload_concurrency=self.settings.upload_concurrency)
         return Deps(self.meta, self.tier1, self.bucket, knobs)
 
+    def close(self) -> None:
+        if "engine" in self.__dict__:
+            self.engine.dispose()
+
 
 def describe_failure(exc: Exception) -> str:
-    """One line for an unexpected failure; never a URL with a password."""
-    from sqlalchemy.exc import OperationalError, ProgrammingError
+    """One line for an unexpected failure; never a URL with a password (cli.error redacts on top)."""
+    from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError, SQLAlchemyError
 
-    if isinstance(exc, OperationalError):
-        return "cannot reach the metadata database (check TIERING_DATABASE_URL; is it running?)"
+    first = _first_line
     if isinstance(exc, ProgrammingError) and "does not exist" in str(exc.orig):
         return "the metadata schema is missing or old: run `tiering db upgrade`"
+    if isinstance(exc, OperationalError):
+        return f"metadata database unavailable (check TIERING_DATABASE_URL; is it running?): {first(exc.orig)}"
+    if isinstance(exc, DBAPIError):
+        return f"metadata database error: {type(exc.orig).__name__}: {first(exc.orig)}"
+    if isinstance(exc, SQLAlchemyError):
+        return f"metadata database error: {type(exc).__name__}"
     try:
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -62,16 +78,26 @@ def describe_failure(exc: Exception) -> str:
             err = exc.response.get("Error", {})
             return f"S3 {exc.operation_name} failed: {err.get('Code')} {err.get('Message', '')}".strip()
         if isinstance(exc, BotoCoreError):
-            return f"S3 is unreachable or misconfigured: {type(exc).__name__}"
+            return f"S3 is unreachable or misconfigured (check TIERING_S3_ENDPOINT_URL): {first(exc)}"
     except ImportError:
         pass
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return f"{type(exc).__name__}: {first(exc)}".rstrip(": ")
+
+
+def _first_line(exc: object) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0].strip() if lines else ""
 
 
 def dispatch(args) -> int:
+    from tiering import cli_ops
+
+    handler = {**HANDLERS, **cli_ops.HANDLERS}[args.command]
     ctx = Context()
-    handler = HANDLERS[args.command]
-    return handler(ctx, args) or 0
+    try:
+        return handler(ctx, args) or 0
+    finally:
+        ctx.close()
 
 
 def cmd_db(ctx: Context, args) -> int:
@@ -94,12 +120,10 @@ def cmd_topic(ctx: Context, args) -> int:
     if args.topic_command == "create":
         policy = TopicPolicy(args.offload_after, args.offload_threshold, args.deletion_lag, args.retention_time,
                              args.retention_size, args.rollover_entries, args.rollover_bytes)
-        _check_name(args.name)
         t = ctx.meta.create_topic(args.name, policy)
-        print(f"created topic {t.name}")
+        print(f"created topic {t.name!r}")
     elif args.topic_command == "list":
-        topics = ctx.meta.list_topics()
-        for t in topics:
+        for t in ctx.meta.list_topics():
             print_json(_topic_dict(t)) if args.json else print(t.name)
     else:
         t = ctx.meta.get_topic(args.name)
@@ -111,26 +135,27 @@ def cmd_topic(ctx: Context, args) -> int:
     return 0
 
 
-def _check_name(name: str) -> None:
-    if not name or len(name) > 1024 or "\x00" in name:
-        raise BadInput("a topic name is 1 to 1024 characters without NUL")
-
-
 def cmd_produce(ctx: Context, args) -> int:
     from tiering.workload import payload
-    from tiering.writer import ManagedLedgerWriter
+    from tiering.writer import MAX_ENTRY_BYTES, ManagedLedgerWriter
 
     if args.entries is not None and args.entry_size is None:
         raise BadInput("--entries needs --entry-size")
-    writer = ManagedLedgerWriter(ctx.meta, ctx.tier1, args.name)
-    last = None
+    if args.stdin_lines and args.entry_size is not None:
+        raise BadInput("--entry-size goes with --entries, not --stdin-lines")
+    if args.entry_size is not None and args.entry_size > MAX_ENTRY_BYTES:
+        raise BadInput(f"--entry-size is at most {MAX_ENTRY_BYTES} bytes")
+    writer = ManagedLedgerWriter(ctx.meta, ctx.tier1, args.name)  # an unknown topic fails here
+    last, count = None, 0
     try:
         if args.stdin_lines:
             for line in sys.stdin.buffer:
                 last = writer.append(line[:-1] if line.endswith(b"\n") else line)
+                count += 1
         else:
-            for seq in _progress(range(args.entries), "produce", sys.stderr):
+            for seq in _progress(range(args.entries), "produce", sys.stderr, unit="entry"):
                 last = writer.append(payload(args.seed, seq, args.entry_size))
+                count += 1
         if args.seal:
             writer.seal()
     finally:
@@ -143,7 +168,10 @@ def cmd_seal(ctx: Context, args) -> int:
     from tiering.writer import ManagedLedgerWriter
 
     writer = ManagedLedgerWriter(ctx.meta, ctx.tier1, args.name)
-    sealed = writer.seal()
+    try:
+        sealed = writer.seal()
+    finally:
+        writer.close()
     print(f"sealed ledger {sealed.ledger_id} ({sealed.entry_count} entries)" if sealed else "no open ledger")
     return 0
 
@@ -154,9 +182,12 @@ def ledger_status(ctx: Context, name: str) -> list[dict]:
     rows = []
     for led in ctx.meta.list_ledgers(name):
         entries, size = led.entry_count, led.size_bytes
-        if led.state == LedgerState.OPEN and ctx.tier1.exists(name, led.ledger_id):
-            with ctx.tier1.reader(name, led.ledger_id) as r:
-                entries, size = r.entry_count, r.size_bytes
+        if led.state == LedgerState.OPEN:  # metadata learns counts at seal: the tier-1 file knows them now
+            try:
+                with ctx.tier1.reader(name, led.ledger_id) as r:
+                    entries, size = r.entry_count, r.size_bytes
+            except LedgerStorageError:
+                pass  # no file yet
         tiers = ([1] if led.tier1_present and led.state != LedgerState.DELETED else []) + \
                 ([2] if led.state == LedgerState.OFFLOADED else [])
         rows.append({"ledger": led.ledger_id, "state": led.state.value, "entries": entries, "bytes": size,
@@ -177,45 +208,51 @@ def cmd_status(ctx: Context, args) -> int:
     return 0
 
 
-def cmd_read(ctx: Context, args) -> int:
-    from tiering.read import Gap, ReadHandle
-
+def read_handle(ctx: Context, raise_on_dataloss: bool = False):
+    from tiering.read import ReadHandle
     from tiering.tier2.reader import tier2_opener
 
-    handle = ReadHandle(ctx.meta, ctx.tier1, open_tier2=tier2_opener(ctx.bucket),
-                        raise_on_dataloss=args.fail_on_dataloss)
+    return ReadHandle(ctx.meta, ctx.tier1, open_tier2=tier2_opener(ctx.bucket), raise_on_dataloss=raise_on_dataloss)
+
+
+def gap_dict(gap) -> dict:
+    return {"gap": gap.kind, "from": str(gap.start), "to": str(gap.end)}
+
+
+def cmd_read(ctx: Context, args) -> int:
+    from tiering.read import Gap
+
     out = sys.stdout
-    for item in handle.read(args.name, args.start, args.end):
+    for item in read_handle(ctx, args.fail_on_dataloss).read(args.name, args.start, args.end):
         if isinstance(item, Gap):
-            print_json({"gap": item.kind, "from": str(item.start), "to": str(item.end)})
+            print_json(gap_dict(item))
         elif args.json:
             print_json({"ledger": item.ledger_id, "entry": item.entry_id, "data": b64(item.data)})
         else:
-            out.write(f"{item.ledger_id}:{item.entry_id}\t{item.data.decode('utf-8', 'backslashreplace')}\n")
+            out.write(f"{item.ledger_id}:{item.entry_id}\t{_printable(item.data)}\n")
     return 0
 
 
-def cmd_offload_prefix(ctx: Context, args) -> int:
-    from tiering.ops.offload import offload_prefix
-
-    report, first = offload_prefix(ctx.deps, args.name, args.position)
-    result = {"topic": args.name, "offloaded": report.offloaded, "skipped": report.skipped,
-              "failed": report.failed, "bytes": report.bytes, "first_not_offloaded": str(first)}
-    if args.json:
-        print_json(result)
-    else:
-        print(f"offloaded {len(report.offloaded)} ledger(s) ({report.bytes} bytes), skipped "
-              f"{len(report.skipped)}, failed {len(report.failed)}; first position not offloaded: {first}")
-    if report.first_error:
-        sys.stderr.write(f"tiering: error: {len(report.failed)} ledger(s) failed; first: {report.first_error}\n")
-        return 1
-    return 0
+def _printable(data: bytes) -> str:
+    """One line per entry: backslash escapes for the backslash, control characters and invalid UTF-8."""
+    out = []
+    for c in data.decode("utf-8", "surrogateescape"):
+        if "\udc80" <= c <= "\udcff":  # a byte that is not UTF-8
+            out.append(f"\\x{ord(c) - 0xDC00:02x}")
+        elif c == "\\":
+            out.append("\\\\")
+        elif c.isprintable():
+            out.append(c)
+        else:
+            out.append(c.encode("unicode_escape").decode("ascii"))
+    return "".join(out)
 
 
 def cmd_offload_status(ctx: Context, args) -> int:
+    ledgers = ctx.meta.list_ledgers(args.name)
     chunks = ctx.meta.chunks(args.name)
     rows = []
-    for led in ctx.meta.list_ledgers(args.name):
+    for led in ledgers:
         ch = chunks.get(led.ledger_id)
         rows.append({"ledger": led.ledger_id, "state": led.state.value, "attempt": led.offload_uuid,
                      "offload_started_at": led.offload_started_at, "offloaded_at": led.offloaded_at,
@@ -231,15 +268,34 @@ def cmd_offload_status(ctx: Context, args) -> int:
     return 0
 
 
-def _progress(iterable, desc: str, stream):
-    """tqdm progress when attached to a terminal; the bare iterable otherwise."""
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(desc: str, total: int | None, unit: str = "it", stream=None):
+    """A tqdm bar on stderr when it is a terminal; an object that ignores updates otherwise."""
+    stream = stream or sys.stderr
+    if not stream.isatty():
+        return _NoBar()
+    from tqdm import tqdm
+
+    scale = unit == "B"
+    return tqdm(total=total, desc=desc, file=stream, unit=unit, unit_scale=scale, unit_divisor=1024 if scale else 1000,
+                leave=False)
+
+
+def _progress(iterable, desc: str, stream, unit: str = "it"):
+    """tqdm progress over an iterable when attached to a terminal; the bare iterable otherwise."""
     if not stream.isatty():
         return iterable
     from tqdm import tqdm
 
-    return tqdm(iterable, desc=desc, file=stream, unit="entry")
+    return tqdm(iterable, desc=desc, file=stream, unit=unit, leave=False)
 
 
 HANDLERS = {"db": cmd_db, "topic": cmd_topic, "produce": cmd_produce, "seal": cmd_seal, "status": cmd_status,
-            "read": cmd_read,
-            "offload-prefix": cmd_offload_prefix, "offload-status": cmd_offload_status}
+            "read": cmd_read, "offload-status": cmd_offload_status}

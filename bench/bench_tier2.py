@@ -1,0 +1,717 @@
+"""Tier-2 benchmarks: our offloader and reader against peers on the same S3 endpoint, in one run.
+
+Every timed case alternates ours and the peer (A B, B A, A B, ...) and reports medians and the ratio
+ours / peer, so a slow or noisy endpoint (here a moto server) moves both sides alike.
+
+1. Offload throughput: `offload_ledger` (block size 8 MiB, 4 parts in flight, CRC32C per part, metadata
+   transactions included) of ledgers written with ManagedLedgerWriter vs boto3 `upload_file` (s3transfer,
+   classic manager, same part size and concurrency, CRC32C asked for too) of the tier-1 ledger files; for
+   several ledgers also vs one s3transfer TransferManager given all files at once.
+2. Sequential catch-up read of a 64 MiB offloaded ledger: ReadHandle over `tier2_opener` vs one raw streaming
+   GET of the data object vs a Pulsar-style reader (one 1 MiB buffer, one ranged GET at a time, no
+   read-ahead).
+3. Cold random entry reads: a fresh reader (empty caches) per entry; S3 requests, bytes asked for and
+   latency, ours vs the Pulsar-style reader.
+4. Peak RSS of a fresh process offloading a large ledger and reading it back, vs block size x
+   (concurrency + 1), and of a process doing s3transfer upload_file / a raw streaming GET of the same bytes.
+
+Runs in a scratch database, a bucket and a temporary tier-1 root of its own (all removed at the end);
+objects are deleted after every case to keep an in-memory endpoint small. Writes
+bench/results/tier2.{md,json} (tier2-quick.{md,json} with --quick).
+
+    set -a; . .local/env; set +a
+    .venv/bin/python bench/bench_tier2.py --quick     # ~2 minutes
+    .venv/bin/python bench/bench_tier2.py             # full sizes
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import boto3  # noqa: E402
+from boto3.s3.transfer import TransferConfig  # noqa: E402
+from botocore.config import Config  # noqa: E402
+from s3transfer.manager import TransferManager  # noqa: E402
+from sqlalchemy import create_engine, text  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+
+from tiering.format.block import HEADER_LEN, Entry as BlockEntry, NeedMore, read_entry_at  # noqa: E402
+from tiering.format.index import decode_index  # noqa: E402
+from tiering.metadata import make_engine, upgrade  # noqa: E402
+from tiering.metadata.repository import MetadataStore  # noqa: E402
+from tiering.model import Position, TopicPolicy  # noqa: E402
+from tiering.ops.context import Deps, Knobs  # noqa: E402
+from tiering.ops.offload import offload_ledger  # noqa: E402
+from tiering.read import Entry as ReadEntry, ReadHandle  # noqa: E402
+from tiering.tier1 import Tier1Store  # noqa: E402
+from tiering.tier2 import reader as t2reader  # noqa: E402
+from tiering.tier2.objects import Bucket, get_range  # noqa: E402
+from tiering.tier2.reader import ReaderCaches, tier2_opener  # noqa: E402
+from tiering.workload import payload  # noqa: E402
+from tiering.writer import ManagedLedgerWriter  # noqa: E402
+
+MIB = 1024 * 1024
+BLOCK_SIZE = 8 * MIB
+CONCURRENCY = 4
+PULSAR_BUFFER = 1 * MIB  # Pulsar's managedLedgerOffloadReadBufferSizeInBytes default
+PREFIX = "bench/"
+
+FULL = dict(
+    offload=[(1, 16, 5), (8, 16, 3), (64, 1, 3), (1, 256, 3)],  # (ledgers, MiB each, runs)
+    read_mib=64, read_runs=5, random_reads=40, rss_mib=1024, rss_read_mib=None)
+QUICK = dict(
+    offload=[(1, 16, 3), (8, 16, 2), (64, 1, 2), (1, 64, 2)],
+    read_mib=64, read_runs=3, random_reads=15, rss_mib=128, rss_read_mib=None)
+
+
+# ----------------------------------------------------------------------------------------------- plumbing
+
+def s3_client(endpoint: str | None):
+    """The client tiering.config.Settings.s3_client builds (same pool, retries and checksum settings)."""
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        config=Config(max_pool_connections=32, retries={"max_attempts": 5, "mode": "standard"},
+                      request_checksum_calculation="when_required", response_checksum_validation="when_required"))
+
+
+def transfer_config() -> TransferConfig:
+    return TransferConfig(multipart_threshold=BLOCK_SIZE, multipart_chunksize=BLOCK_SIZE,
+                          max_concurrency=CONCURRENCY, use_threads=True, preferred_transfer_client="classic")
+
+
+UPLOAD_EXTRA = {"ChecksumAlgorithm": "CRC32C"}  # our parts carry CRC32C: make s3transfer do the same work
+
+
+class RequestCounter:
+    """Counts requests the client sends (botocore `before-send`), per operation, and bytes asked for by
+    ranged GETs (from the Range header)."""
+
+    def __init__(self, s3):
+        self._lock = threading.Lock()
+        self.ops: dict[str, int] = {}
+        self.range_bytes = 0
+        s3.meta.events.register("before-send.s3", self._on_send)
+
+    def _on_send(self, request=None, event_name: str = "", **_kw):
+        op = event_name.rsplit(".", 1)[-1]
+        n = 0
+        rng = request.headers.get("Range") if request is not None else None
+        if rng:
+            rng = rng.decode() if isinstance(rng, bytes) else rng
+            a, b = rng.split("=", 1)[1].split("-")
+            n = int(b) - int(a) + 1
+        with self._lock:
+            self.ops[op] = self.ops.get(op, 0) + 1
+            self.range_bytes += n
+        return None  # a non-None value would replace the HTTP response
+
+    def snapshot(self) -> tuple[int, int]:
+        with self._lock:
+            return sum(self.ops.values()), self.range_bytes
+
+
+def empty_bucket(s3, bucket: str) -> None:
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            s3.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+    while True:
+        ups = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+        if not ups:
+            return
+        for up in ups:
+            s3.abort_multipart_upload(Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+
+
+def endpoint_pid(endpoint: str | None) -> int | None:
+    """The moto server's pid if it runs on this machine (read-only, for its RSS)."""
+    if not endpoint:
+        return None
+    port = endpoint.rstrip("/").rsplit(":", 1)[-1]
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            args = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"moto_server" in a for a in args) and port.encode() in args:
+            return int(p.name)
+    return None
+
+
+def proc_status(pid: int | str = "self") -> dict[str, int]:
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(("VmRSS", "VmHWM")):
+                k, v = line.split(":")
+                out[k] = int(v.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def mib(n: float) -> float:
+    return n / MIB
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def rnd(x: float, nd: int = 1) -> float:
+    return round(x, nd)
+
+
+class Env:
+    """Scratch database, bucket and tier-1 root for the run."""
+
+    def __init__(self, endpoint: str | None):
+        self.endpoint = endpoint
+        server = make_url(os.environ["TIERING_DATABASE_URL"].replace("postgresql://", "postgresql+psycopg2://", 1))
+        self.db_name = f"tiering_bench_{secrets.token_hex(3)}"
+        self.admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
+        with self.admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{self.db_name}"'))
+        self.url = server.set(database=self.db_name).render_as_string(hide_password=False)
+        self.engine = make_engine(self.url)
+        upgrade(self.engine)
+        self.s3 = s3_client(endpoint)
+        self.counter = RequestCounter(self.s3)
+        self.bucket = f"tiering-bench-{secrets.token_hex(4)}"
+        self.s3.create_bucket(Bucket=self.bucket)
+        self.tier1_root = Path(tempfile.mkdtemp(prefix="tiering-bench-tier1-"))
+        self.deps = Deps(MetadataStore(self.engine), Tier1Store(self.tier1_root), Bucket(self.s3, self.bucket, PREFIX),
+                         Knobs(block_size=BLOCK_SIZE, upload_concurrency=CONCURRENCY,
+                               offload_timeout=timedelta(hours=1), gc_delay=timedelta(0)))
+        self.moto_pid = endpoint_pid(endpoint)
+        self._topics = 0
+
+    def moto_rss(self) -> float | None:
+        if self.moto_pid is None:
+            return None
+        return rnd(mib(proc_status(self.moto_pid).get("VmRSS", 0)))
+
+    def new_topic(self, tag: str) -> str:
+        self._topics += 1
+        name = f"bench/{tag}-{self._topics}"
+        self.deps.meta.create_topic(name, TopicPolicy(rollover_entries=10**9, rollover_bytes=2**40))
+        return name
+
+    def write_ledgers(self, tag: str, count: int, size: int, entry_size: int):
+        """`count` sealed ledgers of `size` payload bytes each (entries of `entry_size`); returns the Ledger
+        rows and their tier-1 paths."""
+        topic = self.new_topic(tag)
+        w = ManagedLedgerWriter(self.deps.meta, self.deps.tier1, topic)
+        per = max(1, size // entry_size)
+        leds = []
+        for _ in range(count):
+            for i in range(per):
+                w.append(payload(topic, i, entry_size))
+            leds.append(w.seal())
+        w.close()
+        return topic, leds, [self.deps.tier1.path(topic, led.ledger_id) for led in leds]
+
+    def reset(self) -> None:
+        empty_bucket(self.s3, self.bucket)
+
+    def close(self) -> None:
+        try:
+            self.reset()
+            self.s3.delete_bucket(Bucket=self.bucket)
+        finally:
+            shutil.rmtree(self.tier1_root, ignore_errors=True)
+            self.engine.dispose()
+            with self.admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)'))
+
+
+# ------------------------------------------------------------------------------ the Pulsar-style peer
+
+class PulsarStyleReader:
+    """Pulsar's BlobStoreBackedReadHandleImpl + BackedInputStreamImpl in miniature: the index is fetched once
+    per reader; the data object is read through ONE buffer of 1 MiB, refilled by one ranged GET at a time
+    (min(1 MiB, bytes left in the object), not aligned to blocks) only when a read needs bytes it lacks; no
+    read-ahead and no offset cache: a read seeks to the first entry of its entry's block (the index's data
+    offset + 128) and scans from there; at a block's padding it seeks to the next block's first entry."""
+
+    def __init__(self, b: Bucket, ch, buffer_size: int = PULSAR_BUFFER):
+        self.b, self.ch, self.buffer_size = b, ch, buffer_size
+        self.requests = 0
+        self._index = None
+        self.buf = bytearray()
+        self.base = 0  # object offset of buf[0]
+
+    def index(self):
+        if self._index is None:
+            self._index = decode_index(get_range(self.b, self.ch.index_key, self.ch.index_offset,
+                                                 self.ch.index_length))
+            self.requests += 1
+        return self._index
+
+    def _seek(self, pos: int) -> None:
+        if not self.base <= pos <= self.base + len(self.buf):
+            self.buf, self.base = bytearray(), pos  # outside the buffer: drop it (Pulsar's seek)
+
+    def _fill(self, pos: int) -> None:
+        """Keep the bytes from pos on, then one ranged GET of up to 1 MiB after them."""
+        del self.buf[:pos - self.base]
+        self.base = pos
+        start = self.base + len(self.buf)
+        end = self.ch.data_offset + self.ch.data_length
+        n = min(self.buffer_size, end - start)
+        if n <= 0:
+            raise EOFError(f"{self.ch.data_key}: read past the end at {start}")
+        self.buf += get_range(self.b, self.ch.data_key, start, n)
+        self.requests += 1
+
+    def iter_entries(self, first: int, last: int):
+        index = self.index()
+        i = index.find(first)
+        expected = index.entries[i].first_entry_id
+        pos = self.ch.data_offset + index.entries[i].block_offset + HEADER_LEN
+        block_end = pos - HEADER_LEN + index.block_length(i)
+        self._seek(pos)
+        while expected <= last:
+            got = read_entry_at(self.buf, pos - self.base, block_end=block_end - self.base)
+            if isinstance(got, NeedMore):
+                self._fill(pos)
+                continue
+            if not isinstance(got, BlockEntry):  # padding or the block's end: on to the next block
+                i += 1
+                pos = self.ch.data_offset + index.entries[i].block_offset + HEADER_LEN
+                block_end = pos - HEADER_LEN + index.block_length(i)
+                self._seek(pos)
+                continue
+            if got.entry_id != expected:
+                raise AssertionError(f"entry {got.entry_id}, expected {expected}")
+            if expected >= first:
+                yield expected, bytes(got.payload)
+            pos = self.base + got.end
+            expected += 1
+
+
+# ------------------------------------------------------------------------------------- case 1: offload
+
+def bench_offload(env: Env, cases, entry_size: int) -> list[dict]:
+    rows = []
+    s3, tc = env.s3, transfer_config()
+    for count, size_mib, runs in cases:
+        size = size_mib * MIB
+        total = count * size
+        ours, peer, peer_tm, ours_req = [], [], [], []
+        for r in range(runs):
+            _, leds, paths = env.write_ledgers(f"offload-{count}x{size_mib}", count, size, entry_size)
+
+            def run_ours():
+                before = env.counter.snapshot()[0]
+                t0 = time.perf_counter()
+                for led in leds:
+                    offload_ledger(env.deps, led)
+                ours.append(time.perf_counter() - t0)
+                ours_req.append(env.counter.snapshot()[0] - before)
+
+            def run_peer():
+                t0 = time.perf_counter()
+                for n, p in enumerate(paths):
+                    s3.upload_file(str(p), env.bucket, f"peer/{r}/{n}", ExtraArgs=UPLOAD_EXTRA, Config=tc)
+                peer.append(time.perf_counter() - t0)
+
+            def run_peer_tm():
+                t0 = time.perf_counter()
+                with TransferManager(s3, tc) as tm:
+                    futs = [tm.upload(str(p), env.bucket, f"peertm/{r}/{n}", extra_args=UPLOAD_EXTRA)
+                            for n, p in enumerate(paths)]
+                    for f in futs:
+                        f.result()
+                peer_tm.append(time.perf_counter() - t0)
+
+            order = [run_ours, run_peer] if r % 2 == 0 else [run_peer, run_ours]
+            if count > 1:
+                order.append(run_peer_tm)
+            for fn in order:
+                fn()
+                env.reset()
+            for p in paths:
+                p.unlink()
+        row = {"ledgers": count, "ledger_mib": size_mib, "runs": runs, "total_mib": mib(total),
+               "ours_mib_s": rnd(mib(total) / median(ours)), "s3transfer_mib_s": rnd(mib(total) / median(peer)),
+               "ours_s": [rnd(x, 3) for x in ours], "s3transfer_s": [rnd(x, 3) for x in peer],
+               "ours_requests_per_run": median(ours_req)}
+        row["ratio"] = rnd(row["ours_mib_s"] / row["s3transfer_mib_s"], 2)
+        if peer_tm:
+            row["s3transfer_tm_mib_s"] = rnd(mib(total) / median(peer_tm))
+            row["s3transfer_tm_s"] = [rnd(x, 3) for x in peer_tm]
+            row["ratio_tm"] = rnd(row["ours_mib_s"] / row["s3transfer_tm_mib_s"], 2)
+        rows.append(row)
+        print(f"offload {count:>3} x {size_mib:>4} MiB: ours {row['ours_mib_s']:7.1f} MiB/s, "
+              f"upload_file {row['s3transfer_mib_s']:7.1f} MiB/s, ratio {row['ratio']:.2f}"
+              + (f"; TransferManager all at once {row['s3transfer_tm_mib_s']:.1f} MiB/s, ratio {row['ratio_tm']:.2f}"
+                 if peer_tm else "") + f"  [moto RSS {env.moto_rss()} MiB]", flush=True)
+    return rows
+
+
+# --------------------------------------------------------------------------- cases 2 and 3: reading
+
+def offload_one(env: Env, tag: str, size: int, entry_size: int):
+    """One offloaded ledger with no tier-1 copy (reads must go to tier 2). Returns (topic, ledger, chunk)."""
+    topic, leds, paths = env.write_ledgers(tag, 1, size, entry_size)
+    led = offload_ledger(env.deps, leds[0])
+    led = env.deps.meta.mark_tier1_deleted(led)
+    paths[0].unlink()
+    return topic, led, env.deps.meta.get_chunk(led)
+
+
+def bench_sequential(env: Env, size_mib: int, runs: int, entry_size: int) -> dict:
+    topic, led, ch = offload_one(env, "seq", size_mib * MIB, entry_size)
+    obj = ch.data_length
+    times = {"ours": [], "raw_get": [], "pulsar_style": []}
+    reqs = {k: [] for k in times}
+
+    def ours():
+        pool = ThreadPoolExecutor(t2reader.READ_AHEAD, thread_name_prefix="bench-read")
+        handle = ReadHandle(env.deps.meta, env.deps.tier1, tier2_opener(env.deps.bucket, ReaderCaches.new(), pool))
+        n = nbytes = 0
+        for item in handle.read(topic):
+            assert isinstance(item, ReadEntry) and item.entry_id == n, item
+            n += 1
+            nbytes += len(item.data)
+        pool.shutdown(wait=True)
+        assert n == led.entry_count and nbytes == led.size_bytes, (n, nbytes)
+
+    def raw_get():
+        body = env.s3.get_object(Bucket=env.bucket, Key=ch.data_key)["Body"]
+        n = sum(len(c) for c in body.iter_chunks(MIB))
+        assert n == obj
+
+    def pulsar():
+        r = PulsarStyleReader(env.deps.bucket, ch)
+        n = nbytes = 0
+        for entry_id, data in r.iter_entries(0, led.entry_count - 1):
+            assert entry_id == n
+            n += 1
+            nbytes += len(data)
+        assert n == led.entry_count and nbytes == led.size_bytes, (n, nbytes)
+
+    fns = [("ours", ours), ("raw_get", raw_get), ("pulsar_style", pulsar)]
+    for r in range(runs):
+        order = fns[r % 3:] + fns[:r % 3]  # rotate who goes first
+        for name, fn in order:
+            before = env.counter.snapshot()[0]
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+            reqs[name].append(env.counter.snapshot()[0] - before)
+    rate = {k: rnd(mib(obj) / median(v)) for k, v in times.items()}
+    out = {"ledger_mib": size_mib, "object_mib": rnd(mib(obj), 2), "entries": led.entry_count, "runs": runs,
+           "mib_s": rate, "requests": {k: median(v) for k, v in reqs.items()},
+           "seconds": {k: [rnd(x, 3) for x in v] for k, v in times.items()},
+           "ratio_ours_pulsar": rnd(rate["ours"] / rate["pulsar_style"], 2),
+           "ratio_ours_raw": rnd(rate["ours"] / rate["raw_get"], 3),
+           "ratio_pulsar_raw": rnd(rate["pulsar_style"] / rate["raw_get"], 3)}
+    print(f"sequential read of {size_mib} MiB: ours {rate['ours']} MiB/s ({out['requests']['ours']} req), "
+          f"Pulsar-style {rate['pulsar_style']} MiB/s ({out['requests']['pulsar_style']} req), raw GET "
+          f"{rate['raw_get']} MiB/s; ours/Pulsar {out['ratio_ours_pulsar']}, ours/raw {out['ratio_ours_raw']}",
+          flush=True)
+    return out, (topic, led, ch)
+
+
+def bench_random(env: Env, target, n: int, entry_size: int) -> dict:
+    topic, led, ch = target
+    rng = random.Random(17)
+    ids = [rng.randrange(led.entry_count) for _ in range(n)]
+    res = {"ours": {"lat": [], "req": [], "bytes": []}, "pulsar_style": {"lat": [], "req": [], "bytes": []}}
+
+    def ours(e):
+        pool = ThreadPoolExecutor(t2reader.READ_AHEAD, thread_name_prefix="bench-rand")
+        t0 = time.perf_counter()
+        it = tier2_opener(env.deps.bucket, ReaderCaches.new(), pool)(led, ch).iter_entries(e, e)
+        got = next(it)
+        lat = time.perf_counter() - t0
+        it.close()
+        pool.shutdown(wait=True)  # requests already sent for read-ahead count against this read
+        return got, lat
+
+    def pulsar(e):
+        t0 = time.perf_counter()
+        it = PulsarStyleReader(env.deps.bucket, ch).iter_entries(e, e)
+        got = next(it)
+        lat = time.perf_counter() - t0
+        it.close()
+        return got, lat
+
+    for k, e in enumerate(ids):
+        order = [("ours", ours), ("pulsar_style", pulsar)]
+        if k % 2:
+            order.reverse()
+        for name, fn in order:
+            before = env.counter.snapshot()
+            (eid, data), lat = fn(e)
+            after = env.counter.snapshot()
+            assert eid == e and data == payload(topic, e, entry_size), (name, e)
+            res[name]["lat"].append(lat)
+            res[name]["req"].append(after[0] - before[0])
+            res[name]["bytes"].append(after[1] - before[1])
+    out = {"reads": n, "object_mib": rnd(mib(ch.data_length), 2), "entries": led.entry_count}
+    for name, r in res.items():
+        lat = sorted(r["lat"])
+        out[name] = {"median_ms": rnd(median(lat) * 1000, 1),
+                     "p90_ms": rnd(lat[min(len(lat) - 1, int(0.9 * len(lat)))] * 1000, 1),
+                     "requests_mean": rnd(statistics.mean(r["req"]), 2), "requests_median": median(r["req"]),
+                     "requests_max": max(r["req"]), "mib_fetched_mean": rnd(mib(statistics.mean(r["bytes"])), 2)}
+    out["ratio_latency"] = rnd(out["ours"]["median_ms"] / out["pulsar_style"]["median_ms"], 2)
+    out["ratio_requests"] = rnd(out["ours"]["requests_mean"] / out["pulsar_style"]["requests_mean"], 2)
+    out["ratio_bytes"] = rnd(out["ours"]["mib_fetched_mean"] / out["pulsar_style"]["mib_fetched_mean"], 2)
+    print(f"random reads x{n}: ours median {out['ours']['median_ms']} ms, {out['ours']['requests_mean']} req, "
+          f"{out['ours']['mib_fetched_mean']} MiB; Pulsar-style {out['pulsar_style']['median_ms']} ms, "
+          f"{out['pulsar_style']['requests_mean']} req, {out['pulsar_style']['mib_fetched_mean']} MiB", flush=True)
+    return out
+
+
+# --------------------------------------------------------------------------------- case 4: peak RSS
+
+def child_main(mode: str, args: dict) -> None:
+    """Runs in a fresh process: set up, note the RSS, do one thing, report the peak (VmHWM)."""
+    s3 = s3_client(args["endpoint"])
+    engine = make_engine(args["db_url"])
+    deps = Deps(MetadataStore(engine), Tier1Store(args["tier1_root"]), Bucket(s3, args["bucket"], PREFIX),
+                Knobs(block_size=BLOCK_SIZE, upload_concurrency=CONCURRENCY, offload_timeout=timedelta(hours=1),
+                      gc_delay=timedelta(0)))
+    led = deps.meta.get_ledger(args["topic"], args["ledger_id"])
+    s3.list_buckets()  # warm the client (its first request loads endpoint data and models)
+    base = proc_status()
+    t0 = time.perf_counter()
+    nbytes, checkpoints = 0, []
+    if mode == "offload":
+        led = offload_ledger(deps, led)
+        nbytes = led.size_bytes
+    elif mode == "upload_file":
+        s3.upload_file(args["path"], args["bucket"], args["key"], ExtraArgs=UPLOAD_EXTRA, Config=transfer_config())
+        nbytes = os.path.getsize(args["path"])
+    elif mode == "read":
+        pool = ThreadPoolExecutor(t2reader.READ_AHEAD, thread_name_prefix="rss-read")
+        handle = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket, ReaderCaches.new(), pool))
+        last = args.get("last_entry", led.entry_count - 1)
+        step, mark = 64 * MIB, 64 * MIB
+        for item in handle.read(args["topic"], end=Position(led.ledger_id, last)):
+            nbytes += len(item.data)
+            if nbytes >= mark:
+                checkpoints.append([rnd(mib(nbytes)), rnd(mib(proc_status().get("VmHWM", 0)))])
+                mark += step
+        pool.shutdown(wait=True)
+    elif mode == "raw_get":
+        body = s3.get_object(Bucket=args["bucket"], Key=args["key"])["Body"]
+        nbytes = sum(len(c) for c in body.iter_chunks(MIB))
+    else:
+        raise SystemExit(f"unknown child mode {mode}")
+    seconds = time.perf_counter() - t0
+    end = proc_status()
+    engine.dispose()
+    print(json.dumps({"mode": mode, "baseline_rss": base.get("VmRSS"), "baseline_hwm": base.get("VmHWM"),
+                      "peak": end.get("VmHWM"), "bytes": nbytes, "seconds": seconds, "hwm_by_mib": checkpoints}))
+
+
+def run_child(env: Env, mode: str, **kw) -> dict:
+    args = {"endpoint": env.endpoint, "db_url": env.url, "bucket": env.bucket, "tier1_root": str(env.tier1_root), **kw}
+    proc = subprocess.run([sys.executable, __file__, "--child", mode, json.dumps(args)], capture_output=True,
+                          text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {mode} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bench_rss(env: Env, size_mib: int, read_mib: int | None, entry_size: int) -> dict:
+    topic, leds, paths = env.write_ledgers("rss", 1, size_mib * MIB, entry_size)
+    led = leds[0]
+    out = {"ledger_mib": size_mib, "bound_mib": mib(BLOCK_SIZE * (CONCURRENCY + 1)),
+           "reader_inflight_mib": mib(t2reader.READ_AHEAD * t2reader.MAX_RANGE), "moto_rss_before": env.moto_rss()}
+    rows = {}
+    rows["offload"] = run_child(env, "offload", topic=topic, ledger_id=led.ledger_id)
+    out["moto_rss_after_offload"] = env.moto_rss()
+    rows["upload_file"] = run_child(env, "upload_file", topic=topic, ledger_id=led.ledger_id, path=str(paths[0]),
+                                    key="peer/rss")
+    env.s3.delete_object(Bucket=env.bucket, Key="peer/rss")
+    led = env.deps.meta.mark_tier1_deleted(env.deps.meta.get_ledger(topic, led.ledger_id))
+    paths[0].unlink()
+    ch = env.deps.meta.get_chunk(led)
+    kw = {}
+    if read_mib is not None and read_mib < size_mib:
+        kw["last_entry"] = min(led.entry_count, (read_mib * MIB) // entry_size) - 1
+    rows["read"] = run_child(env, "read", topic=topic, ledger_id=led.ledger_id, **kw)
+    rows["raw_get"] = run_child(env, "raw_get", topic=topic, ledger_id=led.ledger_id, key=ch.data_key)
+    out["moto_rss_after_reads"] = env.moto_rss()
+    env.reset()
+    for name, r in rows.items():
+        r["peak_mib"] = rnd(mib(r["peak"]))
+        r["baseline_mib"] = rnd(mib(r["baseline_rss"]))
+        r["growth_mib"] = rnd(mib(r["peak"] - r["baseline_rss"]))
+        r["mib_s"] = rnd(mib(r["bytes"]) / r["seconds"])
+        r["mib"] = rnd(mib(r["bytes"]))
+    out["children"] = rows
+    for name, r in rows.items():
+        print(f"peak RSS {name:<12} {r['peak_mib']:7.1f} MiB (baseline {r['baseline_mib']:.1f}, growth "
+              f"{r['growth_mib']:.1f}; {r['mib']:.0f} MiB at {r['mib_s']:.1f} MiB/s)", flush=True)
+    print(f"bound block x (concurrency+1) = {out['bound_mib']:.0f} MiB; moto RSS {out['moto_rss_after_reads']} MiB",
+          flush=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ report
+
+def report(result: dict) -> str:
+    m = result["machine"]
+    L = [f"# Tier-2 benchmark ({'quick' if result['quick'] else 'full'} run, {result['date']})", "",
+         f"Machine: {m['cpus']} cores, Python {m['python']}, {m['platform']}; boto3 {m['boto3']}, "
+         f"s3transfer {m['s3transfer']}. Endpoint: {result['endpoint_kind']}. Entries of {result['entry_size']} "
+         f"bytes; block size {mib(BLOCK_SIZE):.0f} MiB, {CONCURRENCY} parts in flight. Ours and the peer run "
+         "alternately (A B, B A, ...) on the same endpoint; medians; ratio = ours / peer (>1: ours faster, "
+         "except where a row says otherwise).", ""]
+    if "offload" in result:
+        L += ["## 1. Offload throughput (MiB/s of ledger payload)", "",
+              "Ours: `offload_ledger` per ledger, one after another (metadata transactions, multipart upload, "
+              "CRC32C per part, index object). Peer: boto3 `upload_file` of the tier-1 file, one after another "
+              "(s3transfer classic, same part size and concurrency, CRC32C). For several ledgers also one "
+              "s3transfer TransferManager given all files at once.", "",
+              "| case | ours | peer | ratio |", "|---|---:|---:|---:|"]
+        for r in result["offload"]:
+            case = f"{r['ledgers']} x {r['ledger_mib']} MiB ({r['runs']} runs)"
+            L.append(f"| {case} vs upload_file | {r['ours_mib_s']} | {r['s3transfer_mib_s']} | {r['ratio']:.2f} |")
+            if "s3transfer_tm_mib_s" in r:
+                L.append(f"| {case} vs TransferManager, all files at once | {r['ours_mib_s']} | "
+                         f"{r['s3transfer_tm_mib_s']} | {r['ratio_tm']:.2f} |")
+        L.append("")
+    if "sequential" in result:
+        s = result["sequential"]
+        L += [f"## 2. Sequential catch-up read of a {s['ledger_mib']} MiB offloaded ledger (MiB/s of the "
+              f"{s['object_mib']} MiB data object, {s['runs']} runs)", "",
+              "Ours: ReadHandle over `tier2_opener` (ranged GETs growing 64 KiB -> 4 MiB, 4 in flight). "
+              "Pulsar-style: one 1 MiB buffer, one ranged GET at a time, no read-ahead. Raw: one streaming GET of "
+              "the whole object (`iter_chunks`), no parsing: the endpoint's ceiling.", "",
+              "| case | ours | peer | ratio |", "|---|---:|---:|---:|",
+              f"| vs Pulsar-style reader | {s['mib_s']['ours']} | {s['mib_s']['pulsar_style']} | "
+              f"{s['ratio_ours_pulsar']:.2f} |",
+              f"| vs raw streaming GET | {s['mib_s']['ours']} | {s['mib_s']['raw_get']} | {s['ratio_ours_raw']:.3f} |",
+              f"| Pulsar-style vs raw streaming GET | {s['mib_s']['pulsar_style']} | {s['mib_s']['raw_get']} | "
+              f"{s['ratio_pulsar_raw']:.3f} |",
+              f"| S3 requests per read (ours / Pulsar-style / raw) | {s['requests']['ours']} | "
+              f"{s['requests']['pulsar_style']} / {s['requests']['raw_get']} | |", "",
+              "On moto every ranged GET copies the whole object server-side, so a ranged read costs in proportion "
+              "to the object's size times the number of requests; the ratio against the raw GET on the same "
+              "endpoint shows how much of that is the endpoint. On real S3 a ranged GET costs a round trip plus "
+              "its bytes.", ""]
+    if "random" in result:
+        r = result["random"]
+        o, p = r["ours"], r["pulsar_style"]
+        L += [f"## 3. Cold random entry reads ({r['reads']} entries of a {r['object_mib']} MiB object, fresh "
+              "reader and caches per read, index fetch included)", "",
+              "| case | ours | peer (Pulsar-style) | ratio (lower is better) |", "|---|---:|---:|---:|",
+              f"| median latency (ms) | {o['median_ms']} | {p['median_ms']} | {r['ratio_latency']:.2f} |",
+              f"| p90 latency (ms) | {o['p90_ms']} | {p['p90_ms']} | {o['p90_ms'] / p['p90_ms']:.2f} |",
+              f"| S3 requests per read (mean) | {o['requests_mean']} | {p['requests_mean']} | "
+              f"{r['ratio_requests']:.2f} |",
+              f"| S3 requests per read (max) | {o['requests_max']} | {p['requests_max']} | |",
+              f"| MiB asked for per read (mean) | {o['mib_fetched_mean']} | {p['mib_fetched_mean']} | "
+              f"{r['ratio_bytes']:.2f} |", ""]
+    if "rss" in result:
+        x = result["rss"]
+        c = x["children"]
+        L += [f"## 4. Peak RSS, fresh process per row ({x['ledger_mib']} MiB ledger)", "",
+              f"Bound for the offload: block size x (concurrency + 1) = {x['bound_mib']:.0f} MiB above the "
+              f"process's baseline (RSS after imports and setup). The reader keeps up to "
+              f"{x['reader_inflight_mib']:.0f} MiB of ranges in flight. Peak = VmHWM.", "",
+              "| case | ours: peak / growth (MiB) | peer: peak / growth (MiB) | ratio of growth |",
+              "|---|---:|---:|---:|"]
+        for ours, peer, label in (("offload", "upload_file", "offload vs s3transfer upload_file"),
+                                  ("read", "raw_get", "sequential read vs raw streaming GET")):
+            a, b = c[ours], c[peer]
+            ratio = a["growth_mib"] / b["growth_mib"] if b["growth_mib"] > 0 else float("nan")
+            L.append(f"| {label} ({a['mib']:.0f} / {b['mib']:.0f} MiB) | {a['peak_mib']} / {a['growth_mib']} | "
+                     f"{b['peak_mib']} / {b['growth_mib']} | {ratio:.2f} |")
+        L += ["", f"Throughput in those processes: offload {c['offload']['mib_s']} MiB/s, upload_file "
+              f"{c['upload_file']['mib_s']} MiB/s, read {c['read']['mib_s']} MiB/s, raw GET {c['raw_get']['mib_s']} "
+              f"MiB/s. Reader's peak by MiB read: {c['read']['hwm_by_mib']}.", ""]
+    return "\n".join(L) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer runs (~2 minutes)")
+    ap.add_argument("--cases", default="1,2,3,4", help="which cases to run, e.g. 1,2")
+    ap.add_argument("--entry-size", type=int, default=4096, help="payload bytes per entry (default 4096)")
+    ap.add_argument("--rss-mib", type=int, help="ledger size for case 4 (default 1024, quick 128)")
+    ap.add_argument("--rss-read-mib", type=int, help="read back only this many MiB in case 4 (default: all)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--name", help="result file name without suffix (default tier2, tier2-quick with --quick)")
+    ap.add_argument("--child", nargs=2, metavar=("MODE", "ARGS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child_main(args.child[0], json.loads(args.child[1]))
+        return 0
+    plan = dict(QUICK if args.quick else FULL)
+    if args.rss_mib:
+        plan["rss_mib"] = args.rss_mib
+    if args.rss_read_mib:
+        plan["rss_read_mib"] = args.rss_read_mib
+    cases = {int(c) for c in args.cases.split(",")}
+    endpoint = os.environ.get("TIERING_S3_ENDPOINT_URL") or None
+    import s3transfer
+
+    env = Env(endpoint)
+    result = {"quick": args.quick, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                          "platform": platform.platform(), "boto3": boto3.__version__,
+                          "s3transfer": s3transfer.__version__},
+              "endpoint_kind": ("moto server on loopback" if env.moto_pid else (endpoint or "AWS S3")),
+              "entry_size": args.entry_size, "block_size": BLOCK_SIZE, "concurrency": CONCURRENCY, "plan": plan}
+    t_start = time.perf_counter()
+    try:
+        if 1 in cases:
+            result["offload"] = bench_offload(env, plan["offload"], args.entry_size)
+        target = None
+        if 2 in cases or 3 in cases:
+            if 2 in cases:
+                result["sequential"], target = bench_sequential(env, plan["read_mib"], plan["read_runs"],
+                                                                args.entry_size)
+            else:
+                target = offload_one(env, "seq", plan["read_mib"] * MIB, args.entry_size)
+            if 3 in cases:
+                result["random"] = bench_random(env, target, plan["random_reads"], args.entry_size)
+            env.reset()
+        if 4 in cases:
+            result["rss"] = bench_rss(env, plan["rss_mib"], plan["rss_read_mib"], args.entry_size)
+        result["moto_rss_end"] = env.moto_rss()
+    finally:
+        env.close()
+    result["seconds"] = rnd(time.perf_counter() - t_start)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = args.name or ("tier2-quick" if args.quick else "tier2")
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    md = report(result) + f"Run time: {result['seconds']} s. Command: `.venv/bin/python bench/bench_tier2.py" \
+                          f"{' --quick' if args.quick else ''}`.\n"
+    (out / f"{name}.md").write_text(md)
+    print()
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

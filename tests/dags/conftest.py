@@ -1,0 +1,67 @@
+"""An Airflow home of the test run's own (SQLite), connections pointing at the run's database and bucket,
+with a database password and an S3 secret that must never appear in any output."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = f"s3cr3t-{secrets.token_hex(6)}"
+DB_PASSWORD = f"pw-{secrets.token_hex(6)}"
+
+
+def _load_airflow_env():
+    spec = importlib.util.spec_from_file_location("airflow_env", REPO / ".ci" / "airflow_env.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.airflow_env
+
+
+@pytest.fixture(scope="session")
+def airflow(tmp_path_factory, database_url, run_bucket, s3_settings):
+    """Run `airflow ...` with this environment; returns a callable giving CompletedProcess."""
+    home = tmp_path_factory.mktemp("airflow-home")
+    tier1 = tmp_path_factory.mktemp("airflow-tier1")
+    # PostgreSQL here trusts local connections, so a password is accepted and ignored: it lets the test
+    # prove the password never leaks without needing a role that has one.
+    url = make_url(database_url).set(password=DB_PASSWORD).render_as_string(hide_password=False)
+    settings_env = {"TIERING_DATABASE_URL": url, "TIERING_BUCKET": run_bucket, "TIERING_PREFIX": "t/",
+                    "TIERING_TIER1_ROOT": str(tier1), "TIERING_S3_ENDPOINT_URL": s3_settings["endpoint_url"],
+                    "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": SECRET,
+                    "AWS_DEFAULT_REGION": s3_settings["region_name"], "PATH": os.environ["PATH"]}
+    env = {**os.environ, **_load_airflow_env()(settings_env, home)}
+    # The task must get settings from the connections, not from variables it inherits by accident.
+    for name in ("TIERING_DATABASE_URL", "TIERING_BUCKET", "TIERING_S3_ENDPOINT_URL", "AWS_SECRET_ACCESS_KEY",
+                 "AWS_ACCESS_KEY_ID", "TIERING_PREFIX"):
+        env.pop(name, None)
+    airflow_bin = str(Path(sys.executable).parent / "airflow")
+
+    def run(*args, timeout=600):
+        return subprocess.run([airflow_bin, *args], env=env, capture_output=True, text=True, timeout=timeout,
+                              cwd=home)
+
+    for cmd in (["db", "migrate"], ["pools", "set", "tiering_spark", "2", "tiering Spark jobs"]):
+        done = run(*cmd)
+        assert done.returncode == 0, done.stderr[-2000:]
+    run.home = home
+    run.tier1_root = tier1
+    run.settings_env = settings_env
+    return run
+
+
+def dags_test(airflow, dag_id: str, conf: dict | None = None):
+    args = ["dags", "test", dag_id]
+    if conf is not None:
+        args += ["-c", json.dumps(conf)]
+    done = airflow(*args)
+    output = done.stdout + done.stderr
+    assert SECRET not in output and DB_PASSWORD not in output, "a secret leaked into Airflow's output"
+    return done, output

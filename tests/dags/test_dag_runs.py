@@ -1,0 +1,118 @@
+"""Every DAG run for real: `airflow dags test` submits the Spark job on local[2] against the run's
+PostgreSQL and loopback S3, with settings from the Airflow connections only; then its effect is checked in
+metadata and in the bucket. No output may contain the S3 secret or the database password."""
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from tests.dags.conftest import dags_test
+from tests.integration.helpers import bucket_keys, entries, make_deps, produce
+from tiering.model import LedgerState as S, Position, TopicPolicy
+from tiering.ops.offload import offload_many
+from tiering.read import Entry, Gap, ReadHandle
+from tiering.tier2.reader import tier2_opener
+
+pytestmark = pytest.mark.slow
+BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
+
+
+@pytest.fixture(scope="module")
+def deps(airflow, engine, s3_client, run_bucket):
+    from sqlalchemy import text as sql
+
+    with engine.begin() as conn:
+        conn.execute(sql("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
+                         "tiering.attribute, tiering.job_run RESTART IDENTITY CASCADE"))
+    return make_deps(engine, s3_client, run_bucket, airflow.tier1_root)
+
+
+def read(deps, topic):
+    return list(ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket)).read(topic))
+
+
+def last_job_run(deps, job):
+    with deps.meta.engine.connect() as conn:
+        return conn.execute(text("SELECT status, items_done, items_failed FROM tiering.job_run WHERE job = :j "
+                                 "ORDER BY run_id DESC LIMIT 1"), {"j": job}).one()
+
+
+def states(deps, topic):
+    return [led.state for led in deps.meta.list_ledgers(topic)]
+
+
+def test_offload_by_age(airflow, deps):
+    produce(deps, "age", [entries("a", 20, 500), entries("b", 20, 500)], TopicPolicy(offload_after_seconds=0,
+            deletion_lag_seconds=0, **BIG), open_tail=[b"open"])
+    produce(deps, "never", [entries("n", 5, 10)], TopicPolicy(**BIG))
+    done, out = dags_test(airflow, "tiering_offload_by_age")
+    assert done.returncode == 0, out[-3000:]
+    assert states(deps, "age") == [S.OFFLOADED, S.OFFLOADED, S.OPEN]
+    assert states(deps, "never") == [S.SEALED]
+    assert last_job_run(deps, "offload") == ("SUCCEEDED", 2, 0)
+
+
+def test_offload_by_size(airflow, deps):
+    produce(deps, "size", [entries(f"s{i}", 10, 100) for i in range(4)],
+            TopicPolicy(offload_threshold_bytes=2500, **BIG))
+    done, out = dags_test(airflow, "tiering_offload_by_size", {"topic": "size"})
+    assert done.returncode == 0, out[-3000:]
+    # 1000 bytes each, newest to oldest: sums 1000, 2000, 3000 (over), 4000 -> ledgers 0 and 1
+    assert states(deps, "size") == [S.OFFLOADED, S.OFFLOADED, S.SEALED, S.SEALED]
+
+
+def test_offload_prefix_with_params_and_a_refused_position(airflow, deps):
+    produce(deps, "prefix", [[b"a"], [b"b"], [b"c"]], TopicPolicy(**BIG), open_tail=[b"d"])
+    done, out = dags_test(airflow, "tiering_offload_prefix", {"topic": "prefix", "position": "2:0"})
+    assert done.returncode == 0, out[-3000:]
+    assert states(deps, "prefix") == [S.OFFLOADED, S.OFFLOADED, S.SEALED, S.OPEN]
+    done, out = dags_test(airflow, "tiering_offload_prefix", {"topic": "prefix", "position": "two"})
+    assert done.returncode != 0 and "does not match" in out
+    assert states(deps, "prefix") == [S.OFFLOADED, S.OFFLOADED, S.SEALED, S.OPEN]
+
+
+def test_delete_lagged_then_reads_come_from_tier2(airflow, deps):
+    expected = {(e.ledger_id, e.entry_id): e.data for e in read(deps, "age") if isinstance(e, Entry)}
+    done, out = dags_test(airflow, "tiering_delete_lagged", {"topic": "age"})
+    assert done.returncode == 0, out[-3000:]
+    assert [led.tier1_present for led in deps.meta.list_ledgers("age")] == [False, False, True]
+    assert not deps.tier1.exists("age", 0)
+    assert {(e.ledger_id, e.entry_id): e.data for e in read(deps, "age") if isinstance(e, Entry)} == expected
+
+
+def test_defrag_merges_the_small_objects(airflow, deps):
+    produce(deps, "frag", [entries(f"f{i}", 5, 300) for i in range(4)], TopicPolicy(**BIG), open_tail=[b"x"])
+    offload_many(deps, deps.meta.list_ledgers("frag", [S.SEALED]))
+    before = {(e.ledger_id, e.entry_id): e.data for e in read(deps, "frag") if isinstance(e, Entry)}
+    done, out = dags_test(airflow, "tiering_defrag", {"topic": "frag"})
+    assert done.returncode == 0, out[-3000:]
+    assert len({c.data_key for c in deps.meta.chunks("frag").values()}) == 1
+    assert {(e.ledger_id, e.entry_id): e.data for e in read(deps, "frag") if isinstance(e, Entry)} == before
+
+
+def test_retention_trims_the_head(airflow, deps):
+    produce(deps, "ret", [entries(f"r{i}", 4, 250) for i in range(3)], TopicPolicy(retention_bytes=1000, **BIG),
+            open_tail=[b"o"])
+    offload_many(deps, deps.meta.list_ledgers("ret", [S.SEALED])[:1])
+    done, out = dags_test(airflow, "tiering_retention", {"topic": "ret"})
+    assert done.returncode == 0, out[-3000:]
+    assert states(deps, "ret") == [S.DELETED, S.DELETED, S.SEALED, S.OPEN]
+    assert read(deps, "ret")[0] == Gap("TRIMMED", Position(0, 0), Position(1, 3))
+
+
+def test_gc_leaves_exactly_the_referenced_objects(airflow, deps):
+    done, out = dags_test(airflow, "tiering_gc")
+    assert done.returncode == 0, out[-3000:]
+    with deps.meta.engine.connect() as conn:
+        refs = {k for r in conn.execute(text("SELECT data_key, index_key FROM tiering.chunk")) for k in r}
+        pending = conn.execute(text("SELECT count(*) FROM tiering.gc_task WHERE not_before <= now()")).scalar()
+    assert pending == 0
+    keys = bucket_keys(deps)
+    assert refs <= keys
+    # what remains unreferenced is exactly what waits for its GC delay (readers of old metadata)
+    assert keys - refs <= _delayed_keys(deps)
+
+
+def _delayed_keys(deps):
+    with deps.meta.engine.connect() as conn:
+        return set(conn.execute(text("SELECT key FROM tiering.gc_task")).scalars())

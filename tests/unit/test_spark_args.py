@@ -1,0 +1,51 @@
+"""spark-submit arguments are built by a pure function: assert them as lists."""
+import pytest
+
+from tiering.errors import BadInput
+from tiering.jobs.spec import JOBS, spark_submit_args
+
+
+def test_every_dag_of_the_design_is_there():
+    assert sorted(JOBS) == sorted([
+        "tiering_offload_by_age", "tiering_offload_by_size", "tiering_offload_prefix", "tiering_delete_lagged",
+        "tiering_retention", "tiering_defrag", "tiering_gc", "tiering_metadata_export"])
+    assert JOBS["tiering_offload_prefix"].schedule is None
+    assert all(JOBS[d].application == "offload.py" for d in JOBS if "offload" in d)
+
+
+@pytest.mark.parametrize("dag_id,kwargs,expected", [
+    ("tiering_offload_by_age", {}, ["--by=age"]),
+    ("tiering_offload_by_size", {"topic": "orders"}, ["--by=size", "--topic=orders"]),
+    ("tiering_offload_prefix", {"topic": "orders", "position": "12:0"}, ["--prefix=orders", "--position=12:0"]),
+    ("tiering_offload_prefix", {"topic": "-x --by=age", "position": "1:2"}, ["--prefix=-x --by=age", "--position=1:2"]),
+    ("tiering_delete_lagged", {}, []),
+    ("tiering_retention", {"topic": "a/../b"}, ["--topic=a/../b"]),
+    ("tiering_gc", {}, []),
+    ("tiering_metadata_export", {"dest": "s3://b/x"}, ["--dest=s3://b/x"]),
+])
+def test_args(dag_id, kwargs, expected):
+    assert spark_submit_args(dag_id, **kwargs) == expected
+
+
+@pytest.mark.parametrize("dag_id,kwargs", [
+    ("tiering_offload_prefix", {"topic": "t"}),
+    ("tiering_offload_prefix", {"topic": "t", "position": "12"}),
+    ("tiering_offload_prefix", {"topic": "t", "position": "1:2; rm -rf /"}),
+    ("tiering_offload_prefix", {"topic": "", "position": "1:2"}),
+    ("tiering_offload_prefix", {"topic": "x" * 1025, "position": "1:2"}),
+    ("tiering_gc", {"position": "1:2"}),
+    ("tiering_retention", {"dest": "/tmp"}),
+    ("nope", {}),
+])
+def test_bad_args_are_refused(dag_id, kwargs):
+    with pytest.raises(BadInput):
+        spark_submit_args(dag_id, **kwargs)
+
+
+def test_job_parsers_read_back_what_the_builder_writes():
+    from tiering.jobs.offload import build_parser
+
+    args = build_parser().parse_args(spark_submit_args("tiering_offload_prefix", topic="-x", position="3:4"))
+    assert (args.prefix, args.position, args.by) == ("-x", "3:4", None)
+    args = build_parser().parse_args(spark_submit_args("tiering_offload_by_size", topic="--by=age"))
+    assert (args.by, args.topic) == ("size", "--by=age")

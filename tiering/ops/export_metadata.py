@@ -1,0 +1,573 @@
+"""Parquet snapshot of the metadata tables, and its restore (DESIGN §4, §5 `tiering_metadata_export`).
+
+Layout under a base path (local directory or `s3://bucket/prefix`):
+
+    {base}/topic/part-00000.parquet      one dataset per table, more parts when large
+    {base}/ledger/part-00000.parquet
+    {base}/chunk/...  {base}/gc_task/...  {base}/attribute/...  {base}/job_run/...
+    {base}/manifest.json                 written LAST: without it the export is incomplete
+
+Types keep exact values: timestamps are `timestamp[us, tz=UTC]` (PostgreSQL's precision), bigints int64,
+`gc_task.attempts` int32, uuids and the ledger state as strings, `job_run.details` (jsonb) as its JSON text.
+The manifest names the schema migrations applied, each table's files and row counts, the sequences' last
+values, the export time (the snapshot's transaction time) and the format version.
+
+`export_metadata` reads every table in one REPEATABLE READ, read-only transaction, so the files are one
+consistent snapshot (no chunk without its ledger), streaming each table through a server-side cursor in
+batches: memory is bounded by the batch size whatever the tables' sizes.
+
+`import_metadata` restores an export into an EMPTY, migrated schema in one transaction (all or nothing):
+tables locked, FK order, ids preserved, the bigserial sequences moved past the imported ids, the deferred
+ledger/chunk constraint triggers checked before the commit. It refuses (BadInput, nothing changed) when a
+table holds rows, the manifest is missing or malformed, or the migrations differ.
+
+For the Spark job (`tiering/jobs/export_metadata.py`): `table_names()`, `arrow_schema(table)`,
+`jdbc_query(table)` (the SELECT to give Spark's JDBC reader, with the casts that make every column a plain
+type), `rows_to_table(table, rows)` (row dicts as JDBC/Spark give them -> a pyarrow Table of exactly that
+schema), `write_part` on executors, then `build_manifest` + `write_manifest` on the driver, last.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import enum
+import json
+import uuid as _uuid
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Mapping, Sequence
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from sqlalchemy import BigInteger, Boolean, DateTime, Integer, Text, bindparam, cast, func, insert, select, text
+from sqlalchemy.dialects.postgresql import ENUM, JSONB, UUID
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+
+from tiering.errors import BadInput, TieringError
+from tiering.metadata import tables as T
+
+FORMAT = "tiering-metadata-export"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+DEFAULT_BATCH_ROWS = 10_000
+DEFAULT_ROWS_PER_PART = 1_000_000
+
+# FK order: parents before children (import inserts in this order).
+_TABLES = (T.topic, T.ledger, T.chunk, T.gc_task, T.attribute, T.job_run)
+_BY_NAME = {t.name: t for t in _TABLES}
+# bigserial columns whose sequences import moves past the imported ids
+_SERIALS = {"topic": "topic_id", "gc_task": "task_id", "job_run": "run_id"}
+_UTC = _dt.timezone.utc
+
+
+# ----------------------------------------------------------------------------------------------- schema
+def table_names() -> list[str]:
+    """The exported tables, in FK order (import order)."""
+    return [t.name for t in _TABLES]
+
+
+def _table(name: str):
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise BadInput(f"unknown metadata table {name!r}; expected one of {', '.join(table_names())}") from None
+
+
+def _arrow_type(col) -> pa.DataType:
+    t = col.type
+    if isinstance(t, (JSONB, UUID, ENUM, Text)):  # ENUM before nothing else: it subclasses String
+        return pa.string()
+    if isinstance(t, BigInteger):
+        return pa.int64()
+    if isinstance(t, Integer):
+        return pa.int32()
+    if isinstance(t, Boolean):
+        return pa.bool_()
+    if isinstance(t, DateTime):
+        return pa.timestamp("us", tz="UTC")
+    raise TypeError(f"no Arrow type for {col.table.name}.{col.name} ({t!r})")  # a new column type: add it here
+
+
+def _pg_kind(col) -> str:
+    t = col.type
+    if isinstance(t, JSONB):
+        return "jsonb"
+    if isinstance(t, UUID):
+        return "uuid"
+    if isinstance(t, ENUM):
+        return "enum"
+    return ""
+
+
+def arrow_schema(table: str) -> pa.Schema:
+    """The Arrow schema of one table's files: column order and nullability as in PostgreSQL."""
+    tbl = _table(table)
+    fields = []
+    for c in tbl.columns:
+        kind = _pg_kind(c)
+        fields.append(pa.field(c.name, _arrow_type(c), nullable=c.nullable,
+                               metadata={"pg_type": kind} if kind else None))
+    return pa.schema(fields, metadata={"tiering.table": table, "tiering.format_version": str(FORMAT_VERSION)})
+
+
+def _select(tbl):
+    """SELECT with jsonb as its PostgreSQL text (what JDBC gives too), ordered by primary key."""
+    cols = [cast(c, Text).label(c.name) if isinstance(c.type, JSONB) else c for c in tbl.columns]
+    return select(*cols).order_by(*tbl.primary_key.columns)
+
+
+def jdbc_query(table: str) -> str:
+    """The SELECT a Spark JDBC reader should run for `table` (option `query`): uuid, enum and jsonb come as
+    text, so Spark sees strings, longs, ints, booleans and timestamps only. Set the Spark session time zone
+    to UTC (spark.sql.session.timeZone=UTC) so timestamps are not shifted."""
+    tbl = _table(table)
+    cols = []
+    for c in tbl.columns:
+        cols.append(f"{c.name}::text AS {c.name}" if _pg_kind(c) else c.name)
+    return f"SELECT {', '.join(cols)} FROM tiering.{tbl.name}"
+
+
+# ----------------------------------------------------------------------------------------------- rows
+def _to_utc(v, naive_tz: _dt.tzinfo, where: str) -> _dt.datetime:
+    if isinstance(v, str):
+        v = _dt.datetime.fromisoformat(v)
+    if not isinstance(v, _dt.datetime):
+        raise BadInput(f"{where}: expected a timestamp, got {type(v).__name__}")
+    if v.tzinfo is None or v.tzinfo.utcoffset(v) is None:
+        v = v.replace(tzinfo=naive_tz)
+    return v.astimezone(_UTC)
+
+
+def _to_text(v, kind: str, where: str) -> str:
+    if isinstance(v, str):
+        return v
+    if kind == "jsonb":
+        return json.dumps(v, ensure_ascii=False, allow_nan=False)
+    if isinstance(v, _uuid.UUID):
+        return str(v)
+    if isinstance(v, enum.Enum):
+        return str(v.value)
+    raise BadInput(f"{where}: expected text, got {type(v).__name__}")
+
+
+def _to_int(v, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        raise BadInput(f"{where}: expected an integer, got {v!r}")
+    return v
+
+
+def rows_to_table(table: str, rows: Iterable[Mapping], naive_tz: str | _dt.tzinfo = "UTC") -> pa.Table:
+    """Row dicts (psycopg2 rows, JDBC/Spark `Row.asDict()`, ...) -> a pyarrow Table of `arrow_schema(table)`.
+
+    Accepts per column: timestamps as aware datetimes (converted to UTC), naive datetimes (taken to be in
+    `naive_tz`: PySpark hands TimestampType out as naive local time, so pass the executor's zone then) or
+    ISO strings; uuids as UUID or str; the state as str or enum; jsonb as JSON text or a dict/list (dumped).
+    A missing or NULL value in a NOT NULL column, or a value of the wrong kind, raises BadInput."""
+    schema = arrow_schema(table)
+    tbl = _table(table)
+    tz = ZoneInfo(naive_tz) if isinstance(naive_tz, str) else naive_tz
+    cols: dict[str, list] = {c.name: [] for c in tbl.columns}
+    converters = []
+    for c, f in zip(tbl.columns, schema):
+        if pa.types.is_timestamp(f.type):
+            conv = lambda v, w: _to_utc(v, tz, w)  # noqa: E731
+        elif pa.types.is_string(f.type):
+            conv = (lambda k: lambda v, w: _to_text(v, k, w))(_pg_kind(c))
+        elif pa.types.is_boolean(f.type):
+            conv = lambda v, w: v if isinstance(v, bool) else _bad_bool(v, w)  # noqa: E731
+        else:
+            conv = lambda v, w: _to_int(v, w)  # noqa: E731
+        converters.append((c.name, f.nullable, conv, cols[c.name]))
+    for n, row in enumerate(rows):
+        for name, nullable, conv, out in converters:
+            v = row.get(name) if hasattr(row, "get") else row[name]
+            if v is None:
+                if not nullable:
+                    raise BadInput(f"{table} row {n}: column {name} is NOT NULL but the value is missing")
+                out.append(None)
+            else:
+                out.append(conv(v, f"{table} row {n} column {name}"))
+    return pa.Table.from_pydict(cols, schema=schema)
+
+
+def _bad_bool(v, where: str):
+    raise BadInput(f"{where}: expected a boolean, got {v!r}")
+
+
+# ----------------------------------------------------------------------------------------------- filesystem
+def filesystem_for(url: str, settings=None, *, endpoint_url: str | None = None, access_key: str | None = None,
+                   secret_key: str | None = None, region: str | None = None) -> tuple[pafs.FileSystem, str]:
+    """(pyarrow filesystem, base path) for `s3://bucket/path` or a local path (or `file://` URL).
+
+    S3 settings come from the keywords, else from a settings-like object (`s3_endpoint_url`,
+    `aws_access_key_id`, `aws_secret_access_key`, `aws_region`, as `tiering.config.Settings`), else from
+    pyarrow's default chain. An endpoint like `http://host:port` selects that host and scheme."""
+    if not isinstance(url, str) or not url.strip():
+        raise BadInput("export location must be a local path or s3://bucket/path")
+    url = url.strip()
+    parts = urlsplit(url)
+    if parts.scheme in ("s3", "s3a"):
+        if not parts.netloc:
+            raise BadInput(f"export location {url!r} names no bucket (expected s3://bucket/path)")
+        endpoint = endpoint_url or getattr(settings, "s3_endpoint_url", None)
+        kwargs = {"region": region or getattr(settings, "aws_region", None) or "us-east-1"}
+        ak = access_key or getattr(settings, "aws_access_key_id", None)
+        sk = secret_key or getattr(settings, "aws_secret_access_key", None)
+        if ak and sk:
+            kwargs.update(access_key=ak, secret_key=sk)
+        if endpoint:
+            ep = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+            kwargs.update(endpoint_override=ep.netloc, scheme=ep.scheme or "https")
+        base = f"{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
+        return pafs.S3FileSystem(**kwargs), base
+    if parts.scheme == "file":
+        return pafs.LocalFileSystem(), parts.path.rstrip("/") or "/"
+    if parts.scheme and len(parts.scheme) > 1:
+        raise BadInput(f"export location {url!r}: unsupported scheme {parts.scheme!r} (use s3:// or a path)")
+    import os
+
+    return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(url))
+
+
+def _is_local(fs: pafs.FileSystem) -> bool:
+    return fs.type_name == "local"
+
+
+def _join(base: str, *names: str) -> str:
+    return "/".join([base.rstrip("/"), *names])
+
+
+def part_path(table: str, part_no: int) -> str:
+    """A part's path relative to the base path."""
+    _table(table)
+    return f"{table}/part-{part_no:05d}.parquet"
+
+
+def _exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+# ----------------------------------------------------------------------------------------------- manifest
+@dataclass(frozen=True)
+class PartFile:
+    path: str  # relative to the base path
+    rows: int
+
+
+@dataclass
+class TableManifest:
+    rows: int
+    files: list[PartFile]
+
+
+@dataclass
+class Manifest:
+    format_version: int
+    exported_at: str  # ISO 8601, UTC: the snapshot's transaction time
+    migrations: list[dict]  # [{"name": ..., "checksum": ...}] in order
+    tables: dict[str, TableManifest]
+    sequences: dict[str, int | None] = field(default_factory=dict)  # "table.column" -> last value
+    format: str = FORMAT
+
+    @property
+    def row_counts(self) -> dict[str, int]:
+        return {name: t.rows for name, t in self.tables.items()}
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, data: str, where: str) -> "Manifest":
+        try:
+            d = json.loads(data)
+            if d.get("format") != FORMAT:
+                raise BadInput(f"{where} is not a tiering metadata export manifest")
+            if d.get("format_version") != FORMAT_VERSION:
+                raise BadInput(f"{where}: export format version {d.get('format_version')!r}, this version reads "
+                               f"{FORMAT_VERSION}")
+            tables = {name: TableManifest(int(t["rows"]), [PartFile(str(f["path"]), int(f["rows"]))
+                                                           for f in t["files"]])
+                      for name, t in d["tables"].items()}
+            return cls(FORMAT_VERSION, str(d["exported_at"]),
+                       [{"name": str(m["name"]), "checksum": str(m["checksum"])} for m in d["migrations"]],
+                       tables, {str(k): (None if v is None else int(v)) for k, v in d.get("sequences", {}).items()})
+        except BadInput:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise BadInput(f"{where} is malformed: {type(exc).__name__}: {exc}") from None
+
+
+def _migrations(conn: Connection) -> list[dict]:
+    if not conn.execute(text("SELECT to_regclass('tiering.schema_migrations')")).scalar():
+        return []
+    return [{"name": n, "checksum": c} for n, c in conn.execute(
+        text("SELECT name, checksum FROM tiering.schema_migrations ORDER BY name"))]
+
+
+def _sequences(conn: Connection) -> dict[str, int | None]:
+    out = {}
+    for table, col in _SERIALS.items():
+        seq = conn.execute(text("SELECT pg_get_serial_sequence(:t, :c)"),
+                           {"t": f"tiering.{table}", "c": col}).scalar()
+        row = conn.execute(text(f"SELECT last_value, is_called FROM {seq}")).one()
+        out[f"{table}.{col}"] = row.last_value if row.is_called else None
+    return out
+
+
+def build_manifest(engine_or_conn, parts: Mapping[str, Sequence[PartFile]],
+                   exported_at: _dt.datetime | None = None) -> Manifest:
+    """The manifest of an export whose parts were written (e.g. by Spark executors): migrations and
+    sequences are read from the database now. Every table must have at least one part."""
+    missing = [t for t in table_names() if not parts.get(t)]
+    if missing:
+        raise BadInput(f"no parts for tables {', '.join(missing)} (an empty table still gets one empty part)")
+
+    def build(conn: Connection) -> Manifest:
+        at = exported_at or conn.execute(select(func.now())).scalar_one()
+        return Manifest(FORMAT_VERSION, at.astimezone(_UTC).isoformat(), _migrations(conn),
+                        {t: TableManifest(sum(p.rows for p in parts[t]), list(parts[t])) for t in table_names()},
+                        _sequences(conn))
+
+    if isinstance(engine_or_conn, Connection):
+        return build(engine_or_conn)
+    with engine_or_conn.connect() as conn:
+        return build(conn)
+
+
+def write_manifest(fs: pafs.FileSystem, base_path: str, manifest: Manifest) -> str:
+    """Write the manifest (last step of an export). Atomic: a temporary file renamed on local disks; a
+    single PUT (visible only when complete) on S3."""
+    path = _join(base_path, MANIFEST)
+    data = manifest.to_json().encode()
+    if _is_local(fs):
+        fs.create_dir(base_path, recursive=True)
+        tmp = path + ".tmp"
+        with fs.open_output_stream(tmp) as out:
+            out.write(data)
+        fs.move(tmp, path)
+    else:
+        with fs.open_output_stream(path) as out:
+            out.write(data)
+    return path
+
+
+def read_manifest(fs: pafs.FileSystem, base_path: str) -> Manifest:
+    path = _join(base_path, MANIFEST)
+    try:
+        with fs.open_input_stream(path) as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise BadInput(f"no {MANIFEST} at {base_path!r}: not a metadata export, or an incomplete one") from None
+    except OSError as exc:
+        if not _exists(fs, path):
+            raise BadInput(f"no {MANIFEST} at {base_path!r}: not a metadata export, or an incomplete one") from None
+        raise TieringError(f"cannot read {path}: {exc}") from None
+    return Manifest.from_json(data.decode("utf-8", errors="replace"), path)
+
+
+# ----------------------------------------------------------------------------------------------- export
+def write_part(fs: pafs.FileSystem, base_path: str, table: str, part_no: int, data: pa.Table) -> PartFile:
+    """Write one part file of a table (used by executors of the Spark job, and by export_metadata)."""
+    schema = arrow_schema(table)
+    if not data.schema.equals(schema, check_metadata=False):
+        data = data.cast(schema)
+    rel = part_path(table, part_no)
+    with _PartWriter(fs, base_path, table, rel, schema) as w:
+        w.write(data)
+    return PartFile(rel, data.num_rows)
+
+
+class _PartWriter:
+    def __init__(self, fs: pafs.FileSystem, base_path: str, table: str, rel: str, schema: pa.Schema):
+        if _is_local(fs):
+            fs.create_dir(_join(base_path, table), recursive=True)
+        self.sink = fs.open_output_stream(_join(base_path, rel))
+        self.writer = pq.ParquetWriter(self.sink, schema, compression="zstd")
+        self.rows = 0
+
+    def write(self, data: pa.Table) -> None:
+        self.writer.write_table(data)
+        self.rows += data.num_rows
+
+    def __enter__(self) -> "_PartWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.writer.close()
+        finally:
+            self.sink.close()
+
+
+def export_metadata(engine: Engine, fs: pafs.FileSystem, base_path: str, batch_rows: int = DEFAULT_BATCH_ROWS,
+                    rows_per_part: int = DEFAULT_ROWS_PER_PART, overwrite: bool = False) -> Manifest:
+    """Write a consistent Parquet snapshot of the metadata tables under `base_path`; returns its manifest.
+
+    Refuses (BadInput) to write over a complete export unless `overwrite`; then the old manifest is deleted
+    first, so a failure midway leaves a recognisably incomplete export, never a mixed one."""
+    if batch_rows < 1 or rows_per_part < 1:
+        raise BadInput("batch_rows and rows_per_part must be positive")
+    manifest_path = _join(base_path, MANIFEST)
+    if _exists(fs, manifest_path):
+        if not overwrite:
+            raise BadInput(f"{base_path!r} already holds a complete export; choose a new location")
+        fs.delete_file(manifest_path)
+    if overwrite:  # stale parts of a larger earlier export must not linger next to ours
+        for t in table_names():
+            if _exists(fs, _join(base_path, t)):
+                fs.delete_dir_contents(_join(base_path, t), missing_dir_ok=True)
+
+    with engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+        with conn.begin():
+            exported_at = conn.execute(select(func.now())).scalar_one()
+            parts = {t.name: _export_table(conn, fs, base_path, t, batch_rows, rows_per_part) for t in _TABLES}
+            manifest = build_manifest(conn, parts, exported_at)
+    write_manifest(fs, base_path, manifest)
+    return manifest
+
+
+def _export_table(conn: Connection, fs: pafs.FileSystem, base_path: str, tbl, batch_rows: int,
+                  rows_per_part: int) -> list[PartFile]:
+    schema = arrow_schema(tbl.name)
+    parts: list[PartFile] = []
+    writer: _PartWriter | None = None
+    try:
+        result = conn.execution_options(stream_results=True, yield_per=batch_rows).execute(_select(tbl))
+        for batch in result.partitions():
+            rows = [r._mapping for r in batch]
+            while rows:
+                if writer is None:
+                    writer = _PartWriter(fs, base_path, tbl.name, part_path(tbl.name, len(parts)), schema)
+                take = rows[:rows_per_part - writer.rows]
+                rows = rows[len(take):]
+                writer.write(rows_to_table(tbl.name, take))
+                if writer.rows >= rows_per_part:
+                    writer.__exit__(None, None, None)
+                    parts.append(PartFile(part_path(tbl.name, len(parts)), writer.rows))
+                    writer = None
+        if writer is None and not parts:  # an empty table still has one (empty) part with its schema
+            writer = _PartWriter(fs, base_path, tbl.name, part_path(tbl.name, 0), schema)
+        if writer is not None:
+            writer.__exit__(None, None, None)
+            parts.append(PartFile(part_path(tbl.name, len(parts)), writer.rows))
+            writer = None
+    finally:
+        if writer is not None:
+            writer.__exit__(None, None, None)
+    return parts
+
+
+# ----------------------------------------------------------------------------------------------- import
+@dataclass
+class ImportReport:
+    rows: dict[str, int]
+    exported_at: str
+    sequences: dict[str, int]
+
+
+def _insert_statement(tbl):
+    values = {}
+    for c in tbl.columns:
+        p = bindparam(f"p_{c.name}", type_=Text if isinstance(c.type, JSONB) else c.type)
+        values[c.name] = cast(p, JSONB) if isinstance(c.type, JSONB) else p
+    return insert(tbl).values(values)
+
+
+def _first_line(exc: Exception) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    return lines[0] if lines else type(orig).__name__
+
+
+def import_metadata(engine: Engine, fs: pafs.FileSystem, base_path: str, batch_rows: int = DEFAULT_BATCH_ROWS,
+                    lock_timeout_seconds: int = 30) -> ImportReport:
+    """Restore an export into an empty, migrated schema: one transaction, all or nothing."""
+    manifest = read_manifest(fs, base_path)
+    if set(manifest.tables) != set(table_names()):
+        raise BadInput(f"export at {base_path!r} has tables {sorted(manifest.tables)}, expected {table_names()}")
+    for t in table_names():
+        for p in manifest.tables[t].files:
+            if not _exists(fs, _join(base_path, p.path)):
+                raise BadInput(f"export at {base_path!r} is incomplete: {p.path} is missing")
+    rows: dict[str, int] = {}
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f"SET LOCAL lock_timeout = '{int(lock_timeout_seconds)}s'"))
+            have = _migrations(conn)
+            if have != manifest.migrations:
+                raise BadInput(
+                    f"export was taken at migrations {[m['name'] for m in manifest.migrations]}, this database has "
+                    f"{[m['name'] for m in have]}" + (" (same names, different checksums)" if
+                                                      [m['name'] for m in have] ==
+                                                      [m['name'] for m in manifest.migrations] else "")
+                    + "; import into a database migrated to the same version")
+            conn.execute(text("LOCK TABLE " + ", ".join(f"tiering.{t}" for t in table_names())
+                              + " IN ACCESS EXCLUSIVE MODE"))
+            busy = [t.name for t in _TABLES if conn.execute(select(text("1")).select_from(t).limit(1)).first()]
+            if busy:
+                raise BadInput(f"refusing to import: tables {', '.join(busy)} hold rows (import restores into a "
+                               "freshly migrated, empty database)")
+            for tbl in _TABLES:
+                rows[tbl.name] = _import_table(conn, fs, base_path, tbl, manifest.tables[tbl.name], batch_rows)
+            sequences = _reset_sequences(conn, manifest)
+            # the deferred ledger<->chunk triggers run now, so a violation is reported like the others
+            conn.execute(text("SET CONSTRAINTS ALL IMMEDIATE"))
+    except (IntegrityError, DataError) as exc:
+        raise BadInput(f"import of {base_path!r} failed, nothing was imported: {_first_line(exc)}") from None
+    except OperationalError as exc:
+        if "lock timeout" in str(exc.orig):
+            raise TieringError("import failed, nothing was imported: the metadata tables are in use "
+                               f"(lock not granted within {lock_timeout_seconds}s)") from None
+        raise
+    return ImportReport(rows, manifest.exported_at, sequences)
+
+
+def _import_table(conn: Connection, fs: pafs.FileSystem, base_path: str, tbl, tm: TableManifest,
+                  batch_rows: int) -> int:
+    schema = arrow_schema(tbl.name)
+    stmt = _insert_statement(tbl)
+    total = 0
+    for part in tm.files:
+        path = _join(base_path, part.path)
+        with fs.open_input_file(path) as f:
+            pf = pq.ParquetFile(f)
+            got = pf.schema_arrow
+            if got.names != schema.names or not all(a.type.equals(b.type) for a, b in zip(got, schema)):
+                raise BadInput(f"{part.path}: columns {got} do not match table {tbl.name} ({schema})")
+            n = 0
+            for batch in pf.iter_batches(batch_size=batch_rows):
+                records = [{f"p_{k}": v for k, v in r.items()} for r in batch.to_pylist()]
+                if records:
+                    conn.execute(stmt, records)
+                n += len(records)
+        if n != part.rows:
+            raise BadInput(f"{part.path} holds {n} rows, the manifest says {part.rows}")
+        total += n
+    if total != tm.rows:
+        raise BadInput(f"table {tbl.name}: {total} rows imported, the manifest says {tm.rows}")
+    return total
+
+
+def _reset_sequences(conn: Connection, manifest: Manifest) -> dict[str, int]:
+    out = {}
+    for table, col in _SERIALS.items():
+        seq = conn.execute(text("SELECT pg_get_serial_sequence(:t, :c)"),
+                           {"t": f"tiering.{table}", "c": col}).scalar()
+        top = conn.execute(text(f"SELECT max({col}) FROM tiering.{table}")).scalar()
+        last = max(v for v in (top, manifest.sequences.get(f"{table}.{col}"), 0) if v is not None)
+        if last > 0:
+            conn.execute(text("SELECT setval(:s, :v, true)"), {"s": seq, "v": last})
+        else:
+            conn.execute(text("SELECT setval(:s, 1, false)"), {"s": seq})
+        out[f"{table}.{col}"] = last
+    return out
+
+
+__all__ = ["FORMAT_VERSION", "MANIFEST", "ImportReport", "Manifest", "PartFile", "TableManifest",
+           "arrow_schema", "build_manifest", "export_metadata", "filesystem_for", "import_metadata", "jdbc_query",
+           "part_path", "read_manifest", "rows_to_table", "table_names", "write_manifest", "write_part"]
