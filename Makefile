@@ -33,14 +33,24 @@ services: venv sysdeps
 schema: services
 	@$(WITH_ENV) && tiering db upgrade
 
-test: schema
+# The package as a py_files archive: how the jobs reach executors on a cluster.
+dist: build/tiering.zip
+build/tiering.zip: $(shell find tiering -name '*.py' -o -name '*.proto' 2>/dev/null) | venv
+	@mkdir -p build
+	@$(PY) -c 'import pathlib, zipfile; z = zipfile.ZipFile("$@", "w", zipfile.ZIP_DEFLATED); \
+	[z.write(p) for p in sorted(pathlib.Path("tiering").rglob("*")) if p.suffix in (".py", ".proto")]'
+
+test: schema dist
 	@$(WITH_ENV) && $(PY) -m pytest -q $(PYTEST_ARGS) tests
 
-demo: schema
+demo: schema dist
 	@$(WITH_ENV) && bash .ci/demo.sh
 
-up: schema
+up: schema dist
 	@$(WITH_ENV) && bash .ci/airflow_up.sh
+
+bench: schema
+	@$(WITH_ENV) && $(PY) bench/bench_metadata.py && $(PY) bench/bench_tier2.py $(BENCH_ARGS)
 
 stop:
 	@bash .ci/stop.sh

@@ -208,11 +208,27 @@ def cmd_status(ctx: Context, args) -> int:
     return 0
 
 
-def read_handle(ctx: Context, raise_on_dataloss: bool = False):
-    from tiering.read import ReadHandle
-    from tiering.tier2.reader import tier2_opener
+def tier2_opener(ctx: Context):
+    """A ReadHandle's tier-2 opener that builds the S3 client on first use (a read that stays in tier 1 never
+    pays for it), then shares one cache and pool across ledgers."""
+    opener = None
 
-    return ReadHandle(ctx.meta, ctx.tier1, open_tier2=tier2_opener(ctx.bucket), raise_on_dataloss=raise_on_dataloss)
+    def open_ledger(led, chunk):
+        nonlocal opener
+        if opener is None:
+            from tiering.tier2.reader import tier2_opener as make
+
+            opener = make(ctx.bucket)
+        return opener(led, chunk)
+
+    return open_ledger
+
+
+def read_handle(ctx: Context, raise_on_dataloss: bool = False, opener=None):
+    from tiering.read import ReadHandle
+
+    return ReadHandle(ctx.meta, ctx.tier1, open_tier2=opener or tier2_opener(ctx),
+                      raise_on_dataloss=raise_on_dataloss)
 
 
 def gap_dict(gap) -> dict:
@@ -268,7 +284,7 @@ def cmd_offload_status(ctx: Context, args) -> int:
     return 0
 
 
-class _NoBar:
+class NoBar:
     def update(self, n: int = 1) -> None:
         pass
 
@@ -280,7 +296,7 @@ def progress_bar(desc: str, total: int | None, unit: str = "it", stream=None):
     """A tqdm bar on stderr when it is a terminal; an object that ignores updates otherwise."""
     stream = stream or sys.stderr
     if not stream.isatty():
-        return _NoBar()
+        return NoBar()
     from tqdm import tqdm
 
     scale = unit == "B"

@@ -437,7 +437,8 @@ def _export_table(conn: Connection, fs: pafs.FileSystem, base_path: str, tbl, ba
     parts: list[PartFile] = []
     writer: _PartWriter | None = None
     try:
-        result = conn.execution_options(stream_results=True, yield_per=batch_rows).execute(_select(tbl))
+        # a server-side (named) cursor: rows arrive batch_rows at a time
+        result = conn.execute(_select(tbl), execution_options={"stream_results": True, "yield_per": batch_rows})
         for batch in result.partitions():
             rows = [r._mapping for r in batch]
             while rows:

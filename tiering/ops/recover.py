@@ -34,7 +34,7 @@ import uuid as _uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Iterable, Iterator
+from typing import Iterator
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -272,16 +272,6 @@ def _as_uuid(value: str, key: str) -> str:
         return str(_uuid.UUID(value))
     except ValueError:
         return str(_uuid.uuid5(_UUID_NS, f"{key}:{value}"))
-
-
-def _ranges(ids: Iterable[int]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for i in sorted(ids):
-        if out and out[-1][1] + 1 == i:
-            out[-1] = (out[-1][0], i)
-        else:
-            out.append((i, i))
-    return out
 
 
 def _gaps(known: set[int]) -> list[tuple[int, int]]:

@@ -1,0 +1,390 @@
+"""The `tiering` command end to end: real subprocesses (`python -m tiering`) against the run's PostgreSQL
+database, S3 bucket and a tier-1 root per test. Independent invocations run concurrently to keep the file
+fast; setup that is not under test (producing known ledgers) runs in-process."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import bucket_keys, entries, make_deps, produce
+from tiering.format.keys import parse_key
+from tiering.model import TopicPolicy
+from tiering.ops.delete_lagged import delete_lagged
+from tiering.ops.offload import offload_many
+from tiering.workload import payload
+
+ROOT = Path(__file__).resolve().parents[2]
+BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
+
+
+@dataclass
+class Result:
+    args: tuple
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self):
+        return json.loads(self.stdout)
+
+    @property
+    def json_lines(self) -> list:
+        return [json.loads(line) for line in self.stdout.splitlines()]
+
+    def ok(self) -> "Result":
+        assert self.returncode == 0 and self.stderr == "", (self.args, self.returncode, self.stderr)
+        return self
+
+    def one_line_error(self, code: int) -> str:
+        """Exit `code`, exactly one line on stderr, no traceback; returns that line."""
+        assert self.returncode == code, (self.args, self.returncode, self.stdout, self.stderr)
+        lines = self.stderr.splitlines()
+        assert len(lines) == 1 and self.stderr.endswith("\n"), (self.args, self.stderr)
+        assert "Traceback" not in self.stderr and "Traceback" not in self.stdout
+        assert lines[0].startswith("tiering"), lines[0]
+        return lines[0]
+
+
+class Cli:
+    def __init__(self, env: dict, cwd: Path):
+        self.env = env
+        self.cwd = cwd
+
+    def __call__(self, *args, stdin: bytes | None = None, env: dict | None = None, unset=()) -> Result:
+        full_env = {**self.env, **(env or {})}
+        for name in unset:
+            full_env.pop(name, None)
+        proc = subprocess.run([sys.executable, "-m", "tiering", *args], input=stdin or b"", capture_output=True,
+                              env=full_env, cwd=self.cwd, timeout=120)
+        return Result(args, proc.returncode, proc.stdout.decode("utf-8", "replace"),
+                      proc.stderr.decode("utf-8", "replace"))
+
+    def many(self, calls: list) -> list[Result]:
+        """Run independent invocations concurrently; each call is a tuple of args or (args, kwargs)."""
+        def one(call):
+            args, kwargs = call if isinstance(call, tuple) and len(call) == 2 and isinstance(call[1], dict) \
+                else (call, {})
+            return self(*args, **kwargs)
+
+        with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
+            return list(pool.map(one, calls))
+
+
+@pytest.fixture
+def cli(settings, db, bucket, tier1_root, tmp_path):
+    env = {**os.environ, **settings.to_env(), "TIERING_TIER1_ROOT": str(tier1_root), "TIERING_BUCKET": bucket,
+           "PYTHONPATH": str(ROOT)}
+    env.pop("PYTHONWARNINGS", None)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    return Cli(env, cwd)
+
+
+@pytest.fixture
+def deps(db, s3_client, bucket, tier1_root):
+    return make_deps(db, s3_client, bucket, tier1_root)
+
+
+def read_data(result: Result) -> dict:
+    out = {}
+    for row in result.ok().json_lines:
+        if "gap" not in row:
+            out[(row["ledger"], row["entry"])] = base64.b64decode(row["data"])
+    return out
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def snapshot(deps) -> tuple:
+    """Everything a bad command could have changed: topics, ledgers, chunks, GC queue, files, objects."""
+    from sqlalchemy import text
+
+    with deps.meta.engine.connect() as conn:
+        tables = [conn.execute(text(f"SELECT * FROM tiering.{t} ORDER BY 1, 2")).all()
+                  for t in ("topic", "ledger", "chunk", "gc_task", "job_run")]
+    files = sorted((str(p), p.stat().st_size) for p in Path(deps.tier1.root).rglob("*"))
+    return tables, files, sorted(bucket_keys(deps))
+
+
+# ------------------------------------------------------------------------------------------------------
+def test_db_upgrade_is_idempotent(cli):
+    first, second = cli("db", "upgrade").ok(), cli("db", "upgrade").ok()
+    assert first.stdout == second.stdout
+    assert "applied 0 migration(s)" in second.stdout and "already applied" in second.stdout
+
+
+def test_topics_produce_seal_status_read(cli):
+    cli("topic", "create", "orders", "--rollover-entries", "4", "--deletion-lag", "0", "--offload-after", "60").ok()
+    shown, listed = cli.many([("topic", "show", "orders", "--json"), ("topic", "list", "--json")])
+    topic = shown.ok().json
+    assert topic["name"] == "orders" and topic["rollover_entries"] == 4 and topic["deletion_lag_seconds"] == 0
+    assert topic["offload_after_seconds"] == 60 and topic["retention_bytes"] == -1
+    assert listed.ok().json_lines == [topic]
+
+    assert cli("produce", "orders", "--entries", "10", "--entry-size", "100", "--seed", "s").ok().stdout == "2:1\n"
+    lines = b"alpha\n\ngamma \xce\xb2\n"  # an empty line is an empty entry
+    assert cli("produce", "orders", "--stdin-lines", "--seal", stdin=lines).ok().stdout == "3:0\n"
+    assert cli("produce", "orders", "--entries", "3", "--entry-size", "7", "--seed", "o").ok().stdout == "4:2\n"
+
+    status = cli("status", "orders", "--json").ok().json_lines
+    assert [(r["ledger"], r["state"], r["entries"], r["bytes"], r["tiers"]) for r in status] == [
+        (0, "SEALED", 4, 400, [1]), (1, "SEALED", 4, 400, [1]), (2, "SEALED", 4, 205, [1]),
+        (3, "SEALED", 1, 8, [1]), (4, "OPEN", 3, 21, [1])]  # the open ledger's counts come from its file
+
+    expected = {(i // 4, i % 4): payload("s", i, 100) for i in range(10)}
+    expected.update({(2, 2): b"alpha", (2, 3): b"", (3, 0): "gamma β".encode()})
+    expected.update({(4, i): payload("o", i, 7) for i in range(3)})
+    assert read_data(cli("read", "orders", "--json")) == expected
+    human, sealed = cli.many([("read", "orders", "--from", "2:2", "--to", "3:0"), ("seal", "orders")])
+    assert human.ok().stdout == "2:2\talpha\n2:3\t\n3:0\tgamma β\n"
+    assert sealed.ok().stdout == "sealed ledger 4 (3 entries)\n"
+
+
+def test_progress_is_shown_only_on_a_terminal(cli, deps):
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    deps.meta.create_topic("p", TopicPolicy(**BIG))
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "tiering", "produce", "p", "--entries", "2000", "--entry-size",
+                             "10"], stdout=subprocess.PIPE, stderr=slave, env=cli.env, cwd=cli.cwd)
+    os.close(slave)
+    shown = b""
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        shown += data
+    os.close(master)
+    assert proc.wait(timeout=60) == 0 and proc.stdout.read() == b"0:1999\n"
+    assert b"produce" in shown and b"entry" in shown  # a tqdm bar on the terminal; none in pipes (see .ok())
+
+
+def test_offload_prefix_delete_lagged_truncate_and_read_back(cli, deps):
+    expected = produce(deps, "t", [entries("a", 3, 1000), entries("b", 3, 1000), entries("c", 3, 1000)],
+                       TopicPolicy(deletion_lag_seconds=0, **BIG), open_tail=entries("d", 1, 1000))
+
+    out = cli("offload-prefix", "t", "2:0", "--json").ok().json
+    assert out["offloaded"] == [0, 1] and out["failed"] == {} and out["first_not_offloaded"] == "2:0"
+    assert out["bytes"] == 6000
+    deleted = cli("delete-lagged", "--json").ok().json
+    assert deleted["deleted"] == [{"topic": "t", "ledger": 0}, {"topic": "t", "ledger": 1}]
+    assert not deps.tier1.exists("t", 0) and not deps.tier1.exists("t", 1) and deps.tier1.exists("t", 2)
+    status, read = cli.many([("offload-status", "t", "--json"), ("read", "t", "--json")])
+    rows = status.ok().json_lines
+    assert [(r["state"], r["tier1_present"]) for r in rows] == [
+        ("OFFLOADED", False), ("OFFLOADED", False), ("SEALED", True), ("OPEN", True)]
+    keys = {r["data_key"] for r in rows[:2]} | {r["index_key"] for r in rows[:2]}
+    assert keys == bucket_keys(deps) and all(k.startswith("t/t/") for k in keys)
+    assert read_data(read) == expected  # ledgers 0 and 1 from tier 2
+
+    trunc = cli("truncate", "t", "1:0", "--json").ok().json
+    assert trunc["deleted"] == [{"topic": "t", "ledger": 0}] and trunc["position"] == "1:0"
+    read, verify = cli.many([("read", "t", "--json"), ("verify", "t", "--json")])
+    rows = read.ok().json_lines
+    assert rows[0] == {"gap": "TRIMMED", "from": "0:0", "to": "0:2"}
+    assert read_data(read) == {k: v for k, v in expected.items() if k[0] >= 1}
+    report = verify.ok().json
+    assert report["ok"] and report["entries"] == 7 and report["bytes"] == 7000
+    assert report["gaps"] == [{"gap": "TRIMMED", "from": "0:0", "to": "0:2"}]
+
+
+def test_offload_by_age_and_size_retention_with_topic_filter(cli, deps):
+    produce(deps, "aged", [entries("a", 3, 100), entries("a2", 3, 100)], TopicPolicy(offload_after_seconds=0, **BIG))
+    produce(deps, "big", [entries("b", 4, 1000), entries("b2", 4, 1000)], open_tail=entries("b3", 2, 1000),
+            policy=TopicPolicy(offload_threshold_bytes=0, **BIG))
+    produce(deps, "kept", [entries("k", 3, 100)], TopicPolicy(retention_bytes=0, **BIG))
+
+    age_other, size_other = cli.many([("offload-by-age", "--topic", "kept", "--json"),
+                                      ("offload-by-size", "--topic", "aged", "--json")])
+    assert age_other.ok().json["planned"] == 0 and size_other.ok().json["planned"] == 0
+    age = cli("offload-by-age", "--json").ok().json
+    assert age["offloaded"] == [{"topic": "aged", "ledger": 0}, {"topic": "aged", "ledger": 1}]
+    assert age["bytes"] == 600 and age["failed"] == []
+    size = cli("offload-by-size").ok().stdout
+    assert size == "offload by size: 2 planned; offloaded 2 ledger(s) (8000 bytes), skipped 0, failed 0\n"
+    assert {(led.topic, led.state.value) for t in ("aged", "big", "kept") for led in deps.meta.list_ledgers(t)
+            if led.state.value != "OPEN"} == {("aged", "OFFLOADED"), ("big", "OFFLOADED"), ("kept", "SEALED")}
+
+    ret = cli("retention", "--topic", "kept", "--json").ok().json
+    assert ret["deleted"] == [{"topic": "kept", "ledger": 0}] and ret["files_removed"] == 1 and ret["bytes"] == 300
+    assert cli("retention", "--json").ok().json["deleted"] == []  # the others have no retention policy
+
+
+def test_defrag_gc_verify_and_loss_behind_metadatas_back(cli, deps, s3_client, bucket):
+    expected = produce(deps, "small", [entries(f"s{i}", 4, 500) for i in range(4)],
+                       TopicPolicy(offload_after_seconds=0, deletion_lag_seconds=0, **BIG))
+    assert len(offload_many(deps, deps.meta.list_ledgers("small")).offloaded) == 4
+    before = bucket_keys(deps)
+    assert len(before) == 8
+
+    out = cli("defrag", "--topic", "small", "--small-bytes", "1000000", "--json").ok().json
+    assert out["groups"] == 1 and out["ledgers"] == 4 and out["objects_after"] == 2 and out["errors"] == []
+    s3_client.put_object(Bucket=bucket, Key="t/stray/0-ledger-0", Body=b"left behind by a killed process")
+    gc = cli("gc", "--orphan-grace-seconds", "0", "--json").ok().json
+    assert gc["orphans_deleted"] == 1 and gc["failed"] == 0  # the merged-away objects wait for their delay
+    chunks = deps.meta.chunks("small")
+    assert {c.data_key for c in chunks.values()} | {c.index_key for c in chunks.values()} <= bucket_keys(deps)
+    assert "t/stray/0-ledger-0" not in bucket_keys(deps)
+
+    read, verify = cli.many([("read", "small", "--json"), ("verify", "small")])
+    assert read_data(read) == expected
+    assert verify.ok().stdout.endswith("4 tier-2 cop(ies) compared, 0 gap(s); OK\n")
+
+    # An object deleted behind metadata's back: the tier-1 copies still read, but verify compares tier 2.
+    merged = chunks[0].data_key
+    s3_client.delete_object(Bucket=bucket, Key=merged)
+    bad = cli("verify", "small", "--json")
+    line = bad.one_line_error(1)
+    assert "ledger 0" in line and merged in line
+    assert bad.json["ok"] is False and len(bad.json["problems"]) == 4
+    delete_lagged(deps, "small")  # now only tier 2 is left, and it is gone: readers fail, not skip
+    assert "missing" in cli("read", "small").one_line_error(1)
+
+
+def test_an_item_that_fails_exits_1_with_the_first_error(cli, deps):
+    produce(deps, "f", [entries("x", 2, 10), entries("y", 2, 10)], TopicPolicy(offload_after_seconds=0, **BIG))
+    deps.tier1.delete("f", 0)  # behind metadata's back: ledger 0 cannot be offloaded
+    res = cli("offload-by-age", "--json")
+    line = res.one_line_error(1)
+    assert "1 ledger(s) failed" in line and "ledger 0" in line and "'f'" in line
+    assert res.json["offloaded"] == [{"topic": "f", "ledger": 1}]
+    assert [led.state.value for led in deps.meta.list_ledgers("f")] == ["SEALED", "OFFLOADED"]
+
+
+LONG = "x" * 1025
+# Every kind of user mistake, on every command it applies to (run in-process: the same main(), faster).
+BAD_INPUT = [
+    ("topic", "create", "t"),                                                      # duplicate
+    ("topic", "show", "nope"), ("status", "nope"), ("read", "nope"), ("seal", "nope"),  # unknown topic
+    ("produce", "nope", "--entries", "1", "--entry-size", "1"), ("offload-prefix", "nope", "1:0"),
+    ("offload-status", "nope"), ("truncate", "nope", "0:0"), ("verify", "nope"),
+    ("offload-by-age", "--topic", "nope"), ("offload-by-size", "--topic", "nope"),
+    ("delete-lagged", "--topic", "nope"), ("retention", "--topic", "nope"), ("defrag", "--topic", "nope"),
+    ("truncate", "t", "1"), ("truncate", "t", "a:b"), ("offload-prefix", "t", "1:"),  # malformed L:E
+    ("read", "t", "--from", "1:x"), ("read", "t", "--to", "-1:0"), ("truncate", "t", "1:2:3"),
+    ("read", "t", "--from", "1:0", "--to", "0:0"), ("truncate", "t", "99:0"),      # impossible ranges
+    ("produce", "t", "--entries", "3"), ("produce", "t", "--stdin-lines", "--entry-size", "3"),
+    ("produce", "t", "--entries", "-1", "--entry-size", "3"), ("produce", "t", "--entries", "3", "--entry-size", "-3"),
+    ("defrag", "--small-bytes", "-1"), ("defrag", "--max-merged-bytes", "-1"), ("defrag", "--small-bytes", "0"),
+    ("gc", "--orphan-grace-seconds", "-5"), ("topic", "create", "n", "--retention-size", "-5"),
+    ("topic", "create", "n", "--offload-threshold", "-2"), ("topic", "create", "n", "--rollover-entries", "0"),
+    ("topic", "create", "n", "--deletion-lag", "x"),
+    ("topic", "create", LONG), ("status", LONG), ("produce", LONG, "--entries", "1", "--entry-size", "1"),
+    ("offload-by-age", "--topic", LONG), ("topic", "create", ""), ("topic", "create", "a\x00b"),
+    ("status", "a\x00b"), ("defrag", "--topic", "\x00"),                             # NUL: not possible in argv
+    ("bogus-command",), (), ("topic",), ("gc", "--topic", "t"),
+]
+
+
+def run_main(argv, capsys) -> Result:
+    from tiering.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return Result(tuple(argv), code, out, err)
+
+
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(cli, deps, monkeypatch, capsys):
+    produce(deps, "t", [entries("a", 3, 10)], open_tail=entries("b", 2, 10))
+    before = snapshot(deps)
+    # Through real processes: one of each kind the README promises, and the environment's mistakes.
+    cases = [
+        ("topic", "create", "t"), ("status", "nope"), ("offload-by-age", "--topic", "nope"), ("truncate", "t", "a:b"),
+        ("produce", "t", "--entries", "3", "--entry-size", "-3"), ("defrag", "--small-bytes", "-1"),
+        ("produce", "t", "--entries", "3"), ("topic", "create", LONG),
+        ("topic", "create", b"bad\xffname"),                           # not UTF-8: a lone surrogate in Python
+        (("topic", "list"), {"unset": ["TIERING_DATABASE_URL"]}),
+        (("status", "t"), {"unset": ["TIERING_TIER1_ROOT"]}),
+        (("topic", "list"), {"env": {"TIERING_DATABASE_URL": "postgresql://u:Sup3rS3cret@h:notaport/db"}}),
+        (("topic", "list"), {"env": {"TIERING_DATABASE_URL": "mysql://u:Sup3rS3cret@h/db"}}),
+        (("status", "t"), {"env": {"TIERING_BLOCK_SIZE": "1024"}}),
+    ]
+    results = cli.many(cases)
+    for case, res in zip(cases, results):
+        line = res.one_line_error(2)
+        assert res.stdout == "", (case, res.stdout)
+        assert "Sup3rS3cret" not in line and len(line) < 400, (case, line)
+    messages = [r.stderr for r in results]
+    for i, text in enumerate(["'t' already exists", "topic 'nope' does not exist", "topic 'nope' does not exist",
+                              "malformed position 'a:b'", "-3 is negative", "-1 is not positive",
+                              "--entries needs --entry-size", "1 to 1024 characters", "valid UTF-8",
+                              "TIERING_DATABASE_URL is not set", "TIERING_TIER1_ROOT is not set",
+                              "TIERING_DATABASE_URL is malformed", "TIERING_DATABASE_URL must be a postgresql://",
+                              "TIERING_BLOCK_SIZE must be at least 5 MiB"]):
+        assert text in messages[i], (cases[i], messages[i])
+
+    for key, value in cli.env.items():
+        monkeypatch.setenv(key, value)
+    for argv in BAD_INPUT:
+        res = run_main(argv, capsys)
+        res.one_line_error(2)
+        assert res.stdout == "", (argv, res.stdout)
+    assert "without NUL" in run_main(("topic", "create", "a\x00b"), capsys).stderr
+    assert snapshot(deps) == before
+
+
+def test_services_down_exit_1_without_traceback_or_secrets(cli, deps):
+    produce(deps, "t", [entries("a", 3, 10)], TopicPolicy(offload_after_seconds=0, **BIG))
+    offload_many(deps, deps.meta.list_ledgers("t"))
+    db_down = f"postgresql://tiering:Sup3rS3cret-pw@127.0.0.1:{closed_port()}/tiering"
+    s3_down = {"TIERING_S3_ENDPOINT_URL": f"http://127.0.0.1:{closed_port()}"}
+    results = cli.many([(("topic", "list"), {"env": {"TIERING_DATABASE_URL": db_down}}),
+                        (("produce", "t", "--entries", "1", "--entry-size", "1"),
+                         {"env": {"TIERING_DATABASE_URL": db_down}}),
+                        (("verify", "t"), {"env": s3_down}),
+                        (("gc",), {"env": s3_down})])
+    for res in results:
+        line = res.one_line_error(1)
+        assert "Sup3rS3cret" not in res.stderr + res.stdout
+        assert "Traceback" not in res.stderr
+    assert "metadata database unavailable" in results[0].stderr and "Connection refused" in results[0].stderr
+    assert "S3" in results[2].stderr and "S3" in results[3].stderr
+    assert [led.state.value for led in deps.meta.list_ledgers("t")] == ["OFFLOADED"]
+
+
+HOSTILE = ["../x", "a/b", "q'uo\"te`$(x) back\\slash\nnewline", "日本語 тема 🎉", "y" * 1000, "-dash"]
+
+
+def test_hostile_topic_names_round_trip_and_stay_inside_root_and_prefix(cli, deps, tier1_root, tmp_path):
+    for name in HOSTILE:
+        deps.meta.create_topic(name, TopicPolicy(offload_after_seconds=0, deletion_lag_seconds=0, rollover_entries=2))
+    produced = cli.many([("produce", "--entries", "5", "--entry-size", "50", f"--seed={name}", "--", name)
+                         for name in HOSTILE])
+    assert [r.ok().stdout for r in produced] == ["2:0\n"] * len(HOSTILE)
+    assert len(cli("offload-by-age", "--json").ok().json["offloaded"]) == 2 * len(HOSTILE)
+    assert len(cli("delete-lagged", "--json").ok().json["deleted"]) == 2 * len(HOSTILE)
+    reads = cli.many([("read", "--json", "--", name) for name in HOSTILE])
+    for name, res in zip(HOSTILE, reads):  # ledgers 0-1 from tier 2, 2 from tier 1
+        assert read_data(res) == {(i // 2, i % 2): payload(name, i, 50) for i in range(5)}, name
+
+    root = os.path.realpath(tier1_root)
+    for path in tmp_path.rglob("*"):
+        assert os.path.realpath(path).startswith(root + os.sep) or path in (tier1_root, cli.cwd), path
+    assert not any(cli.cwd.iterdir())
+    keys = bucket_keys(deps)
+    assert len(keys) == 4 * len(HOSTILE)
+    assert {parse_key("t/", k).topic for k in keys} == set(HOSTILE)  # every key under the prefix, one segment

@@ -1,0 +1,94 @@
+"""Spark job: Parquet snapshot of the `tiering` tables. Spark reads each table over JDBC (Debian's driver
+locally, `--packages org.postgresql:postgresql` on a cluster) and executors write the parts with pyarrow
+(locally or to S3 without s3a); the driver writes the manifest last.
+
+Consistency: the driver opens a REPEATABLE READ transaction and exports its snapshot; every JDBC session
+adopts it (`SET TRANSACTION SNAPSHOT` as the session's init statement), so all tables are read as of one
+instant even while the pipeline runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+
+from sqlalchemy.engine import make_url
+
+from tiering.config import Settings
+from tiering.ops import export_metadata as ex
+
+
+def default_dest(settings: Settings, now: datetime) -> str:
+    # Not under the tier-2 prefix: GC's orphan sweep owns everything there.
+    return f"s3://{settings.bucket}/{settings.prefix.rstrip('/')}-metadata/{now:%Y%m%dT%H%M%SZ}"
+
+
+def jdbc_options(settings: Settings) -> dict[str, str]:
+    url = make_url(settings.database_url)
+    return {"url": f"jdbc:postgresql://{url.host or 'localhost'}:{url.port or 5432}/{url.database}",
+            "user": url.username or "", "password": url.password or "", "driver": "org.postgresql.Driver",
+            "fetchsize": "10000"}
+
+
+def _write_partitions(settings: Settings, dest: str, table: str):
+    def write(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        fs, base = ex.filesystem_for(dest, settings)
+        batches = list(batches)  # one partition of a metadata table: bounded by Spark's partitioning
+        data = pa.Table.from_batches(batches) if batches else ex.arrow_schema(table).empty_table()
+        part_no = TaskContext.get().partitionId()
+        part = ex.write_part(fs, base, table, part_no, data)
+        yield pa.RecordBatch.from_pylist([{"path": part.path, "rows": part.rows}])
+    return write
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="tiering-export-metadata")
+    p.add_argument("--dest", help="s3://bucket/path or a local path")
+    p.add_argument("--topic", help="ignored: an export is always of every table")
+    args = p.parse_args(argv)
+
+    from pyspark.sql import SparkSession
+
+    from tiering.metadata.job_runs import JobOutcome, JobRuns
+
+    settings = Settings.from_env()
+    engine = settings.engine(pool_size=1)
+    runs = JobRuns(engine)
+    run_id = runs.start("export_metadata")
+    outcome = JobOutcome()
+    try:
+        spark = (SparkSession.builder.appName("tiering-export-metadata")
+                 .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+        dest = args.dest or default_dest(settings, datetime.now(timezone.utc))
+        fs, base = ex.filesystem_for(dest, settings)
+        opts = jdbc_options(settings)
+        with engine.connect() as snap_conn:  # held open: the snapshot lives as long as its transaction
+            snap_conn.exec_driver_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            snapshot = snap_conn.exec_driver_sql("SELECT pg_export_snapshot()").scalar_one()
+            init = f"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT '{snapshot}'"
+            parts = {}
+            for table in ex.table_names():
+                df = (spark.read.format("jdbc").options(**opts).option("query", ex.jdbc_query(table))
+                      .option("sessionInitStatement", init).load())
+                written = df.mapInArrow(_write_partitions(settings, dest, table), "path string, rows long").collect()
+                parts[table] = sorted((ex.PartFile(r["path"], r["rows"]) for r in written), key=lambda f: f.path)
+                outcome.items_done += sum(f.rows for f in parts[table])
+            manifest = ex.build_manifest(snap_conn, parts)
+        ex.write_manifest(fs, base, manifest)
+        outcome.details.update(dest=dest, tables={t: m.rows for t, m in manifest.tables.items()})
+    except Exception as exc:  # noqa: BLE001 - recorded, then the job fails
+        outcome.errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    finally:
+        runs.finish(run_id, outcome)
+    print(json.dumps({"job": "export_metadata", "run_id": run_id, "rows": outcome.items_done, **outcome.details}))
+    for err in outcome.errors:
+        print(f"export_metadata: error: {err}", file=sys.stderr)
+    return 1 if outcome.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
