@@ -49,12 +49,15 @@ def entries(seed: str, n: int, size: int) -> list[bytes]:
     return [payload(seed, i, size) for i in range(n)]
 
 
-def bucket_keys(deps: Deps) -> set[str]:
+def bucket_keys(deps: Deps, markers: bool = False) -> set[str]:
+    """Every object in the bucket; retention's per-topic trim markers only when asked for."""
+    from tiering.format.keys import is_trim_marker
+
     b = deps.bucket
     keys = set()
     for page in b.s3.get_paginator("list_objects_v2").paginate(Bucket=b.name):
         keys.update(o["Key"] for o in page.get("Contents", []))
-    return keys
+    return keys if markers else {k for k in keys if not is_trim_marker(b.prefix, k)}
 
 
 def open_uploads(deps: Deps) -> list:

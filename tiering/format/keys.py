@@ -64,3 +64,16 @@ def parse_key(prefix: str, key: str) -> ParsedKey | None:
     if ledger_id >= 2**63:
         return None
     return ParsedKey(topic, m["uuid"], ledger_id, m["index"] is not None)
+
+
+# Retention's marker: `{prefix}{topic}/_trimmed` holds {"trimmed_before_ledger": N}, so recovery from the
+# bucket alone does not bring back ledgers whose bytes still sit in a merged object shared with live ones.
+TRIM_MARKER = "_trimmed"
+
+
+def trim_marker_key(prefix: str, topic: str) -> str:
+    return f"{prefix}{encode_topic(topic)}/{TRIM_MARKER}"
+
+
+def is_trim_marker(prefix: str, key: str) -> bool:
+    return key.startswith(prefix) and key.endswith("/" + TRIM_MARKER) and key.count("/", len(prefix)) == 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
+from tiering.format.keys import is_trim_marker
 from tiering.metadata import gc_queue
 from tiering.ops.context import Deps
 from tiering.tier2.objects import delete_keys, list_objects, list_uploads
@@ -62,6 +63,8 @@ def _sweep_orphans(deps: Deps, grace: timedelta, report: GcReport) -> None:
     cutoff = datetime.now(timezone.utc) - grace
     page: list[str] = []
     for obj in list_objects(deps.bucket):
+        if is_trim_marker(deps.bucket.prefix, obj["Key"]):
+            continue  # retention's marker is metadata, not garbage
         if obj["LastModified"] <= cutoff:
             page.append(obj["Key"])
         if len(page) >= 1000:

@@ -30,12 +30,14 @@ time is its seal time, its offload times the objects' LastModified times (millis
 """
 from __future__ import annotations
 
+import json
 import uuid as _uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterator
 
+from botocore.exceptions import ClientError
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Engine
@@ -43,10 +45,10 @@ from sqlalchemy.engine import Engine
 from tiering.errors import CorruptObjectError, DataLossError, TieringError
 from tiering.format.block import HEADER_LEN, parse_block_header
 from tiering.format.index import INDEX_HEADER_LEN, OffloadIndex, decode_index
-from tiering.format.keys import INDEX_SUFFIX, ParsedKey, encode_topic, parse_key
+from tiering.format.keys import INDEX_SUFFIX, ParsedKey, encode_topic, parse_key, trim_marker_key
 from tiering.metadata.tables import chunk as chunk_t, ledger as ledger_t, topic as topic_t
 from tiering.model import Chunk, LedgerState, TopicPolicy
-from tiering.tier2.objects import Bucket, get_range, list_objects
+from tiering.tier2.objects import Bucket, error_code, get_range, list_objects
 
 _POLICY_FIELDS = tuple(TopicPolicy.__dataclass_fields__)
 # offload uuids that are not UUIDs (keys allow [0-9A-Za-z_-]) get a stable name-based one
@@ -156,8 +158,23 @@ def _recover_topic(engine: Engine, b: Bucket, name: str, objects: dict[str, tupl
             chosen[c.ledger_id] = c
         if not fresh:
             report.ignored.append((g.index.key, "superseded: a newer valid copy holds its ledger(s)"))
+    trimmed_before = _trimmed_before(b, name)
+    for lid in [lid for lid in chosen if lid < trimmed_before]:
+        report.ignored.append((chosen.pop(lid).chunk.index_key,
+                               f"ledger {lid} trimmed by retention (marker: before ledger {trimmed_before})"))
     if chosen:
         _commit_topic(engine, name, chosen, policy, report)
+
+
+def _trimmed_before(b: Bucket, topic: str) -> int:
+    """Retention's marker for the topic: ledgers below it were deleted on purpose."""
+    try:
+        body = b.s3.get_object(Bucket=b.name, Key=trim_marker_key(b.prefix, topic))["Body"].read()
+        return int(json.loads(body)["trimmed_before_ledger"])
+    except ClientError as exc:
+        if error_code(exc) in ("NoSuchKey", "404"):
+            return -1
+        raise
 
 
 # ----------------------------------------------------------------------------------------------- reading

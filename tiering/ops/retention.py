@@ -7,12 +7,17 @@ next run of retention or delete-lagged.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+
+from botocore.exceptions import ClientError
 
 from tiering import policy
 from tiering.model import Ledger, LedgerState, Position
 from tiering.ops.context import Deps
+from tiering.format.keys import trim_marker_key
 from tiering.ops.delete_lagged import delete_copy
+from tiering.tier2.objects import Bucket, error_code, tier2_error
 
 
 @dataclass
@@ -34,10 +39,27 @@ def apply_retention(deps: Deps, topic: str, doomed: list[Ledger], reason: str = 
         deleted = deps.meta.delete_ledgers(doomed, reason, deps.knobs.gc_delay)
         report.deleted += [(topic, led.ledger_id) for led in deleted]
         report.bytes += sum(led.size_bytes for led in deleted)
+    trimmed = [led.ledger_id for led in deps.meta.list_ledgers(topic, [LedgerState.DELETED])]
+    if trimmed:  # also on a rerun after a kill between the commit and this write
+        record_trim(deps.bucket, topic, max(trimmed) + 1)
     for led in deps.meta.list_ledgers(topic, [LedgerState.DELETED]):
         if led.tier1_present and delete_copy(deps, led):
             report.files_removed += 1
     return report
+
+
+def record_trim(b: Bucket, topic: str, before_ledger: int) -> None:
+    """Write the topic's trim marker (only ever moving forward) for recovery from the bucket."""
+    key = trim_marker_key(b.prefix, topic)
+    try:
+        current = json.loads(b.s3.get_object(Bucket=b.name, Key=key)["Body"].read())["trimmed_before_ledger"]
+    except ClientError as exc:
+        if error_code(exc) not in ("NoSuchKey", "404"):
+            raise tier2_error("GET", key, exc) from None
+        current = -1
+    if before_ledger > current:
+        b.s3.put_object(Bucket=b.name, Key=key, Body=json.dumps({"trimmed_before_ledger": before_ledger}).encode(),
+                        ContentType="application/json")
 
 
 def retention(deps: Deps, topic: str | None = None) -> RetentionReport:
