@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tiering.errors import BadInput, ConditionalUpdateFailed
+from tiering.errors import BadInput
 from tiering.metadata.attributes import Attributes, AttributeUpdate, Verb
 from tiering.metadata.repository import MetadataStore
 from tiering.model import Ledger, LedgerState, Position
@@ -71,12 +71,9 @@ class ManagedLedgerWriter:
         if last is not None and event_number <= last:
             return AppendResult(None, duplicate=True)
         position = self.append(payload)
-        try:
-            self.attributes.update(self.topic.name, [AttributeUpdate(key, Verb.REPLACE_IF_EQUALS, event_number,
-                                                                     expected=last)])
-        except ConditionalUpdateFailed:
-            # Another process used this writer id meanwhile: the caller must know its append raced.
-            raise
+        # ConditionalUpdateFailed here: another process used this writer id meanwhile; the caller must know.
+        self.attributes.update(self.topic.name, [AttributeUpdate(key, Verb.REPLACE_IF_EQUALS, event_number,
+                                                                 expected=last)])
         return AppendResult(position)
 
     def seal(self) -> Ledger | None:
