@@ -21,7 +21,8 @@ bench/results/tier2.{md,json} (tier2-quick.{md,json} with --quick).
 
     set -a; . .local/env; set +a
     .venv/bin/python bench/bench_tier2.py --quick     # ~2 minutes
-    .venv/bin/python bench/bench_tier2.py             # full sizes
+    .venv/bin/python bench/bench_tier2.py             # full sizes (8-12 minutes on 2 busy cores)
+    add --private-moto to run against a moto server of the bench's own (started and stopped by it)
 """
 from __future__ import annotations
 
@@ -32,12 +33,14 @@ import platform
 import random
 import secrets
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import datetime, timedelta, timezone
@@ -143,6 +146,28 @@ def empty_bucket(s3, bucket: str) -> None:
             return
         for up in ups:
             s3.abort_multipart_upload(Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+
+
+def start_private_moto() -> tuple[subprocess.Popen, str]:
+    """A moto server of our own on a free loopback port: the run neither bloats a shared server (moto keeps
+    freed memory) nor competes with other clients' requests inside it."""
+    exe = Path(sys.executable).parent / "moto_server"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
+            return proc, url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"private moto server on {url} did not start")
+            time.sleep(0.2)
 
 
 def endpoint_pid(endpoint: str | None) -> int | None:
@@ -602,7 +627,8 @@ def report(result: dict) -> str:
          f"s3transfer {m['s3transfer']}. Endpoint: {result['endpoint_kind']}. Entries of {result['entry_size']} "
          f"bytes; block size {mib(BLOCK_SIZE):.0f} MiB, {CONCURRENCY} parts in flight. Ours and the peer run "
          "interleaved run by run (A B, B A, ...) on the same endpoint; medians; ratio = ours / peer (>1: ours faster, "
-         "except where a row says otherwise).", ""]
+         "except where a row says otherwise). Load average (1/5/15 min) at start "
+         f"{result['loadavg_start']}, at end {result['loadavg_end']}: other work on the machine adds noise.", ""]
     if "offload" in result:
         L += ["## 1. Offload throughput (MiB/s of ledger payload)", "",
               "Ours: `offload_ledger` per ledger, one after another (metadata transactions, multipart upload, "
@@ -679,6 +705,8 @@ def main() -> int:
     ap.add_argument("--entry-size", type=int, default=4096, help="payload bytes per entry (default 4096)")
     ap.add_argument("--rss-mib", type=int, help="ledger size for case 4 (default 1024, quick 128)")
     ap.add_argument("--rss-read-mib", type=int, help="read back only this many MiB in case 4 (default: all)")
+    ap.add_argument("--private-moto", action="store_true",
+                    help="start a moto server of our own instead of TIERING_S3_ENDPOINT_URL")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--name", help="result file name without suffix (default tier2, tier2-quick with --quick)")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "ARGS"), help=argparse.SUPPRESS)
@@ -695,13 +723,31 @@ def main() -> int:
     endpoint = os.environ.get("TIERING_S3_ENDPOINT_URL") or None
     import s3transfer
 
+    moto = None
+    if args.private_moto:
+        moto, endpoint = start_private_moto()
+    try:
+        return run(args, plan, cases, endpoint, s3transfer.__version__, moto is not None)
+    finally:
+        if moto is not None:
+            moto.terminate()
+            try:
+                moto.wait(10)
+            except subprocess.TimeoutExpired:
+                moto.kill()
+
+
+def run(args, plan: dict, cases: set[int], endpoint: str | None, s3transfer_version: str, private: bool) -> int:
     env = Env(endpoint)
     result = {"quick": args.quick, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                           "platform": platform.platform(), "boto3": boto3.__version__,
-                          "s3transfer": s3transfer.__version__},
-              "endpoint_kind": ("moto server on loopback" if env.moto_pid else (endpoint or "AWS S3")),
+                          "s3transfer": s3transfer_version},
+              "endpoint_kind": (f"moto server on loopback ({'started by the bench' if private else 'shared'})"
+                                if env.moto_pid else (endpoint or "AWS S3")),
               "entry_size": args.entry_size, "block_size": BLOCK_SIZE, "concurrency": CONCURRENCY, "plan": plan}
+    result["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
+    result["moto_rss_start"] = env.moto_rss()
     t_start = time.perf_counter()
     try:
         if 1 in cases:
@@ -722,12 +768,15 @@ def main() -> int:
     finally:
         env.close()
     result["seconds"] = rnd(time.perf_counter() - t_start)
+    result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = args.name or ("tier2-quick" if args.quick else "tier2")
     (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    md = report(result) + f"Run time: {result['seconds']} s. Command: `.venv/bin/python bench/bench_tier2.py" \
-                          f"{' --quick' if args.quick else ''}`.\n"
+    md = report(result) + f"moto server RSS (MiB) at start {result['moto_rss_start']}, at end " \
+                          f"{result['moto_rss_end']} (objects deleted; moto keeps freed memory).\n\n" \
+                          f"Run time: {result['seconds']} s. Command: `.venv/bin/python bench/bench_tier2.py" \
+                          f"{' --quick' if args.quick else ''}{' --private-moto' if private else ''}`.\n"
     (out / f"{name}.md").write_text(md)
     print()
     print(md)

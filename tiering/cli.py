@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     _json_flag(ost)
 
     for by in ("age", "size"):
-        ob = sub.add_parser(f"offload-by-{by}", help=f"offload what the topics' offload-{'after' if by == 'age' else 'threshold'} policy selects")
+        knob = "offload-after" if by == "age" else "offload-threshold"
+        ob = sub.add_parser(f"offload-by-{by}", help=f"offload the sealed ledgers the topics' {knob} selects")
         _topic_flag(ob)
         _json_flag(ob)
     dl = sub.add_parser("delete-lagged", help="delete tier-1 copies offloaded longer ago than the deletion lag")

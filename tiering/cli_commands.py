@@ -30,9 +30,10 @@ class Context:
 
     @cached_property
     def meta(self):
+        engine = self.engine  # settings first: a configuration mistake is reported before heavy imports
         from tiering.metadata.repository import MetadataStore
 
-        return MetadataStore(self.engine)
+        return MetadataStore(engine)
 
     @cached_property
     def tier1(self):

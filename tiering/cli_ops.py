@@ -90,7 +90,7 @@ def cmd_delete_lagged(ctx: Context, args) -> int:
     report = delete_lagged(ctx.deps, args.topic)
     result = {"command": "delete-lagged", "topic": args.topic, "deleted": _pairs(report.deleted),
               "skipped": _pairs(report.skipped), "bytes": report.bytes}
-    _emit(args, result, f"deleted {len(report.deleted)} tier-1 copie(s) ({report.bytes} bytes); skipped "
+    _emit(args, result, f"deleted {len(report.deleted)} tier-1 cop(ies) ({report.bytes} bytes); skipped "
                         f"{len(report.skipped)} that changed meanwhile")
     return 0
 
@@ -239,8 +239,8 @@ def cmd_verify(ctx: Context, args) -> int:
               "ok": ok}
     kinds = ", ".join(f"{g['gap']} {g['from']}..{g['to']}" for g in result["gaps"][:5])
     _emit(args, result, f"verified {args.name!r}: {len(ledgers)} ledger(s), {entries} entries, {nbytes} bytes, "
-                        f"{tier2_checked} tier-2 cop(ies) compared, {len(gaps)} gap(s){' (' + kinds + ')' if gaps else ''}"
-                        f"; {'OK' if ok else f'{len(problems)} problem(s)'}")
+                        f"{tier2_checked} tier-2 cop(ies) compared, {len(gaps)} gap(s)"
+                        f"{' (' + kinds + ')' if gaps else ''}; {'OK' if ok else f'{len(problems)} problem(s)'}")
     if problems:
         return _fail(len(problems), "check(s) of " + repr(args.name), problems[0])
     return 0

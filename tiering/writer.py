@@ -3,7 +3,9 @@ entries/bytes policy (Pulsar's managed ledger). One writer process owns a topic 
 
 Exactly-once appends (optional): with a writer id and an event number, the writer's last event number is
 a topic attribute updated by replace-if-equals, so a retried append of an already written event is not
-written twice and a second process using the same writer id loses the compare-and-set.
+written twice and a second process using the same writer id loses the compare-and-set. The entry and the
+attribute are not one atomic write (they live in a file and in PostgreSQL): a crash between the two leaves
+the entry written and the event unrecorded, so that one retry is written again.
 """
 from __future__ import annotations
 

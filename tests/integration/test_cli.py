@@ -136,22 +136,21 @@ def test_topics_produce_seal_status_read(cli):
     assert listed.ok().json_lines == [topic]
 
     assert cli("produce", "orders", "--entries", "10", "--entry-size", "100", "--seed", "s").ok().stdout == "2:1\n"
-    lines = b"alpha\n\ngamma \xce\xb2\n"  # an empty line is an empty entry
-    assert cli("produce", "orders", "--stdin-lines", "--seal", stdin=lines).ok().stdout == "3:0\n"
-    assert cli("produce", "orders", "--entries", "3", "--entry-size", "7", "--seed", "o").ok().stdout == "4:2\n"
+    lines = b"alpha\n\ngamma \xce\xb2\ntab\there\n"  # an empty line is an empty entry
+    assert cli("produce", "orders", "--stdin-lines", stdin=lines).ok().stdout == "3:1\n"
 
     status = cli("status", "orders", "--json").ok().json_lines
     assert [(r["ledger"], r["state"], r["entries"], r["bytes"], r["tiers"]) for r in status] == [
         (0, "SEALED", 4, 400, [1]), (1, "SEALED", 4, 400, [1]), (2, "SEALED", 4, 205, [1]),
-        (3, "SEALED", 1, 8, [1]), (4, "OPEN", 3, 21, [1])]  # the open ledger's counts come from its file
+        (3, "OPEN", 2, 16, [1])]  # the open ledger's counts come from its tier-1 file
 
     expected = {(i // 4, i % 4): payload("s", i, 100) for i in range(10)}
-    expected.update({(2, 2): b"alpha", (2, 3): b"", (3, 0): "gamma β".encode()})
-    expected.update({(4, i): payload("o", i, 7) for i in range(3)})
-    assert read_data(cli("read", "orders", "--json")) == expected
-    human, sealed = cli.many([("read", "orders", "--from", "2:2", "--to", "3:0"), ("seal", "orders")])
-    assert human.ok().stdout == "2:2\talpha\n2:3\t\n3:0\tgamma β\n"
-    assert sealed.ok().stdout == "sealed ledger 4 (3 entries)\n"
+    expected.update({(2, 2): b"alpha", (2, 3): b"", (3, 0): "gamma β".encode(), (3, 1): b"tab\there"})
+    json_read, human, sealed = cli.many([("read", "orders", "--json"), ("read", "orders", "--from", "2:2"),
+                                         ("seal", "orders")])
+    assert read_data(json_read) == expected
+    assert human.ok().stdout == "2:2\talpha\n2:3\t\n3:0\tgamma β\n3:1\ttab\\there\n"
+    assert sealed.ok().stdout == "sealed ledger 3 (2 entries)\n"
 
 
 def test_progress_is_shown_only_on_a_terminal(cli, deps):
@@ -228,7 +227,6 @@ def test_offload_by_age_and_size_retention_with_topic_filter(cli, deps):
 
     ret = cli("retention", "--topic", "kept", "--json").ok().json
     assert ret["deleted"] == [{"topic": "kept", "ledger": 0}] and ret["files_removed"] == 1 and ret["bytes"] == 300
-    assert cli("retention", "--json").ok().json["deleted"] == []  # the others have no retention policy
 
 
 def test_defrag_gc_verify_and_loss_behind_metadatas_back(cli, deps, s3_client, bucket):
@@ -366,7 +364,7 @@ def test_services_down_exit_1_without_traceback_or_secrets(cli, deps):
     assert [led.state.value for led in deps.meta.list_ledgers("t")] == ["OFFLOADED"]
 
 
-HOSTILE = ["../x", "a/b", "q'uo\"te`$(x) back\\slash\nnewline", "日本語 тема 🎉", "y" * 1000, "-dash"]
+HOSTILE = ["../x", "a/b", "-q'uo\"te`$(x) back\\slash\nnewline", "日本語 тема 🎉", "y" * 1000]
 
 
 def test_hostile_topic_names_round_trip_and_stay_inside_root_and_prefix(cli, deps, tier1_root, tmp_path):
