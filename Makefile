@@ -50,7 +50,7 @@ up: schema dist
 	@$(WITH_ENV) && bash .ci/airflow_up.sh
 
 bench: schema
-	@$(WITH_ENV) && $(PY) bench/bench_metadata.py && $(PY) bench/bench_tier2.py $(BENCH_ARGS)
+	@$(WITH_ENV) && $(PY) bench/bench_metadata.py && $(PY) bench/bench_tier2.py --private-moto $(BENCH_ARGS)
 
 stop:
 	@bash .ci/stop.sh

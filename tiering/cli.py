@@ -16,7 +16,6 @@ from typing import Sequence
 from tiering.errors import BadInput, TieringError
 
 EXIT_BAD_INPUT = 2
-MAX_TOPIC_CHARS = 1024
 MIB = 1024 * 1024
 
 
@@ -63,20 +62,9 @@ def _position(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def check_topic_name(name: str) -> str:
-    """A topic name is 1 to 1024 characters of valid Unicode without NUL (any other character is fine:
-    tier-1 directories and tier-2 keys encode it)."""
-    if not name or len(name) > MAX_TOPIC_CHARS or "\x00" in name:
-        raise BadInput(f"a topic name is 1 to {MAX_TOPIC_CHARS} characters without NUL "
-                       f"(got {len(name)} characters{', with NUL' if chr(0) in name else ''})")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
-        raise BadInput("a topic name must be valid UTF-8") from None
-    return name
-
-
 def _topic_name(text: str) -> str:
+    from tiering.model import check_topic_name
+
     try:
         return check_topic_name(text)
     except BadInput as exc:
@@ -182,6 +170,16 @@ def build_parser() -> argparse.ArgumentParser:
     ver = sub.add_parser("verify", help="read a whole topic (and every tier-2 copy); exit 1 on loss or corruption")
     _name(ver)
     _json_flag(ver)
+    exp = sub.add_parser("export-metadata", help="Parquet snapshot of the metadata tables (manifest last)")
+    exp.add_argument("dest", metavar="DEST", help="s3://bucket/path or a local directory")
+    exp.add_argument("--overwrite", action="store_true", help="replace an existing export at DEST")
+    _json_flag(exp)
+    imp = sub.add_parser("import-metadata", help="restore an export into an empty schema (all or nothing)")
+    imp.add_argument("source", metavar="SOURCE", help="s3://bucket/path or a local directory")
+    _json_flag(imp)
+    rec = sub.add_parser("recover-from-bucket", help="rebuild metadata of offloaded ledgers from the bucket alone")
+    rec.add_argument("--topic", type=_topic_name, metavar="NAME", help="only this topic")
+    _json_flag(rec)
     return p
 
 

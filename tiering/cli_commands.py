@@ -91,9 +91,9 @@ def _first_line(exc: object) -> str:
 
 
 def dispatch(args) -> int:
-    from tiering import cli_ops
+    from tiering import cli_meta, cli_ops
 
-    handler = {**HANDLERS, **cli_ops.HANDLERS}[args.command]
+    handler = {**HANDLERS, **cli_ops.HANDLERS, **cli_meta.HANDLERS}[args.command]
     ctx = Context()
     try:
         return handler(ctx, args) or 0

@@ -16,6 +16,24 @@ class LedgerState(str, enum.Enum):
     DELETED = "DELETED"
 
 
+TOPIC_MAX = 1024
+
+
+def check_topic_name(name: object) -> str:
+    """A topic name is 1 to 1,024 characters of valid Unicode without NUL (PostgreSQL text cannot hold
+    NUL); any other character is fine: tier-1 directories and tier-2 keys encode it."""
+    if not isinstance(name, str):
+        raise BadInput(f"a topic name is a string, got {type(name).__name__}")
+    if not name or len(name) > TOPIC_MAX or "\x00" in name:
+        raise BadInput(f"a topic name is 1 to {TOPIC_MAX} characters without NUL "
+                       f"(got {len(name)} characters{', with NUL' if chr(0) in name else ''})")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
+        raise BadInput("a topic name must be valid UTF-8") from None
+    return name
+
+
 _POSITION = re.compile(r"^(\d{1,18}):(\d{1,18})$")
 
 

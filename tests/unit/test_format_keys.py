@@ -24,8 +24,8 @@ def test_topic_encoding(topic, encoded):
     assert encode_topic(topic) == encoded
     key = data_key("p/", topic, UUID, 9)
     assert key == f"p/{encoded}/{UUID}-ledger-9"
-    assert parse_key("p/", key) == ParsedKey(topic, UUID, 9, False)
-    assert parse_key("p/", key + "-index") == ParsedKey(topic, UUID, 9, True)
+    assert parse_key("p/", key) == ParsedKey(topic, UUID, 9, False, encoded)
+    assert parse_key("p/", key + "-index") == ParsedKey(topic, UUID, 9, True, encoded)
     assert all(seg not in (".", "..", "") for seg in key.split("/"))
 
 
@@ -63,8 +63,23 @@ def test_foreign_keys_are_not_ours(key):
 
 def test_uuid_containing_ledger_word_still_parses():
     key = index_key("p/", "t", "a-ledger-1", 2)
-    assert parse_key("p/", key) == ParsedKey("t", "a-ledger-1", 2, True)
+    assert parse_key("p/", key) == ParsedKey("t", "a-ledger-1", 2, True, "t")
 
 
 def test_parse_with_empty_prefix():
-    assert parse_key("", "t/u-ledger-0") == ("t", "u", 0, False)
+    assert parse_key("", "t/u-ledger-0") == ("t", "u", 0, False, "t")
+
+
+@pytest.mark.parametrize("topic", ["x" * 1000, "é" * 1024, "/" * 1024, "a" * 199 + "é", "." * 300])
+def test_long_topics_get_a_hashed_segment_within_s3s_key_limit(topic):
+    segment = encode_topic(topic)
+    assert 200 < len(segment) <= 217 and "/" not in segment
+    key = index_key("p/", topic, UUID, 2**63 - 1)
+    assert len(key.encode()) <= 1024
+    parsed = parse_key("p/", key)
+    assert parsed == ParsedKey(None, UUID, 2**63 - 1, True, segment)  # the index metadata names the topic
+    assert encode_topic(topic + "y") != segment  # injective by the hash
+
+
+def test_short_and_hashed_segments_never_collide():
+    assert len(encode_topic("a" * 200)) == 200 and len(encode_topic("a" * 201)) > 200

@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tiering.errors import CorruptObjectError
+from tiering.format.keys import MAX_SEGMENT, encode_topic
 from tiering.format import (HEADER_LEN, PADDING, EndOfEntries, IndexEntry, LedgerOffloadMetadata, NeedMore,
                             data_key, decode_block, decode_index, decode_metadata, encode_index, encode_metadata,
                             index_key, iter_block_entries, pack_blocks, parse_block_header, parse_key,
@@ -139,8 +140,11 @@ def test_keys_round_trip_and_stay_under_the_prefix(topic, uuid, ledger_id, prefi
     except UnicodeEncodeError:
         assume(False)
     key, idx = data_key(prefix, topic, uuid, ledger_id), index_key(prefix, topic, uuid, ledger_id)
-    assert parse_key(prefix, key) == (topic, uuid, ledger_id, False)
-    assert parse_key(prefix, idx) == (topic, uuid, ledger_id, True)
+    segment = encode_topic(topic)
+    named = topic if len(segment) <= MAX_SEGMENT else None  # a hashed segment: the index names the topic
+    assert parse_key(prefix, key) == (named, uuid, ledger_id, False, segment)
+    assert parse_key(prefix, idx) == (named, uuid, ledger_id, True, segment)
+    assert len(idx.encode()) <= len(prefix.encode()) + MAX_SEGMENT + 17 + 1 + 40 + 8 + 19 + 6
     rest = key[len(prefix):].split("/")
     assert key.startswith(prefix) and key.isascii() and len(rest) == 2
     assert rest[0] not in ("", ".", "..") and "\0" not in key

@@ -48,7 +48,7 @@ class Block:
     part_id: int
     first_entry_id: int
     entry_count: int
-    data: bytearray
+    data: bytes
     offset: int
 
     @property
@@ -226,13 +226,15 @@ def pack_blocks(entries: Iterable[tuple[int, Buffer]], block_size: int = DEFAULT
     expected: int | None = None
 
     def finish(pad: bool) -> Block:
-        nonlocal part_id, offset
+        nonlocal part_id, offset, cur
         if pad:
             _append_padding(cur, block_size - len(cur))
         cur[0:HEADER_LEN] = encode_block_header(len(cur), cur_first)
-        block = Block(part_id, cur_first, cur_count, cur, offset)
+        # bytes, and the builder dropped: a caller keeping blocks in flight holds one copy of each, not two
+        data, cur = bytes(cur), None
+        block = Block(part_id, cur_first, cur_count, data, offset)
         part_id += 1
-        offset += len(cur)
+        offset += len(data)
         return block
 
     for item in entries:

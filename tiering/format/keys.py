@@ -6,6 +6,7 @@ some tools and S3-compatible stores normalise away).
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import NamedTuple
 from urllib.parse import quote, unquote
@@ -17,11 +18,18 @@ _UUID = re.compile(r"[0-9A-Za-z_-]+")
 _TAIL = re.compile(r"(?P<uuid>[0-9A-Za-z_-]+)-ledger-(?P<ledger>0|[1-9][0-9]{0,18})(?P<index>-index)?")
 
 
+# S3 keys are at most 1,024 bytes: a topic's segment longer than this is cut and made unique by a hash
+# (as tier 1 does for file names). Direct segments are <= MAX_SEGMENT, hashed ones longer: no collision.
+MAX_SEGMENT = 200
+_HASHED = re.compile(r"[A-Za-z0-9%._~-]+-[0-9a-f]{16}")
+
+
 class ParsedKey(NamedTuple):
-    topic: str
+    topic: str | None  # None when the segment is hashed: the index metadata names the topic
     uuid: str
     ledger_id: int
     is_index: bool
+    segment: str = ""
 
 
 def encode_topic(topic: str) -> str:
@@ -31,7 +39,15 @@ def encode_topic(topic: str) -> str:
         encoded = quote(topic, safe="")
     except UnicodeEncodeError:  # lone surrogates cannot be UTF-8 encoded
         raise BadInput(f"topic {topic!r} is not valid Unicode") from None
-    return "%2E" * len(topic) if topic.strip(".") == "" else encoded
+    if topic.strip(".") == "":
+        encoded = "%2E" * len(topic)
+    if len(encoded) <= MAX_SEGMENT:
+        return encoded
+    cut = encoded[:MAX_SEGMENT]
+    pct = cut.rfind("%", len(cut) - 2)
+    if pct != -1:  # never split a %XX escape
+        cut = cut[:pct]
+    return f"{cut}-{hashlib.sha256(topic.encode()).hexdigest()[:16]}"
 
 
 def data_key(prefix: str, topic: str, uuid: str, ledger_id: int) -> str:
@@ -54,16 +70,20 @@ def parse_key(prefix: str, key: str) -> ParsedKey | None:
     m = _TAIL.fullmatch(tail) if slash else None
     if not m or not encoded:
         return None
+    ledger_id = int(m["ledger"])
+    if ledger_id >= 2**63:
+        return None
+    if len(encoded) > MAX_SEGMENT:
+        if not _HASHED.fullmatch(encoded):
+            return None
+        return ParsedKey(None, m["uuid"], ledger_id, m["index"] is not None, encoded)
     try:
         topic = unquote(encoded, errors="strict")
         if encode_topic(topic) != encoded:  # not canonical (e.g. lower-case %2f): not one of ours
             return None
     except (BadInput, UnicodeDecodeError):
         return None
-    ledger_id = int(m["ledger"])
-    if ledger_id >= 2**63:
-        return None
-    return ParsedKey(topic, m["uuid"], ledger_id, m["index"] is not None)
+    return ParsedKey(topic, m["uuid"], ledger_id, m["index"] is not None, encoded)
 
 
 # Retention's marker: `{prefix}{topic}/_trimmed` holds {"trimmed_before_ledger": N}, so recovery from the

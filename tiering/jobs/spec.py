@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tiering.errors import BadInput
-from tiering.model import Position
+from tiering.model import TOPIC_MAX, Position, check_topic_name
 
 JOBS_DIR = Path(__file__).resolve().parent
-TOPIC_MAX = 1024
 # Airflow's trigger form validates with this too (a JSON-schema pattern).
 POSITION_PATTERN = r"^[0-9]{1,18}:[0-9]{1,18}$"
 
@@ -54,12 +53,6 @@ JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
 ]}
 
 
-def check_topic(topic: str) -> str:
-    if not isinstance(topic, str) or not topic or len(topic) > TOPIC_MAX or "\x00" in topic:
-        raise BadInput("topic must be 1 to 1024 characters without NUL")
-    return topic
-
-
 def spark_submit_args(dag_id: str, topic: str | None = None, position: str | None = None,
                       dest: str | None = None) -> list[str]:
     """`application_args` of a job: its fixed flags plus the run's parameters, validated."""
@@ -74,11 +67,11 @@ def spark_submit_args(dag_id: str, topic: str | None = None, position: str | Non
             raise BadInput(f"position {position!r} is not L:E")
         Position.parse(position)
         # "--flag=value": a topic that starts with "-" must not read as a flag
-        return args + [f"--prefix={check_topic(topic)}", f"--position={position}"]
+        return args + [f"--prefix={check_topic_name(topic)}", f"--position={position}"]
     if position:
         raise BadInput(f"{dag_id} takes no position")
     if topic:
-        args += [f"--topic={check_topic(topic)}"]
+        args += [f"--topic={check_topic_name(topic)}"]
     if dest:
         if spec.dag_id != "tiering_metadata_export":
             raise BadInput(f"{dag_id} takes no destination")

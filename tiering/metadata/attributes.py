@@ -14,6 +14,7 @@ from sqlalchemy.engine import Engine
 
 from tiering.errors import BadInput, ConditionalUpdateFailed, TopicNotFound
 from tiering.metadata.tables import attribute, topic
+from tiering.model import check_topic_name
 
 TOPIC_SCOPE = -1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -96,6 +97,7 @@ class Attributes:
 
 
 def _topic_id(conn, name: str) -> int:
+    check_topic_name(name)
     tid = conn.execute(select(topic.c.topic_id).where(topic.c.name == name)).scalar_one_or_none()
     if tid is None:
         raise TopicNotFound(name)

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from tiering.errors import ConditionalUpdateFailed, LedgerNotFound, TopicExists, TopicNotFound
 from tiering.metadata.tables import chunk, gc_task, ledger, topic
-from tiering.model import Chunk, Ledger, LedgerState, Topic, TopicPolicy
+from tiering.model import Chunk, Ledger, LedgerState, Topic, TopicPolicy, check_topic_name
 
 S = LedgerState
 _POLICY_FIELDS = tuple(TopicPolicy.__dataclass_fields__)
@@ -52,6 +52,7 @@ class MetadataStore:
 
     # ---------------------------------------------------------------- topics
     def create_topic(self, name: str, policy: TopicPolicy = TopicPolicy()) -> Topic:
+        check_topic_name(name)
         try:
             with self.engine.begin() as conn:
                 row = conn.execute(
@@ -64,6 +65,7 @@ class MetadataStore:
         return _topic_row(row)
 
     def get_topic(self, name: str, conn: Connection | None = None) -> Topic:
+        check_topic_name(name)
         with self._conn(conn) as c:
             row = c.execute(select(topic).where(topic.c.name == name)).one_or_none()
         if row is None:
@@ -75,6 +77,7 @@ class MetadataStore:
             return [_topic_row(r) for r in conn.execute(select(topic).order_by(topic.c.name))]
 
     def set_policy(self, name: str, expected_version: int, policy: TopicPolicy) -> Topic:
+        check_topic_name(name)
         with self.engine.begin() as conn:
             row = conn.execute(
                 update(topic).where(topic.c.name == name, topic.c.version == expected_version)
@@ -93,6 +96,7 @@ class MetadataStore:
 
     # ---------------------------------------------------------------- ledgers: reads
     def get_ledger(self, topic_name: str, ledger_id: int, conn: Connection | None = None) -> Ledger:
+        check_topic_name(topic_name)
         with self._conn(conn) as c:
             row = c.execute(_LEDGER_SELECT.where(topic.c.name == topic_name,
                                                  ledger.c.ledger_id == ledger_id)).one_or_none()
@@ -103,6 +107,7 @@ class MetadataStore:
 
     def list_ledgers(self, topic_name: str, states: Iterable[LedgerState] | None = None,
                      conn: Connection | None = None) -> list[Ledger]:
+        check_topic_name(topic_name)
         query = _LEDGER_SELECT.where(topic.c.name == topic_name).order_by(ledger.c.ledger_id)
         if states is not None:
             query = query.where(ledger.c.state.in_([s.value for s in states]))
@@ -119,6 +124,7 @@ class MetadataStore:
         return None if row is None else _chunk_row(row)
 
     def chunks(self, topic_name: str, conn: Connection | None = None) -> dict[int, Chunk]:
+        check_topic_name(topic_name)
         q = (select(chunk).join(topic, topic.c.topic_id == chunk.c.topic_id)
              .where(topic.c.name == topic_name).order_by(chunk.c.ledger_id))
         with self._conn(conn) as c:
@@ -134,7 +140,7 @@ class MetadataStore:
                                           0, 0, 0, 0, 0, 0, topic.c.offload_after_seconds))
                  .order_by(ledger.c.sealed_at, ledger.c.topic_id, ledger.c.ledger_id).limit(limit))
         if topic_name is not None:
-            query = query.where(topic.c.name == topic_name)
+            query = query.where(topic.c.name == check_topic_name(topic_name))
         with self._conn(conn) as c:
             return [_ledger_row(r) for r in c.execute(query)]
 
@@ -143,13 +149,14 @@ class MetadataStore:
         query = _LEDGER_SELECT.where(ledger.c.state == S.OFFLOADING.value,
                                      ledger.c.offload_started_at <= func.now() - older_than)
         if topic_name is not None:
-            query = query.where(topic.c.name == topic_name)
+            query = query.where(topic.c.name == check_topic_name(topic_name))
         with self.engine.connect() as c:
             return [_ledger_row(r) for r in c.execute(query.order_by(ledger.c.offload_started_at))]
 
     # ---------------------------------------------------------------- ledgers: transitions
     def open_ledger(self, topic_name: str) -> Ledger:
         """Allocate the topic's next ledger id and create it OPEN (at most one OPEN ledger per topic)."""
+        check_topic_name(topic_name)
         try:
             with self.engine.begin() as conn:
                 row = conn.execute(

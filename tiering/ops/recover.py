@@ -91,6 +91,7 @@ class _Copy:
     chunk: Chunk
     started_at: datetime
     finished_at: datetime
+    topic: str = ""
 
 
 @dataclass
@@ -109,15 +110,16 @@ def recover_from_bucket(engine: Engine, bucket: Bucket, topic: str | None = None
     report = RecoverReport()
     prefix = bucket.prefix + (encode_topic(topic) + "/" if topic is not None else "")
     with ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="recover") as pool:
-        for name, objects in _by_topic(bucket, prefix, report):
-            if topic is not None and name != topic:
+        for segment, objects in _by_topic(bucket, prefix, report):
+            if topic is not None and segment != encode_topic(topic):
                 continue
-            _recover_topic(engine, bucket, name, objects, policy, pool, report)
+            _recover_topic(engine, bucket, segment, objects, policy, pool, report)
     return report
 
 
 def _by_topic(b: Bucket, prefix: str, report: RecoverReport) -> Iterator[tuple[str, dict[str, tuple]]]:
-    """(topic, {key: (parsed, _Obj)}) per topic, streaming the listing (keys of a topic are contiguous)."""
+    """(topic's key segment, {key: (parsed, _Obj)}) per topic, streaming the listing (keys of a topic are
+    contiguous)."""
     current, objects = None, {}
     for o in list_objects(b, prefix):
         report.objects_listed += 1
@@ -125,16 +127,16 @@ def _by_topic(b: Bucket, prefix: str, report: RecoverReport) -> Iterator[tuple[s
         if parsed is None:
             report.foreign_objects += 1
             continue
-        if parsed.topic != current:
+        if parsed.segment != current:
             if objects:
                 yield current, objects
-            current, objects = parsed.topic, {}
+            current, objects = parsed.segment, {}
         objects[o["Key"]] = (parsed, _Obj(o["Key"], o["Size"], o["LastModified"]))
     if objects:
         yield current, objects
 
 
-def _recover_topic(engine: Engine, b: Bucket, name: str, objects: dict[str, tuple], policy: TopicPolicy,
+def _recover_topic(engine: Engine, b: Bucket, segment: str, objects: dict[str, tuple], policy: TopicPolicy,
                    pool: ThreadPoolExecutor, report: RecoverReport) -> None:
     sizes = {k: obj for k, (_, obj) in objects.items()}
     indexes = [(p, obj) for p, obj in objects.values() if p.is_index]
@@ -142,7 +144,7 @@ def _recover_topic(engine: Engine, b: Bucket, name: str, objects: dict[str, tupl
     for p, obj in objects.values():
         if not p.is_index and obj.key not in with_index:
             report.ignored.append((obj.key, "data object without an index object (a dead attempt's leftover)"))
-    groups = list(pool.map(lambda item: _read_group(b, name, item[0], item[1], sizes), indexes))
+    groups = list(pool.map(lambda item: _read_group(b, segment, item[0], item[1], sizes), indexes))
     # newest first: the index object is written last, so its time is the copy's completion time
     groups.sort(key=lambda g: (g.index.last_modified, g.index.key), reverse=True)
     chosen: dict[int, _Copy] = {}
@@ -158,6 +160,9 @@ def _recover_topic(engine: Engine, b: Bucket, name: str, objects: dict[str, tupl
             chosen[c.ledger_id] = c
         if not fresh:
             report.ignored.append((g.index.key, "superseded: a newer valid copy holds its ledger(s)"))
+    if not chosen:
+        return
+    name = next(iter(chosen.values())).topic  # from the index metadata: a long topic's key is hashed
     trimmed_before = _trimmed_before(b, name)
     for lid in [lid for lid in chosen if lid < trimmed_before]:
         report.ignored.append((chosen.pop(lid).chunk.index_key,
@@ -178,7 +183,7 @@ def _trimmed_before(b: Bucket, topic: str) -> int:
 
 
 # ----------------------------------------------------------------------------------------------- reading
-def _read_group(b: Bucket, topic: str, parsed: ParsedKey, index: _Obj, objects: dict[str, _Obj]) -> _Group:
+def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects: dict[str, _Obj]) -> _Group:
     g = _Group(index)
     data = objects.get(index.key[:-len(INDEX_SUFFIX)])
     try:
@@ -190,7 +195,7 @@ def _read_group(b: Bucket, topic: str, parsed: ParsedKey, index: _Obj, objects: 
             return g
         buf = get_range(b, index.key, 0, index.size)
         parts = _split_indexes(buf, index.key)
-        problem = _check_indexes(topic, parsed, parts)
+        problem = _check_indexes(segment, parsed, parts)
         if problem:
             g.problem = problem
             return g
@@ -209,7 +214,8 @@ def _read_group(b: Bucket, topic: str, parsed: ParsedKey, index: _Obj, objects: 
                 m.ledger_id, m.entry_count, m.length, datetime.fromtimestamp(m.sealed_time_ms / 1000, timezone.utc),
                 m.offload_uuid,
                 Chunk(data.key, doff, ix.data_object_len, index.key, ioff, ilen, 0, m.entry_count - 1),
-                min(data.last_modified, index.last_modified), max(data.last_modified, index.last_modified)))
+                min(data.last_modified, index.last_modified), max(data.last_modified, index.last_modified),
+                m.topic))
     except CorruptObjectError as exc:
         g.problem = f"invalid: {exc}"
     except DataLossError:
@@ -235,12 +241,12 @@ def _split_indexes(buf: bytes, key: str) -> list[tuple[int, int, OffloadIndex]]:
     return out
 
 
-def _check_indexes(topic: str, parsed: ParsedKey, parts: list[tuple[int, int, OffloadIndex]]) -> str | None:
+def _check_indexes(segment: str, parsed: ParsedKey, parts: list[tuple[int, int, OffloadIndex]]) -> str | None:
     seen = set()
     for _, _, ix in parts:
         m = ix.metadata
-        if m.topic != topic:
-            return f"index names topic {m.topic!r} but lies under topic {topic!r}"
+        if encode_topic(m.topic) != segment:
+            return f"index names topic {m.topic!r} but lies under key segment {segment!r}"
         if m.entry_count == 0:
             return f"index of ledger {m.ledger_id} has no entries"
         if m.ledger_id in seen:

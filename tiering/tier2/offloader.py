@@ -75,6 +75,7 @@ def upload_ledger(b: Bucket, ledger: LedgerToUpload, entries: Iterable[tuple[int
                 data_length += block.length
                 inflight.append(pool.submit(_upload_part, b, ledger.data_key, upload_id, block.part_id,
                                             block.data, step))
+                del block  # the part's bytes live in the future only
                 while len(inflight) >= concurrency:  # bound memory: wait for the oldest part
                     parts.append(inflight.popleft().result())
             while inflight:
@@ -102,8 +103,8 @@ def upload_ledger(b: Bucket, ledger: LedgerToUpload, entries: Iterable[tuple[int
         raise
 
 
-def _upload_part(b: Bucket, key: str, upload_id: str, part_id: int, data: bytearray, step) -> dict:
-    resp = b.s3.upload_part(Bucket=b.name, Key=key, UploadId=upload_id, PartNumber=part_id, Body=bytes(data),
+def _upload_part(b: Bucket, key: str, upload_id: str, part_id: int, data: bytes, step) -> dict:
+    resp = b.s3.upload_part(Bucket=b.name, Key=key, UploadId=upload_id, PartNumber=part_id, Body=data,
                             ChecksumAlgorithm="CRC32C")
     step("part")
     return {"PartNumber": part_id, "ETag": resp["ETag"], "ChecksumCRC32C": resp["ChecksumCRC32C"]}

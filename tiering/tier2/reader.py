@@ -104,8 +104,9 @@ class _RangeStream:
     """Consecutive ranged GETs of [start, end) of one object, growing from FIRST_RANGE to MAX_RANGE, with up
     to READ_AHEAD requests in flight."""
 
-    def __init__(self, b: Bucket, key: str, start: int, end: int, pool: ThreadPoolExecutor):
-        self.b, self.key, self.end, self.pool = b, key, end, pool
+    def __init__(self, b: Bucket, key: str, start: int, end: int, pool: ThreadPoolExecutor,
+                 window: int = READ_AHEAD):
+        self.b, self.key, self.end, self.pool, self.window = b, key, end, pool, window
         self.next_start = start
         self.size = FIRST_RANGE
         self.pending: deque = deque()
@@ -121,11 +122,11 @@ class _RangeStream:
 
     def next(self) -> bytes | None:
         # The first request goes alone (a random read may need nothing more); later ones keep a window.
-        self._schedule(1 if self.requests == 0 else READ_AHEAD)
+        self._schedule(1 if self.requests == 0 else self.window)
         if not self.pending:
             return None
         data = self.pending.popleft().result()
-        self._schedule(READ_AHEAD)
+        self._schedule(self.window)
         return data
 
     def close(self) -> None:
@@ -169,15 +170,17 @@ class OffloadedLedger:
         block_start = self.ch.data_offset + entry.block_offset
         block_end = block_start + index.block_length(i)
         cache_key = (self.ch.data_key, block_start)
+        # A point read fetches one growing range at a time (no bytes far past the entry); a scan reads ahead.
+        window = 1 if first == last else READ_AHEAD
         point = self.caches.offsets.floor(cache_key, first)
         where = f"data object {self.ch.data_key}"
         if point is not None and point[0] >= entry.first_entry_id:
             expected, pos = point
-            stream = _RangeStream(self.b, self.ch.data_key, pos, block_end, self.pool)
+            stream = _RangeStream(self.b, self.ch.data_key, pos, block_end, self.pool, window)
             buf, base = bytearray(), pos
         else:
             expected, pos = entry.first_entry_id, block_start
-            stream = _RangeStream(self.b, self.ch.data_key, block_start, block_end, self.pool)
+            stream = _RangeStream(self.b, self.ch.data_key, block_start, block_end, self.pool, window)
             buf, base = bytearray(), block_start
         try:
             if pos == block_start:
