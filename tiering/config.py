@@ -151,6 +151,10 @@ def _database_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres", "postgresql+psycopg2") or not parts.hostname and not parts.path:
         raise ConfigError("TIERING_DATABASE_URL must be a postgresql:// URL")
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        raise ConfigError("TIERING_DATABASE_URL has a port that is not a number") from None
     if parts.scheme == "postgres":
         url = "postgresql" + url[len("postgres"):]
     return url

@@ -26,6 +26,7 @@ def test_missing_variable_is_named(missing):
 
 @pytest.mark.parametrize("var,value", [
     ("TIERING_DATABASE_URL", "mysql://x/y"),
+    ("TIERING_DATABASE_URL", "postgresql://u:s3cret@h:notaport/db"),
     ("TIERING_S3_ENDPOINT_URL", "ftp://x"),
     ("TIERING_BLOCK_SIZE", "1024"),
     ("TIERING_BLOCK_SIZE", "lots"),
