@@ -34,7 +34,7 @@ def cmd_export_metadata(ctx: Context, args) -> int:
 
 
 def cmd_import_metadata(ctx: Context, args) -> int:
-    from tiering.ops.export_metadata import import_metadata
+    from tiering.ops.import_metadata import import_metadata
 
     fs, base = _location(ctx, args.source)
     report = import_metadata(ctx.engine, fs, base)

@@ -123,7 +123,8 @@ def test_metadata_export_by_spark_over_jdbc_imports_back_exactly(airflow, deps, 
     from sqlalchemy.engine import make_url
 
     from tiering.metadata import make_engine, upgrade
-    from tiering.ops.export_metadata import filesystem_for, import_metadata, table_names
+    from tiering.ops.export_metadata import filesystem_for, table_names
+    from tiering.ops.import_metadata import import_metadata
 
     dest = tmp_path / "export"
     done, out = dags_test(airflow, "tiering_metadata_export", {"dest": str(dest)})

@@ -16,7 +16,8 @@ from tiering.metadata.repository import MetadataStore
 from tiering.model import LedgerState as S, TopicPolicy
 from tiering.ops.defrag import defrag
 from tiering.ops.delete_lagged import delete_lagged
-from tiering.ops.export_metadata import export_metadata, filesystem_for, import_metadata
+from tiering.ops.export_metadata import export_metadata, filesystem_for
+from tiering.ops.import_metadata import import_metadata
 from tiering.ops.gc import run_gc
 from tiering.ops.offload import offload_many, plan_offload
 from tiering.ops.recover import recover_from_bucket

@@ -25,8 +25,8 @@ from tiering.metadata.repository import MetadataStore
 from tiering.model import LedgerState as S, Position, TopicPolicy
 from tiering.ops.defrag import defrag
 from tiering.ops.delete_lagged import delete_lagged
-from tiering.ops.export_metadata import (arrow_schema, export_metadata, filesystem_for, import_metadata,
-                                         jdbc_query, read_manifest, rows_to_table, table_names)
+from tiering.ops.export_metadata import (arrow_schema, export_metadata, filesystem_for, jdbc_query, read_manifest, rows_to_table, table_names)
+from tiering.ops.import_metadata import import_metadata
 from tiering.ops.gc import run_gc
 from tiering.ops.offload import offload_many
 from tiering.ops.recover import recover_from_bucket
