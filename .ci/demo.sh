@@ -41,20 +41,18 @@ run_dag tiering_offload_by_size
 run_dag tiering_offload_prefix "{\"topic\": \"$T_MAN\", \"position\": \"3:0\"}"
 run_dag tiering_delete_lagged
 sql "select topic, tier1_ledgers, tier1_bytes, tier2_ledgers, tier2_bytes from tiering.tier_usage where topic like '%-$RUN' order by topic"
-OBJ_BEFORE=$(python -c "
-from tiering.config import Settings; s = Settings.from_env(); c = s.s3_client()
-print(sum(len(p.get('Contents', [])) for p in c.get_paginator('list_objects_v2').paginate(Bucket=s.bucket, Prefix=s.prefix)))")
+REFS_SQL="select count(distinct data_key) + count(distinct index_key) from tiering.chunk"
+REF_BEFORE=$(psql "$TIERING_DATABASE_URL" -Atc "$REFS_SQL")
 run_dag tiering_defrag
 run_dag tiering_retention
 run_dag tiering_gc
-OBJ_AFTER=$(python -c "
-from tiering.config import Settings; s = Settings.from_env(); c = s.s3_client()
-print(sum(len(p.get('Contents', [])) for p in c.get_paginator('list_objects_v2').paginate(Bucket=s.bucket, Prefix=s.prefix)))")
+REF_AFTER=$(psql "$TIERING_DATABASE_URL" -Atc "$REFS_SQL")
 run_dag tiering_metadata_export
 
 step "4/6 after"
 sql "select * from tiering.tier_usage where topic like '%-$RUN' order by topic"
-echo "tier-2 objects: $OBJ_BEFORE before defrag + GC, $OBJ_AFTER after (the old ones wait out their GC delay)"
+echo "tier-2 objects referenced by metadata: $REF_BEFORE before defrag, $REF_AFTER after; the merged-away ones"
+echo "stay in the GC queue for their delay (10 min) so readers holding old metadata finish, then GC deletes them:"
 sql "select job, status, items_done, items_failed, bytes, ended_at - started_at as took from tiering.job_run order by run_id desc limit 8"
 sql "select reason, count(*), min(not_before) as first_due from tiering.gc_queue group by reason"
 
