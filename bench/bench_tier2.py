@@ -23,61 +23,42 @@ bench/results/tier2.{md,json} (tier2-quick.{md,json} with --quick).
     .venv/bin/python bench/bench_tier2.py --quick     # ~2 minutes
     .venv/bin/python bench/bench_tier2.py             # full sizes (8-12 minutes on 2 busy cores)
     add --private-moto to run against a moto server of the bench's own (started and stopped by it)
-"""
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
 import random
-import secrets
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-import urllib.request
 import uuid
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import boto3  # noqa: E402
 from boto3.s3.transfer import TransferConfig  # noqa: E402
-from botocore.config import Config  # noqa: E402
 from s3transfer.manager import TransferManager  # noqa: E402
-from sqlalchemy import create_engine, text  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
 
-from tiering.format.block import HEADER_LEN, Entry as BlockEntry, NeedMore, read_entry_at  # noqa: E402
-from tiering.format.index import decode_index  # noqa: E402
+from benchkit import (BLOCK_SIZE, CONCURRENCY, MIB, PREFIX, ROOT, Env, endpoint, endpoint_kind,  # noqa: E402
+                      loadavg, machine, median, mib, proc_status, rnd, s3_client)
+from pulsar_reader import PulsarStyleReader  # noqa: E402
 from tiering.format.keys import data_key, index_key  # noqa: E402
-from tiering.metadata import make_engine, upgrade  # noqa: E402
+from tiering.metadata import make_engine  # noqa: E402
 from tiering.metadata.repository import MetadataStore  # noqa: E402
-from tiering.model import Position, TopicPolicy  # noqa: E402
+from tiering.model import Position  # noqa: E402
 from tiering.ops.context import Deps, Knobs  # noqa: E402
 from tiering.ops.offload import offload_ledger  # noqa: E402
 from tiering.read import Entry as ReadEntry, ReadHandle  # noqa: E402
 from tiering.tier1 import Tier1Store  # noqa: E402
 from tiering.tier2 import reader as t2reader  # noqa: E402
-from tiering.tier2.objects import Bucket, get_range  # noqa: E402
+from tiering.tier2.objects import Bucket  # noqa: E402
 from tiering.tier2.offloader import LedgerToUpload, upload_ledger  # noqa: E402
 from tiering.tier2.reader import ReaderCaches, tier2_opener  # noqa: E402
 from tiering.workload import payload  # noqa: E402
-from tiering.writer import ManagedLedgerWriter  # noqa: E402
-
-MIB = 1024 * 1024
-BLOCK_SIZE = 8 * MIB
-CONCURRENCY = 4
-PULSAR_BUFFER = 1 * MIB  # Pulsar's managedLedgerOffloadReadBufferSizeInBytes default
-PREFIX = "bench/"
 
 FULL = dict(
     offload=[(1, 16, 5), (8, 16, 3), (64, 1, 3), (1, 256, 3)],  # (ledgers, MiB each, runs)
@@ -89,15 +70,8 @@ QUICK = dict(
     read_mib=64, read_runs=3, random_reads=15, rss_mib=128, rss_read_mib=None)
 
 
+
 # ----------------------------------------------------------------------------------------------- plumbing
-
-def s3_client(endpoint: str | None):
-    """The client tiering.config.Settings.s3_client builds (same pool, retries and checksum settings)."""
-    return boto3.client(
-        "s3", endpoint_url=endpoint, region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-        config=Config(max_pool_connections=32, retries={"max_attempts": 5, "mode": "standard"},
-                      request_checksum_calculation="when_required", response_checksum_validation="when_required"))
-
 
 def transfer_config() -> TransferConfig:
     return TransferConfig(multipart_threshold=BLOCK_SIZE, multipart_chunksize=BLOCK_SIZE,
@@ -105,238 +79,6 @@ def transfer_config() -> TransferConfig:
 
 
 UPLOAD_EXTRA = {"ChecksumAlgorithm": "CRC32C"}  # our parts carry CRC32C: make s3transfer do the same work
-
-
-class RequestCounter:
-    """Counts requests the client sends (botocore `before-send`), per operation, and bytes asked for by
-    ranged GETs (from the Range header)."""
-
-    def __init__(self, s3):
-        self._lock = threading.Lock()
-        self.ops: dict[str, int] = {}
-        self.range_bytes = 0
-        s3.meta.events.register("before-send.s3", self._on_send)
-
-    def _on_send(self, request=None, event_name: str = "", **_kw):
-        op = event_name.rsplit(".", 1)[-1]
-        n = 0
-        rng = request.headers.get("Range") if request is not None else None
-        if rng:
-            rng = rng.decode() if isinstance(rng, bytes) else rng
-            a, b = rng.split("=", 1)[1].split("-")
-            n = int(b) - int(a) + 1
-        with self._lock:
-            self.ops[op] = self.ops.get(op, 0) + 1
-            self.range_bytes += n
-        return None  # a non-None value would replace the HTTP response
-
-    def snapshot(self) -> tuple[int, int]:
-        with self._lock:
-            return sum(self.ops.values()), self.range_bytes
-
-
-def empty_bucket(s3, bucket: str) -> None:
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-        if keys:
-            s3.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
-    while True:
-        ups = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
-        if not ups:
-            return
-        for up in ups:
-            s3.abort_multipart_upload(Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
-
-
-def start_private_moto() -> tuple[subprocess.Popen, str]:
-    """A moto server of our own on a free loopback port: the run neither bloats a shared server (moto keeps
-    freed memory) nor competes with other clients' requests inside it."""
-    exe = Path(sys.executable).parent / "moto_server"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
-            return proc, url
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"private moto server on {url} did not start")
-            time.sleep(0.2)
-
-
-def endpoint_pid(endpoint: str | None) -> int | None:
-    """The moto server's pid if it runs on this machine (read-only, for its RSS)."""
-    if not endpoint:
-        return None
-    port = endpoint.rstrip("/").rsplit(":", 1)[-1]
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            args = (p / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(b"moto_server" in a for a in args) and port.encode() in args:
-            return int(p.name)
-    return None
-
-
-def proc_status(pid: int | str = "self") -> dict[str, int]:
-    out = {}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(("VmRSS", "VmHWM")):
-                k, v = line.split(":")
-                out[k] = int(v.split()[0]) * 1024
-    except OSError:
-        pass
-    return out
-
-
-def mib(n: float) -> float:
-    return n / MIB
-
-
-def median(xs):
-    return statistics.median(xs) if xs else float("nan")
-
-
-def rnd(x: float, nd: int = 1) -> float:
-    return round(x, nd)
-
-
-class Env:
-    """Scratch database, bucket and tier-1 root for the run."""
-
-    def __init__(self, endpoint: str | None):
-        self.endpoint = endpoint
-        server = make_url(os.environ["TIERING_DATABASE_URL"].replace("postgresql://", "postgresql+psycopg2://", 1))
-        self.db_name = f"tiering_bench_{secrets.token_hex(3)}"
-        self.admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
-        with self.admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{self.db_name}"'))
-        self.url = server.set(database=self.db_name).render_as_string(hide_password=False)
-        self.engine = make_engine(self.url)
-        upgrade(self.engine)
-        self.s3 = s3_client(endpoint)
-        self.counter = RequestCounter(self.s3)
-        self.bucket = f"tiering-bench-{secrets.token_hex(4)}"
-        self.s3.create_bucket(Bucket=self.bucket)
-        self.tier1_root = Path(tempfile.mkdtemp(prefix="tiering-bench-tier1-"))
-        self.deps = Deps(MetadataStore(self.engine), Tier1Store(self.tier1_root), Bucket(self.s3, self.bucket, PREFIX),
-                         Knobs(block_size=BLOCK_SIZE, upload_concurrency=CONCURRENCY,
-                               offload_timeout=timedelta(hours=1), gc_delay=timedelta(0)))
-        self.moto_pid = endpoint_pid(endpoint)
-        self._topics = 0
-
-    def moto_rss(self) -> float | None:
-        if self.moto_pid is None:
-            return None
-        return rnd(mib(proc_status(self.moto_pid).get("VmRSS", 0)))
-
-    def new_topic(self, tag: str) -> str:
-        self._topics += 1
-        name = f"bench/{tag}-{self._topics}"
-        self.deps.meta.create_topic(name, TopicPolicy(rollover_entries=10**9, rollover_bytes=2**40))
-        return name
-
-    def write_ledgers(self, tag: str, count: int, size: int, entry_size: int):
-        """`count` sealed ledgers of `size` payload bytes each (entries of `entry_size`); returns the Ledger
-        rows and their tier-1 paths."""
-        topic = self.new_topic(tag)
-        w = ManagedLedgerWriter(self.deps.meta, self.deps.tier1, topic)
-        per = max(1, size // entry_size)
-        leds = []
-        for _ in range(count):
-            for i in range(per):
-                w.append(payload(topic, i, entry_size))
-            leds.append(w.seal())
-        w.close()
-        return topic, leds, [self.deps.tier1.path(topic, led.ledger_id) for led in leds]
-
-    def reset(self) -> None:
-        empty_bucket(self.s3, self.bucket)
-
-    def close(self) -> None:
-        try:
-            self.reset()
-            self.s3.delete_bucket(Bucket=self.bucket)
-        finally:
-            shutil.rmtree(self.tier1_root, ignore_errors=True)
-            self.engine.dispose()
-            with self.admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)'))
-
-
-# ------------------------------------------------------------------------------ the Pulsar-style peer
-
-class PulsarStyleReader:
-    """Pulsar's BlobStoreBackedReadHandleImpl + BackedInputStreamImpl in miniature: the index is fetched once
-    per reader; the data object is read through ONE buffer of 1 MiB, refilled by one ranged GET at a time
-    (min(1 MiB, bytes left in the object), not aligned to blocks) only when a read needs bytes it lacks; no
-    read-ahead and no offset cache: a read seeks to the first entry of its entry's block (the index's data
-    offset + 128) and scans from there; at a block's padding it seeks to the next block's first entry."""
-
-    def __init__(self, b: Bucket, ch, buffer_size: int = PULSAR_BUFFER):
-        self.b, self.ch, self.buffer_size = b, ch, buffer_size
-        self.requests = 0
-        self._index = None
-        self.buf = bytearray()
-        self.base = 0  # object offset of buf[0]
-
-    def index(self):
-        if self._index is None:
-            self._index = decode_index(get_range(self.b, self.ch.index_key, self.ch.index_offset,
-                                                 self.ch.index_length))
-            self.requests += 1
-        return self._index
-
-    def _seek(self, pos: int) -> None:
-        if not self.base <= pos <= self.base + len(self.buf):
-            self.buf, self.base = bytearray(), pos  # outside the buffer: drop it (Pulsar's seek)
-
-    def _fill(self, pos: int) -> None:
-        """Keep the bytes from pos on, then one ranged GET of up to 1 MiB after them."""
-        del self.buf[:pos - self.base]
-        self.base = pos
-        start = self.base + len(self.buf)
-        end = self.ch.data_offset + self.ch.data_length
-        n = min(self.buffer_size, end - start)
-        if n <= 0:
-            raise EOFError(f"{self.ch.data_key}: read past the end at {start}")
-        self.buf += get_range(self.b, self.ch.data_key, start, n)
-        self.requests += 1
-
-    def iter_entries(self, first: int, last: int):
-        index = self.index()
-        i = index.find(first)
-        expected = index.entries[i].first_entry_id
-        pos = self.ch.data_offset + index.entries[i].block_offset + HEADER_LEN
-        block_end = pos - HEADER_LEN + index.block_length(i)
-        self._seek(pos)
-        while expected <= last:
-            got = read_entry_at(self.buf, pos - self.base, block_end=block_end - self.base)
-            if isinstance(got, NeedMore):
-                self._fill(pos)
-                continue
-            if not isinstance(got, BlockEntry):  # padding or the block's end: on to the next block
-                i += 1
-                pos = self.ch.data_offset + index.entries[i].block_offset + HEADER_LEN
-                block_end = pos - HEADER_LEN + index.block_length(i)
-                self._seek(pos)
-                continue
-            if got.entry_id != expected:
-                raise AssertionError(f"entry {got.entry_id}, expected {expected}")
-            if expected >= first:
-                yield expected, bytes(got.payload)
-            pos = self.base + got.end
-            expected += 1
 
 
 # ------------------------------------------------------------------------------------- case 1: offload
@@ -720,33 +462,16 @@ def main() -> int:
     if args.rss_read_mib:
         plan["rss_read_mib"] = args.rss_read_mib
     cases = {int(c) for c in args.cases.split(",")}
-    endpoint = os.environ.get("TIERING_S3_ENDPOINT_URL") or None
-    import s3transfer
-
-    moto = None
-    if args.private_moto:
-        moto, endpoint = start_private_moto()
-    try:
-        return run(args, plan, cases, endpoint, s3transfer.__version__, moto is not None)
-    finally:
-        if moto is not None:
-            moto.terminate()
-            try:
-                moto.wait(10)
-            except subprocess.TimeoutExpired:
-                moto.kill()
+    with endpoint(args.private_moto) as url:
+        return run(args, plan, cases, url)
 
 
-def run(args, plan: dict, cases: set[int], endpoint: str | None, s3transfer_version: str, private: bool) -> int:
-    env = Env(endpoint)
+def run(args, plan: dict, cases: set[int], url: str | None) -> int:
+    env = Env(url)
     result = {"quick": args.quick, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "platform": platform.platform(), "boto3": boto3.__version__,
-                          "s3transfer": s3transfer_version},
-              "endpoint_kind": (f"moto server on loopback ({'started by the bench' if private else 'shared'})"
-                                if env.moto_pid else (endpoint or "AWS S3")),
+              "machine": machine(), "endpoint_kind": endpoint_kind(env, args.private_moto),
               "entry_size": args.entry_size, "block_size": BLOCK_SIZE, "concurrency": CONCURRENCY, "plan": plan}
-    result["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
+    result["loadavg_start"] = loadavg()
     result["moto_rss_start"] = env.moto_rss()
     t_start = time.perf_counter()
     try:
@@ -768,7 +493,7 @@ def run(args, plan: dict, cases: set[int], endpoint: str | None, s3transfer_vers
     finally:
         env.close()
     result["seconds"] = rnd(time.perf_counter() - t_start)
-    result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["loadavg_end"] = loadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = args.name or ("tier2-quick" if args.quick else "tier2")
@@ -776,7 +501,7 @@ def run(args, plan: dict, cases: set[int], endpoint: str | None, s3transfer_vers
     md = report(result) + f"moto server RSS (MiB) at start {result['moto_rss_start']}, at end " \
                           f"{result['moto_rss_end']} (objects deleted; moto keeps freed memory).\n\n" \
                           f"Run time: {result['seconds']} s. Command: `.venv/bin/python bench/bench_tier2.py" \
-                          f"{' --quick' if args.quick else ''}{' --private-moto' if private else ''}`.\n"
+                          f"{' --quick' if args.quick else ''}{' --private-moto' if args.private_moto else ''}`.\n"
     (out / f"{name}.md").write_text(md)
     print()
     print(md)

@@ -167,7 +167,9 @@ class Case:
 
 
 CASES = {
-    "offload@initiated": Case("offload", "step:initiated", scene_offload, offloading_with_upload, all_offloaded),
+    # a ledger of one block is one PUT; the multipart steps need a ledger of several blocks
+    "offload@initiated": Case("offload", "step:initiated", scene_offload_multipart, offloading_with_upload,
+                              all_offloaded),
     "offload@part": Case("offload", "step:part", scene_offload_multipart, offloading_with_upload, all_offloaded),
     "offload@completed": Case("offload", "step:completed:2", scene_offload, offloading_with_objects(1),
                               all_offloaded),
@@ -184,11 +186,11 @@ CASES = {
     "defrag@committed": Case("defrag", "meta-after:replace_chunks", scene_defrag, merged_old_objects_left, merged),
     "gc@mid-batch": Case("gc", "s3:after:DeleteObjects", scene_gc, gc_batch_rolled_back, gc_batch=2),
 }
-# Randomised points: the N-th S3 call (of the 12 an offload of three small ledgers makes), before it is sent
+# Randomised points: the N-th S3 call (of the 6 an offload of three small ledgers makes), before it is sent
 # or after its reply arrived. Seeded, so a failure names a reproducible case.
 _rng = random.Random(20240917)
 for _ in range(3):
-    when, n = _rng.choice(["before", "after"]), _rng.randint(1, 12)
+    when, n = _rng.choice(["before", "after"]), _rng.randint(1, 6)
     CASES[f"offload@s3-{when}-call-{n}"] = Case("offload", f"s3:{when}:*:{n}", scene_offload, after=all_offloaded)
 
 

@@ -22,7 +22,7 @@ from tiering.format.keys import data_key, index_key
 from tiering.format.metadata import user_metadata
 from tiering.model import Chunk
 from tiering.ops.context import MIB, Deps
-from tiering.tier2.objects import delete_keys, get_range, tier2_error
+from tiering.tier2.objects import delete_keys, prefetch_ranges, tier2_error
 from tiering.tier2.offloader import StepHook
 
 MIN_PART = 5 * MIB
@@ -110,25 +110,29 @@ def _merge_data(deps: Deps, group: policy.DefragGroup, key: str, report: DefragR
 
         # Large sources first, each one server-side copied part; then the small ones concatenated into
         # parts of at least 5 MiB (the last may be smaller). Chunk rows carry offsets, so order is free.
-        order = sorted(range(len(group.chunks)), key=lambda i: group.chunks[i].data_length < MIN_PART)
+        large = [i for i, ch in enumerate(group.chunks) if ch.data_length >= MIN_PART]
+        small = [i for i, ch in enumerate(group.chunks) if ch.data_length < MIN_PART]
         offsets = [0] * len(group.chunks)
-        for i in order:
+        for i in large:
             ch = group.chunks[i]
             offsets[i] = offset
             offset += ch.data_length
-            if ch.data_length >= MIN_PART:
-                src = f"bytes={ch.data_offset}-{ch.data_offset + ch.data_length - 1}"
-                resp = b.s3.upload_part_copy(Bucket=b.name, Key=key, UploadId=upload_id,
-                                             PartNumber=len(parts) + 1, CopySourceRange=src,
-                                             CopySource={"Bucket": b.name, "Key": ch.data_key})
-                parts.append({"PartNumber": len(parts) + 1, "ETag": resp["CopyPartResult"]["ETag"]})
-                report.bytes_copied_server_side += ch.data_length
-                step("part")
-            else:
-                pending += get_range(b, ch.data_key, ch.data_offset, ch.data_length)
-                report.bytes_downloaded += ch.data_length
-                if len(pending) >= MIN_PART:
-                    flush()
+            src = f"bytes={ch.data_offset}-{ch.data_offset + ch.data_length - 1}"
+            resp = b.s3.upload_part_copy(Bucket=b.name, Key=key, UploadId=upload_id,
+                                         PartNumber=len(parts) + 1, CopySourceRange=src,
+                                         CopySource={"Bucket": b.name, "Key": ch.data_key})
+            parts.append({"PartNumber": len(parts) + 1, "ETag": resp["CopyPartResult"]["ETag"]})
+            report.bytes_copied_server_side += ch.data_length
+            step("part")
+        sources = ((group.chunks[i].data_key, group.chunks[i].data_offset, group.chunks[i].data_length)
+                   for i in small)
+        for i, data in zip(small, prefetch_ranges(b, sources, deps.knobs.upload_concurrency)):
+            offsets[i] = offset
+            offset += len(data)
+            pending += data
+            report.bytes_downloaded += len(data)
+            if len(pending) >= MIN_PART:
+                flush()
         flush()
         b.s3.complete_multipart_upload(Bucket=b.name, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})
         return offsets
@@ -145,10 +149,11 @@ def _merge_data(deps: Deps, group: policy.DefragGroup, key: str, report: DefragR
 def _merge_indexes(deps: Deps, group: policy.DefragGroup, key: str, report: DefragReport) -> list[int]:
     b = deps.bucket
     body, offsets = bytearray(), []
-    for ch in group.chunks:
+    sources = ((ch.index_key, ch.index_offset, ch.index_length) for ch in group.chunks)
+    for data in prefetch_ranges(b, sources, deps.knobs.upload_concurrency):
         offsets.append(len(body))
-        body += get_range(b, ch.index_key, ch.index_offset, ch.index_length)
-        report.bytes_downloaded += ch.index_length
+        body += data
+        report.bytes_downloaded += len(data)
     try:
         b.s3.put_object(Bucket=b.name, Key=key, Body=bytes(body), Metadata=user_metadata(group.ledgers[0].topic),
                         ChecksumAlgorithm="CRC32C")

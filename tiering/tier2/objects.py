@@ -2,7 +2,11 @@
 (operation and key, never credentials)."""
 from __future__ import annotations
 
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import islice
 from typing import Iterable, Iterator
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -64,14 +68,37 @@ def delete_keys(b: Bucket, keys: Iterable[str]) -> list[str]:
             failed += [e["Key"] for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
         except (ClientError, BotoCoreError):
             failed += batch
-    for key in keys:
+    if keys:
+        # One listing under the keys' common prefix, not one per key: uploads in flight are few, keys many.
+        wanted = set(keys)
         try:
-            for up in list_uploads(b, key):
-                if up["Key"] == key:
-                    b.s3.abort_multipart_upload(Bucket=b.name, Key=key, UploadId=up["UploadId"])
+            for up in list_uploads(b, os.path.commonprefix(keys)):
+                if up["Key"] in wanted:
+                    try:
+                        b.s3.abort_multipart_upload(Bucket=b.name, Key=up["Key"], UploadId=up["UploadId"])
+                    except (ClientError, BotoCoreError):
+                        failed.append(up["Key"])
         except (ClientError, BotoCoreError):
-            failed.append(key)
+            failed += keys
     return sorted(set(failed))
+
+
+def prefetch_ranges(b: Bucket, ranges: Iterable[tuple[str, int, int]], window: int) -> Iterator[bytes]:
+    """`get_range` of each (key, start, length) in order, with up to `window` GETs in flight: latency
+    overlaps while memory stays bounded by the window, not by the number of ranges."""
+    it = iter(ranges)
+    with ThreadPoolExecutor(max(1, window), thread_name_prefix="tier2-prefetch") as pool:
+        inflight = deque(pool.submit(get_range, b, *r) for r in islice(it, max(1, window)))
+        try:
+            while inflight:
+                data = inflight.popleft().result()
+                nxt = next(it, None)
+                if nxt is not None:
+                    inflight.append(pool.submit(get_range, b, *nxt))
+                yield data
+        finally:
+            for f in inflight:
+                f.cancel()
 
 
 def list_uploads(b: Bucket, prefix: str) -> Iterator[dict]:
