@@ -49,8 +49,9 @@ demo: schema dist
 up: schema dist
 	@$(WITH_ENV) && bash .ci/airflow_up.sh
 
-bench: schema
-	@$(WITH_ENV) && $(PY) bench/bench_metadata.py && $(PY) bench/bench_tier2.py --private-moto $(BENCH_ARGS)
+bench: schema dist
+	@$(WITH_ENV) && $(PY) bench/bench_metadata.py && $(PY) bench/bench_tier2.py --private-moto $(BENCH_ARGS) \
+		&& $(PY) bench/bench_pipeline.py --private-moto $(BENCH_ARGS)
 
 stop:
 	@bash .ci/stop.sh
