@@ -3,11 +3,12 @@
 1. Offload of many small ledgers: the offload Spark application (`spark-submit --master local[2]`, the
    DAG's job) vs the same selection offloaded by one process (`tiering offload-by-age`), run after run,
    alternating who goes first. Both are fresh processes, timed from launch to exit.
-2. Per-job fixed overhead: spark-submit of the job with nothing to do (no Spark session is started) and
+2. Per-job fixed overhead: spark-submit of the job with nothing to do (no SparkContext is started) and
    with one ledger, vs the CLI with one ledger.
 3. Defrag of many offloaded ledgers of 100 KiB: objects before and after, bytes downloaded, copied
    server-side and written, time; vs a boto3 peer doing the bare data movement (download every data
-   object, upload one concatenation with s3transfer). Every entry is read back afterwards.
+   object, upload one concatenation with s3transfer; no index objects, no metadata). Every entry is read
+   back afterwards.
 4. GC throughput: `run_gc` draining queued keys (row locks, reference check, S3 DeleteObjects, dequeue,
    then the orphan sweep of the prefix) vs boto3 `delete_objects` of as many keys; plus the GC pass that
    follows the defrag.
@@ -279,8 +280,8 @@ def report(res: dict) -> str:
         o = res["overhead"]
         L += [f"## 2. Per-job fixed overhead ({o['runs']} runs, seconds from launch to exit)", "",
               "| case | seconds |", "|---|---:|",
-              f"| spark-submit, nothing to do (JVM, Python driver, planning; no Spark session) | {o['spark_empty']} |",
-              f"| spark-submit, one ledger (adds the Spark session and a Python executor) | {o['spark_one']} |",
+              f"| spark-submit, nothing to do (JVM, Python driver, planning; no SparkContext started) | {o['spark_empty']} |",
+              f"| spark-submit, one ledger (adds the SparkContext and a Python worker) | {o['spark_one']} |",
               f"| CLI, one ledger | {o['cli_one']} |",
               f"| Spark over the CLI for one ledger | {o['spark_over_cli_s']} |", ""]
     if "defrag" in res:
@@ -292,7 +293,8 @@ def report(res: dict) -> str:
               f"| MiB downloaded (sources under 5 MiB) / copied server-side / written | {d['mib_downloaded']} / "
               f"{d['mib_copied_server_side']} / {d['mib_written']} |",
               f"| defrag seconds (data, indexes, one metadata transaction) | {d['defrag_s']} |",
-              f"| peer: GET every data object + one s3transfer upload, seconds | {d['peer_concat_s']} |",
+              f"| peer: GET every data object + one s3transfer upload (no indexes, no metadata), seconds | "
+              f"{d['peer_concat_s']} |",
               f"| ratio (peer / ours) | {d['ratio']:.2f} |",
               f"| GC of the replaced objects: keys, seconds, keys/s | {d['gc_keys']}, {d['gc_s']}, "
               f"{d['gc_keys_per_s']} |",

@@ -23,6 +23,7 @@ bench/results/tier2.{md,json} (tier2-quick.{md,json} with --quick).
     .venv/bin/python bench/bench_tier2.py --quick     # ~2 minutes
     .venv/bin/python bench/bench_tier2.py             # full sizes (8-12 minutes on 2 busy cores)
     add --private-moto to run against a moto server of the bench's own (started and stopped by it)
+"""
 from __future__ import annotations
 
 import argparse

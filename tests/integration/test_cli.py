@@ -356,7 +356,7 @@ def test_services_down_exit_1_without_traceback_or_secrets(cli, deps):
                         (("verify", "t"), {"env": s3_down}),
                         (("gc",), {"env": s3_down})])
     for res in results:
-        line = res.one_line_error(1)
+        res.one_line_error(1)  # asserts exit 1 and a single line
         assert "Sup3rS3cret" not in res.stderr + res.stdout
         assert "Traceback" not in res.stderr
     assert "metadata database unavailable" in results[0].stderr and "Connection refused" in results[0].stderr
