@@ -63,7 +63,7 @@ def params_for(spec: JobSpec) -> dict:
     if spec.dag_id == "tiering_metadata_export":
         params["dest"] = Param(None, type=["null", "string"], title="Destination",
                                description="s3://bucket/path or a local path; default: "
-                                           "s3://<bucket>/<prefix>_metadata/<run time>.")
+                                           "s3://<bucket>/<prefix>-metadata/<run time>.")
     return params
 
 
