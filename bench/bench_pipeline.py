@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchkit import (MIB, PREFIX, ROOT, Env, endpoint, endpoint_kind, loadavg, machine, median,  # noqa: E402
-                      mib, rnd)
+                      mib, rnd, save)
 from tiering.model import LedgerState  # noqa: E402
 from tiering.ops.defrag import defrag  # noqa: E402
 from tiering.ops.gc import run_gc  # noqa: E402
@@ -338,15 +338,7 @@ def main() -> int:
             env.close()
     res["seconds"] = rnd(time.perf_counter() - t0)
     res["loadavg_end"] = loadavg()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = "pipeline-quick" if args.quick else "pipeline"
-    (out / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
-    md = report(res) + f"Run time: {res['seconds']} s. Command: `.venv/bin/python bench/bench_pipeline.py" \
-                       f"{' --quick' if args.quick else ''}{' --private-moto' if args.private_moto else ''}`.\n"
-    (out / f"{name}.md").write_text(md)
-    print()
-    print(md)
+    save(args.out, "pipeline-quick" if args.quick else "pipeline", res, report(res), "bench_pipeline.py", args)
     return 0
 
 

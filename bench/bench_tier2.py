@@ -45,7 +45,7 @@ from boto3.s3.transfer import TransferConfig  # noqa: E402
 from s3transfer.manager import TransferManager  # noqa: E402
 
 from benchkit import (BLOCK_SIZE, CONCURRENCY, MIB, PREFIX, ROOT, Env, endpoint, endpoint_kind,  # noqa: E402
-                      loadavg, machine, median, mib, proc_status, rnd, s3_client)
+                      loadavg, machine, median, mib, proc_status, rnd, s3_client, save)
 from pulsar_reader import PulsarStyleReader  # noqa: E402
 from tiering.format.keys import data_key, index_key  # noqa: E402
 from tiering.metadata import make_engine  # noqa: E402
@@ -495,17 +495,9 @@ def run(args, plan: dict, cases: set[int], url: str | None) -> int:
         env.close()
     result["seconds"] = rnd(time.perf_counter() - t_start)
     result["loadavg_end"] = loadavg()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = args.name or ("tier2-quick" if args.quick else "tier2")
-    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     md = report(result) + f"moto server RSS (MiB) at start {result['moto_rss_start']}, at end " \
-                          f"{result['moto_rss_end']} (objects deleted; moto keeps freed memory).\n\n" \
-                          f"Run time: {result['seconds']} s. Command: `.venv/bin/python bench/bench_tier2.py" \
-                          f"{' --quick' if args.quick else ''}{' --private-moto' if args.private_moto else ''}`.\n"
-    (out / f"{name}.md").write_text(md)
-    print()
-    print(md)
+                          f"{result['moto_rss_end']} (objects deleted; moto keeps freed memory).\n\n"
+    save(args.out, args.name or ("tier2-quick" if args.quick else "tier2"), result, md, "bench_tier2.py", args)
     return 0
 
 

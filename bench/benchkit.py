@@ -5,6 +5,7 @@ statistics helpers. Not a benchmark itself.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import secrets
@@ -258,3 +259,15 @@ def endpoint_kind(env: Env, private: bool) -> str:
 
 def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def save(out_dir: str, name: str, result: dict, md: str, script: str, args) -> None:
+    """Write `name`.json and `name`.md (with the run time and the command that reproduces it), print the md."""
+    md += (f"Run time: {result['seconds']} s. Command: `.venv/bin/python bench/{script}"
+           f"{' --quick' if args.quick else ''}{' --private-moto' if args.private_moto else ''}`.\n")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{name}.md").write_text(md)
+    print()
+    print(md)
