@@ -14,7 +14,7 @@ WITH_ENV := set -a && . $(LOCAL)/env && set +a && export PATH="$(VENV)/bin:$$PAT
 	AIRFLOW_HOME="$(LOCAL)/airflow" AIRFLOW_CONFIG="$(ROOT)/airflow.cfg" TIERING_REPO="$(ROOT)" PYSPARK_PYTHON="$(PY)"
 PYTEST_ARGS ?=
 
-.PHONY: demo test services schema up stop bench venv sysdeps clean dist
+.PHONY: demo test test-unit lint services schema up stop bench venv sysdeps clean dist
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt pyproject.toml
@@ -40,8 +40,17 @@ build/tiering.zip: $(shell find tiering -name '*.py' -o -name '*.proto' 2>/dev/n
 	@$(PY) -c 'import pathlib, zipfile; z = zipfile.ZipFile("$@", "w", zipfile.ZIP_DEFLATED); \
 	[z.write(p) for p in sorted(pathlib.Path("tiering").rglob("*")) if p.suffix in (".py", ".proto")]'
 
-test: schema dist
+test: lint schema dist
 	@$(WITH_ENV) && $(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+# The pure tier alone: no services, no schema (about 20 s).
+test-unit: venv
+	@$(PY) -m pytest -q $(PYTEST_ARGS) tests/unit
+
+# The layering contracts of .importlinter (DESIGN section 2): one direction of imports, pure format/policy.
+lint: venv
+	@out="$$($(VENV)/bin/lint-imports --no-cache --config .importlinter 2>&1)" || { echo "$$out"; exit 1; }; \
+		echo "$$out" | grep -E 'KEPT|Contracts:'
 
 demo: schema dist
 	@$(WITH_ENV) && bash .ci/demo.sh
