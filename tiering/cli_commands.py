@@ -51,7 +51,8 @@ class Context:
     def deps(self):
         from tiering.ops.context import Deps, Knobs
 
-        knobs = Knobs(block_size=self.settings.block_size, upload_concurrency=self.settings.upload_concurrency)
+        knobs = Knobs(block_size=self.settings.block_size, upload_concurrency=self.settings.upload_concurrency,
+                      page_size=self.settings.page_size)
         return Deps(self.meta, self.tier1, self.bucket, knobs)
 
     def close(self) -> None:

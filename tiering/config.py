@@ -24,6 +24,7 @@ VARIABLES = {
     "TIERING_TIER1_ROOT": "directory of tier-1 ledgers (required)",
     "TIERING_BLOCK_SIZE": "offload block (= multipart part) size in bytes (default 64 MiB, minimum 5 MiB)",
     "TIERING_UPLOAD_CONCURRENCY": "parts uploaded in parallel per ledger (default 4)",
+    "TIERING_PAGE_SIZE": "target bytes of a checksummed page of entries in tier 2 (default 64 KiB; 4 KiB..block size)",
     "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY": "S3 credentials (else boto3's default chain)",
     "AWS_DEFAULT_REGION": "S3 region (default us-east-1)",
 }
@@ -41,6 +42,7 @@ class Settings:
     aws_region: str = "us-east-1"
     block_size: int = 64 * MIB
     upload_concurrency: int = 4
+    page_size: int = 64 * 1024
 
     @property
     def database_url_safe(self) -> str:
@@ -65,6 +67,7 @@ class Settings:
             aws_region=env.get("AWS_DEFAULT_REGION") or "us-east-1",
             block_size=_block_size(env.get("TIERING_BLOCK_SIZE")),
             upload_concurrency=_positive_int(env.get("TIERING_UPLOAD_CONCURRENCY"), "TIERING_UPLOAD_CONCURRENCY", 4),
+            page_size=_page_size(env.get("TIERING_PAGE_SIZE")),
         ).validated()
 
     @classmethod
@@ -109,6 +112,7 @@ class Settings:
             "AWS_DEFAULT_REGION": self.aws_region,
             "TIERING_BLOCK_SIZE": str(self.block_size),
             "TIERING_UPLOAD_CONCURRENCY": str(self.upload_concurrency),
+            "TIERING_PAGE_SIZE": str(self.page_size),
         }
         if self.s3_endpoint_url:
             env["TIERING_S3_ENDPOINT_URL"] = self.s3_endpoint_url
@@ -193,6 +197,15 @@ def _block_size(raw: str | None) -> int:
     value = _positive_int(raw, "TIERING_BLOCK_SIZE", 64 * MIB)
     if value < 5 * MIB:
         raise ConfigError("TIERING_BLOCK_SIZE must be at least 5 MiB (S3's minimum part size)")
+    return value
+
+
+def _page_size(raw: str | None) -> int:
+    # Small pages cost index bytes (about 12 per page) and CRC calls; 4 KiB keeps a 64 MiB block's page
+    # index under 200 KiB. Pages never cross blocks, so a page size above the block size acts as the block's.
+    value = _positive_int(raw, "TIERING_PAGE_SIZE", 64 * 1024)
+    if value < 4096:
+        raise ConfigError("TIERING_PAGE_SIZE must be at least 4096 bytes")
     return value
 
 

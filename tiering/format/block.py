@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Iterator, NamedTuple, Union
+from typing import Iterable, Iterator, NamedTuple, Sequence, Union
+
+from awscrt.checksums import crc32c
 
 from tiering.errors import BadInput, CorruptObjectError
 
@@ -19,6 +21,7 @@ PADDING = b"\xFE\xDC\xDE\xAD"
 DEFAULT_BLOCK_SIZE = 64 * 1024 * 1024
 MIN_BLOCK_SIZE = 5 * 1024 * 1024  # S3's minimum part size; enforced by uploaders, not by the packer
 MIN_PACK_BLOCK_SIZE = HEADER_LEN + ENTRY_HEADER_LEN
+DEFAULT_PAGE_SIZE = 64 * 1024  # target bytes of a page (tiering/format/pages.py): one ranged GET per random read
 
 _HEADER = struct.Struct(">Iqqq")  # magic, header_len, block_len, first_entry_id
 _ENTRY = struct.Struct(">iq")
@@ -50,6 +53,8 @@ class Block:
     entry_count: int
     data: bytes
     offset: int
+    # (first entry id, offset in the block, CRC32C) of each page: the page index's share of this block
+    pages: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def length(self) -> int:
@@ -209,9 +214,21 @@ def _append_padding(buf: bytearray, n: int) -> None:
         n -= take
 
 
-def pack_blocks(entries: Iterable[tuple[int, Buffer]], block_size: int = DEFAULT_BLOCK_SIZE) -> Iterator[Block]:
+def build_pages(data: Buffer, starts: Sequence[tuple[int, int]]) -> tuple[tuple[int, int, int], ...]:
+    """(first entry, offset, CRC32C) of the pages starting at `starts` [(first entry, offset)]; each page
+    runs to the next start, the last one to the end of data."""
+    mv = memoryview(data)
+    return tuple((first, off, crc32c(mv[off:starts[k + 1][1] if k + 1 < len(starts) else len(mv)]))
+                 for k, (first, off) in enumerate(starts))
+
+
+def pack_blocks(entries: Iterable[tuple[int, Buffer]], block_size: int = DEFAULT_BLOCK_SIZE,
+                page_size: int = DEFAULT_PAGE_SIZE) -> Iterator[Block]:
     """Stream (entry_id, payload) pairs into blocks: all block_size bytes except the last (exact size) and
     oversized entries (a block of their own, exact size). Holds one block at a time.
+
+    Each block is cut into pages of whole entries of at most page_size bytes (a larger entry is a page of
+    its own); the first page includes the header, the last the padding.
 
     Each yielded Block owns a fresh buffer, so a consumer may keep it while the next one is built.
     """
@@ -219,10 +236,13 @@ def pack_blocks(entries: Iterable[tuple[int, Buffer]], block_size: int = DEFAULT
         raise BadInput(f"block size must be an integer >= {MIN_PACK_BLOCK_SIZE}, got {block_size!r}")
     if block_size > _MAX_INT64:
         raise BadInput(f"block size {block_size} does not fit in an int64")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise BadInput(f"page size must be a positive integer, got {page_size!r}")
     room = block_size - HEADER_LEN
     part_id, offset = 1, 0
     cur: bytearray | None = None
     cur_first = cur_count = 0
+    page_starts: list[tuple[int, int]] = []
     expected: int | None = None
 
     def finish(pad: bool) -> Block:
@@ -232,7 +252,7 @@ def pack_blocks(entries: Iterable[tuple[int, Buffer]], block_size: int = DEFAULT
         cur[0:HEADER_LEN] = encode_block_header(len(cur), cur_first)
         # bytes, and the builder dropped: a caller keeping blocks in flight holds one copy of each, not two
         data, cur = bytes(cur), None
-        block = Block(part_id, cur_first, cur_count, data, offset)
+        block = Block(part_id, cur_first, cur_count, data, offset, build_pages(data, page_starts))
         part_id += 1
         offset += len(data)
         return block
@@ -256,6 +276,9 @@ def pack_blocks(entries: Iterable[tuple[int, Buffer]], block_size: int = DEFAULT
         if cur is None:
             cur = bytearray(HEADER_LEN)  # header written at finish(), when block_len is known
             cur_first, cur_count = entry_id, 0
+            page_starts = [(entry_id, 0)]
+        elif len(cur) + framed - page_starts[-1][1] > page_size:
+            page_starts.append((entry_id, len(cur)))
         cur += _ENTRY.pack(size, entry_id)
         cur += payload
         cur_count += 1

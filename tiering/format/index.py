@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 from tiering.errors import BadInput, CorruptObjectError, EntryNotFound
 from tiering.format.block import ENTRY_HEADER_LEN, HEADER_LEN, Block
 from tiering.format.metadata import LedgerOffloadMetadata, decode_metadata
+from tiering.format.pages import PageIndex, pages_problem
 
 INDEX_MAGIC = 0xDE47DE47
 _HEADER = struct.Struct(">Iiqqii")
@@ -32,6 +33,16 @@ class IndexEntry:
     @classmethod
     def of(cls, block: Block) -> "IndexEntry":
         return cls(block.first_entry_id, block.part_id, block.offset)
+
+
+def block_pages(block: Block) -> list[tuple[int, int, int]]:
+    """A packed block's pages as (first entry, offset in the ledger's data, CRC32C)."""
+    return [(first, block.offset + off, crc) for first, off, crc in block.pages]
+
+
+def page_index(pages: Sequence[tuple[int, int, int]], page_size: int) -> PageIndex:
+    """The page index from block_pages() rows of every block, in order."""
+    return PageIndex(page_size, tuple(p[0] for p in pages), tuple(p[1] for p in pages), tuple(p[2] for p in pages))
 
 
 def _layout_problem(entries: Sequence[IndexEntry], data_object_len: int, entry_count: int) -> str | None:
@@ -68,6 +79,9 @@ def encode_index(entries: Iterable[IndexEntry], data_object_len: int, metadata: 
     problem = _layout_problem(entries, data_object_len, meta.entry_count)
     if problem is None and meta.data_object_len != data_object_len:
         problem = f"metadata says data_object_len {meta.data_object_len}, given {data_object_len}"
+    if problem is None and meta.pages is not None:
+        problem = pages_problem(meta.pages, [(e.first_entry_id, e.block_offset) for e in entries],
+                                data_object_len, meta.entry_count)
     if problem:
         raise BadInput(f"cannot encode index: {problem}")
     index_len = INDEX_HEADER_LEN + len(metadata) + INDEX_ENTRY_LEN * len(entries)
@@ -112,6 +126,14 @@ class OffloadIndex:
         nxt = self.entries[i + 1].block_offset if i + 1 < len(self.entries) else self.data_object_len
         return nxt - self.entries[i].block_offset
 
+    @property
+    def pages(self) -> PageIndex | None:
+        return self.metadata.pages
+
+    def page_span(self, i: int) -> tuple[int, int]:
+        """[start, end) of page i in the ledger's data."""
+        return self.metadata.pages.offsets[i], self.metadata.pages.end(i, self.data_object_len)
+
     def block_last_entry(self, i: int) -> int:
         return (self.entries[i + 1].first_entry_id if i + 1 < len(self.entries) else self.entry_count) - 1
 
@@ -152,4 +174,9 @@ def decode_index(buf: bytes | bytearray | memoryview, where: str = "index") -> O
     problem = _layout_problem(entries, data_len, meta.entry_count)
     if problem:
         raise corrupt(start, problem)
+    if meta.pages is not None:
+        problem = pages_problem(meta.pages, [(e.first_entry_id, e.block_offset) for e in entries], data_len,
+                                meta.entry_count)
+        if problem:
+            raise corrupt(INDEX_HEADER_LEN, problem)
     return OffloadIndex(entries, data_len, data_header_len, metadata_bytes, meta)

@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError
 
 from tiering.errors import BadInput, CorruptObjectError
 from tiering.format import ledger_metadata_pb2 as _pb
+from tiering.format.pages import PageIndex
 
 FORMAT_VERSION = 1
 # S3 lower-cases user metadata keys, so these are stored lower-case (Pulsar's names, lower-cased).
@@ -39,6 +40,7 @@ class LedgerOffloadMetadata:
     block_size: int
     properties: Mapping[str, str] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    pages: PageIndex | None = None  # None: written before page indexes existed (read without CRC checks)
 
     @property
     def last_entry_id(self) -> int:
@@ -80,6 +82,11 @@ def encode_metadata(meta: LedgerOffloadMetadata) -> bytes:
             entry_count=meta.entry_count, length=meta.length, sealed_time_ms=meta.sealed_time_ms,
             offload_uuid=meta.offload_uuid, data_object_len=meta.data_object_len, block_size=meta.block_size,
             properties=dict(meta.properties))
+        if meta.pages is not None:
+            msg.pages.page_size = meta.pages.page_size
+            msg.pages.page_first_entry.extend(meta.pages.first_entries)
+            msg.pages.page_offset.extend(meta.pages.offsets)
+            msg.pages.page_crc32c.extend(meta.pages.crcs)
         # deterministic: map order fixed, so equal metadata gives equal bytes (useful for idempotent retries)
         return msg.SerializeToString(deterministic=True)
     except ValueError as exc:  # e.g. a surrogate in a string
@@ -95,7 +102,9 @@ def decode_metadata(data: bytes, where: str = "index metadata") -> LedgerOffload
     meta = LedgerOffloadMetadata(
         topic=msg.topic, ledger_id=msg.ledger_id, entry_count=msg.entry_count, length=msg.length,
         sealed_time_ms=msg.sealed_time_ms, offload_uuid=msg.offload_uuid, data_object_len=msg.data_object_len,
-        block_size=msg.block_size, properties=dict(msg.properties), format_version=msg.format_version)
+        block_size=msg.block_size, properties=dict(msg.properties), format_version=msg.format_version,
+        pages=PageIndex(msg.pages.page_size, tuple(msg.pages.page_first_entry), tuple(msg.pages.page_offset),
+                        tuple(msg.pages.page_crc32c)) if msg.HasField("pages") else None)
     problems = _problems(meta)
     if problems:
         raise CorruptObjectError("ledger metadata", where, "; ".join(problems))

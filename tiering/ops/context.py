@@ -15,6 +15,7 @@ MIB = 1024 * 1024
 class Knobs:
     block_size: int = 64 * MIB
     upload_concurrency: int = 4
+    page_size: int = 64 * 1024  # target bytes of a checksummed page (tiering/format/pages.py)
     # An OFFLOADING attempt older than this is presumed dead and taken over; its keys are collectable then.
     offload_timeout: timedelta = timedelta(hours=1)
     # Objects merged away or trimmed stay this long so readers holding old metadata can finish.

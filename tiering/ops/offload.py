@@ -54,7 +54,8 @@ def offload_ledger(deps: Deps, led: Ledger, hook: StepHook = None) -> Ledger:
             uploaded = upload_ledger(
                 b, LedgerToUpload(led.topic, led.ledger_id, led.entry_count,
                                   int(led.sealed_at.timestamp() * 1000), attempt, *keys),
-                reader.iter_entries(0, led.entry_count - 1), knobs.block_size, knobs.upload_concurrency, hook)
+                reader.iter_entries(0, led.entry_count - 1), knobs.block_size, knobs.upload_concurrency, hook,
+                knobs.page_size)
         chunk = Chunk(uploaded.data_key, 0, uploaded.data_length, uploaded.index_key, 0, uploaded.index_length,
                       0, led.entry_count - 1)
         return deps.meta.complete_offload(started, attempt, chunk)

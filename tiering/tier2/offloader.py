@@ -17,8 +17,8 @@ from typing import Callable, Iterable, Iterator
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.errors import BadInput, TieringError
-from tiering.format.block import MIN_BLOCK_SIZE, pack_blocks
-from tiering.format.index import IndexEntry, encode_index
+from tiering.format.block import DEFAULT_PAGE_SIZE, MIN_BLOCK_SIZE, pack_blocks
+from tiering.format.index import IndexEntry, block_pages, encode_index, page_index
 from tiering.format.metadata import LedgerOffloadMetadata, encode_metadata, user_metadata
 from tiering.tier2.objects import Bucket, tier2_error
 
@@ -53,7 +53,7 @@ StepHook = Callable[[str], None] | None
 
 
 def upload_ledger(b: Bucket, ledger: LedgerToUpload, entries: Iterable[tuple[int, bytes]], block_size: int,
-                  concurrency: int, hook: StepHook = None) -> UploadedLedger:
+                  concurrency: int, hook: StepHook = None, page_size: int = DEFAULT_PAGE_SIZE) -> UploadedLedger:
     if block_size < MIN_BLOCK_SIZE:
         raise BadInput(f"block size {block_size} is below S3's 5 MiB minimum part size")
     if concurrency < 1:
@@ -63,7 +63,7 @@ def upload_ledger(b: Bucket, ledger: LedgerToUpload, entries: Iterable[tuple[int
     counted = _Counting(entries)
     upload_id = None
     try:
-        blocks = pack_blocks(counted, block_size)
+        blocks = pack_blocks(counted, block_size, page_size)
         first = next(blocks, None)
         second = next(blocks, None) if first is not None else None
         if second is None:
@@ -75,13 +75,14 @@ def upload_ledger(b: Bucket, ledger: LedgerToUpload, entries: Iterable[tuple[int
             b.s3.put_object(Bucket=b.name, Key=ledger.data_key, Body=first.data, Metadata=md,
                             ChecksumAlgorithm="CRC32C")
             index_entries, data_length, nparts = [IndexEntry.of(first)], first.length, 1
+            pages = block_pages(first)
         else:
             upload_id = b.s3.create_multipart_upload(Bucket=b.name, Key=ledger.data_key, Metadata=md,
                                                      ChecksumAlgorithm="CRC32C")["UploadId"]
             step("initiated")
             head = [first, second]
             del first, second  # the parts' bytes must live in the upload futures only (memory bound)
-            parts, index_entries, data_length = _upload_parts(b, ledger, upload_id, _drain(head, blocks),
+            parts, index_entries, pages, data_length = _upload_parts(b, ledger, upload_id, _drain(head, blocks),
                                                               concurrency, step)
             _check_count(ledger, counted)
             b.s3.complete_multipart_upload(Bucket=b.name, Key=ledger.data_key, UploadId=upload_id,
@@ -91,7 +92,7 @@ def upload_ledger(b: Bucket, ledger: LedgerToUpload, entries: Iterable[tuple[int
         meta = LedgerOffloadMetadata(topic=ledger.topic, ledger_id=ledger.ledger_id, entry_count=counted.count,
                                      length=counted.payload_bytes, sealed_time_ms=ledger.sealed_time_ms,
                                      offload_uuid=ledger.attempt, data_object_len=data_length,
-                                     block_size=block_size)
+                                     block_size=block_size, pages=page_index(pages, page_size))
         index = encode_index(index_entries, data_length, encode_metadata(meta))
         b.s3.put_object(Bucket=b.name, Key=ledger.index_key, Body=index, Metadata=md, ChecksumAlgorithm="CRC32C")
         step("index")
@@ -106,13 +107,14 @@ def upload_ledger(b: Bucket, ledger: LedgerToUpload, entries: Iterable[tuple[int
 
 def _upload_parts(b: Bucket, ledger: LedgerToUpload, upload_id: str, blocks, concurrency: int, step):
     """Upload blocks as parts, at most `concurrency` in flight (memory: that many blocks plus one)."""
-    parts, index_entries, data_length = [], [], 0
+    parts, index_entries, pages, data_length = [], [], [], 0
     with ThreadPoolExecutor(concurrency, thread_name_prefix="upload-part") as pool:
         inflight: deque = deque()
         for block in blocks:
             if block.part_id > MAX_PARTS:
                 raise BadInput(f"ledger needs more than {MAX_PARTS} parts: raise TIERING_BLOCK_SIZE")
             index_entries.append(IndexEntry.of(block))
+            pages += block_pages(block)
             data_length += block.length
             inflight.append(pool.submit(_upload_part, b, ledger.data_key, upload_id, block.part_id,
                                         block.data, step))
@@ -121,7 +123,7 @@ def _upload_parts(b: Bucket, ledger: LedgerToUpload, upload_id: str, blocks, con
                 parts.append(inflight.popleft().result())
         while inflight:
             parts.append(inflight.popleft().result())
-    return parts, index_entries, data_length
+    return parts, index_entries, pages, data_length
 
 
 def _drain(head: list, rest: Iterator):

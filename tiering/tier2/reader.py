@@ -4,7 +4,9 @@ Unlike Pulsar's reader (one 1 MiB buffer, no read-ahead, unbounded offset cache)
 and cached; the block holding an entry is found by floor search; bytes come by ranged GETs that start
 small (a cold random read costs one or two requests) and grow, with several in flight for sequential reads;
 a bounded cache of entry offsets lets a later read start near its entry instead of at the block's start.
-Every entry's framing and id are checked.
+Every entry's framing and id are checked. Ledgers offloaded with a page index (all since it exists) are
+read in whole pages, each page's CRC32C checked before any of its entries is returned: a cold random read is
+two requests (index, page), a scan reads runs of pages ahead.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Iterator
 from tiering.errors import CorruptObjectError, EntryNotFound
 from tiering.format.block import HEADER_LEN, Entry, NeedMore, parse_block_header, read_entry_at
 from tiering.format.index import OffloadIndex, decode_index
+from tiering.format.pages import check_page, iter_page
 from tiering.model import Chunk, Ledger
 from tiering.tier2.objects import Bucket, get_range
 
@@ -157,6 +160,10 @@ class OffloadedLedger:
         if first > last:
             return
         index.find(last)  # out of range -> EntryNotFound before any data request
+        if index.pages is not None:
+            yield from self._read_pages(index, first, last)
+            return
+        # Written before page indexes: no checksum to check, only the framing (tiering verify says so).
         block_no = index.find(first)
         while True:
             yield from self._read_block(index, block_no, first, last)
@@ -164,6 +171,46 @@ class OffloadedLedger:
                 return
             block_no += 1
             first = index.entries[block_no].first_entry_id
+
+    def _read_pages(self, index: OffloadIndex, first: int, last: int) -> Iterator[tuple[int, bytes]]:
+        """Entries first..last, fetched in whole pages, each page's CRC32C checked before any of its entries
+        is returned. A point read is one GET of one page; a scan reads growing runs of pages ahead."""
+        pages = index.pages
+        lo, hi = pages.find(first), pages.find(last)
+        starts = {e.block_offset for e in index.entries}
+        ends = {e.block_offset for e in index.entries[1:]} | {index.data_object_len}
+        where, base = f"data object {self.ch.data_key}", self.ch.data_offset
+        window = 1 if lo == hi else READ_AHEAD
+        pending: deque = deque()
+        runs = _page_runs(index, lo, hi)
+        try:
+            while True:
+                while len(pending) < window:
+                    run = next(runs, None)
+                    if run is None:
+                        break
+                    a, b_ = run
+                    start, end = index.page_span(a)[0], index.page_span(b_)[1]
+                    pending.append((a, b_, start, self.pool.submit(get_range, self.b, self.ch.data_key,
+                                                                   base + start, end - start)))
+                    self.requests += 1
+                if not pending:
+                    return
+                a, b_, start, fut = pending.popleft()
+                data = memoryview(fut.result())
+                for p in range(a, b_ + 1):
+                    p_start, p_end = index.page_span(p)
+                    page = data[p_start - start:p_end - start]
+                    check_page(pages, p, page, where, base + p_start)
+                    p_first, p_last = pages.first_entries[p], pages.last_entry(p, index.entry_count)
+                    for entry_id, payload in iter_page(page, 0, len(page), p_first, p_last,
+                                                       block_start=p_start in starts, block_end=p_end in ends,
+                                                       where=where, base=base + p_start):
+                        if first <= entry_id <= last:
+                            yield entry_id, bytes(payload)
+        finally:
+            for item in pending:
+                item[3].cancel()
 
     def _read_block(self, index: OffloadIndex, i: int, first: int, last: int) -> Iterator[tuple[int, bytes]]:
         entry = index.entries[i]
@@ -226,6 +273,20 @@ class OffloadedLedger:
             return False
         buf += data
         return True
+
+
+def _page_runs(index: OffloadIndex, lo: int, hi: int) -> Iterator[tuple[int, int]]:
+    """Pages lo..hi in runs of consecutive pages, one ranged GET each: the first run one page (a random
+    read needs no more), each next one twice as many bytes, up to MAX_RANGE."""
+    target, p = 1, lo
+    while p <= hi:
+        start = index.page_span(p)[0]
+        q = p
+        while q < hi and index.page_span(q + 1)[1] - start <= target:
+            q += 1
+        yield p, q
+        target = min(max(target, index.page_span(q)[1] - start) * 2, MAX_RANGE)
+        p = q + 1
 
 
 def tier2_opener(b: Bucket, caches: ReaderCaches | None = None, pool: ThreadPoolExecutor | None = None):

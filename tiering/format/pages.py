@@ -1,0 +1,127 @@
+"""Page index: runs of whole entries (~64 KiB) of a ledger's data with the CRC32C of their bytes. No I/O.
+
+S3 stores a checksum per object or part, but a ranged GET returns bytes no one checks; pages are what a
+reader fetches and verifies before returning any entry of them. Pages tile the ledger's data: page i covers
+[offsets[i], offsets[i+1]) (the last ends at data_object_len), never crosses a block boundary, the first
+page of a block starts with its header and the last one ends with its padding, so a flipped byte anywhere
+(header, payload, padding) fails a page's check. Offsets count from the ledger's first byte, so a merged
+(defrag) object keeps its ledgers' page indexes unchanged: the chunk row's data_offset rebases them.
+"""
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+from awscrt.checksums import crc32c
+
+from tiering.errors import CorruptObjectError
+from tiering.format.block import (DEFAULT_PAGE_SIZE, ENTRY_HEADER_LEN, HEADER_LEN, PADDING, Buffer, EndOfEntries,
+                                  parse_block_header, read_entry_at)
+
+__all__ = ["DEFAULT_PAGE_SIZE", "PageIndex", "check_page", "iter_page", "page_crc", "pages_problem"]
+_ENTRY = struct.Struct(">iq")
+
+
+def page_crc(data: Buffer) -> int:
+    return crc32c(data)
+
+
+@dataclass(frozen=True)
+class PageIndex:
+    page_size: int
+    first_entries: tuple[int, ...]
+    offsets: tuple[int, ...]
+    crcs: tuple[int, ...]
+    _firsts: list[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_firsts", list(self.first_entries))
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def find(self, entry_id: int) -> int:
+        """Page holding entry_id (the caller checked it is in the ledger)."""
+        return bisect.bisect_right(self._firsts, entry_id) - 1
+
+    def end(self, i: int, data_object_len: int) -> int:
+        return self.offsets[i + 1] if i + 1 < len(self.offsets) else data_object_len
+
+    def last_entry(self, i: int, entry_count: int) -> int:
+        return (self.first_entries[i + 1] if i + 1 < len(self.first_entries) else entry_count) - 1
+
+
+def pages_problem(pages: PageIndex, blocks: Sequence[tuple[int, int]], data_object_len: int,
+                  entry_count: int) -> str | None:
+    """Why `pages` cannot describe a ledger whose blocks start at `blocks` [(first_entry_id, offset)]."""
+    n = len(pages.offsets)
+    if len(pages.first_entries) != n or len(pages.crcs) != n:
+        return (f"page index arrays differ in length ({len(pages.first_entries)} first entries, {n} offsets, "
+                f"{len(pages.crcs)} checksums)")
+    if pages.page_size < 1:
+        return f"page size {pages.page_size} is not positive"
+    if not blocks:
+        return None if n == 0 else f"{n} pages but no blocks"
+    if n == 0 or pages.offsets[0] != 0 or pages.first_entries[0] != 0:
+        return "the first page must start at offset 0 with entry 0"
+    for i in range(1, n):
+        if not pages.offsets[i - 1] < pages.offsets[i] < data_object_len:
+            return f"page {i}: offset {pages.offsets[i]} out of order or past the data ({data_object_len} bytes)"
+        if not pages.first_entries[i - 1] < pages.first_entries[i] < entry_count:
+            return f"page {i}: first entry {pages.first_entries[i]} out of order or past entry {entry_count - 1}"
+    # Every block starts a page with the same first entry, so no page straddles two blocks.
+    for first, offset in blocks:
+        j = bisect.bisect_left(pages.offsets, offset)
+        if j == n or pages.offsets[j] != offset or pages.first_entries[j] != first:
+            return f"no page starts where the block of entry {first} starts (offset {offset})"
+    return None
+
+
+def check_page(pages: PageIndex, i: int, data: Buffer, where: str, base: int) -> None:
+    """Raise CorruptObjectError unless `data` (page i's bytes, found at `base` in the object) has its CRC."""
+    got = crc32c(data)
+    if got != pages.crcs[i]:
+        raise CorruptObjectError("page", f"{where}, page {i}, offset {base}",
+                                 f"CRC32C 0x{got:08X}, the page index says 0x{pages.crcs[i]:08X}")
+
+
+def iter_page(buf: Buffer, start: int, end: int, first_entry: int, last_entry: int, *, block_start: bool,
+              block_end: bool, where: str, base: int) -> Iterator[tuple[int, memoryview]]:
+    """Entries first_entry..last_entry of the page at buf[start:end] (CRC already checked).
+
+    The checks left are structural, for a writer's bug rather than a flipped bit: the header when the page
+    starts a block, consecutive ids, entries ending exactly at the page end, or padding when the block ends
+    there. `base` is buf's offset in the object (messages only).
+    """
+    buf = memoryview(buf)
+    pos = start
+    if block_start:
+        header = parse_block_header(buf[start:start + HEADER_LEN], where, base + start)
+        if header.first_entry_id != first_entry:
+            raise CorruptObjectError("block header", f"{where}, offset {base + start}",
+                                     f"block starts at entry {header.first_entry_id}, the page index says "
+                                     f"{first_entry}")
+        pos += HEADER_LEN
+    unpack = _ENTRY.unpack_from
+    expected = first_entry
+    while expected <= last_entry:
+        if pos + ENTRY_HEADER_LEN > end:
+            raise CorruptObjectError("entry", f"{where}, offset {base + pos}",
+                                     f"page ends before entry {expected}")
+        length, entry_id = unpack(buf, pos)
+        nxt = pos + ENTRY_HEADER_LEN + length
+        if entry_id != expected or length < 0 or nxt > end:
+            raise CorruptObjectError("entry", f"{where}, offset {base + pos}",
+                                     f"entry {entry_id} of {length} bytes where entry {expected} should be "
+                                     f"within the page (ending at {base + end})")
+        yield entry_id, buf[pos + ENTRY_HEADER_LEN:nxt]
+        pos = nxt
+        expected += 1
+    if pos < end:
+        if not block_end or buf[pos] != PADDING[0]:
+            raise CorruptObjectError("page", f"{where}, offset {base + pos}",
+                                     f"{end - pos} bytes after entry {last_entry} that are not padding")
+        got = read_entry_at(buf, pos, where, block_end=end, base=base)
+        assert isinstance(got, EndOfEntries)
