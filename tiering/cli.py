@@ -179,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     _json_flag(imp)
     rec = sub.add_parser("recover-from-bucket", help="rebuild metadata of offloaded ledgers from the bucket alone")
     rec.add_argument("--topic", type=_topic_name, metavar="NAME", help="only this topic")
+    rec.add_argument("--skip-page-check", action="store_true",
+                     help="do not download the data to check its page CRC32Cs (faster; a corrupt copy may win)")
     _json_flag(rec)
     return p
 

@@ -48,8 +48,9 @@ def cmd_import_metadata(ctx: Context, args) -> int:
 def cmd_recover_from_bucket(ctx: Context, args) -> int:
     from tiering.ops.recover import recover_from_bucket
 
-    report = recover_from_bucket(ctx.engine, ctx.bucket, args.topic)
+    report = recover_from_bucket(ctx.engine, ctx.bucket, args.topic, check_pages=not args.skip_page_check)
     result = {"topics_created": report.topics_created, "ledgers_recovered": len(report.ledgers_recovered),
+              "without_page_index": report.without_page_index,
               "already_known": len(report.already_known), "ignored": len(report.ignored),
               "unknown": {t: [list(r) for r in rs] for t, rs in report.unknown.items()}, "errors": report.errors}
     if args.json:
@@ -57,7 +58,8 @@ def cmd_recover_from_bucket(ctx: Context, args) -> int:
     else:
         print(f"recovered {len(report.ledgers_recovered)} ledger(s) of {len(report.topics_created)} new topic(s); "
               f"{len(report.already_known)} already known, {len(report.ignored)} object(s) ignored, "
-              f"{len(report.errors)} error(s)")
+              f"{len(report.errors)} error(s)" + (f"; {report.without_page_index} copie(s) with no page index "
+                                                  "(bytes not checked)" if report.without_page_index else ""))
     if report.errors:
         from tiering.cli import error
 

@@ -201,7 +201,7 @@ def cmd_verify(ctx: Context, args) -> int:
     handle = read_handle(ctx, opener=opener)
     live = [led for led in ledgers if led.state != LedgerState.DELETED]
     bar = progress_bar("verify", sum(led.entry_count for led in live), "entry")
-    gaps, problems, entries, nbytes, tier2_checked = [], [], 0, 0, 0
+    gaps, problems, entries, nbytes, tier2_checked, no_pages = [], [], 0, 0, 0, []
     for led in ledgers:
         scan = _Scan()
         try:
@@ -221,6 +221,8 @@ def cmd_verify(ctx: Context, args) -> int:
             problems.append(f"ledger {led.ledger_id}: {scan.problem}")
         entries += scan.entries
         nbytes += scan.bytes
+        if led.state == LedgerState.OFFLOADED and not _has_page_index(ctx, opener, led, problems):
+            no_pages.append(led.ledger_id)
         if led.state in (LedgerState.OPEN, LedgerState.DELETED) or scan.gaps:
             continue
         if (scan.entries, scan.bytes) != (led.entry_count, led.size_bytes):
@@ -235,12 +237,15 @@ def cmd_verify(ctx: Context, args) -> int:
     bar.close()
     ok = not problems
     result = {"command": "verify", "topic": args.name, "ledgers": len(ledgers), "entries": entries, "bytes": nbytes,
-              "tier2_copies_checked": tier2_checked, "gaps": [gap_dict(g) for g in gaps], "problems": problems,
+              "tier2_copies_checked": tier2_checked, "no_page_index": no_pages, "gaps": [gap_dict(g) for g in gaps], "problems": problems,
               "ok": ok}
     kinds = ", ".join(f"{g['gap']} {g['from']}..{g['to']}" for g in result["gaps"][:5])
     _emit(args, result, f"verified {args.name!r}: {len(ledgers)} ledger(s), {entries} entries, {nbytes} bytes, "
                         f"{tier2_checked} tier-2 cop(ies) compared, {len(gaps)} gap(s)"
-                        f"{' (' + kinds + ')' if gaps else ''}; {'OK' if ok else f'{len(problems)} problem(s)'}")
+                        f"{' (' + kinds + ')' if gaps else ''}"
+                        + (f", {len(no_pages)} ledger(s) with no page index (offloaded before page checksums: "
+                           f"framing checked, bytes not)" if no_pages else "")
+                        + f"; {'OK' if ok else f'{len(problems)} problem(s)'}")
     if problems:
         return _fail(len(problems), "check(s) of " + repr(args.name), problems[0])
     return 0
@@ -255,6 +260,19 @@ def _add_gap(gaps: list, gap) -> None:
         gaps[-1] = Gap(gap.kind, prev.start, gap.end)
     else:
         gaps.append(gap)
+
+
+def _has_page_index(ctx: Context, opener, led, problems: list) -> bool:
+    """Whether the ledger's tier-2 index carries page checksums (the index is cached by the read above)."""
+    chunk = ctx.meta.get_chunk(led)
+    if chunk is None:
+        return True  # reported elsewhere
+    try:
+        return opener(led, chunk).index().pages is not None
+    except (CorruptObjectError, DataLossError) as exc:
+        if not any(str(exc) in p for p in problems):
+            problems.append(f"ledger {led.ledger_id}: {exc}")
+        return True
 
 
 def _check_tier2(ctx: Context, opener, led, scan: _Scan) -> str | None:

@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 from tiering.errors import BadInput, CorruptObjectError, EntryNotFound
 from tiering.format.block import ENTRY_HEADER_LEN, HEADER_LEN, Block
 from tiering.format.metadata import LedgerOffloadMetadata, decode_metadata
-from tiering.format.pages import PageIndex, pages_problem
+from tiering.format.pages import PageIndex, check_page, pages_problem
 
 INDEX_MAGIC = 0xDE47DE47
 _HEADER = struct.Struct(">Iiqqii")
@@ -180,3 +180,19 @@ def decode_index(buf: bytes | bytearray | memoryview, where: str = "index") -> O
         if problem:
             raise corrupt(INDEX_HEADER_LEN, problem)
     return OffloadIndex(entries, data_len, data_header_len, metadata_bytes, meta)
+
+
+def check_ledger_pages(index: OffloadIndex, data: bytes | bytearray | memoryview, where: str, base: int = 0) -> bool:
+    """Check every page CRC of a whole ledger's data (`base`: where data starts in its object, for messages).
+    False when the index has no page index (an object written before them): nothing could be checked."""
+    pages = index.pages
+    if pages is None:
+        return False
+    if len(data) != index.data_object_len:
+        raise CorruptObjectError("data", f"{where}, offset {base}",
+                                 f"{len(data)} bytes where the index says {index.data_object_len}")
+    mv = memoryview(data)
+    for i in range(len(pages)):
+        start, end = index.page_span(i)
+        check_page(pages, i, mv[start:end], where, base + start)
+    return True

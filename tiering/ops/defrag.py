@@ -2,8 +2,8 @@
 one index object.
 
 Sources of at least 5 MiB are copied server-side (UploadPartCopy with a byte range); smaller ones are
-downloaded and concatenated into a part (S3 parts but the last must be at least 5 MiB). The index objects
-are concatenated too, so each ledger's chunk row says where in the merged objects its bytes and its index
+downloaded, their page CRCs checked, and concatenated into a part (S3 parts but the last must be at least
+5 MiB). The index objects are concatenated too (page indexes included: their offsets are ledger-relative), so each ledger's chunk row says where in the merged objects its bytes and its index
 lie; readers need nothing else. The merged keys are queued for GC before the upload; one transaction
 switches every chunk row conditionally (version and key compare) and dequeues them; the old objects go to
 GC with a delay so readers holding old metadata finish. Losing a race with retention or another defrag
@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering import policy
-from tiering.errors import ConditionalUpdateFailed
+from tiering.errors import ConditionalUpdateFailed, CorruptObjectError
+from tiering.format.index import OffloadIndex, check_ledger_pages, decode_index
 from tiering.format.keys import data_key, index_key
 from tiering.format.metadata import user_metadata
 from tiering.model import Chunk
@@ -58,8 +59,10 @@ def merge_group(deps: Deps, group: policy.DefragGroup, report: DefragReport, hoo
     new_index = index_key(b.prefix, first.topic, attempt, first.ledger_id)
     deps.meta.enqueue_gc([new_data, new_index], "defrag attempt", owner=attempt, delay=deps.knobs.offload_timeout)
     try:
-        data_offsets = _merge_data(deps, group, new_data, report, step)
-        index_offsets = _merge_indexes(deps, group, new_index, report)
+        # Indexes first: their page indexes check every byte downloaded for the merged data object.
+        indexes = _fetch_indexes(deps, group, report)
+        data_offsets = _merge_data(deps, group, indexes, new_data, report, step)
+        index_offsets = _put_index(deps, group, indexes, new_index)
         step("merged")
         moves = [(led, old, Chunk(new_data, d_off, old.data_length, new_index, i_off, old.index_length,
                                   old.first_entry_id, old.last_entry_id, old.version))
@@ -90,7 +93,8 @@ def _discard(deps: Deps, attempt: str, *keys: str) -> None:
         deps.meta.dequeue_gc(attempt)
 
 
-def _merge_data(deps: Deps, group: policy.DefragGroup, key: str, report: DefragReport, step) -> list[int]:
+def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes, OffloadIndex]], key: str,
+                report: DefragReport, step) -> list[int]:
     b = deps.bucket
     md = user_metadata(group.ledgers[0].topic)
     upload_id = b.s3.create_multipart_upload(Bucket=b.name, Key=key, Metadata=md,
@@ -127,6 +131,9 @@ def _merge_data(deps: Deps, group: policy.DefragGroup, key: str, report: DefragR
         sources = ((group.chunks[i].data_key, group.chunks[i].data_offset, group.chunks[i].data_length)
                    for i in small)
         for i, data in zip(small, prefetch_ranges(b, sources, deps.knobs.upload_concurrency)):
+            ch = group.chunks[i]
+            # A corrupt source must not be copied into a merged object under a fresh checksum.
+            check_ledger_pages(indexes[i][1], data, f"data object {ch.data_key}", ch.data_offset)
             offsets[i] = offset
             offset += len(data)
             pending += data
@@ -146,14 +153,27 @@ def _merge_data(deps: Deps, group: policy.DefragGroup, key: str, report: DefragR
         raise
 
 
-def _merge_indexes(deps: Deps, group: policy.DefragGroup, key: str, report: DefragReport) -> list[int]:
+def _fetch_indexes(deps: Deps, group: policy.DefragGroup, report: DefragReport) -> list[tuple[bytes, OffloadIndex]]:
+    """Each source's index object bytes (copied verbatim: page offsets are ledger-relative) and decoded."""
+    out = []
+    sources = ((ch.index_key, ch.index_offset, ch.index_length) for ch in group.chunks)
+    for ch, data in zip(group.chunks, prefetch_ranges(deps.bucket, sources, deps.knobs.upload_concurrency)):
+        index = decode_index(data, f"index object {ch.index_key} at {ch.index_offset}")
+        if index.data_object_len != ch.data_length:
+            raise CorruptObjectError("index object", ch.index_key, f"describes {index.data_object_len} data bytes, "
+                                     f"the chunk row {ch.data_length}")
+        out.append((data, index))
+        report.bytes_downloaded += len(data)
+    return out
+
+
+def _put_index(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes, OffloadIndex]],
+               key: str) -> list[int]:
     b = deps.bucket
     body, offsets = bytearray(), []
-    sources = ((ch.index_key, ch.index_offset, ch.index_length) for ch in group.chunks)
-    for data in prefetch_ranges(b, sources, deps.knobs.upload_concurrency):
+    for data, _ in indexes:
         offsets.append(len(body))
         body += data
-        report.bytes_downloaded += len(data)
     try:
         b.s3.put_object(Bucket=b.name, Key=key, Body=bytes(body), Metadata=user_metadata(group.ledgers[0].topic),
                         ChecksumAlgorithm="CRC32C")

@@ -49,6 +49,7 @@ from tiering.format.keys import INDEX_SUFFIX, ParsedKey, encode_topic, parse_key
 from tiering.metadata.tables import chunk as chunk_t, ledger as ledger_t, topic as topic_t
 from tiering.model import Chunk, LedgerState, TopicPolicy
 from tiering.tier2.objects import Bucket, error_code, get_range, list_objects
+from tiering.tier2.reader import check_stored_pages
 
 _POLICY_FIELDS = tuple(TopicPolicy.__dataclass_fields__)
 # offload uuids that are not UUIDs (keys allow [0-9A-Za-z_-]) get a stable name-based one
@@ -66,6 +67,7 @@ class RecoverReport:
     errors: list[str] = field(default_factory=list)  # S3 failures: rerun to finish (recovery is idempotent)
     objects_listed: int = 0
     foreign_objects: int = 0  # keys under the prefix that are not ledger objects
+    without_page_index: int = 0  # ledger copies offloaded before page indexes: their bytes were not checked
 
     @property
     def ok(self) -> bool:
@@ -102,18 +104,22 @@ class _Group:
     copies: list[_Copy] = field(default_factory=list)
     problem: str | None = None
     error: str | None = None
+    unchecked: int = 0  # ledgers whose index has no page index (offloaded before it existed)
 
 
 def recover_from_bucket(engine: Engine, bucket: Bucket, topic: str | None = None,
-                        policy: TopicPolicy = TopicPolicy(), concurrency: int = 8) -> RecoverReport:
-    """Rebuild the rows of every offloaded ledger the bucket holds (or only `topic`'s)."""
+                        policy: TopicPolicy = TopicPolicy(), concurrency: int = 8,
+                        check_pages: bool = True) -> RecoverReport:
+    """Rebuild the rows of every offloaded ledger the bucket holds (or only `topic`'s). With `check_pages`
+    every page of every candidate copy is downloaded and its CRC32C checked (a full read of the bucket):
+    a copy with a bad page is not recovered."""
     report = RecoverReport()
     prefix = bucket.prefix + (encode_topic(topic) + "/" if topic is not None else "")
     with ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="recover") as pool:
         for segment, objects in _by_topic(bucket, prefix, report):
             if topic is not None and segment != encode_topic(topic):
                 continue
-            _recover_topic(engine, bucket, segment, objects, policy, pool, report)
+            _recover_topic(engine, bucket, segment, objects, policy, pool, report, check_pages)
     return report
 
 
@@ -137,14 +143,15 @@ def _by_topic(b: Bucket, prefix: str, report: RecoverReport) -> Iterator[tuple[s
 
 
 def _recover_topic(engine: Engine, b: Bucket, segment: str, objects: dict[str, tuple], policy: TopicPolicy,
-                   pool: ThreadPoolExecutor, report: RecoverReport) -> None:
+                   pool: ThreadPoolExecutor, report: RecoverReport, check_pages: bool = True) -> None:
     sizes = {k: obj for k, (_, obj) in objects.items()}
     indexes = [(p, obj) for p, obj in objects.values() if p.is_index]
     with_index = {obj.key[:-len(INDEX_SUFFIX)] for _, obj in indexes}
     for p, obj in objects.values():
         if not p.is_index and obj.key not in with_index:
             report.ignored.append((obj.key, "data object without an index object (a dead attempt's leftover)"))
-    groups = list(pool.map(lambda item: _read_group(b, segment, item[0], item[1], sizes), indexes))
+    groups = list(pool.map(lambda item: _read_group(b, segment, item[0], item[1], sizes, check_pages), indexes))
+    report.without_page_index += sum(g.unchecked for g in groups if not g.problem and not g.error)
     # newest first: the index object is written last, so its time is the copy's completion time
     groups.sort(key=lambda g: (g.index.last_modified, g.index.key), reverse=True)
     chosen: dict[int, _Copy] = {}
@@ -183,7 +190,8 @@ def _trimmed_before(b: Bucket, topic: str) -> int:
 
 
 # ----------------------------------------------------------------------------------------------- reading
-def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects: dict[str, _Obj]) -> _Group:
+def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects: dict[str, _Obj],
+                check_pages: bool = True) -> _Group:
     g = _Group(index)
     data = objects.get(index.key[:-len(INDEX_SUFFIX)])
     try:
@@ -208,6 +216,10 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
         if offsets is None:
             g.problem = f"merged data object {data.key} does not match the block layout of its indexes"
             return g
+        for (ioff, ilen, ix), doff in zip(parts, offsets):
+            # A copy whose bytes fail a page check must not win over a good one (or be recovered at all).
+            if check_pages and not check_stored_pages(b, data.key, doff, ix):
+                g.unchecked += 1
         for (ioff, ilen, ix), doff in zip(parts, offsets):
             m = ix.metadata
             g.copies.append(_Copy(

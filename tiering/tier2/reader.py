@@ -22,7 +22,7 @@ from tiering.format.block import HEADER_LEN, Entry, NeedMore, parse_block_header
 from tiering.format.index import OffloadIndex, decode_index
 from tiering.format.pages import check_page, iter_page
 from tiering.model import Chunk, Ledger
-from tiering.tier2.objects import Bucket, get_range
+from tiering.tier2.objects import Bucket, get_range, prefetch_ranges
 
 FIRST_RANGE = 64 * 1024
 MAX_RANGE = 4 * 1024 * 1024
@@ -275,10 +275,10 @@ class OffloadedLedger:
         return True
 
 
-def _page_runs(index: OffloadIndex, lo: int, hi: int) -> Iterator[tuple[int, int]]:
-    """Pages lo..hi in runs of consecutive pages, one ranged GET each: the first run one page (a random
-    read needs no more), each next one twice as many bytes, up to MAX_RANGE."""
-    target, p = 1, lo
+def _page_runs(index: OffloadIndex, lo: int, hi: int, first: int = 1) -> Iterator[tuple[int, int]]:
+    """Pages lo..hi in runs of consecutive pages, one ranged GET each: the first run up to `first` bytes
+    (default one page: a random read needs no more), each next one twice as many bytes, up to MAX_RANGE."""
+    target, p = first, lo
     while p <= hi:
         start = index.page_span(p)[0]
         q = p
@@ -287,6 +287,23 @@ def _page_runs(index: OffloadIndex, lo: int, hi: int) -> Iterator[tuple[int, int
         yield p, q
         target = min(max(target, index.page_span(q)[1] - start) * 2, MAX_RANGE)
         p = q + 1
+
+
+def check_stored_pages(b: Bucket, key: str, base: int, index: OffloadIndex, window: int = READ_AHEAD) -> bool:
+    """Download one ledger's data (at `base` in object `key`) in runs of pages and check every page's
+    CRC32C; memory stays within `window` runs. False when the index has no page index (nothing checked)."""
+    pages = index.pages
+    if pages is None:
+        return False
+    runs = list(_page_runs(index, 0, len(pages) - 1, first=MAX_RANGE))
+    spans = [(index.page_span(a)[0], index.page_span(z)[1]) for a, z in runs]
+    ranges = ((key, base + start, end - start) for start, end in spans)
+    for (a, z), (start, _), data in zip(runs, spans, prefetch_ranges(b, ranges, window)):
+        mv = memoryview(data)
+        for p in range(a, z + 1):
+            p_start, p_end = index.page_span(p)
+            check_page(pages, p, mv[p_start - start:p_end - start], f"data object {key}", base + p_start)
+    return True
 
 
 def tier2_opener(b: Bucket, caches: ReaderCaches | None = None, pool: ThreadPoolExecutor | None = None):
@@ -300,4 +317,4 @@ def tier2_opener(b: Bucket, caches: ReaderCaches | None = None, pool: ThreadPool
     return open_ledger
 
 
-__all__ = ["OffloadedLedger", "ReaderCaches", "IndexCache", "OffsetCache", "tier2_opener", "EntryNotFound"]
+__all__ = ["check_stored_pages", "OffloadedLedger", "ReaderCaches", "IndexCache", "OffsetCache", "tier2_opener", "EntryNotFound"]
