@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Iterable
 
-from sqlalchemy import delete, func, or_, select, update
-from sqlalchemy.engine import Connection
+from sqlalchemy import delete, func, or_, select, union, update
+from sqlalchemy.engine import Connection, Engine
 
 from tiering.metadata.tables import chunk, gc_task
 
@@ -48,6 +48,25 @@ def queued(conn: Connection, keys: Iterable[str]) -> set[str]:
     if not keys:
         return set()
     return set(conn.execute(select(gc_task.c.key).where(gc_task.c.key.in_(keys))).scalars())
+
+
+def kept_in_one_snapshot(engine: Engine, keys: Iterable[str]) -> set[str]:
+    """The keys some chunk references or the queue holds, as ONE snapshot of the database sees them.
+
+    One statement (a UNION) in a REPEATABLE READ, read-only transaction: every commit is wholly in or
+    wholly out of the view. A commit that moves a key from the queue to a chunk row (offload, defrag) or
+    from a chunk row to the queue (retention, defrag's old keys) therefore shows the key in one place or
+    the other, never in neither, which two READ COMMITTED statements could (each sees its own snapshot).
+    """
+    keys = sorted(set(keys))
+    if not keys:
+        return set()
+    query = union(select(chunk.c.data_key.label("key")).where(chunk.c.data_key.in_(keys)),
+                  select(chunk.c.index_key).where(chunk.c.index_key.in_(keys)),
+                  select(gc_task.c.key).where(gc_task.c.key.in_(keys)))
+    with engine.connect().execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True) as conn:
+        with conn.begin():
+            return set(conn.execute(query).scalars())
 
 
 def finish(conn: Connection, task_ids: Iterable[int]) -> None:

@@ -4,9 +4,37 @@
    queue (a later removal queues it again); the others are deleted (with any multipart upload under them)
    and dequeued; a failure retries with exponential backoff and becomes FAILED after `max_attempts`.
 2. Orphan sweep: objects under the prefix that no chunk references and no task holds, older than the
-   grace period (left by a process killed between its S3 write and its queueing, or by hand).
+   grace period (left by hand, by a tool, or by a run whose queue row was lost with its database).
 3. Multipart uploads older than the grace period are aborted.
 Killed anywhere, a rerun converges: deleting a missing key succeeds, and locked rows roll back.
+
+Why the orphan sweep never deletes an object a chunk references
+---------------------------------------------------------------
+What every writer of the prefix guarantees (offload, defrag; retention's trim markers are skipped):
+
+  (W1) a key is queued in `gc_task` by a committed transaction before its object is written;
+  (W2) a key leaves the queue only in the transaction that makes a chunk row reference it (offload's and
+       defrag's commits), or after its object was deleted (step 1, an attempt that removed its own objects);
+  (W3) a chunk row stops referencing a key only in a transaction that queues the key again (retention,
+       defrag's merged-away keys).
+
+Keys carry a fresh UUID, so an object once deleted is never written again under the same key.
+
+The sweep lists a page of keys first, and only then decides about them on ONE snapshot
+(`gc_queue.kept_in_one_snapshot`: a single statement in a REPEATABLE READ transaction). Take a key K
+listed at time L and judged on a snapshot S taken after L. K's object existed at L, so by (W1) K's first
+queueing committed before L, hence before S. From then on, by (W2) and (W3), every committed state has K
+queued, or referenced, or its object already deleted: each transaction that takes K out of one place puts
+it into the other, and S sees that transaction whole or not at all. So if S shows K neither queued nor
+referenced, its object was deleted before S and deleting it again changes nothing; any object a chunk
+references in S, or will reference later (only through the queue, W2), is kept. Two READ COMMITTED
+statements ("referenced?" then "queued?") break exactly this: a commit landing between them moves K from
+the queue to a chunk row behind the sweep's back, and K looks like neither.
+
+The order matters as well: judged on a snapshot taken before the listing, a key queued and written after
+the snapshot would look like an orphan. The grace period (default twice the offload timeout) is a margin
+for objects outside (W1): written by hand or by other tools. Recovery from the bucket (`recover-from-bucket`)
+references objects that are in no queue; do not run GC's sweep while it runs.
 """
 from __future__ import annotations
 
@@ -74,10 +102,10 @@ def _sweep_orphans(deps: Deps, grace: timedelta, report: GcReport) -> None:
 
 
 def _delete_orphans(deps: Deps, keys: list[str], report: GcReport) -> None:
+    """`keys` were listed before this call: judged on one snapshot taken now (see the module docstring)."""
     if not keys:
         return
-    with deps.meta.engine.connect() as conn:
-        keep = gc_queue.referenced(conn, keys) | gc_queue.queued(conn, keys)
+    keep = gc_queue.kept_in_one_snapshot(deps.meta.engine, keys)
     orphans = [k for k in keys if k not in keep]
     failed = set(delete_keys(deps.bucket, orphans))
     report.orphans_deleted += [k for k in orphans if k not in failed]
