@@ -89,9 +89,12 @@ def cmd_delete_lagged(ctx: Context, args) -> int:
     _check_topic(ctx, args.topic)
     report = delete_lagged(ctx.deps, args.topic)
     result = {"command": "delete-lagged", "topic": args.topic, "deleted": _pairs(report.deleted),
-              "skipped": _pairs(report.skipped), "bytes": report.bytes}
+              "skipped": _pairs(report.skipped), "bytes": report.bytes,
+              "failed": [{"topic": t, "ledger": i, "error": e} for t, i, e in report.failed]}
     _emit(args, result, f"deleted {len(report.deleted)} tier-1 cop(ies) ({report.bytes} bytes); skipped "
-                        f"{len(report.skipped)} that changed meanwhile")
+                        f"{len(report.skipped)} that changed meanwhile; kept {len(report.failed)} that failed")
+    if report.failed:
+        return _fail(len(report.failed), "ledger(s)", report.failed[0][2])
     return 0
 
 

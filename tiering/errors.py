@@ -76,5 +76,10 @@ class Tier2Error(TieringError):
     """The object store failed; the message has the operation and key, never credentials."""
 
 
+class Tier2CopyMissing(TieringError):
+    """An offloaded ledger's tier-2 object is missing or shorter than its chunk row says: the tier-1 copy
+    must be kept (delete-lagged refuses to delete it)."""
+
+
 class DataLossError(TieringError):
     """Metadata says a ledger exists but no tier holds its bytes."""

@@ -4,21 +4,27 @@ default), and leftover copies of ledgers retention already deleted.
 The file goes first, then metadata: killed in between, metadata still says the copy exists, readers fall
 back to tier 2 (the ledger is OFFLOADED), and a rerun deletes nothing twice and marks it. The other order
 could leave a file nobody would ever delete.
+
+Before deleting the copy of an OFFLOADED ledger, the tier-2 objects its chunk row names are checked by
+HEAD: each must exist and be at least offset + length long. A missing or short object fails that ledger
+(`Tier2CopyMissing`) and keeps its copy, whatever metadata says; the other ledgers go on.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from tiering import policy
-from tiering.errors import ConditionalUpdateFailed
+from tiering.errors import ConditionalUpdateFailed, Tier2CopyMissing, TieringError
 from tiering.model import Ledger, LedgerState
 from tiering.ops.context import Deps
+from tiering.tier2.objects import object_length
 
 
 @dataclass
 class DeleteLaggedReport:
     deleted: list[tuple[str, int]] = field(default_factory=list)
     skipped: list[tuple[str, int]] = field(default_factory=list)
+    failed: list[tuple[str, int, str]] = field(default_factory=list)
     bytes: int = 0
 
 
@@ -39,6 +45,8 @@ def delete_copy(deps: Deps, led: Ledger) -> bool:
     if current.version != led.version or not current.tier1_present or \
             current.state not in (LedgerState.OFFLOADED, LedgerState.DELETED):
         return False
+    if current.state == LedgerState.OFFLOADED:
+        check_tier2_copy(deps, current)
     deps.tier1.delete(led.topic, led.ledger_id)
     try:
         deps.meta.mark_tier1_deleted(current)
@@ -47,10 +55,33 @@ def delete_copy(deps: Deps, led: Ledger) -> bool:
     return True
 
 
+def check_tier2_copy(deps: Deps, led: Ledger) -> None:
+    """Raise `Tier2CopyMissing` unless both objects of the ledger's chunk exist and are long enough."""
+    chunk = deps.meta.get_chunk(led)
+    what = f"ledger {led.topic!r}/{led.ledger_id}"
+    if chunk is None:
+        raise Tier2CopyMissing(f"{what} is OFFLOADED but has no chunk row; tier-1 copy kept")
+    for kind, key, end in (("data", chunk.data_key, chunk.data_offset + chunk.data_length),
+                           ("index", chunk.index_key, chunk.index_offset + chunk.index_length)):
+        length = object_length(deps.bucket, key)
+        if length is None:
+            raise Tier2CopyMissing(f"{what}: tier-2 {kind} object {key!r} is missing; tier-1 copy kept")
+        if length < end:
+            raise Tier2CopyMissing(f"{what}: tier-2 {kind} object {key!r} has {length} bytes, the chunk row "
+                                   f"needs {end}; tier-1 copy kept")
+
+
 def delete_lagged(deps: Deps, topic: str | None = None) -> DeleteLaggedReport:
+    """Every due copy; a ledger whose tier-2 copy fails the check (or any other error) is reported in
+    `failed` and does not stop the others."""
     report = DeleteLaggedReport()
     for led in plan_delete_lagged(deps, topic):
-        if delete_copy(deps, led):
+        try:
+            done = delete_copy(deps, led)
+        except TieringError as exc:
+            report.failed.append((led.topic, led.ledger_id, str(exc)))
+            continue
+        if done:
             report.deleted.append((led.topic, led.ledger_id))
             report.bytes += led.size_bytes
         else:

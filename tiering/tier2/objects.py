@@ -55,6 +55,16 @@ def get_range(b: Bucket, key: str, start: int, length: int) -> bytes:
     return data
 
 
+def object_length(b: Bucket, key: str) -> int | None:
+    """The object's length by HEAD, or None when it does not exist."""
+    try:
+        return int(b.s3.head_object(Bucket=b.name, Key=key)["ContentLength"])
+    except (ClientError, BotoCoreError) as exc:
+        if error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+            return None
+        raise tier2_error("HEAD", key, exc) from None
+
+
 def delete_keys(b: Bucket, keys: Iterable[str]) -> list[str]:
     """Delete keys (missing ones count as deleted) and abort their multipart uploads.
     Returns the keys that could not be deleted."""
