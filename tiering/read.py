@@ -8,6 +8,7 @@ ordered delivery, benign gaps told apart from data loss).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol
 
@@ -18,6 +19,9 @@ from tiering.tier1 import Tier1Store
 
 TRIMMED = "TRIMMED"
 DATALOSS = "DATALOSS"
+# A read takes the topic's chunk rows in one query and reuses them this long: far below GC's delay for
+# objects defrag merged away (10 minutes by default), so a row it holds never names a collected object.
+CHUNKS_MAX_AGE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -53,11 +57,21 @@ class ReadHandle:
         self.tier1 = tier1
         self.open_tier2 = open_tier2
         self.raise_on_dataloss = raise_on_dataloss
+        self._chunks: tuple[str, float, dict[int, Chunk]] | None = None
+
+    def _chunk(self, led: Ledger) -> Chunk | None:
+        """The ledger's chunk row: one query per topic (and minute) instead of one per ledger."""
+        now = time.monotonic()
+        if self._chunks is None or self._chunks[0] != led.topic or now - self._chunks[1] > CHUNKS_MAX_AGE_S:
+            self._chunks = (led.topic, now, self.meta.chunks(led.topic))
+        found = self._chunks[2].get(led.ledger_id)
+        return found if found is not None else self.meta.get_chunk(led)  # offloaded since the snapshot
 
     def read(self, topic: str, start: Position | None = None,
              end: Position | None = None) -> Iterator[Entry | Gap]:
         if start is not None and end is not None and end < start:
             raise BadInput(f"--to {end} is before --from {start}")
+        self._chunks = None  # a snapshot serves one read() call only
         ledgers = self.meta.list_ledgers(topic)
         pending_gap: Gap | None = None
         for led in ledgers:
@@ -108,7 +122,7 @@ class ReadHandle:
                         next_id = entry_id + 1
                 if next_id > last:
                     return
-        chunk = self.meta.get_chunk(led) if led.state == LedgerState.OFFLOADED else None
+        chunk = self._chunk(led) if led.state == LedgerState.OFFLOADED else None
         if chunk is None:
             current = self.meta.get_ledger(led.topic, led.ledger_id)
             if current.state == LedgerState.OFFLOADED:  # offloaded since we listed

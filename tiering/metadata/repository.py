@@ -30,8 +30,8 @@ def _topic_row(row) -> Topic:
                  row.next_ledger_id, row.version)
 
 
-def _ledger_row(row) -> Ledger:
-    return Ledger(row.topic_id, row.name, row.ledger_id, S(row.state), row.entry_count, row.size_bytes,
+def _ledger_row(row, name: str | None = None) -> Ledger:
+    return Ledger(row.topic_id, row.name if name is None else name, row.ledger_id, S(row.state), row.entry_count, row.size_bytes,
                   row.created_at, row.sealed_at, row.tier1_present, row.offload_uuid, row.offload_started_at,
                   row.offloaded_at, row.deleted_at, row.version)
 
@@ -293,8 +293,8 @@ class MetadataStore:
                  delay: timedelta) -> None:
         rows = [{"key": k, "reason": reason, "owner_uuid": owner,
                  "not_before": func.now() + delay} for k in keys]
-        for row in rows:  # per row: not_before is an SQL expression
-            conn.execute(insert(gc_task).values(**row))
+        if rows:  # one multi-row INSERT (SQL expressions render inline in a VALUES list)
+            conn.execute(insert(gc_task).values(rows))
 
     def _cas(self, conn: Connection, led: Ledger, from_states: Sequence[LedgerState],
              attempt: str | None = None, **values) -> Ledger:
@@ -302,8 +302,10 @@ class MetadataStore:
                 ledger.c.version == led.version, ledger.c.state.in_([s.value for s in from_states])]
         if attempt is not None:
             cond.append(ledger.c.offload_uuid == attempt)
-        res = conn.execute(update(ledger).where(and_(*cond)).values(version=ledger.c.version + 1, **values))
-        if res.rowcount != 1:
+        # RETURNING: the new row comes back with the UPDATE (no second SELECT); the topic name never changes
+        row = conn.execute(update(ledger).where(and_(*cond)).values(version=ledger.c.version + 1, **values)
+                           .returning(*ledger.c)).one_or_none()
+        if row is None:
             current = conn.execute(_LEDGER_SELECT.where(ledger.c.topic_id == led.topic_id,
                                                         ledger.c.ledger_id == led.ledger_id)).one_or_none()
             expected = f"version {led.version} in {'/'.join(s.value for s in from_states)}"
@@ -313,7 +315,7 @@ class MetadataStore:
                 f"version {current.version} in {current.state}"
                 + (f" with attempt {current.offload_uuid}" if current.offload_uuid else ""))
             raise ConditionalUpdateFailed(f"ledger {led.topic}/{led.ledger_id}", expected, found)
-        return self.get_ledger(led.topic, led.ledger_id, conn)
+        return _ledger_row(row, led.topic)
 
     def _conn(self, conn: Connection | None):
         if conn is not None:
