@@ -41,7 +41,7 @@ build/tiering.zip: $(shell find tiering -name '*.py' -o -name '*.proto' 2>/dev/n
 	[z.write(p) for p in sorted(pathlib.Path("tiering").rglob("*")) if p.suffix in (".py", ".proto")]'
 
 test: lint schema dist
-	@$(WITH_ENV) && $(PY) -m pytest -q $(PYTEST_ARGS) tests
+	@$(WITH_ENV) && $(PY) -m pytest -q $(PYTEST_ARGS) $(if $(findstring tests/,$(PYTEST_ARGS)),,tests)
 
 # The pure tier alone: no services, no schema (about 20 s).
 test-unit: venv

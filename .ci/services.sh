@@ -4,7 +4,9 @@
 # each PID under .local/ so `make stop` stops exactly that.
 #   PostgreSQL: $TIERING_DATABASE_URL when reachable; else 127.0.0.1:5432 when it answers; else a private
 #               cluster under .local/pg run as the `postgres` user on a free port.
-#   S3:         moto_server on a free loopback port, the bucket created.
+#   S3:         $TIERING_S3_ENDPOINT_URL when set (with the AWS_* keys of the environment); else a private
+#               Ceph RGW under .local/ceph (.ci/ceph.sh); with TIERING_LOCAL_S3=moto, moto_server instead
+#               (machines without Debian's Ceph packages). The bucket is created when missing.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 LOCAL="$ROOT/.local"
@@ -56,9 +58,12 @@ if [ -z "$DB_URL" ]; then
   DB_URL="$base/$DB_NAME"
 fi
 
-# ---- S3 (moto_server on loopback) --------------------------------------------------------------------
+# ---- S3 -------------------------------------------------------------------------------------------------
 S3_URL="${TIERING_S3_ENDPOINT_URL:-}"
-if [ -z "$S3_URL" ]; then
+S3_KIND=external
+AK="${AWS_ACCESS_KEY_ID:-}"; SK="${AWS_SECRET_ACCESS_KEY:-}"
+if [ -z "$S3_URL" ] && [ "${TIERING_LOCAL_S3:-rgw}" = moto ]; then
+  S3_KIND=moto
   port="$(cat "$LOCAL/moto.port" 2>/dev/null || true)"
   if ! alive "$LOCAL/moto.pid" || ! http_ok "http://127.0.0.1:$port/"; then
     port="$(free_port)"
@@ -68,8 +73,21 @@ if [ -z "$S3_URL" ]; then
     for _ in $(seq 1 100); do http_ok "http://127.0.0.1:$port/" && break; sleep 0.1; done
   fi
   S3_URL="http://127.0.0.1:$port"
+  # moto accepts any key; generated ones still let tests prove the secret never leaks
+  [ -s "$LOCAL/moto.keys" ] || (umask 077; "$PY" -c 'import secrets; print("moto" + secrets.token_hex(8), secrets.token_urlsafe(30))' >"$LOCAL/moto.keys")
+  read -r AK SK <"$LOCAL/moto.keys"
+elif [ -z "$S3_URL" ]; then
+  S3_KIND=rgw
+  PY="$PY" bash "$ROOT/.ci/ceph.sh"
+  # the generated user's keys win over any AWS_* of the environment: they are the only ones RGW knows
+  S3_URL="$(sed -n 's/^S3_URL=//p' "$LOCAL/ceph/s3.env")"
+  AK="$(sed -n 's/^AK=//p' "$LOCAL/ceph/s3.env")"; SK="$(sed -n 's/^SK=//p' "$LOCAL/ceph/s3.env")"
+elif [ -z "$AK" ] || [ -z "$SK" ]; then
+  echo "services: TIERING_S3_ENDPOINT_URL is set: also set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" >&2
+  exit 2
 fi
 
+umask 077  # it holds the S3 keys
 cat >"$LOCAL/env" <<ENV
 # Written by .ci/services.sh; every make target and the tests read it. Variables already set win.
 TIERING_DATABASE_URL=${DB_URL}
@@ -77,8 +95,9 @@ TIERING_S3_ENDPOINT_URL=${S3_URL}
 TIERING_BUCKET=${BUCKET}
 TIERING_PREFIX=${TIERING_PREFIX:-tiering/}
 TIERING_TIER1_ROOT=${TIERING_TIER1_ROOT:-$LOCAL/tier1}
-AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-testing}
-AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-testing}
+TIERING_LOCAL_S3=${S3_KIND}
+AWS_ACCESS_KEY_ID=${AK}
+AWS_SECRET_ACCESS_KEY=${SK}
 AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-east-1}
 ENV
 set -a; . "$LOCAL/env"; set +a
@@ -90,4 +109,4 @@ try:
 except Exception:
     s3.create_bucket(Bucket=os.environ["TIERING_BUCKET"])
 PYEOF
-echo "services: postgres $(echo "$DB_URL" | sed -E 's#://([^:/@]+):[^@]*@#://\1:***@#')  s3 ${S3_URL}  bucket ${BUCKET}"
+echo "services: postgres $(echo "$DB_URL" | sed -E 's#://([^:/@]+):[^@]*@#://\1:***@#')  s3 ${S3_URL} (${S3_KIND})  bucket ${BUCKET}"

@@ -17,6 +17,8 @@ stop_group() {  # name pidfile: TERM the process group (Airflow's children live 
 }
 stop_group airflow "$LOCAL/airflow.pid"
 stop_group moto "$LOCAL/moto.pid"
+# Ceph: the gateway first, then the OSD, then the monitor (each its own session; TERM lets BlueStore close)
+for n in rgw osd mon; do stop_group "ceph $n" "$LOCAL/ceph/$n.pid"; done
 if [ -f "$LOCAL/pg.pid" ] && [ -f "$LOCAL/pg/data/PG_VERSION" ]; then
   PGBIN="$(dirname "$(ls /usr/lib/postgresql/*/bin/pg_ctl | sort -V | tail -n1)")"
   AS_PG=(); [ "$(id -u)" -eq 0 ] && AS_PG=(runuser -u postgres --)

@@ -79,8 +79,9 @@ def db(engine):
 def s3_settings():
     return {
         "endpoint_url": _require("TIERING_S3_ENDPOINT_URL"),
-        "aws_access_key_id": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
-        "aws_secret_access_key": os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
+        # the endpoint's real keys (RGW checks them; .local/env has the generated user's)
+        "aws_access_key_id": _require("AWS_ACCESS_KEY_ID"),
+        "aws_secret_access_key": _require("AWS_SECRET_ACCESS_KEY"),
         "region_name": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
     }
 

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
 DB_PASSWORD = f"pw-{secrets.token_hex(6)}"
-S3_SECRET = f"s3cr3t-{secrets.token_hex(6)}"
+S3_SECRET = os.environ.get("AWS_SECRET_ACCESS_KEY") or f"s3cr3t-{secrets.token_hex(6)}"  # RGW checks keys
 BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
 ODD = '<b>odd</b> & "quoted" topic ✓'
 
@@ -234,7 +234,7 @@ def airflow_server(tmp_path_factory, database_url, run_bucket, s3_settings):
     url = make_url(database_url).set(password=DB_PASSWORD).render_as_string(hide_password=False)
     settings_env = {"TIERING_DATABASE_URL": url, "TIERING_BUCKET": run_bucket, "TIERING_PREFIX": "t/",
                     "TIERING_TIER1_ROOT": str(home / "tier1"), "TIERING_S3_ENDPOINT_URL": s3_settings["endpoint_url"],
-                    "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+                    "AWS_ACCESS_KEY_ID": s3_settings["aws_access_key_id"], "AWS_SECRET_ACCESS_KEY": S3_SECRET,
                     "AWS_DEFAULT_REGION": s3_settings["region_name"], "PATH": os.environ["PATH"]}
     env = {**os.environ, **_load_airflow_env()(settings_env, home),
            "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__WORKERS": "1",

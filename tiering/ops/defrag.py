@@ -23,7 +23,7 @@ from tiering.format.keys import data_key, index_key
 from tiering.format.metadata import user_metadata
 from tiering.model import Chunk
 from tiering.ops.context import MIB, Deps
-from tiering.tier2.objects import delete_keys, prefetch_ranges, tier2_error
+from tiering.tier2.objects import completed_part, delete_keys, prefetch_ranges, tier2_error
 from tiering.tier2.offloader import StepHook
 
 MIN_PART = 5 * MIB
@@ -107,8 +107,7 @@ def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes
             if pending:
                 resp = b.s3.upload_part(Bucket=b.name, Key=key, UploadId=upload_id, PartNumber=len(parts) + 1,
                                         Body=bytes(pending), ChecksumAlgorithm="CRC32C")
-                parts.append({"PartNumber": len(parts) + 1, "ETag": resp["ETag"],
-                              "ChecksumCRC32C": resp["ChecksumCRC32C"]})
+                parts.append(completed_part(len(parts) + 1, resp))
                 pending = bytearray()
                 step("part")
 
@@ -125,7 +124,7 @@ def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes
             resp = b.s3.upload_part_copy(Bucket=b.name, Key=key, UploadId=upload_id,
                                          PartNumber=len(parts) + 1, CopySourceRange=src,
                                          CopySource={"Bucket": b.name, "Key": ch.data_key})
-            parts.append({"PartNumber": len(parts) + 1, "ETag": resp["CopyPartResult"]["ETag"]})
+            parts.append(completed_part(len(parts) + 1, resp["CopyPartResult"]))
             report.bytes_copied_server_side += ch.data_length
             step("part")
         sources = ((group.chunks[i].data_key, group.chunks[i].data_offset, group.chunks[i].data_length)

@@ -36,6 +36,16 @@ def tier2_error(op: str, key: str, exc: BaseException) -> Tier2Error:
     return Tier2Error(f"S3 {op} of {key!r} failed: {type(exc).__name__}: {exc}")
 
 
+def completed_part(part_number: int, resp: dict) -> dict:
+    """A CompleteMultipartUpload entry from an UploadPart answer. The part's CRC32C goes along only when the
+    server returned one: AWS requires it back for an upload created with a checksum algorithm, while
+    servers without S3's flexible checksums (Ceph RGW 16, older MinIO) answer with the ETag alone."""
+    part = {"PartNumber": part_number, "ETag": resp["ETag"]}
+    if resp.get("ChecksumCRC32C"):
+        part["ChecksumCRC32C"] = resp["ChecksumCRC32C"]
+    return part
+
+
 def get_range(b: Bucket, key: str, start: int, length: int) -> bytes:
     """Bytes [start, start+length) of an object; a short read is an error, not a silent truncation."""
     if length <= 0:

@@ -3,7 +3,8 @@ packed blocks, uploaded in parallel with bounded concurrency, then the index obj
 one block is one PUT (the same bytes; half the requests for small ledgers).
 
 Memory stays within (concurrency + 1) x block size whatever the ledger's size. Every part carries a CRC32C
-checksum so S3 verifies what it stores. A failure aborts the multipart upload; deleting the keys (the data
+checksum, which AWS S3 verifies; other servers may ignore it (Ceph RGW 16 accepts a wrong one), so the
+server is not what guarantees integrity. A failure aborts the multipart upload; deleting the keys (the data
 object may be complete when the index PUT fails) is the caller's, which also knows whether metadata
 references them (tiering/ops/offload.py).
 """
@@ -20,7 +21,7 @@ from tiering.errors import BadInput, TieringError
 from tiering.format.block import DEFAULT_PAGE_SIZE, MIN_BLOCK_SIZE, pack_blocks
 from tiering.format.index import IndexEntry, block_pages, encode_index, page_index
 from tiering.format.metadata import LedgerOffloadMetadata, encode_metadata, user_metadata
-from tiering.tier2.objects import Bucket, tier2_error
+from tiering.tier2.objects import Bucket, completed_part, tier2_error
 
 MAX_PARTS = 10_000  # S3's limit on parts of one multipart upload
 
@@ -143,7 +144,7 @@ def _upload_part(b: Bucket, key: str, upload_id: str, part_id: int, data: bytes,
     resp = b.s3.upload_part(Bucket=b.name, Key=key, UploadId=upload_id, PartNumber=part_id, Body=data,
                             ChecksumAlgorithm="CRC32C")
     step("part")
-    return {"PartNumber": part_id, "ETag": resp["ETag"], "ChecksumCRC32C": resp["ChecksumCRC32C"]}
+    return completed_part(part_id, resp)
 
 
 def _abort(b: Bucket, key: str, upload_id: str | None) -> None:
