@@ -98,7 +98,7 @@ class Stopper:
                                (offload: after `index` that is complete_offload's commit)
     done[:N]                   after the N-th ledger's offload committed (offload_many's on_done)
     s3:before|after:OP[:N]     botocore before-call/after-call of the N-th S3 call OP (`*`: any call)
-    tier1-delete:before|after  around a tier-1 file deletion
+    tier1-delete:before|after  around the first step of a tier-1 copy deletion (renaming it to its tombstone)
     meta-after:METHOD          after MetadataStore.METHOD returned (its transaction committed)
     """
 
@@ -148,7 +148,7 @@ class Stopper:
             deps.bucket.s3.meta.events.register(event_name, _on_call)
         elif self.kind == "tier1-delete":
             when = self.spec.split(":", 1)[1]
-            original = deps.tier1.delete
+            original = deps.tier1.retire
 
             def delete(topic, ledger_id):
                 if when == "before":
@@ -158,7 +158,7 @@ class Stopper:
                     self.stop()
                 return gone
 
-            deps.tier1.delete = delete
+            deps.tier1.retire = delete
         elif self.kind == "meta-after":
             method = self.spec.split(":", 1)[1]
             original = getattr(deps.meta, method)

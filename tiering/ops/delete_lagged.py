@@ -1,9 +1,12 @@
 """Delete tier-1 copies of ledgers offloaded longer ago than their topic's deletion lag (PIP-17: 4 h by
 default), and leftover copies of ledgers retention already deleted.
 
-The file goes first, then metadata: killed in between, metadata still says the copy exists, readers fall
-back to tier 2 (the ledger is OFFLOADED), and a rerun deletes nothing twice and marks it. The other order
-could leave a file nobody would ever delete.
+The file goes first, then metadata: the file is renamed to a tombstone, metadata marks the copy deleted,
+the tombstone is removed. Killed after the rename, metadata still says the copy exists, readers fall back
+to tier 2 (the ledger is OFFLOADED), and a rerun finds the tombstone and marks it; killed after the mark,
+the next plan sweeps the tombstone. The other order could leave a file nobody would ever delete. A copy
+that is neither there nor renamed fails the item (`LedgerFileMissing` naming the path): it is what a worker
+that does not see the tier-1 root finds, and reporting it deleted would leave the real file forever.
 
 Before deleting the copy of an OFFLOADED ledger, the tier-2 objects its chunk row names are checked by
 HEAD: each must exist and be at least offset + length long. A missing or short object fails that ledger
@@ -34,6 +37,7 @@ def plan_delete_lagged(deps: Deps, topic: str | None = None) -> list[Ledger]:
     out = []
     for t in topics:
         ledgers = deps.meta.list_ledgers(t.name)
+        sweep_tombstones(deps, t.name, ledgers)
         out += policy.lagged_copies(ledgers, t.policy, now)
         out += [led for led in ledgers if led.state == LedgerState.DELETED and led.tier1_present]
     return out
@@ -47,11 +51,12 @@ def delete_copy(deps: Deps, led: Ledger) -> bool:
         return False
     if current.state == LedgerState.OFFLOADED:
         check_tier2_copy(deps, current)
-    deps.tier1.delete(led.topic, led.ledger_id)
+    deps.tier1.retire(led.topic, led.ledger_id)  # raises when the copy is not where it should be
     try:
         deps.meta.mark_tier1_deleted(current)
     except ConditionalUpdateFailed:
-        return False
+        return False  # another worker recorded it (and removes the tombstone) or the ledger changed
+    deps.tier1.purge_retired(led.topic, led.ledger_id)
     return True
 
 
@@ -69,6 +74,13 @@ def check_tier2_copy(deps: Deps, led: Ledger) -> None:
         if length < end:
             raise Tier2CopyMissing(f"{what}: tier-2 {kind} object {key!r} has {length} bytes, the chunk row "
                                    f"needs {end}; tier-1 copy kept")
+
+
+def sweep_tombstones(deps: Deps, topic: str, ledgers: list[Ledger]) -> int:
+    """Remove tombstones left by a worker killed between recording a deletion and removing the renamed
+    file. Only those whose ledger no longer has a tier-1 copy in metadata: the others are mid-deletion."""
+    present = {led.ledger_id for led in ledgers if led.tier1_present}
+    return sum(deps.tier1.purge_retired(topic, lid) for lid in deps.tier1.retired_ids(topic) if lid not in present)
 
 
 def delete_lagged(deps: Deps, topic: str | None = None) -> DeleteLaggedReport:

@@ -334,9 +334,35 @@ def build_manifest(engine_or_conn, parts: Mapping[str, Sequence[PartFile]],
         return build(conn)
 
 
+def check_parts(fs: pafs.FileSystem, base_path: str, manifest: Manifest) -> None:
+    """Every part the manifest names is at the base path, as this process sees it, with the rows it claims
+    (read from the Parquet footer). Executors on other machines write a local path on *their* disks: a
+    manifest over parts the driver cannot see would be an export that looks complete and is not."""
+    for table, tm in manifest.tables.items():
+        for part in tm.files:
+            path = _join(base_path, part.path)
+            try:
+                with fs.open_input_file(path) as f:
+                    rows = pq.ParquetFile(f).metadata.num_rows
+            except FileNotFoundError:
+                rows = None
+            except OSError as exc:
+                if _exists(fs, path):
+                    raise TieringError(f"export part {path} cannot be read: {str(exc).splitlines()[0]}") from None
+                rows = None
+            if rows is None:
+                raise TieringError(f"export part {path} of table {table} is missing where the manifest goes "
+                                   f"(written on another machine? export to s3:// or to a path every Spark "
+                                   f"worker shares); no manifest written")
+            if rows != part.rows:
+                raise TieringError(f"export part {path} has {rows} rows, its writer reported {part.rows}; "
+                                   f"no manifest written")
+
+
 def write_manifest(fs: pafs.FileSystem, base_path: str, manifest: Manifest) -> str:
-    """Write the manifest (last step of an export). Atomic: a temporary file renamed on local disks; a
-    single PUT (visible only when complete) on S3."""
+    """Write the manifest (last step of an export), after checking every part it names (`check_parts`).
+    Atomic: a temporary file renamed on local disks; a single PUT (visible only when complete) on S3."""
+    check_parts(fs, base_path, manifest)
     path = _join(base_path, MANIFEST)
     data = manifest.to_json().encode()
     if _is_local(fs):

@@ -7,6 +7,7 @@ before, so a read never creates directories (e.g. on an unmounted shared mount).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from tiering.errors import LedgerStorageError
@@ -15,6 +16,8 @@ from tiering.tier1.ledger_file import (LedgerFileExists, LedgerFileMissing, Ledg
 from tiering.tier1.paths import LEDGER_FILE, ledger_path, topic_dir
 
 _CREATE_ATTEMPTS = 5
+RETIRED_SUFFIX = ".retired"
+RETIRED_FILE = re.compile(r"^(\d{20})\.ledger\.retired$")
 
 
 class Tier1Store:
@@ -87,7 +90,9 @@ class Tier1Store:
 
     def delete(self, topic: str, ledger_id: int) -> bool:
         """Remove the ledger's file; False if it was already gone. Open readers keep reading it (POSIX)."""
-        path = self.path(topic, ledger_id)
+        return self._unlink(self.path(topic, ledger_id))
+
+    def _unlink(self, path: Path) -> bool:
         try:
             path.unlink()
         except FileNotFoundError:
@@ -113,3 +118,37 @@ class Tier1Store:
             return []
         return sorted(int(m.group(1)) for m in map(LEDGER_FILE.match, names) if m)
 
+    # -- deleting a copy in two steps (delete-lagged, retention) --
+    # A missing file must fail the deletion (on a worker that does not see the shared root, "already gone"
+    # would be a lie), yet a rerun after a kill between the unlink and the metadata update must succeed.
+    # So the file is first renamed to a tombstone: "tombstone there" means "being deleted by us".
+
+    def retired_path(self, topic: str, ledger_id: int) -> Path:
+        path = self.path(topic, ledger_id)
+        return path.with_name(path.name + RETIRED_SUFFIX)
+
+    def retire(self, topic: str, ledger_id: int) -> None:
+        """Rename the ledger's file to its tombstone (atomic, durable). Readers that opened it keep reading.
+        LedgerFileMissing, naming the path, when neither the file nor its tombstone is there."""
+        path, tomb = self.path(topic, ledger_id), self.retired_path(topic, ledger_id)
+        try:
+            os.rename(path, tomb)
+        except FileNotFoundError:
+            if tomb.is_file():
+                return  # a previous attempt was stopped after this step
+            raise LedgerFileMissing(
+                f"tier-1 copy of ledger {ledger_id} of topic {topic!r} is not at {path}: is {self.root} the "
+                f"tier-1 root it was written to (the same shared mount on every worker)?") from None
+        fsync_dir(path.parent)
+
+    def purge_retired(self, topic: str, ledger_id: int) -> bool:
+        """Remove the ledger's tombstone (after metadata recorded the deletion); False if there was none."""
+        return self._unlink(self.retired_path(topic, ledger_id))
+
+    def retired_ids(self, topic: str) -> list[int]:
+        """Ledgers of the topic that have a tombstone, ascending."""
+        try:
+            names = os.listdir(topic_dir(self.root, topic))
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for m in map(RETIRED_FILE.match, names) if m)

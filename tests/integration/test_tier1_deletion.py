@@ -1,0 +1,87 @@
+"""Deleting tier-1 copies never reports a deletion that did not happen (issue 16): a worker that does not
+see the tier-1 files (another machine, an unmounted share) fails the item, naming the path, and leaves
+metadata saying the copy exists; a rerun on the right root finishes. Real PostgreSQL and S3."""
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.helpers import entries, make_deps, produce
+from tiering.model import LedgerState as S, TopicPolicy
+from tiering.ops.delete_lagged import delete_copy, delete_lagged
+from tiering.ops.offload import offload_many
+from tiering.ops.retention import retention
+from tiering.tier1 import LedgerFileMissing
+
+BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
+
+
+@pytest.fixture
+def deps(db, s3_client, bucket, tier1_root):
+    return make_deps(db, s3_client, bucket, tier1_root)
+
+
+@pytest.fixture
+def elsewhere(db, s3_client, bucket, tmp_path):
+    """The same metadata and bucket seen from a worker whose tier-1 root is an empty directory."""
+    other = tmp_path / "other-machine-tier1"
+    other.mkdir()
+    return make_deps(db, s3_client, bucket, other)
+
+
+def _offloaded(deps, topic, n=2, policy=None):
+    produce(deps, topic, [entries(f"{topic}{i}", 3, 100) for i in range(n)],
+            policy or TopicPolicy(deletion_lag_seconds=0, **BIG), open_tail=[b"open"])
+    offload_many(deps, deps.meta.list_ledgers(topic, [S.SEALED]))
+
+
+def test_delete_lagged_fails_where_the_file_is_not(deps, elsewhere):
+    _offloaded(deps, "dl")
+    report = delete_lagged(elsewhere, "dl")
+    assert report.deleted == [] and [(t, i) for t, i, _ in report.failed] == [("dl", 0), ("dl", 1)]
+    assert str(elsewhere.tier1.path("dl", 0)) in report.failed[0][2]
+    with pytest.raises(LedgerFileMissing):  # what the Spark job's item sees
+        delete_copy(elsewhere, deps.meta.get_ledger("dl", 0))
+    # nothing recorded: the copies still exist, in metadata and on disk
+    assert [led.tier1_present for led in deps.meta.list_ledgers("dl")] == [True, True, True]
+    assert deps.tier1.exists("dl", 0) and deps.tier1.exists("dl", 1)
+    assert sorted(delete_lagged(deps, "dl").deleted) == [("dl", 0), ("dl", 1)]
+    assert not deps.tier1.exists("dl", 0) and deps.tier1.retired_ids("dl") == []
+
+
+def test_retention_fails_where_the_file_is_not_and_a_rerun_removes_it(deps, elsewhere):
+    _offloaded(deps, "rt", n=3, policy=TopicPolicy(retention_bytes=300, **BIG))
+    with pytest.raises(LedgerFileMissing):
+        retention(elsewhere, "rt")
+    # the trim itself is committed (metadata first), the files are still owed
+    leds = deps.meta.list_ledgers("rt")
+    assert [led.state for led in leds][:2] == [S.DELETED, S.DELETED]
+    assert all(led.tier1_present for led in leds[:2]) and deps.tier1.exists("rt", 0)
+    report = retention(deps, "rt")
+    assert report.files_removed == 2 and not deps.tier1.exists("rt", 0) and not deps.tier1.exists("rt", 1)
+
+
+def test_killed_after_the_rename_a_rerun_finishes(deps):
+    _offloaded(deps, "k1", n=1)
+    led = deps.meta.get_ledger("k1", 0)
+    deps.tier1.retire("k1", 0)  # a worker stopped right after the first step
+    assert not deps.tier1.exists("k1", 0) and deps.meta.get_ledger("k1", 0).tier1_present
+    assert delete_copy(deps, led)
+    assert not deps.meta.get_ledger("k1", 0).tier1_present and deps.tier1.retired_ids("k1") == []
+
+
+def test_killed_after_the_metadata_update_the_next_plan_sweeps_the_tombstone(deps):
+    _offloaded(deps, "k2", n=2)
+    led = deps.meta.get_ledger("k2", 0)
+    deps.tier1.retire("k2", 0)
+    deps.meta.mark_tier1_deleted(led)  # stopped before removing the tombstone
+    assert deps.tier1.retired_ids("k2") == [0]
+    report = delete_lagged(deps, "k2")
+    assert report.deleted == [("k2", 1)] and deps.tier1.retired_ids("k2") == []
+
+
+def test_a_tombstone_of_a_copy_still_recorded_is_not_swept(deps):
+    # lag not reached: the ledger is not planned, yet its tombstone marks a deletion in progress
+    _offloaded(deps, "k3", n=1, policy=TopicPolicy(deletion_lag_seconds=3600, **BIG))
+    deps.tier1.retire("k3", 0)
+    assert delete_lagged(deps, "k3").deleted == []
+    assert deps.tier1.retired_ids("k3") == [0]
