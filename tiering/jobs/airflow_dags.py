@@ -10,11 +10,10 @@ from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Param
+from airflow.sdk.exceptions import AirflowFailException
 
 from tiering.jobs.spec import JOBS, POSITION_PATTERN, TOPIC_MAX, JobSpec, spark_submit_args
 
-REPO = Path(__file__).resolve().parents[2]
-PY_FILES = REPO / "build" / "tiering.zip"  # built by `make dist`; ships the package to cluster executors
 JDBC_JAR = "/usr/share/java/postgresql.jar"
 POOL = "tiering_spark"
 OWNER = "tiering"
@@ -35,12 +34,51 @@ class TieringSparkSubmitOperator(SparkSubmitOperator):
                                                   position=params.get("position") or None,
                                                   dest=params.get("dest") or None)
         settings = Settings.from_airflow()
-        venv_bin = str(Path(sys.executable).parent)
-        self.env_vars = {**settings.to_env(), "PYSPARK_PYTHON": sys.executable,
-                         "PATH": f"{venv_bin}:{_env('PATH')}", "SPARK_LOCAL_IP": _env("SPARK_LOCAL_IP", "127.0.0.1")}
-        if PY_FILES.exists():
-            self.py_files = str(PY_FILES)
+        self.prepare_submit(settings.to_env())
         return super().execute(context)
+
+    def prepare_submit(self, settings_env: dict[str, str]) -> None:
+        """env_vars and py_files for this spark_default (tiering.jobs.submit); a master that would get a
+        secret in argv fails the task once, with the reason."""
+        import os
+
+        from tiering.errors import BadInput
+        from tiering.jobs.submit import executor_python, job_environment, py_files_archive
+
+        try:
+            master, deploy_mode, extra = _spark_connection(self._conn_id)
+            self.env_vars = job_environment(
+                settings_env, master, deploy_mode, executor_python(extra, os.environ, sys.executable),
+                sys.executable, f"{Path(sys.executable).parent}:{_env('PATH')}")
+        except BadInput as exc:
+            raise AirflowFailException(str(exc)) from None
+        self.py_files = str(py_files_archive())
+
+
+def _spark_connection(conn_id: str) -> tuple[str, str | None, dict]:
+    """(master, deploy mode, extra) of the Spark connection, resolved by the provider itself."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+    from airflow.sdk import BaseHook
+
+    conn = BaseHook.get_connection(conn_id)
+    extra = conn.extra_dejson or {}
+    if "k8s" in f"{conn.conn_type}://{conn.host or ''}":
+        # refused by job_environment; the provider itself fails with NameError without the k8s provider
+        return f"{conn.host}", None, extra
+    resolved = SparkSubmitHook(conn_id=conn_id)._connection
+    return resolved["master"], resolved["deploy_mode"], extra
+
+
+def task_timeout(environ=None) -> timedelta:
+    """execution_timeout of every task: TIERING_TASK_TIMEOUT_MINUTES (default 120). When it passes,
+    Airflow kills spark-submit (client mode: the driver) and fails the task; the job_run row it leaves
+    RUNNING is closed by the job's next run."""
+    import os
+
+    raw = (os.environ if environ is None else environ).get("TIERING_TASK_TIMEOUT_MINUTES", "") or "120"
+    if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) <= 10080:
+        raise ValueError("TIERING_TASK_TIMEOUT_MINUTES must be a whole number of minutes, 1 to 10080")
+    return timedelta(minutes=int(raw))
 
 
 def _env(name: str, default: str = "") -> str:
@@ -79,7 +117,8 @@ def build_dag(dag_id: str, doc_md: str | None = None) -> DAG:
         max_active_runs=1,
         tags=["tiering", *spec.tags],
         params=params_for(spec),
-        default_args={"owner": OWNER, "retries": 1, "retry_delay": timedelta(minutes=2)},
+        default_args={"owner": OWNER, "retries": 1, "retry_delay": timedelta(minutes=2),
+                      "execution_timeout": task_timeout()},
     ) as dag:
         TieringSparkSubmitOperator(
             task_id=spec.application.removesuffix(".py"),
