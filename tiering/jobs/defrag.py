@@ -28,7 +28,7 @@ def work(deps, item) -> tuple[int, bool]:
 
 
 def main(argv=None) -> int:
-    return run("defrag", argv, build_parser(), plan, work)
+    return run("defrag", argv, build_parser(), plan, work, tier1=False)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="tiering-gc")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--topic", help="accepted for symmetry; GC works on the whole bucket prefix")
-    return run("gc", argv, p, plan, work, finish)
+    return run("gc", argv, p, plan, work, finish, tier1=False)
 
 
 if __name__ == "__main__":

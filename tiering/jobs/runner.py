@@ -18,6 +18,7 @@ from tiering.metadata.job_runs import JobOutcome, JobRuns
 from tiering.metadata.repository import MetadataStore
 from tiering.ops.context import Deps, Knobs
 from tiering.tier1 import Tier1Store
+from tiering.tier1.marker import check_root, root_token
 from tiering.tier2.objects import Bucket
 
 RETRIES = 2
@@ -38,10 +39,20 @@ def topic_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topic", help="limit the job to one topic")
 
 
-def _do_items(settings: Settings, work: Work, items: Iterable[dict]) -> Iterator[dict]:
-    """Runs on an executor: one set of clients per partition."""
-    deps = deps_from(settings)
+def _do_items(settings: Settings, work: Work, items: Iterable[dict],
+              tier1_token: str | None = None) -> Iterator[dict]:
+    """Runs on an executor: one set of clients per partition, after checking that this worker sees the
+    driver's tier-1 root (jobs that touch tier 1 ship its token)."""
     out = {"done": 0, "failed": 0, "skipped": 0, "bytes": 0, "errors": []}
+    try:
+        check_root(settings.tier1_root, tier1_token)
+    except TieringError as exc:
+        items = list(items)
+        out["failed"] = len(items)
+        out["errors"].append(f"{len(items)} item(s) not run: {exc}")
+        yield out
+        return
+    deps = deps_from(settings)
     try:
         for item in items:
             for attempt in range(RETRIES + 1):
@@ -70,8 +81,9 @@ def _do_items(settings: Settings, work: Work, items: Iterable[dict]) -> Iterator
 
 def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
         plan: Callable[[Deps, argparse.Namespace], list[dict]], work: Work,
-        finish: Callable[[Deps, argparse.Namespace, JobOutcome], None] | None = None) -> int:
-    """Parse args, plan on the driver, run items on executors, record one job_run row."""
+        finish: Callable[[Deps, argparse.Namespace, JobOutcome], None] | None = None, tier1: bool = True) -> int:
+    """Parse args, plan on the driver, run items on executors, record one job_run row. `tier1`: the job
+    works on tier-1 files, so executors check they see the driver's root."""
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env()
@@ -91,8 +103,9 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
             # A bare SparkContext: these jobs use RDDs only, and a SparkSession costs ~4 s more to start.
             sc = SparkContext.getOrCreate(SparkConf().setAppName(f"tiering-{job}"))
             slices = max(1, min(len(items), sc.defaultParallelism * 2))
+            token = root_token(settings.tier1_root) if tier1 else None
             parts = sc.parallelize(items, slices).mapPartitions(
-                lambda it: _do_items(settings, work, it)).collect()
+                lambda it: _do_items(settings, work, it, token)).collect()
             for p in parts:
                 outcome.add(JobOutcome(p["done"], p["failed"], p["bytes"], p["errors"]))
                 outcome.details["skipped"] = outcome.details.get("skipped", 0) + p["skipped"]

@@ -1,12 +1,23 @@
-"""`job_run` rows: one per pipeline run, for the UI and for SQL."""
+"""`job_run` rows: one per pipeline run, for the UI and for SQL.
+
+A RUNNING row is owned by the process that started it through a PostgreSQL session advisory lock taken in
+the INSERT itself and held on a connection kept open until `finish`. A driver that is killed (Airflow's
+execution_timeout, kill -9, OOM) loses its connection and so the lock; the next `start` of the same job
+finds its row RUNNING and unlocked and closes it as FAILED ("abandoned"). A live run's row is never
+touched: its lock is held. (A machine that vanishes without closing its TCP connections keeps the lock
+until PostgreSQL's keepalive notices.)"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, literal, select, update
 from sqlalchemy.engine import Engine
 
 from tiering.metadata.tables import job_run
+
+
+# Advisory-lock keys of job_run rows: this base + run_id (one bigint key space, apart from small keys).
+LOCK_BASE = 0x7469_6572 << 32
 
 
 @dataclass
@@ -27,19 +38,62 @@ class JobOutcome:
 class JobRuns:
     def __init__(self, engine: Engine):
         self.engine = engine
+        self._held: dict = {}  # run_id -> the connection holding its lock
 
     def start(self, job: str, topic: str | None = None) -> int:
-        with self.engine.begin() as conn:
-            return conn.execute(insert(job_run).values(job=job, topic=topic, status="RUNNING")
-                                .returning(job_run.c.run_id)).scalar_one()
+        """Insert the run's RUNNING row, owned by this process until `finish` (see the module's doc), after
+        closing the rows of this job whose owner is gone."""
+        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            run_id = conn.execute(insert(job_run).values(job=job, topic=topic, status="RUNNING").returning(
+                job_run.c.run_id, func.pg_advisory_lock(literal(LOCK_BASE) + job_run.c.run_id))).first()[0]
+        except BaseException:
+            conn.close()
+            raise
+        self._held[run_id] = conn
+        self.close_abandoned(job, run_id)
+        return run_id
+
+    def close_abandoned(self, job: str, by_run: int) -> list[int]:
+        """Close as FAILED every RUNNING row of `job` whose owner holds no lock any more; their ids."""
+        closed = []
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            running = conn.execute(select(job_run.c.run_id).where(
+                job_run.c.job == job, job_run.c.status == "RUNNING", job_run.c.run_id != by_run)).scalars().all()
+            for rid in running:
+                if not conn.execute(select(func.pg_try_advisory_lock(LOCK_BASE + rid))).scalar():
+                    continue  # its driver is alive
+                try:
+                    done = conn.execute(update(job_run).where(
+                        job_run.c.run_id == rid, job_run.c.status == "RUNNING").values(
+                        status="FAILED", ended_at=func.now(),
+                        error=f"abandoned: the process running it stopped without recording an outcome "
+                              f"(killed or timed out); closed by run {by_run}")).rowcount
+                finally:
+                    conn.execute(select(func.pg_advisory_unlock(LOCK_BASE + rid)))
+                if done:
+                    closed.append(rid)
+        return closed
 
     def finish(self, run_id: int, outcome: JobOutcome) -> None:
         status = "FAILED" if outcome.items_failed or outcome.errors else "SUCCEEDED"
-        with self.engine.begin() as conn:
-            conn.execute(update(job_run).where(job_run.c.run_id == run_id).values(
-                status=status, ended_at=func.now(), items_done=outcome.items_done,
-                items_failed=outcome.items_failed, bytes=outcome.bytes,
-                error=outcome.errors[0][:2000] if outcome.errors else None, details=outcome.details or None))
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(update(job_run).where(job_run.c.run_id == run_id).values(
+                    status=status, ended_at=func.now(), items_done=outcome.items_done,
+                    items_failed=outcome.items_failed, bytes=outcome.bytes,
+                    error=outcome.errors[0][:2000] if outcome.errors else None, details=outcome.details or None))
+        finally:  # not recorded: the row stays RUNNING, unlocked, and the next run closes it
+            self._release(run_id)
+
+    def _release(self, run_id: int) -> None:
+        conn = self._held.pop(run_id, None)
+        if conn is None:
+            return
+        try:  # explicitly: a pooled connection is not closed, and session locks outlive transactions
+            conn.execute(select(func.pg_advisory_unlock(LOCK_BASE + run_id)))
+        finally:
+            conn.close()
 
     def recent(self, limit: int = 50) -> list[dict]:
         with self.engine.connect() as conn:
