@@ -144,6 +144,19 @@ class Settings:
         )
 
 
+def pyarrow_s3_filesystem(**kwargs):
+    """pyarrow's S3 filesystem, sending checksums only when an operation requires one (as `s3_client()`).
+
+    Its AWS C++ SDK otherwise uploads parts as `aws-chunked` with a trailing checksum and no Content-Length,
+    which Ceph RGW 16 and other older S3-compatible servers refuse (HTTP 411 MissingContentLength). pyarrow
+    has no option for it: the SDK reads this variable each time a filesystem is built, so it is set here,
+    in the one module that owns the process environment (also in Spark executors, which build their own)."""
+    import pyarrow.fs
+
+    os.environ["AWS_REQUEST_CHECKSUM_CALCULATION"] = "when_required"
+    return pyarrow.fs.S3FileSystem(**kwargs)
+
+
 def _required(env: Mapping[str, str], name: str) -> str:
     value = env.get(name)
     if value is None or not value.strip():

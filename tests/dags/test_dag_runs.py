@@ -118,7 +118,7 @@ def _delayed_keys(deps):
         return set(conn.execute(text("SELECT key FROM tiering.gc_task")).scalars())
 
 
-def test_metadata_export_by_spark_over_jdbc_imports_back_exactly(airflow, deps, tmp_path, database_url):
+def test_metadata_export_by_spark_over_jdbc_imports_back_exactly(airflow, deps, database_url, s3_settings):
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
 
@@ -126,10 +126,14 @@ def test_metadata_export_by_spark_over_jdbc_imports_back_exactly(airflow, deps, 
     from tiering.ops.export_metadata import filesystem_for, table_names
     from tiering.ops.import_metadata import import_metadata
 
-    dest = tmp_path / "export"
-    done, out = dags_test(airflow, "tiering_metadata_export", {"dest": str(dest)})
+    # The default location, in the bucket: executors write the Parquet parts with pyarrow's S3 client, which
+    # must send Content-Length (RGW 16 refuses its default aws-chunked uploads with HTTP 411).
+    done, out = dags_test(airflow, "tiering_metadata_export", {})
     assert done.returncode == 0, out[-3000:]
-    assert (dest / "manifest.json").exists()
+    b = deps.bucket
+    [manifest] = [o["Key"] for o in b.s3.list_objects_v2(Bucket=b.name, Prefix="t-metadata/").get("Contents", [])
+                  if o["Key"].endswith("/manifest.json")]
+    assert not b.s3.list_multipart_uploads(Bucket=b.name).get("Uploads")
     server = make_url(database_url)
     name = server.database + "_imp"
     admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
@@ -138,7 +142,10 @@ def test_metadata_export_by_spark_over_jdbc_imports_back_exactly(airflow, deps, 
     target = make_engine(server.set(database=name).render_as_string(hide_password=False))
     try:
         upgrade(target)
-        fs, base = filesystem_for(str(dest))
+        fs, base = filesystem_for(f"s3://{b.name}/{manifest.rsplit('/', 1)[0]}",
+                                  endpoint_url=s3_settings["endpoint_url"], region=s3_settings["region_name"],
+                                  access_key=s3_settings["aws_access_key_id"],
+                                  secret_key=s3_settings["aws_secret_access_key"])
         import_metadata(target, fs, base)
 
         def dump(engine, table):

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from tests.integration.helpers import MIB, bucket_keys, entries, make_deps, produce
+from tests.integration.helpers import MIB, bucket_keys, entries, make_deps, open_uploads, produce
 from tiering.errors import BadInput
 from tiering.format.index import decode_index, encode_index
 from tiering.format.keys import data_key, index_key
@@ -181,6 +181,19 @@ def test_export_local_and_s3_then_import_gives_identical_tables(deps, db, new_da
         for led in meta.list_ledgers("alpha", [S.OFFLOADED]):
             assert read_ledger(meta, deps.tier1, deps.bucket, led) == \
                 read_ledger(deps.meta, deps.tier1, deps.bucket, deps.meta.get_ledger("alpha", led.ledger_id))
+
+
+def test_gc_aborts_uploads_that_failed_exports_leave_at_the_default_location(deps):
+    """A killed or refused export (pyarrow writes every Parquet part as a multipart upload) leaves uploads
+    under `<prefix>-metadata/`; GC aborts them once older than the grace period, and nothing elsewhere."""
+    s3, name = deps.bucket.s3, deps.bucket.name
+    ours = "t-metadata/20260101T000000Z/ledger/part-00000.parquet"
+    foreign = ["t-metadata-other/x.parquet", "elsewhere/t-metadata/x.parquet"]
+    for key in [ours, *foreign]:
+        s3.create_multipart_upload(Bucket=name, Key=key)
+    assert run_gc(deps, orphan_grace=dt.timedelta(hours=1)).uploads_aborted == 0  # a running export is left
+    assert run_gc(deps, orphan_grace=dt.timedelta(0)).uploads_aborted == 1
+    assert sorted(u["Key"] for u in open_uploads(deps)) == sorted(foreign)
 
 
 def test_import_refuses_a_non_empty_schema_and_changes_nothing(deps, db, new_database, tmp_path):

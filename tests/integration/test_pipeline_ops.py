@@ -85,26 +85,31 @@ def test_truncate_at_a_position(deps):
         truncate(deps, "tr", Position(99, 0))
 
 
-def test_defrag_merges_small_objects_reads_stay_byte_exact_and_gc_collects_the_old(deps, db):
-    # six small ledgers and one of 6 MiB (copied server side), then an open one
+# "acc/big ü" is percent-encoded in keys: RGW 16's UploadPartCopy cannot find such a source (it decodes
+# the copy source twice), so there the 6 MiB ledger goes through the download path instead.
+@pytest.mark.parametrize("topic", ["d", "acc/big ü"])
+def test_defrag_merges_small_objects_reads_stay_byte_exact_and_gc_collects_the_old(deps, db, topic):
+    # six small ledgers and one of 6 MiB (copied server side where the server can), then an open one
     shapes = [entries(f"s{i}", 10, 2000) for i in range(3)] + [entries("big", 6, MIB)] + \
              [entries(f"t{i}", 10, 2000) for i in range(3)]
-    expected = produce(deps, "d", shapes, open_tail=[b"x"], policy=TopicPolicy(**BIG))
-    offload_all(deps, "d")
-    for led in deps.meta.list_ledgers("d", [S.OFFLOADED]):
-        deps.tier1.delete("d", led.ledger_id)
+    expected = produce(deps, topic, shapes, open_tail=[b"x"], policy=TopicPolicy(**BIG))
+    offload_all(deps, topic)
+    for led in deps.meta.list_ledgers(topic, [S.OFFLOADED]):
+        deps.tier1.delete(topic, led.ledger_id)
         deps.meta.mark_tier1_deleted(led)
     before = bucket_keys(deps)
     assert len(before) == 14
     report = defrag(deps, small_bytes=8 * MIB, max_merged_bytes=64 * MIB)
     assert (report.groups, report.ledgers) == (1, 7)
-    assert report.bytes_copied_server_side >= 6 * MIB and report.bytes_downloaded > 0
-    chunks = deps.meta.chunks("d")
+    assert report.bytes_copied_server_side + report.bytes_downloaded > 6 * MIB and report.bytes_downloaded > 0
+    if topic == "d":
+        assert report.bytes_copied_server_side >= 6 * MIB
+    chunks = deps.meta.chunks(topic)
     assert len({c.data_key for c in chunks.values()}) == 1 and len({c.index_key for c in chunks.values()}) == 1
-    assert data(read(deps, "d")) == expected
+    assert data(read(deps, topic)) == expected
     run_gc(deps, orphan_grace=timedelta(hours=1))
     assert bucket_keys(deps) == referenced_keys(db) and len(bucket_keys(deps)) == 2
-    assert data(read(deps, "d")) == expected
+    assert data(read(deps, topic)) == expected
     assert defrag(deps).groups == 0  # merged objects are not merged again
 
 

@@ -21,7 +21,7 @@ from tiering.ops import export_metadata as ex
 
 def default_dest(settings: Settings, now: datetime) -> str:
     # Not under the tier-2 prefix: GC's orphan sweep owns everything there.
-    return f"s3://{settings.bucket}/{settings.prefix.rstrip('/')}-metadata/{now:%Y%m%dT%H%M%SZ}"
+    return f"s3://{settings.bucket}/{ex.default_export_prefix(settings.prefix)}{now:%Y%m%dT%H%M%SZ}"
 
 
 def jdbc_options(settings: Settings) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """Defrag (PDP-34's concat): merge runs of small offloaded ledgers of a topic into one data object and
 one index object.
 
-Sources of at least 5 MiB are copied server-side (UploadPartCopy with a byte range); smaller ones are
+Sources of at least 5 MiB are copied server-side (UploadPartCopy with a byte range; on servers whose
+UploadPartCopy cannot find keys holding '%', such sources are downloaded, see _copy_part); smaller ones are
 downloaded, their page CRCs checked, and concatenated into a part (S3 parts but the last must be at least
 5 MiB). The index objects are concatenated too (page indexes included: their offsets are ledger-relative), so each ledger's chunk row says where in the merged objects its bytes and its index
 lie; readers need nothing else. The merged keys are queued for GC before the upload; one transaction
@@ -23,7 +24,7 @@ from tiering.format.keys import data_key, index_key
 from tiering.format.metadata import user_metadata
 from tiering.model import Chunk
 from tiering.ops.context import MIB, Deps
-from tiering.tier2.objects import completed_part, delete_keys, prefetch_ranges, tier2_error
+from tiering.tier2.objects import completed_part, delete_keys, error_code, prefetch_ranges, tier2_error
 from tiering.tier2.offloader import StepHook
 
 MIN_PART = 5 * MIB
@@ -116,15 +117,18 @@ def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes
         large = [i for i, ch in enumerate(group.chunks) if ch.data_length >= MIN_PART]
         small = [i for i, ch in enumerate(group.chunks) if ch.data_length < MIN_PART]
         offsets = [0] * len(group.chunks)
+        escaped_copy_fails = False
         for i in large:
             ch = group.chunks[i]
+            part = None if escaped_copy_fails and "%" in ch.data_key else \
+                _copy_part(b, key, upload_id, len(parts) + 1, ch)
+            if part is None:  # downloaded with the small ones instead (see _copy_part)
+                escaped_copy_fails = True
+                small.append(i)
+                continue
+            parts.append(part)
             offsets[i] = offset
             offset += ch.data_length
-            src = f"bytes={ch.data_offset}-{ch.data_offset + ch.data_length - 1}"
-            resp = b.s3.upload_part_copy(Bucket=b.name, Key=key, UploadId=upload_id,
-                                         PartNumber=len(parts) + 1, CopySourceRange=src,
-                                         CopySource={"Bucket": b.name, "Key": ch.data_key})
-            parts.append(completed_part(len(parts) + 1, resp["CopyPartResult"]))
             report.bytes_copied_server_side += ch.data_length
             step("part")
         sources = ((group.chunks[i].data_key, group.chunks[i].data_offset, group.chunks[i].data_length)
@@ -150,6 +154,24 @@ def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes
         if isinstance(exc, (ClientError, BotoCoreError)):
             raise tier2_error("defrag upload", key, exc) from None
         raise
+
+
+def _copy_part(b, key: str, upload_id: str, number: int, ch: Chunk) -> dict | None:
+    """UploadPartCopy of a chunk's bytes; None when the server cannot find a source whose key holds '%'.
+
+    Keys percent-encode topics (`acc/big` -> `acc%2Fbig`), and Ceph RGW 16 decodes UploadPartCopy's copy
+    source twice, so it looks for `acc/big/...` and answers NoSuchKey (its CopyObject decodes once). The
+    caller then downloads those bytes like a small source's (their pages checked on the way); a source
+    that is really missing fails there with DataLossError."""
+    src = f"bytes={ch.data_offset}-{ch.data_offset + ch.data_length - 1}"
+    try:
+        resp = b.s3.upload_part_copy(Bucket=b.name, Key=key, UploadId=upload_id, PartNumber=number,
+                                     CopySourceRange=src, CopySource={"Bucket": b.name, "Key": ch.data_key})
+    except ClientError as exc:
+        if "%" in ch.data_key and error_code(exc) in ("NoSuchKey", "404"):
+            return None
+        raise
+    return completed_part(number, resp["CopyPartResult"])
 
 
 def _fetch_indexes(deps: Deps, group: policy.DefragGroup, report: DefragReport) -> list[tuple[bytes, OffloadIndex]]:

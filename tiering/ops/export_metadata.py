@@ -41,6 +41,7 @@ from sqlalchemy import BigInteger, Boolean, DateTime, Integer, Text, cast, func,
 from sqlalchemy.dialects.postgresql import ENUM, JSONB, UUID
 from sqlalchemy.engine import Connection, Engine
 
+from tiering.config import pyarrow_s3_filesystem
 from tiering.errors import BadInput, TieringError
 from tiering.metadata import tables as T
 
@@ -195,6 +196,12 @@ def _bad_bool(v, where: str):
 
 
 # ----------------------------------------------------------------------------------------------- filesystem
+def default_export_prefix(prefix: str) -> str:
+    """The key prefix of default export locations in the tier-2 bucket: beside the tier-2 prefix, not under
+    it (GC's orphan sweep owns that); GC aborts multipart uploads that failed exports leave here."""
+    return f"{prefix.rstrip('/')}-metadata/"
+
+
 def filesystem_for(url: str, settings=None, *, endpoint_url: str | None = None, access_key: str | None = None,
                    secret_key: str | None = None, region: str | None = None) -> tuple[pafs.FileSystem, str]:
     """(pyarrow filesystem, base path) for `s3://bucket/path` or a local path (or `file://` URL).
@@ -219,7 +226,7 @@ def filesystem_for(url: str, settings=None, *, endpoint_url: str | None = None, 
             ep = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
             kwargs.update(endpoint_override=ep.netloc, scheme=ep.scheme or "https")
         base = f"{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
-        return pafs.S3FileSystem(**kwargs), base
+        return pyarrow_s3_filesystem(**kwargs), base
     if parts.scheme == "file":
         return pafs.LocalFileSystem(), parts.path.rstrip("/") or "/"
     if parts.scheme and len(parts.scheme) > 1:

@@ -5,7 +5,8 @@
    and dequeued; a failure retries with exponential backoff and becomes FAILED after `max_attempts`.
 2. Orphan sweep: objects under the prefix that no chunk references and no task holds, older than the
    grace period (left by hand, by a tool, or by a run whose queue row was lost with its database).
-3. Multipart uploads older than the grace period are aborted.
+3. Multipart uploads older than the grace period are aborted: under the prefix, and under the default
+   export location beside it (a failed or killed metadata export leaves its Parquet uploads there).
 Killed anywhere, a rerun converges: deleting a missing key succeeds, and locked rows roll back.
 
 Why the orphan sweep never deletes an object a chunk references
@@ -44,6 +45,7 @@ from datetime import datetime, timedelta, timezone
 from tiering.format.keys import is_trim_marker
 from tiering.metadata import gc_queue
 from tiering.ops.context import Deps
+from tiering.ops.export_metadata import default_export_prefix
 from tiering.tier2.objects import delete_keys, list_objects, list_uploads
 
 
@@ -114,7 +116,8 @@ def _delete_orphans(deps: Deps, keys: list[str], report: GcReport) -> None:
 def _abort_stale_uploads(deps: Deps, grace: timedelta, report: GcReport) -> None:
     cutoff = datetime.now(timezone.utc) - grace
     b = deps.bucket
-    for up in list(list_uploads(b, b.prefix)):
-        if up["Initiated"] <= cutoff:
-            b.s3.abort_multipart_upload(Bucket=b.name, Key=up["Key"], UploadId=up["UploadId"])
-            report.uploads_aborted += 1
+    prefixes = [b.prefix] if not b.prefix else [b.prefix, default_export_prefix(b.prefix)]  # "" lists all
+    stale = [up for p in prefixes for up in list_uploads(b, p) if up["Initiated"] <= cutoff]
+    for up in stale:
+        b.s3.abort_multipart_upload(Bucket=b.name, Key=up["Key"], UploadId=up["UploadId"])
+        report.uploads_aborted += 1
