@@ -14,6 +14,7 @@ import sys
 from typing import Sequence
 
 from tiering.errors import BadInput, TieringError
+from tiering.model import ASCII_INT, INT64_MAX, MAX_SECONDS
 
 EXIT_BAD_INPUT = 2
 MIB = 1024 * 1024
@@ -25,32 +26,38 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer") from None
+def _int(text: str, lo: int, hi: int) -> int:
+    """ASCII digits only (int() would take "١٠", "５" or "1\v"), within [lo, hi] (PostgreSQL's bigint at most)."""
+    shown = text[:40] + ("..." if len(text) > 40 else "")
+    if not ASCII_INT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{shown!r} is not an integer (ASCII digits only)")
+    if len(text.lstrip("-")) > 19 or int(text) > hi:
+        raise argparse.ArgumentTypeError(f"{shown} is too large (at most {hi})")
+    value = int(text)
+    if value < lo:
+        raise argparse.ArgumentTypeError(f"{text} is not positive" if lo > 0 else
+                                         f"{text} is negative" + (" (use -1 to disable)" if lo < 0 else ""))
+    return value
 
 
 def _nonneg(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is negative")
-    return value
+    return _int(text, 0, INT64_MAX)
 
 
 def _positive(text: str) -> int:
-    value = _int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not positive")
-    return value
+    return _int(text, 1, INT64_MAX)
 
 
 def _policy_int(text: str) -> int:
-    value = _int(text)
-    if value < -1:
-        raise argparse.ArgumentTypeError(f"{text} is negative (use -1 to disable)")
-    return value
+    return _int(text, -1, INT64_MAX)
+
+
+def _seconds(text: str) -> int:
+    return _int(text, 0, MAX_SECONDS)
+
+
+def _policy_seconds(text: str) -> int:
+    return _int(text, -1, MAX_SECONDS)
 
 
 def _position(text: str):
@@ -95,13 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     t_sub = topic.add_subparsers(dest="topic_command", required=True, parser_class=_Parser)
     create = t_sub.add_parser("create", help="create a topic with its tiering policy")
     _name(create)
-    create.add_argument("--offload-after", type=_policy_int, default=-1, metavar="SECONDS",
+    create.add_argument("--offload-after", type=_policy_seconds, default=-1, metavar="SECONDS",
                         help="offload sealed ledgers older than this (-1: never, 0: at once)")
     create.add_argument("--offload-threshold", type=_policy_int, default=-1, metavar="BYTES",
                         help="offload while tier 1 holds more than this (-1: never)")
-    create.add_argument("--deletion-lag", type=_nonneg, default=4 * 3600, metavar="SECONDS",
+    create.add_argument("--deletion-lag", type=_seconds, default=4 * 3600, metavar="SECONDS",
                         help="keep tier-1 copies this long after offload (default 4 h)")
-    create.add_argument("--retention-time", type=_policy_int, default=-1, metavar="SECONDS")
+    create.add_argument("--retention-time", type=_policy_seconds, default=-1, metavar="SECONDS")
     create.add_argument("--retention-size", type=_policy_int, default=-1, metavar="BYTES")
     create.add_argument("--rollover-entries", type=_positive, default=50_000, metavar="N")
     create.add_argument("--rollover-bytes", type=_positive, default=64 * MIB, metavar="BYTES")
@@ -164,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a merged object stays within this (default 256 MiB)")
     _json_flag(dfr)
     gc = sub.add_parser("gc", help="delete queued tier-2 objects, orphans and stale uploads (whole prefix)")
-    gc.add_argument("--orphan-grace-seconds", type=_nonneg, default=None, metavar="N",
+    gc.add_argument("--orphan-grace-seconds", type=_seconds, default=None, metavar="N",
                     help="unreferenced objects and uploads older than this are deleted (default 2 h)")
     _json_flag(gc)
     ver = sub.add_parser("verify", help="read a whole topic (and every tier-2 copy); exit 1 on loss or corruption")

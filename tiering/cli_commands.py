@@ -52,6 +52,7 @@ class Context:
         from tiering.ops.context import Deps, Knobs
 
         knobs = Knobs(block_size=self.settings.block_size, upload_concurrency=self.settings.upload_concurrency,
+                      offload_timeout=self.settings.offload_timeout, gc_delay=self.settings.gc_delay,
                       page_size=self.settings.page_size)
         return Deps(self.meta, self.tier1, self.bucket, knobs)
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Mapping
 from urllib.parse import urlsplit
 
 from tiering.errors import ConfigError
+from tiering.model import ASCII_INT, INT64_MAX, MAX_SECONDS
 
 MIB = 1024 * 1024
 
@@ -22,8 +24,12 @@ VARIABLES = {
     "TIERING_BUCKET": "bucket of tier 2 (required)",
     "TIERING_PREFIX": "key prefix inside the bucket (default 'tiering/')",
     "TIERING_TIER1_ROOT": "directory of tier-1 ledgers (required)",
-    "TIERING_BLOCK_SIZE": "offload block (= multipart part) size in bytes (default 64 MiB, minimum 5 MiB)",
-    "TIERING_UPLOAD_CONCURRENCY": "parts uploaded in parallel per ledger (default 4)",
+    "TIERING_BLOCK_SIZE": "offload block (= multipart part) size in bytes (default 64 MiB; 5 MiB..5 GiB, S3's part limits)",
+    "TIERING_UPLOAD_CONCURRENCY": "parts uploaded in parallel per ledger (default 4; 1..64)",
+    "TIERING_OFFLOAD_TIMEOUT_SECONDS": "an OFFLOADING attempt older than this is presumed dead and taken over; its "
+                                       "objects become collectable (default 3600; 1..3153600000)",
+    "TIERING_GC_DELAY_SECONDS": "objects merged away by defrag or trimmed by retention are kept this long for "
+                                "readers holding old metadata (default 600; 0..3153600000)",
     "TIERING_PAGE_SIZE": "target bytes of a checksummed page of entries in tier 2 (default 64 KiB; 4 KiB..block size)",
     "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY": "S3 credentials (else boto3's default chain)",
     "AWS_DEFAULT_REGION": "S3 region (default us-east-1)",
@@ -43,6 +49,8 @@ class Settings:
     block_size: int = 64 * MIB
     upload_concurrency: int = 4
     page_size: int = 64 * 1024
+    offload_timeout_seconds: int = 3600
+    gc_delay_seconds: int = 600
 
     @property
     def database_url_safe(self) -> str:
@@ -66,8 +74,12 @@ class Settings:
             aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
             aws_region=env.get("AWS_DEFAULT_REGION") or "us-east-1",
             block_size=_block_size(env.get("TIERING_BLOCK_SIZE")),
-            upload_concurrency=_positive_int(env.get("TIERING_UPLOAD_CONCURRENCY"), "TIERING_UPLOAD_CONCURRENCY", 4),
+            upload_concurrency=_int(env.get("TIERING_UPLOAD_CONCURRENCY"), "TIERING_UPLOAD_CONCURRENCY", 4, 1, 64),
             page_size=_page_size(env.get("TIERING_PAGE_SIZE")),
+            offload_timeout_seconds=_int(env.get("TIERING_OFFLOAD_TIMEOUT_SECONDS"), "TIERING_OFFLOAD_TIMEOUT_SECONDS",
+                                         3600, 1, MAX_SECONDS),
+            gc_delay_seconds=_int(env.get("TIERING_GC_DELAY_SECONDS"), "TIERING_GC_DELAY_SECONDS", 600, 0,
+                                  MAX_SECONDS),
         ).validated()
 
     @classmethod
@@ -89,15 +101,26 @@ class Settings:
             env["TIERING_S3_ENDPOINT_URL"] = extra["endpoint_url"]
         if extra.get("region_name"):
             env["AWS_DEFAULT_REGION"] = extra["region_name"]
-        for key, var in (("bucket", "TIERING_BUCKET"), ("prefix", "TIERING_PREFIX")):
-            if extra.get(key):
-                env[var] = extra[key]
+        for key, var in (("bucket", "TIERING_BUCKET"), ("prefix", "TIERING_PREFIX"),
+                         ("offload_timeout_seconds", "TIERING_OFFLOAD_TIMEOUT_SECONDS"),
+                         ("gc_delay_seconds", "TIERING_GC_DELAY_SECONDS")):
+            if extra.get(key) not in (None, ""):
+                env[var] = str(extra[key])
         return cls.from_env(env)
 
     def validated(self) -> "Settings":
         if not self.bucket or len(self.bucket) < 3:
             raise ConfigError("TIERING_BUCKET must be a bucket name of at least 3 characters")
+        _check_tier1_root(self.tier1_root)
         return self
+
+    @property
+    def offload_timeout(self) -> timedelta:
+        return timedelta(seconds=self.offload_timeout_seconds)
+
+    @property
+    def gc_delay(self) -> timedelta:
+        return timedelta(seconds=self.gc_delay_seconds)
 
     def with_(self, **changes) -> "Settings":
         return replace(self, **changes)
@@ -113,6 +136,8 @@ class Settings:
             "TIERING_BLOCK_SIZE": str(self.block_size),
             "TIERING_UPLOAD_CONCURRENCY": str(self.upload_concurrency),
             "TIERING_PAGE_SIZE": str(self.page_size),
+            "TIERING_OFFLOAD_TIMEOUT_SECONDS": str(self.offload_timeout_seconds),
+            "TIERING_GC_DELAY_SECONDS": str(self.gc_delay_seconds),
         }
         if self.s3_endpoint_url:
             env["TIERING_S3_ENDPOINT_URL"] = self.s3_endpoint_url
@@ -194,23 +219,36 @@ def _prefix(prefix: str) -> str:
     return prefix
 
 
-def _positive_int(raw: str | None, name: str, default: int) -> int:
+def _int(raw: str | None, name: str, default: int, lo: int, hi: int, out_of_range: str | None = None) -> int:
+    """An integer setting in ASCII digits within [lo, hi]; the message names the variable, not the value."""
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be an integer") from None
-    if value <= 0:
-        raise ConfigError(f"{name} must be positive")
-    return value
+    if not ASCII_INT.fullmatch(raw):
+        raise ConfigError(f"{name} must be an integer in ASCII digits")
+    if len(raw.lstrip("-")) > 19 or not lo <= int(raw) <= hi:
+        raise ConfigError(out_of_range or f"{name} must be from {lo} to {hi}")
+    return int(raw)
+
+
+def _positive_int(raw: str | None, name: str, default: int) -> int:
+    return _int(raw, name, default, 1, INT64_MAX)
 
 
 def _block_size(raw: str | None) -> int:
-    value = _positive_int(raw, "TIERING_BLOCK_SIZE", 64 * MIB)
-    if value < 5 * MIB:
-        raise ConfigError("TIERING_BLOCK_SIZE must be at least 5 MiB (S3's minimum part size)")
-    return value
+    # S3's part size limits; a block is also held in memory per upload slot
+    return _int(raw, "TIERING_BLOCK_SIZE", 64 * MIB, 5 * MIB, 5 * 1024 * MIB,
+                "TIERING_BLOCK_SIZE must be at least 5 MiB (S3's minimum part size) and at most 5 GiB (its largest)")
+
+
+def _check_tier1_root(root: Path) -> None:
+    """The root, or the nearest part of it that exists, must be a directory: a file there would fail the
+    first write after metadata was changed (a new OPEN ledger row with no file)."""
+    path = root
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if path.exists() and not path.is_dir():
+        where = "" if path == root else " (a part of it)"
+        raise ConfigError(f"TIERING_TIER1_ROOT{where} is a file, not a directory")
 
 
 def _page_size(raw: str | None) -> int:

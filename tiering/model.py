@@ -17,16 +17,25 @@ class LedgerState(str, enum.Enum):
 
 
 TOPIC_MAX = 1024
+# Control characters (C0, DEL, C1) and the Unicode line/paragraph separators: a name holding one prints as
+# several lines (`topic list`) or moves the terminal's cursor.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
-def check_topic_name(name: object) -> str:
-    """A topic name is 1 to 1,024 characters of valid Unicode without NUL (PostgreSQL text cannot hold
-    NUL); any other character is fine: tier-1 directories and tier-2 keys encode it."""
+def check_topic_name(name: object, existing: bool = False) -> str:
+    """A topic name is 1 to 1,024 characters of valid Unicode without control characters; any other
+    character is fine: tier-1 directories and tier-2 keys encode it. `existing=True` (looking up a topic
+    the database already has) accepts the control characters other than NUL, so a topic created before they
+    were refused stays reachable by the pipeline; PostgreSQL text cannot hold NUL at all."""
     if not isinstance(name, str):
         raise BadInput(f"a topic name is a string, got {type(name).__name__}")
     if not name or len(name) > TOPIC_MAX or "\x00" in name:
-        raise BadInput(f"a topic name is 1 to {TOPIC_MAX} characters without NUL "
+        raise BadInput(f"a topic name is 1 to {TOPIC_MAX} characters without NUL or other control characters "
                        f"(got {len(name)} characters{', with NUL' if chr(0) in name else ''})")
+    bad = None if existing else _CONTROL.search(name)
+    if bad:
+        raise BadInput(f"a topic name may not contain control characters (U+{ord(bad.group()):04X} at "
+                       f"character {bad.start()})")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
@@ -34,7 +43,25 @@ def check_topic_name(name: object) -> str:
     return name
 
 
-_POSITION = re.compile(r"^(\d{1,18}):(\d{1,18})$")
+# Numbers at the edge (CLI, Params, job arguments, settings) are ASCII digits only: Python's int() also
+# takes Unicode digits ("١", "５"), surrounding whitespace (including "\v") and "_" separators.
+INT64_MAX = 2**63 - 1  # PostgreSQL bigint
+MAX_SECONDS = 100 * 365 * 86400  # durations: 100 years fits timedelta and PostgreSQL intervals with room
+ASCII_INT = re.compile(r"-?[0-9]+")
+
+
+def parse_int(text: object, what: str, lo: int, hi: int) -> int:
+    """`text` as an integer in [lo, hi]: an optional '-' and ASCII digits, nothing else (no '+', no
+    spaces, no '_'). Raises BadInput naming `what`."""
+    if not isinstance(text, str) or not ASCII_INT.fullmatch(text):
+        shown = text[:40] if isinstance(text, str) else text
+        raise BadInput(f"{what} must be an integer in ASCII digits, got {shown!r}")
+    if len(text.lstrip("-")) > 19 or not lo <= int(text) <= hi:  # length first: int() of 10**6 digits is slow
+        raise BadInput(f"{what} must be between {lo} and {hi}, got {text[:40]}{'...' if len(text) > 40 else ''}")
+    return int(text)
+
+
+_POSITION = re.compile(r"([0-9]{1,18}):([0-9]{1,18})")
 
 
 @dataclass(frozen=True, order=True)
@@ -46,9 +73,11 @@ class Position:
 
     @classmethod
     def parse(cls, text: str) -> "Position":
-        m = _POSITION.match(text.strip()) if isinstance(text, str) else None
+        """`L:E` in ASCII digits, nothing around it (fullmatch: `$` would let a trailing newline in)."""
+        m = _POSITION.fullmatch(text) if isinstance(text, str) else None
         if not m:
-            raise BadInput(f"malformed position {text!r}: expected LEDGER:ENTRY, e.g. 3:0")
+            shown = text[:60] if isinstance(text, str) else text
+            raise BadInput(f"malformed position {shown!r}: expected LEDGER:ENTRY in ASCII digits, e.g. 3:0")
         return cls(int(m.group(1)), int(m.group(2)))
 
     def __str__(self) -> str:
@@ -72,16 +101,23 @@ class TopicPolicy:
     rollover_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self):
+        seconds = ("offload_after_seconds", "deletion_lag_seconds", "retention_seconds")
         for name in ("offload_after_seconds", "offload_threshold_bytes", "retention_seconds", "retention_bytes"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < DISABLED:
-                raise BadInput(f"{name.replace('_', '-')} must be -1 (disabled) or a non-negative integer, got {value}")
-        if not isinstance(self.deletion_lag_seconds, int) or self.deletion_lag_seconds < 0:
-            raise BadInput(f"deletion-lag must be a non-negative integer, got {self.deletion_lag_seconds}")
+            hi = MAX_SECONDS if name in seconds else INT64_MAX
+            if not _is_int(value) or not DISABLED <= value <= hi:
+                raise BadInput(f"{name.replace('_', '-')} must be -1 (disabled) or an integer from 0 to {hi}, "
+                               f"got {value}")
+        if not _is_int(self.deletion_lag_seconds) or not 0 <= self.deletion_lag_seconds <= MAX_SECONDS:
+            raise BadInput(f"deletion-lag must be an integer from 0 to {MAX_SECONDS}, got {self.deletion_lag_seconds}")
         for name in ("rollover_entries", "rollover_bytes"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise BadInput(f"{name.replace('_', '-')} must be a positive integer, got {value}")
+            if not _is_int(value) or not 0 < value <= INT64_MAX:
+                raise BadInput(f"{name.replace('_', '-')} must be a positive integer up to {INT64_MAX}, got {value}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ class ManagedLedgerWriter:
         if len(payload) > MAX_ENTRY_BYTES:
             raise BadInput(f"an entry is at most {MAX_ENTRY_BYTES} bytes, got {len(payload)}")
         if self._writer is None:
+            self.tier1.check_root()  # before the ledger row: a bad root must not leave an OPEN row behind
             self._ledger = self.meta.open_ledger(self.topic.name)
             self._writer = self.tier1.create_ledger(self.topic.name, self._ledger.ledger_id)
             self._entries = self._bytes = 0

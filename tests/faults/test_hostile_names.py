@@ -1,9 +1,10 @@
-"""Hostile topic names: path traversal, separators, quotes, SQL, very long names, NUL.
+"""Hostile topic names: path traversal, separators, quotes, SQL, very long names, NUL and other control characters.
 
 After produce + offload of every name: the tier-1 root holds one directory per topic and nothing outside
 it was written; every object lies under the bucket prefix, one key segment per topic; SQL-looking names
 are stored verbatim and inert (the tables are all still there); everything reads back byte-exact. NUL,
-which PostgreSQL text cannot hold, is refused with BadInput."""
+which PostgreSQL text cannot hold, and control characters (a name must print as one line) are refused
+with BadInput."""
 from __future__ import annotations
 
 import os
@@ -23,7 +24,7 @@ from tiering.tier1.paths import LEDGER_FILE
 NAMES = [
     "../", "/", "..", ".", "../../../../../../tmp/escaped", "a/../../b", "..\\..\\win",
     "it's \"quoted\" `back`", "'; DROP TABLE tiering.ledger; --", "\"; DROP SCHEMA tiering CASCADE; --",
-    "%2e%2e%2f%00", "line\nbreak\r\t*?$HOME", "t" * 1000, "é/" * 300,
+    "%2e%2e%2f%00", "line break *?$HOME |<>", "t" * 1000, "é/" * 300,
 ]
 TABLES = ["topic", "ledger", "chunk", "gc_task", "attribute", "job_run", "schema_migrations"]
 S3_MAX_KEY_BYTES = 1024  # AWS: "the UTF-8 encoding of a key is at most 1,024 bytes"; moto does not check
@@ -83,6 +84,14 @@ def test_nul_in_a_topic_name_is_refused_with_bad_input(deps, name):
         deps.meta.create_topic(name)
     with pytest.raises(BadInput):
         deps.meta.get_topic(name)
+    assert deps.meta.list_topics() == []
+
+
+@pytest.mark.parametrize("name", ["line\nbreak", "cr\rlf", "tab\t", "esc\x1b[2J", "c1\x85", "ls\u2028"])
+def test_control_characters_are_refused_in_new_names(name, deps):
+    # `topic list` would print such a name as several lines (or move the terminal's cursor)
+    with pytest.raises(BadInput, match="control characters"):
+        deps.meta.create_topic(name)
     assert deps.meta.list_topics() == []
 
 

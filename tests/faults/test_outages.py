@@ -98,9 +98,11 @@ def test_s3_endpoint_stopped_mid_upload_then_restarted(moto, db, tier1_root):
         offload_ledger(deps, led0, stop_s3)
     msg = str(failure.value)
     assert "\n" not in msg and msg.startswith("S3 ") and "testing" not in msg, msg
-    report = offload_many(deps, [led1])  # the next ledger, endpoint still down: a failed item, not a crash
-    assert report.offloaded == [] and list(report.failed) == [1]
-    assert "\n" not in report.first_error and "S3 " in report.first_error
+    # the next run, endpoint still down: refused once, before any ledger's metadata changes (issue 13)
+    with pytest.raises(Tier2Error, match="tier 2 is unreachable") as down:
+        offload_many(deps, [led1])
+    assert "\n" not in str(down.value) and "testing" not in str(down.value)
+    assert deps.meta.get_ledger("k", led1.ledger_id) == led1, "no version bump, no attempt"
 
     # metadata: back to SEALED (or a stale OFFLOADING a later run takes over), no chunk; the attempts'
     # keys stay queued, since nobody could delete their objects
@@ -108,7 +110,7 @@ def test_s3_endpoint_stopped_mid_upload_then_restarted(moto, db, tier1_root):
         assert led.state in (S.SEALED, S.OFFLOADING) and deps.meta.get_chunk(led) is None
     with db.connect() as conn:
         queued = conn.execute(text("SELECT count(*) FROM tiering.gc_task")).scalar()
-    assert queued == 4  # data + index key of each failed attempt
+    assert queued == 2  # data + index key of the attempt the outage interrupted, nothing for the refused run
 
     moto.start()  # in-memory: the bucket and the open upload are gone
     s3.create_bucket(Bucket="outage")

@@ -4,12 +4,13 @@ from tiering.errors import BadInput
 from tiering.model import Position, TopicPolicy
 
 
-@pytest.mark.parametrize("text,pos", [("0:0", Position(0, 0)), ("3:17", Position(3, 17)), (" 12:1 ", Position(12, 1))])
+@pytest.mark.parametrize("text,pos", [("0:0", Position(0, 0)), ("3:17", Position(3, 17)), ("012:1", Position(12, 1))])
 def test_position_parse(text, pos):
-    assert Position.parse(text) == pos and str(pos) == text.strip()
+    assert Position.parse(text) == pos
 
 
-@pytest.mark.parametrize("bad", ["", "3", "3:", ":1", "-1:0", "a:b", "1:2:3", "1;2", "99999999999999999999:0"])
+@pytest.mark.parametrize("bad", ["", "3", "3:", ":1", "-1:0", "a:b", "1:2:3", "1;2", "99999999999999999999:0",
+                                 " 12:1 ", "1:0\n", "1:0\v", "\u0661:\u0660", "\uff11:\uff10", "+1:0", "1_0:0"])
 def test_position_parse_rejects(bad):
     with pytest.raises(BadInput, match="malformed position"):
         Position.parse(bad)

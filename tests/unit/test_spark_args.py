@@ -3,6 +3,7 @@ import pytest
 
 from tiering.errors import BadInput
 from tiering.jobs.spec import JOBS, spark_submit_args
+from tiering.model import Position
 
 
 def test_every_dag_of_the_design_is_there():
@@ -46,6 +47,6 @@ def test_job_parsers_read_back_what_the_builder_writes():
     from tiering.jobs.offload import build_parser
 
     args = build_parser().parse_args(spark_submit_args("tiering_offload_prefix", topic="-x", position="3:4"))
-    assert (args.prefix, args.position, args.by) == ("-x", "3:4", None)
+    assert (args.prefix, args.position, args.by) == ("-x", Position(3, 4), None)
     args = build_parser().parse_args(spark_submit_args("tiering_offload_by_size", topic="--by=age"))
     assert (args.by, args.topic) == ("size", "--by=age")

@@ -12,7 +12,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import DAG, Param
 from airflow.sdk.exceptions import AirflowFailException
 
-from tiering.jobs.spec import JOBS, POSITION_PATTERN, TOPIC_MAX, JobSpec, spark_submit_args
+from tiering.jobs.spec import JOBS, POSITION_PATTERN, TOPIC_MAX, TOPIC_PATTERN, JobSpec, spark_submit_args
 
 JDBC_JAR = "/usr/share/java/postgresql.jar"
 POOL = "tiering_spark"
@@ -88,7 +88,7 @@ def _env(name: str, default: str = "") -> str:
 
 
 def params_for(spec: JobSpec) -> dict:
-    topic_schema = {"minLength": 1, "maxLength": TOPIC_MAX}
+    topic_schema = {"minLength": 1, "maxLength": TOPIC_MAX, "pattern": TOPIC_PATTERN}
     if spec.dag_id == "tiering_offload_prefix":
         return {
             "topic": Param(type="string", title="Topic", description="The topic to offload.", **topic_schema),

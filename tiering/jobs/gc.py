@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from tiering.jobs.runner import run
+from tiering.jobs.spec import int_arg
 from tiering.ops.gc import run_gc
 
 
@@ -26,7 +27,7 @@ def finish(deps, args, outcome) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="tiering-gc")
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=int_arg("--workers", 1, 64), default=2)
     p.add_argument("--topic", help="accepted for symmetry; GC works on the whole bucket prefix")
     return run("gc", argv, p, plan, work, finish, tier1=False)
 

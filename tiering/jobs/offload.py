@@ -6,22 +6,33 @@ import sys
 
 from tiering.errors import BadInput
 from tiering.jobs.runner import ledger_item, run, topic_arg
-from tiering.model import LedgerState, Position
+from tiering.jobs.spec import position_arg
+from tiering.model import LedgerState
 from tiering.ops import offload
+from tiering.tier2.objects import check_bucket
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tiering-offload")
     p.add_argument("--by", choices=["age", "size"])
     p.add_argument("--prefix", metavar="TOPIC", help="offloadPrefix: the topic")
-    p.add_argument("--position", metavar="L:E", help="offloadPrefix: offload every sealed ledger before it")
+    p.add_argument("--position", type=position_arg, metavar="L:E", help="offloadPrefix: offload every sealed ledger before it")
     topic_arg(p)
     return p
 
 
 def plan(deps, args) -> list[dict]:
+    items = _plan(deps, args)
+    if items:
+        check_bucket(deps.bucket)  # tier 2 down: the run fails here, before executors touch any ledger
+    return items
+
+
+def _plan(deps, args) -> list[dict]:
     if args.prefix is not None:
-        position = Position.parse(args.position or "")
+        if args.position is None:
+            raise BadInput("--prefix needs --position L:E")
+        position = args.position
         ledgers = deps.meta.list_ledgers(args.prefix)
         from tiering import policy
 

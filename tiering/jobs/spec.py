@@ -5,16 +5,37 @@ No Airflow and no Spark imports here: the DAG files and the tests use the same t
 """
 from __future__ import annotations
 
-import re
+import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tiering.errors import BadInput
-from tiering.model import TOPIC_MAX, Position, check_topic_name
+from tiering.model import TOPIC_MAX, Position, check_topic_name, parse_int
 
 JOBS_DIR = Path(__file__).resolve().parent
-# Airflow's trigger form validates with this too (a JSON-schema pattern).
-POSITION_PATTERN = r"^[0-9]{1,18}:[0-9]{1,18}$"
+# Airflow's trigger form validates with these (JSON-schema patterns, which Airflow checks with Python's
+# re.search, where `$` also matches before a trailing newline: `(?!\n)` refuses that; in a browser's regex
+# `$` is the end already). Positions are ASCII digits; topic names have no control characters.
+POSITION_PATTERN = r"^[0-9]{1,18}:[0-9]{1,18}$(?!\n)"
+TOPIC_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]+$(?!\n)"
+
+
+def int_arg(what: str, lo: int, hi: int):
+    """An argparse `type` for a job's integer argument: ASCII digits within [lo, hi], else exit 2."""
+    def parse(text: str) -> int:
+        try:
+            return parse_int(text, what, lo, hi)
+        except BadInput as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+def position_arg(text: str) -> Position:
+    """An argparse `type` for a job's `--position=L:E`."""
+    try:
+        return Position.parse(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -63,9 +84,7 @@ def spark_submit_args(dag_id: str, topic: str | None = None, position: str | Non
     if dag_id == "tiering_offload_prefix":
         if not topic or not position:
             raise BadInput("offloadPrefix needs a topic and a position L:E")
-        if not re.match(POSITION_PATTERN, position):
-            raise BadInput(f"position {position!r} is not L:E")
-        Position.parse(position)
+        Position.parse(position)  # ASCII digits, the whole string
         # "--flag=value": a topic that starts with "-" must not read as a flag
         return args + [f"--prefix={check_topic_name(topic)}", f"--position={position}"]
     if position:

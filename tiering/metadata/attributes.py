@@ -97,7 +97,7 @@ class Attributes:
 
 
 def _topic_id(conn, name: str) -> int:
-    check_topic_name(name)
+    check_topic_name(name, existing=True)
     tid = conn.execute(select(topic.c.topic_id).where(topic.c.name == name)).scalar_one_or_none()
     if tid is None:
         raise TopicNotFound(name)

@@ -65,7 +65,7 @@ class MetadataStore:
         return _topic_row(row)
 
     def get_topic(self, name: str, conn: Connection | None = None) -> Topic:
-        check_topic_name(name)
+        check_topic_name(name, existing=True)
         with self._conn(conn) as c:
             row = c.execute(select(topic).where(topic.c.name == name)).one_or_none()
         if row is None:
@@ -77,7 +77,7 @@ class MetadataStore:
             return [_topic_row(r) for r in conn.execute(select(topic).order_by(topic.c.name))]
 
     def set_policy(self, name: str, expected_version: int, policy: TopicPolicy) -> Topic:
-        check_topic_name(name)
+        check_topic_name(name, existing=True)
         with self.engine.begin() as conn:
             row = conn.execute(
                 update(topic).where(topic.c.name == name, topic.c.version == expected_version)
@@ -96,7 +96,7 @@ class MetadataStore:
 
     # ---------------------------------------------------------------- ledgers: reads
     def get_ledger(self, topic_name: str, ledger_id: int, conn: Connection | None = None) -> Ledger:
-        check_topic_name(topic_name)
+        check_topic_name(topic_name, existing=True)
         with self._conn(conn) as c:
             row = c.execute(_LEDGER_SELECT.where(topic.c.name == topic_name,
                                                  ledger.c.ledger_id == ledger_id)).one_or_none()
@@ -107,7 +107,7 @@ class MetadataStore:
 
     def list_ledgers(self, topic_name: str, states: Iterable[LedgerState] | None = None,
                      conn: Connection | None = None) -> list[Ledger]:
-        check_topic_name(topic_name)
+        check_topic_name(topic_name, existing=True)
         query = _LEDGER_SELECT.where(topic.c.name == topic_name).order_by(ledger.c.ledger_id)
         if states is not None:
             query = query.where(ledger.c.state.in_([s.value for s in states]))
@@ -124,7 +124,7 @@ class MetadataStore:
         return None if row is None else _chunk_row(row)
 
     def chunks(self, topic_name: str, conn: Connection | None = None) -> dict[int, Chunk]:
-        check_topic_name(topic_name)
+        check_topic_name(topic_name, existing=True)
         q = (select(chunk).join(topic, topic.c.topic_id == chunk.c.topic_id)
              .where(topic.c.name == topic_name).order_by(chunk.c.ledger_id))
         with self._conn(conn) as c:
@@ -140,7 +140,7 @@ class MetadataStore:
                                           0, 0, 0, 0, 0, 0, topic.c.offload_after_seconds))
                  .order_by(ledger.c.sealed_at, ledger.c.topic_id, ledger.c.ledger_id).limit(limit))
         if topic_name is not None:
-            query = query.where(topic.c.name == check_topic_name(topic_name))
+            query = query.where(topic.c.name == check_topic_name(topic_name, existing=True))
         with self._conn(conn) as c:
             return [_ledger_row(r) for r in c.execute(query)]
 
@@ -149,14 +149,14 @@ class MetadataStore:
         query = _LEDGER_SELECT.where(ledger.c.state == S.OFFLOADING.value,
                                      ledger.c.offload_started_at <= func.now() - older_than)
         if topic_name is not None:
-            query = query.where(topic.c.name == check_topic_name(topic_name))
+            query = query.where(topic.c.name == check_topic_name(topic_name, existing=True))
         with self.engine.connect() as c:
             return [_ledger_row(r) for r in c.execute(query.order_by(ledger.c.offload_started_at))]
 
     # ---------------------------------------------------------------- ledgers: transitions
     def open_ledger(self, topic_name: str) -> Ledger:
         """Allocate the topic's next ledger id and create it OPEN (at most one OPEN ledger per topic)."""
-        check_topic_name(topic_name)
+        check_topic_name(topic_name, existing=True)
         try:
             with self.engine.begin() as conn:
                 row = conn.execute(

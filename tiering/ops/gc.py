@@ -46,7 +46,7 @@ from tiering.format.keys import is_trim_marker
 from tiering.metadata import gc_queue
 from tiering.ops.context import Deps
 from tiering.ops.export_metadata import default_export_prefix
-from tiering.tier2.objects import delete_keys, list_objects, list_uploads
+from tiering.tier2.objects import check_bucket, delete_keys, list_objects, list_uploads
 
 
 @dataclass
@@ -62,6 +62,7 @@ class GcReport:
 def run_gc(deps: Deps, batch: int = 500, max_attempts: int = 5, backoff: timedelta = timedelta(minutes=1),
            orphan_grace: timedelta | None = None, sweep: bool = True) -> GcReport:
     report = GcReport()
+    check_bucket(deps.bucket)  # tier 2 down: fail once, without counting a failed attempt on every task
     while _gc_batch(deps, batch, max_attempts, backoff, report):
         pass
     if sweep:

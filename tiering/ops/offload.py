@@ -19,7 +19,7 @@ from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
 from tiering.format.keys import data_key, index_key
 from tiering.model import Chunk, Ledger, LedgerState, Position
 from tiering.ops.context import Deps
-from tiering.tier2.objects import delete_keys
+from tiering.tier2.objects import check_bucket, delete_keys
 from tiering.tier2.offloader import LedgerToUpload, StepHook, upload_ledger
 
 
@@ -84,8 +84,10 @@ def _undo(deps: Deps, started: Ledger, attempt: str, keys: tuple[str, str]) -> N
 def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
                  on_done: Callable[[Ledger], None] | None = None) -> OffloadReport:
     """Offload each ledger; a failing ledger does not stop the others. A ledger another worker holds or
-    finished meanwhile is skipped."""
+    finished meanwhile is skipped. Tier 2 unreachable: `Tier2Error` before any metadata changes."""
     report = OffloadReport()
+    if ledgers:
+        check_bucket(deps.bucket)  # tier 2 down: fail here, before any ledger's metadata changes
     for led in ledgers:
         try:
             done = offload_ledger(deps, led, hook)

@@ -49,6 +49,15 @@ class Tier1Store:
         raise LedgerStorageError(f"cannot create ledger {ledger_id} of topic {topic!r}: its directory "
                                  f"{path.parent} keeps disappearing")
 
+    def check_root(self) -> None:
+        """Make the root if it is missing; fail if it cannot be a directory (a file in the way). Writers
+        call this before changing metadata, so a bad root leaves no ledger row without its file."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerStorageError(f"tier-1 root {str(self.root)!r} is not a usable directory: "
+                                     f"{exc.strerror or type(exc).__name__}") from None
+
     def _ensure_dir(self, directory: Path) -> None:
         if directory.is_dir():
             return

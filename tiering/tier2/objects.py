@@ -65,6 +65,24 @@ def get_range(b: Bucket, key: str, start: int, length: int) -> bytes:
     return data
 
 
+def check_bucket(b: Bucket) -> None:
+    """One HEAD of the bucket. Operations that change metadata before writing to tier 2 (offload) call it
+    first: with the endpoint down or the bucket missing they fail once, cleanly, instead of bumping every
+    ledger's version and queueing its keys for GC on each run of an outage."""
+    try:
+        b.s3.head_bucket(Bucket=b.name)
+    except ClientError as exc:
+        code = error_code(exc)
+        if code in ("404", "NoSuchBucket", "NotFound"):
+            raise Tier2Error(f"tier 2 is unavailable: bucket {b.name!r} does not exist") from None
+        if code in ("403", "AccessDenied", "Forbidden"):
+            raise Tier2Error(f"tier 2 is unavailable: access to bucket {b.name!r} is denied") from None
+        raise tier2_error("HEAD bucket", b.name, exc) from None
+    except BotoCoreError as exc:
+        raise Tier2Error(f"tier 2 is unreachable: the S3 endpoint did not answer ({type(exc).__name__}); "
+                         f"check TIERING_S3_ENDPOINT_URL") from None
+
+
 def object_length(b: Bucket, key: str) -> int | None:
     """The object's length by HEAD, or None when it does not exist."""
     try:

@@ -1,0 +1,155 @@
+"""Positions and sizes at every edge (CLI, Airflow Params, job arguments, settings) take ASCII digits only,
+within bounds (issue 13). Python's int() also takes Unicode digits ("١٠", "５"), surrounding whitespace
+(including "\\v") and "_"; re's `$` matches before a trailing newline. A property test feeds every parser
+strings of ASCII and non-ASCII digits, signs, whitespace and separators, and huge numbers, and checks each
+against an oracle that spells out the rule without regular expressions."""
+from __future__ import annotations
+
+import argparse
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tiering import cli, config
+from tiering.errors import BadInput, ConfigError
+from tiering.jobs import spec
+from tiering.model import INT64_MAX, MAX_SECONDS, Position, check_topic_name, parse_int
+
+ASCII = "0123456789"
+# digits of other scripts, signs, whitespace Python's strip()/int() accept, separators
+ODD = ["\u0661", "\u0660", "\u0665", "\uff11", "\uff10", "\u09e7", "\U0001d7ce", "+", "-", "_", " ", "\t", "\n",
+       "\v", "\f", "\r", "\x85", "\u00a0", "\u2028", "\u3000", ":", ".", "e", "x"]
+chars = st.sampled_from(list(ASCII) + ODD)
+numberish = st.one_of(
+    st.text(chars, max_size=25),
+    st.integers(-10**40, 10**40).map(str),  # huge and negative values in plain ASCII
+    st.tuples(st.integers(-10**40, 10**40).map(str), st.sampled_from(["", "\n", "\v", " ", "\u0660"]),
+              st.sampled_from(["", " ", "+", "\u0661"])).map(lambda t: t[2] + t[0] + t[1]),
+)
+positionish = st.one_of(
+    st.text(chars, max_size=40),
+    st.tuples(numberish, numberish).map(lambda t: f"{t[0]}:{t[1]}"),
+    st.tuples(st.integers(0, 10**20), st.integers(0, 10**20), st.sampled_from(["", "\n", " ", "\v"]))
+    .map(lambda t: f"{t[0]}:{t[1]}{t[2]}"),
+)
+
+
+def ascii_int(text: str, lo: int, hi: int) -> int | None:
+    """The oracle: an optional '-' then ASCII digits only, within [lo, hi]; None when refused."""
+    body = text[1:] if text.startswith("-") else text
+    if not body or any(c not in ASCII for c in body):
+        return None
+    value = int(text)
+    return value if lo <= value <= hi else None
+
+
+def ascii_position(text: str) -> Position | None:
+    parts = text.split(":")
+    if len(parts) != 2 or not all(1 <= len(p) <= 18 and all(c in ASCII for c in p) for p in parts):
+        return None
+    return Position(int(parts[0]), int(parts[1]))
+
+
+def outcome(fn, text):
+    try:
+        return fn(text)
+    except (BadInput, ConfigError, argparse.ArgumentTypeError):
+        return None
+
+
+@settings(max_examples=600, deadline=None)
+@given(positionish)
+def test_positions_accept_ascii_digits_only(text):
+    want = ascii_position(text)
+    assert outcome(Position.parse, text) == want
+    assert outcome(spec.position_arg, text) == want
+    assert outcome(cli._position, text) == want
+    # the Airflow form: Params are validated with jsonschema, i.e. Python's re.search
+    try:
+        jsonschema.validate(text, {"type": "string", "pattern": spec.POSITION_PATTERN})
+        form_ok = True
+    except jsonschema.ValidationError:
+        form_ok = False
+    assert form_ok == (want is not None)
+    args = outcome(lambda t: spec.spark_submit_args("tiering_offload_prefix", topic="t", position=t), text)
+    assert args == (None if want is None else ["--prefix=t", f"--position={text}"])
+
+
+@settings(max_examples=600, deadline=None)
+@given(numberish)
+def test_sizes_and_seconds_accept_bounded_ascii_digits_only(text):
+    assert outcome(lambda t: parse_int(t, "n", 0, INT64_MAX), text) == ascii_int(text, 0, INT64_MAX)
+    assert outcome(cli._nonneg, text) == ascii_int(text, 0, INT64_MAX)
+    assert outcome(cli._positive, text) == ascii_int(text, 1, INT64_MAX)
+    assert outcome(cli._policy_int, text) == ascii_int(text, -1, INT64_MAX)
+    assert outcome(cli._seconds, text) == ascii_int(text, 0, MAX_SECONDS)
+    assert outcome(cli._policy_seconds, text) == ascii_int(text, -1, MAX_SECONDS)
+    assert outcome(spec.int_arg("--small-bytes", 1, INT64_MAX), text) == ascii_int(text, 1, INT64_MAX)
+    got = outcome(lambda t: config._int(t, "TIERING_X", 7, 0, MAX_SECONDS), text)
+    assert got == (7 if text == "" else ascii_int(text, 0, MAX_SECONDS))
+
+
+@pytest.mark.parametrize("text", ["١:٠", "１:０", "1:0\v", "1:0\n", " 1:0", "1:0 ", "+1:0", "1_0:0", "1:0\x00"])
+def test_the_cases_of_the_issue_are_refused(text):
+    with pytest.raises(BadInput):
+        Position.parse(text)
+
+
+@pytest.mark.parametrize("name", ["a\nb", "tab\there", "cr\r", "bell\x07", "del\x7f", "c1\x85", "ls\u2028", "esc\x1b[2J"])
+def test_control_characters_in_new_topic_names_are_refused(name):
+    with pytest.raises(BadInput, match="control characters"):
+        check_topic_name(name)
+    check_topic_name(name, existing=True)  # a topic created before stays reachable
+    try:
+        jsonschema.validate(name, {"type": "string", "pattern": spec.TOPIC_PATTERN})
+    except jsonschema.ValidationError:
+        pass
+    else:
+        raise AssertionError(f"the Airflow form accepts {name!r}")
+    with pytest.raises(BadInput):
+        spec.spark_submit_args("tiering_retention", topic=name)
+
+
+@pytest.mark.parametrize("name", ["orders", "日本語 тема 🎉", "a b", "-dash", "q'uo\"te"])
+def test_printable_names_still_pass(name):
+    assert check_topic_name(name) == name
+    jsonschema.validate(name, {"type": "string", "pattern": spec.TOPIC_PATTERN})
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"TIERING_BLOCK_SIZE": "9" * 30}, "at most 5 GiB"),
+    ({"TIERING_BLOCK_SIZE": "\u0665" * 8}, "ASCII digits"),
+    ({"TIERING_BLOCK_SIZE": str(6 * 1024**3)}, "at most 5 GiB"),
+    ({"TIERING_UPLOAD_CONCURRENCY": "1000"}, "from 1 to 64"),
+    ({"TIERING_OFFLOAD_TIMEOUT_SECONDS": "0"}, "TIERING_OFFLOAD_TIMEOUT_SECONDS must be from 1"),
+    ({"TIERING_OFFLOAD_TIMEOUT_SECONDS": "1e40"}, "ASCII digits"),
+    ({"TIERING_GC_DELAY_SECONDS": "-1"}, "TIERING_GC_DELAY_SECONDS must be from 0"),
+    ({"TIERING_GC_DELAY_SECONDS": "1" + "0" * 40}, "TIERING_GC_DELAY_SECONDS must be from 0"),
+])
+def test_settings_are_bounded(env, message, tmp_path):
+    base = {"TIERING_DATABASE_URL": "postgresql://u@h/db", "TIERING_BUCKET": "bucket",
+            "TIERING_TIER1_ROOT": str(tmp_path)}
+    with pytest.raises(ConfigError, match=message):
+        config.Settings.from_env({**base, **env})
+
+
+def test_timeouts_are_settings(tmp_path):
+    base = {"TIERING_DATABASE_URL": "postgresql://u@h/db", "TIERING_BUCKET": "bucket",
+            "TIERING_TIER1_ROOT": str(tmp_path)}
+    s = config.Settings.from_env(base)
+    assert (s.offload_timeout_seconds, s.gc_delay_seconds) == (3600, 600)
+    s = config.Settings.from_env({**base, "TIERING_OFFLOAD_TIMEOUT_SECONDS": "60", "TIERING_GC_DELAY_SECONDS": "0"})
+    assert (s.offload_timeout.total_seconds(), s.gc_delay.total_seconds()) == (60, 0)
+    assert config.Settings.from_env(s.to_env()) == s  # what spark-submit's environment carries
+
+
+def test_a_tier1_root_that_is_a_file_is_refused(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    base = {"TIERING_DATABASE_URL": "postgresql://u@h/db", "TIERING_BUCKET": "bucket"}
+    for root in (f, f / "below"):
+        with pytest.raises(ConfigError, match="TIERING_TIER1_ROOT.* is a file"):
+            config.Settings.from_env({**base, "TIERING_TIER1_ROOT": str(root)})
+    config.Settings.from_env({**base, "TIERING_TIER1_ROOT": str(tmp_path / "not" / "yet")})  # made on first write
