@@ -1,48 +1,121 @@
-"""Environment for running this repo's DAGs locally: AIRFLOW_HOME, this airflow.cfg, and the connections
-`tiering_metadata`, `tiering_s3` and `spark_default` as AIRFLOW_CONN_* built from the tiering settings.
+"""Environment for running this repo's DAGs locally: AIRFLOW_HOME, this airflow.cfg, the address of the API
+server, the secrets every Airflow process must share, and the connections `tiering_metadata`, `tiering_s3`
+and `spark_default` built from the tiering settings.
 
-    eval "$(python .ci/airflow_env.py HOME_DIR)"     # prints export lines (used by make up / demo)
+    eval "$(python .ci/airflow_env.py HOME_DIR LOCAL_DIR)"   # export lines (make up / make demo)
+    python .ci/airflow_env.py --connections FILE             # the connections as `airflow connections import` JSON
+
+`make up` puts the connections in Airflow's metastore (Admin > Connections, editable, secrets masked);
+`airflow_env()` can also give them as AIRFLOW_CONN_* (the `airflow dags test` fixtures use that).
 Tests import `airflow_env()` directly.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
+import secrets
 import shlex
 import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
+# The one variable that places the API server (UI, REST, execution API): host:port. `[api] base_url` is
+# derived from it, or tasks would call the default address and fail.
+ADDRESS_VAR = "TIERING_AIRFLOW_ADDRESS"
+DEFAULT_ADDRESS = "127.0.0.1:8080"
+# Secrets the API server, scheduler, DAG processor and workers must agree on. When unset each process makes
+# its own JWT secret and every task is refused with 403 "Signature verification failed".
+SHARED_SECRETS = {  # file name -> the Airflow option that reads it (through its _CMD form: never in env)
+    "jwt_secret": "AIRFLOW__API_AUTH__JWT_SECRET_CMD",
+    "api_secret_key": "AIRFLOW__API__SECRET_KEY_CMD",
+    "fernet_key": "AIRFLOW__CORE__FERNET_KEY_CMD",  # encrypts connection passwords in the metastore
+}
 
 
-def airflow_env(env: dict[str, str], home: Path, spark_master: str = "local[2]") -> dict[str, str]:
+def address(env: dict[str, str]) -> tuple[str, int]:
+    value = env.get(ADDRESS_VAR) or DEFAULT_ADDRESS
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SystemExit(f"{ADDRESS_VAR}={value!r}: expected host:port, e.g. 127.0.0.1:8080")
+    return host, int(port)
+
+
+def shared_secrets(secrets_dir: Path) -> dict[str, Path]:
+    """The shared secrets' files, generated once per checkout (mode 0600) and kept across restarts."""
+    secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    paths = {}
+    for name in SHARED_SECRETS:
+        path = secrets_dir / name
+        if not path.exists():
+            value = (base64.urlsafe_b64encode(os.urandom(32)).decode() if name == "fernet_key"
+                     else secrets.token_urlsafe(48))
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(value)
+        paths[name] = path
+    return paths
+
+
+def connections(env: dict[str, str], spark_master: str = "local[2]") -> dict[str, dict]:
     db = urlsplit(env["TIERING_DATABASE_URL"].replace("postgresql+psycopg2://", "postgresql://"))
     pg = {"conn_type": "postgres", "host": db.hostname, "port": db.port or 5432,
           "login": unquote(db.username or ""), "password": unquote(db.password or ""),
-          "schema": db.path.lstrip("/")}
+          "schema": db.path.lstrip("/"), "description": "tiering metadata (PostgreSQL, schema tiering)"}
     extra = {"region_name": env.get("AWS_DEFAULT_REGION", "us-east-1"), "bucket": env["TIERING_BUCKET"],
              "prefix": env.get("TIERING_PREFIX", "tiering/")}
     if env.get("TIERING_S3_ENDPOINT_URL"):
         extra["endpoint_url"] = env["TIERING_S3_ENDPOINT_URL"]
     aws = {"conn_type": "aws", "login": env.get("AWS_ACCESS_KEY_ID", ""),
-           "password": env.get("AWS_SECRET_ACCESS_KEY", ""), "extra": extra}
+           "password": env.get("AWS_SECRET_ACCESS_KEY", ""), "extra": extra,
+           "description": "tiering tier 2 (S3): bucket and prefix in extra"}
+    spark = {"conn_type": "spark", "host": spark_master, "description": "where the tiering Spark jobs run"}
+    return {"tiering_metadata": pg, "tiering_s3": aws, "spark_default": spark}
+
+
+def airflow_env(env: dict[str, str], home: Path, spark_master: str = "local[2]", *,
+                conns_in_env: bool = True, secrets_dir: Path | None = None) -> dict[str, str]:
+    host, port = address(env)
     venv_bin = str(Path(sys.executable).parent)
-    return {
+    out = {
         "AIRFLOW_HOME": str(home),
         "AIRFLOW_CONFIG": str(REPO / "airflow.cfg"),
         "TIERING_REPO": str(REPO),
-        "AIRFLOW_CONN_TIERING_METADATA": json.dumps(pg),
-        "AIRFLOW_CONN_TIERING_S3": json.dumps(aws),
-        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": spark_master}),
+        "AIRFLOW__API__HOST": host,
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": f"http://{host}:{port}/",
         "PATH": f"{venv_bin}:{env.get('PATH', os.environ.get('PATH', ''))}",
         "SPARK_LOCAL_IP": "127.0.0.1",
         "TIERING_TIER1_ROOT": env["TIERING_TIER1_ROOT"],
         "PYSPARK_PYTHON": sys.executable,
     }
+    if conns_in_env:
+        for conn_id, conn in connections(env, spark_master).items():
+            out[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(conn)
+    if secrets_dir is not None:
+        for name, path in shared_secrets(secrets_dir).items():
+            out[SHARED_SECRETS[name]] = f"cat {shlex.quote(str(path))}"
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--connections"]:
+        path = Path(argv[1])
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds passwords
+        with os.fdopen(fd, "w") as f:
+            json.dump(connections(dict(os.environ)), f, indent=1, sort_keys=True)
+        return 0
+    home = Path(argv[0] if argv else REPO / ".local" / "airflow")
+    local = Path(argv[1]) if len(argv) > 1 else home.parent
+    env = airflow_env(dict(os.environ), home, conns_in_env=False, secrets_dir=local / "airflow-secrets")
+    for key, value in env.items():
+        print(f"export {key}={shlex.quote(value)}")
+    # connections now live in the metastore: a stale AIRFLOW_CONN_* would shadow them
+    for conn_id in connections(dict(os.environ)):
+        print(f"unset AIRFLOW_CONN_{conn_id.upper()}")
+    return 0
 
 
 if __name__ == "__main__":
-    home = Path(sys.argv[1] if len(sys.argv) > 1 else REPO / ".local" / "airflow")
-    for key, value in airflow_env(dict(os.environ), home).items():
-        print(f"export {key}={shlex.quote(value)}")
+    sys.exit(main(sys.argv[1:]))

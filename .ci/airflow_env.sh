@@ -1,10 +1,25 @@
 #!/usr/bin/env bash
-# Source me: Airflow's environment for this repo (home under .local/airflow), its database migrated and
-# the pool of the tiering jobs created. Expects .local/env already exported (the Makefile does it).
+# Source me: Airflow's environment for this repo (home under $TIERING_LOCAL/airflow, default .local), its
+# database migrated, the pool of the tiering jobs and the connections in its metastore. Expects .local/env
+# already exported (the Makefile does it).
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-eval "$("$ROOT/.venv/bin/python" "$ROOT/.ci/airflow_env.py" "$ROOT/.local/airflow")"
+LOCAL="${TIERING_LOCAL:-$ROOT/.local}"
+eval "$("$ROOT/.venv/bin/python" "$ROOT/.ci/airflow_env.py" "$LOCAL/airflow" "$LOCAL")"
 mkdir -p "$AIRFLOW_HOME"
 if [ ! -f "$AIRFLOW_HOME/.migrated" ] || [ "$ROOT/requirements.txt" -nt "$AIRFLOW_HOME/.migrated" ]; then
   airflow db migrate >"$AIRFLOW_HOME/migrate.log" 2>&1 && touch "$AIRFLOW_HOME/.migrated"
 fi
 airflow pools set tiering_spark 2 "tiering Spark jobs" >/dev/null 2>&1
+# The connections, from .local/env, into the metastore (Admin > Connections). Imported again only when
+# .local/env changed since the last import, so edits made in the UI survive a second `make up`.
+(
+  umask 077
+  "$ROOT/.venv/bin/python" "$ROOT/.ci/airflow_env.py" --connections "$AIRFLOW_HOME/connections.new.json"
+  if ! cmp -s "$AIRFLOW_HOME/connections.new.json" "$AIRFLOW_HOME/connections.json"; then
+    airflow connections import --overwrite "$AIRFLOW_HOME/connections.new.json" >"$AIRFLOW_HOME/connections.log" 2>&1 \
+      || { echo "airflow connections import failed; see $AIRFLOW_HOME/connections.log" >&2; exit 1; }
+    mv "$AIRFLOW_HOME/connections.new.json" "$AIRFLOW_HOME/connections.json"
+  else
+    rm -f "$AIRFLOW_HOME/connections.new.json"
+  fi
+)

@@ -2,14 +2,15 @@
 # Stop only what `make services` / `make up` started, by the PIDs recorded under .local/.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-LOCAL="$ROOT/.local"
+LOCAL="${TIERING_LOCAL:-$ROOT/.local}"
 stop_group() {  # name pidfile: TERM the process group (Airflow's children live in it), then KILL
   local name=$1 f=$2 pid
   [ -f "$f" ] || return 0
   pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
+  # the group, not the leader: `airflow standalone` may be gone while its scheduler or API server live on
+  if kill -0 -- "-$pid" 2>/dev/null || kill -0 "$pid" 2>/dev/null; then
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    for _ in $(seq 1 100); do kill -0 -- "-$pid" 2>/dev/null || kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     kill -KILL -- "-$pid" 2>/dev/null || true
     echo "stopped $name (pid $pid)"
   fi
