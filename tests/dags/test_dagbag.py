@@ -28,13 +28,17 @@ def test_no_import_errors_and_every_designed_dag(dagbag):
 
 
 def test_every_dag_is_documented_tagged_owned_retried_and_serial(dagbag):
+    from airflow.providers.standard.operators.python import ShortCircuitOperator
+
     from tiering.jobs.spec import JOBS
 
     for dag_id, dag in dagbag.dags.items():
         assert dag.doc_md and dag.doc_md.strip().startswith("###"), dag_id
         assert "tiering" in dag.tags and len(dag.tags) >= 2
         assert dag.max_active_runs == 1 and dag.catchup is False
-        [task] = dag.tasks
+        # plan on the worker first; the Spark task runs only when the plan says there is work
+        plan, task = dag.get_task("plan"), dag.tasks[-1] if dag.tasks[-1].task_id != "plan" else dag.tasks[0]
+        assert isinstance(plan, ShortCircuitOperator) and plan.downstream_task_ids == {task.task_id}
         assert task.owner == "tiering" and task.retries >= 1 and task.pool == "tiering_spark"
         assert task.application.endswith(f"tiering/jobs/{JOBS[dag_id].application}")
         assert task._conn_id == "spark_default"
@@ -62,8 +66,18 @@ def test_offload_prefix_form_validates_the_position(dagbag):
             _with(params, bad).validate()
 
 
-def test_scheduled_dags_take_an_optional_topic(dagbag):
+def test_scheduled_dags_take_an_optional_topic_only_where_the_job_uses_it(dagbag):
     for dag_id, dag in dagbag.dags.items():
-        if dag_id != "tiering_offload_prefix":
+        if dag_id in ("tiering_gc", "tiering_metadata_export"):  # their jobs ignore a topic: no field
+            assert "topic" not in dag.params.keys(), dag_id
+        elif dag_id != "tiering_offload_prefix":
             assert dag.params.validate()["topic"] is None
             assert _with(dag.params, {"topic": "orders"}).validate()["topic"] == "orders"
+        assert "position" not in dag.params.keys() or dag_id == "tiering_offload_prefix"
+
+
+def test_every_param_explains_itself_with_an_example(dagbag):
+    for dag_id, dag in dagbag.dags.items():
+        for name in dag.params.keys():
+            param = dag.params.get_param(name)
+            assert "e.g." in param.description and param.schema.get("title"), (dag_id, name)

@@ -4,19 +4,54 @@ each). Settings and secrets reach spark-submit through its environment, resolved
 """
 from __future__ import annotations
 
+import logging
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import DAG, Param
 from airflow.sdk.exceptions import AirflowFailException
 
 from tiering.jobs.spec import JOBS, POSITION_PATTERN, TOPIC_MAX, TOPIC_PATTERN, JobSpec, spark_submit_args
 
 JDBC_JAR = "/usr/share/java/postgresql.jar"
+LOG4J = Path(__file__).resolve().parent / "log4j2.properties"  # Spark at WARN (TIERING_SPARK_LOG_LEVEL)
 POOL = "tiering_spark"
 OWNER = "tiering"
+log = logging.getLogger(__name__)
+
+
+def _run_ref(dag_id: str, context):
+    from tiering.metadata.job_runs import RunRef
+
+    kind = "export_metadata" if dag_id == "tiering_metadata_export" else dag_id.removeprefix("tiering_")
+    return RunRef(kind=kind, dag_id=dag_id, dag_run_id=context["run_id"],
+                  try_number=context["ti"].try_number)
+
+
+def plan_on_worker(dag_id: str, **context) -> bool:
+    """The `plan` task: refuse bad input once (no retry, a FAILED job_run row) and skip the Spark task when
+    there is nothing to do (tiering.jobs.preflight)."""
+    from tiering.config import Settings
+    from tiering.errors import BadInput
+    from tiering.jobs.preflight import preflight
+    from tiering.jobs.runner import deps_from
+
+    params = dict(context["params"])
+    try:
+        result = preflight(dag_id, context["dag_run"].conf, params, set(context["dag"].params.keys()),
+                           lambda: deps_from(Settings.from_airflow()), _run_ref(dag_id, context))
+    except BadInput as exc:
+        log.error("%s: refused: %s", dag_id, exc)
+        raise AirflowFailException(f"{dag_id}: {exc}") from None
+    if result.planned is None:
+        log.info("%s: %s: planned by the Spark job", dag_id, " ".join(result.args) or "(no arguments)")
+    else:
+        log.info("%s: %s: %d item(s) to do%s", dag_id, " ".join(result.args) or "(no arguments)",
+                 result.planned, "" if result.planned else ": nothing to do, Spark not started")
+    return result.run_spark
 
 
 class TieringSparkSubmitOperator(SparkSubmitOperator):
@@ -35,7 +70,34 @@ class TieringSparkSubmitOperator(SparkSubmitOperator):
                                                   dest=params.get("dest") or None)
         settings = Settings.from_airflow()
         self.prepare_submit(settings.to_env())
-        return super().execute(context)
+        ref = _run_ref(self.job, context)  # the job's job_run row carries the Airflow run it belongs to
+        self.env_vars.update(TIERING_AIRFLOW_DAG_ID=ref.dag_id, TIERING_AIRFLOW_DAG_RUN_ID=ref.dag_run_id,
+                             TIERING_AIRFLOW_TRY_NUMBER=str(ref.try_number))
+        try:
+            return super().execute(context)
+        finally:
+            self._log_outcome(settings, ref)
+
+    def _log_outcome(self, settings, ref) -> None:
+        """The job's outcome as a few lines at the end of the task log, its first errors at ERROR."""
+        from tiering.jobs.runner import outcome_lines
+        from tiering.metadata.job_runs import JobRuns
+
+        engine = settings.engine(pool_size=1)
+        try:
+            row = JobRuns(engine).by_airflow_run(ref.dag_id, ref.dag_run_id, ref.try_number)
+        except Exception as exc:  # noqa: BLE001 - the log summary must not hide the task's own outcome
+            self.log.warning("outcome: job_run not readable: %s", type(exc).__name__)
+            return
+        finally:
+            engine.dispose()
+        if row is None:
+            self.log.error("%s: the job recorded no job_run row (it did not start; see above)", ref.kind)
+            return
+        for line in outcome_lines(row.get("kind") or ref.kind, row):
+            self.log.info("%s", line)
+        if row.get("error"):  # the first error; the job printed the others above
+            self.log.error("%s: error: %s", ref.kind, row["error"])
 
     def prepare_submit(self, settings_env: dict[str, str]) -> None:
         """env_vars and py_files for this spark_default (tiering.jobs.submit); a master that would get a
@@ -88,21 +150,30 @@ def _env(name: str, default: str = "") -> str:
 
 
 def params_for(spec: JobSpec) -> dict:
+    """Only the parameters the job uses; each says what it does, with an example, and the schema's own
+    constraints let the form refuse a bad value on the field."""
     topic_schema = {"minLength": 1, "maxLength": TOPIC_MAX, "pattern": TOPIC_PATTERN}
     if spec.dag_id == "tiering_offload_prefix":
         return {
-            "topic": Param(type="string", title="Topic", description="The topic to offload.", **topic_schema),
-            "position": Param(type="string", title="Position (L:E)", pattern=POSITION_PATTERN,
-                              description="Offload every sealed ledger before this ledger:entry position, "
+            "topic": Param(type="string", title="Topic", **topic_schema,
+                           description="The topic to offload, e.g. orders. It must exist."),
+            "position": Param(type="string", title="Position (ledger:entry)", pattern=POSITION_PATTERN,
+                              minLength=3, maxLength=37,
+                              description="Offload every sealed ledger before this position: two whole "
+                                          "numbers, the ledger id and the entry id, joined by a colon, "
                                           "e.g. 12:0."),
         }
-    params = {"topic": Param(None, type=["null", "string"], title="Topic (optional)",
-                             description="Limit this run to one topic; empty for all.", **topic_schema)}
+    if spec.dag_id == "tiering_gc":
+        return {}  # GC works on the whole bucket prefix: a topic filter would be ignored
     if spec.dag_id == "tiering_metadata_export":
-        params["dest"] = Param(None, type=["null", "string"], title="Destination",
-                               description="s3://bucket/path or a local path; default: "
-                                           "s3://<bucket>/<prefix>-metadata/<run time>.")
-    return params
+        # an export is always of every table: no topic
+        return {"dest": Param(None, type=["null", "string"], title="Destination", minLength=1,
+                              description="Where to write the snapshot: s3://bucket/path or a local "
+                                          "directory, e.g. s3://backups/tiering/2026-11-22. Empty: "
+                                          "s3://<bucket>/<prefix>-metadata/<run time>.")}
+    return {"topic": Param(None, type=["null", "string"], title="Topic (optional)", **topic_schema,
+                           description="Limit this run to one topic, e.g. orders; leave empty for every "
+                                       "topic.")}
 
 
 def build_dag(dag_id: str, doc_md: str | None = None) -> DAG:
@@ -117,10 +188,12 @@ def build_dag(dag_id: str, doc_md: str | None = None) -> DAG:
         max_active_runs=1,
         tags=["tiering", *spec.tags],
         params=params_for(spec),
-        default_args={"owner": OWNER, "retries": 1, "retry_delay": timedelta(minutes=2),
+        # retries are for transient failures of the Spark task; bad input fails in `plan`, once
+        default_args={"owner": OWNER, "retries": 1, "retry_delay": timedelta(seconds=30),
                       "execution_timeout": task_timeout()},
     ) as dag:
-        TieringSparkSubmitOperator(
+        plan = ShortCircuitOperator(task_id="plan", python_callable=plan_on_worker, op_args=[dag_id])
+        plan >> TieringSparkSubmitOperator(
             task_id=spec.application.removesuffix(".py"),
             job=dag_id,
             application=spec.application_path,
@@ -128,6 +201,7 @@ def build_dag(dag_id: str, doc_md: str | None = None) -> DAG:
             name=f"tiering-{dag_id}",
             pool=POOL,
             conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4",
+                  "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J.as_uri()}",
                   **({"spark.driver.extraClassPath": JDBC_JAR} if spec.needs_jdbc else {})},
             jars=JDBC_JAR if spec.needs_jdbc else None,
         )

@@ -19,10 +19,14 @@ def work(deps, item) -> tuple[int, bool]:
     return (led.size_bytes, False) if delete_copy(deps, led) else (0, True)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tiering-delete-lagged")
     topic_arg(p)
-    return run("delete_lagged", argv, p, plan, work)
+    return p
+
+
+def main(argv=None) -> int:
+    return run("delete_lagged", argv, build_parser(), plan, work)
 
 
 if __name__ == "__main__":

@@ -53,12 +53,13 @@ def main(argv=None) -> int:
 
     from pyspark.sql import SparkSession
 
+    from tiering.jobs.runner import run_ref
     from tiering.metadata.job_runs import JobOutcome, JobRuns
 
     settings = Settings.from_env()
     engine = settings.engine(pool_size=1)
     runs = JobRuns(engine)
-    run_id = runs.start("export_metadata")
+    run_id = runs.start("export_metadata", None, run_ref("export_metadata"))
     outcome = JobOutcome()
     try:
         spark = (SparkSession.builder.appName("tiering-export-metadata")

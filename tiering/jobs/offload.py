@@ -53,7 +53,11 @@ def work(deps, item) -> tuple[int, bool]:
 
 
 def main(argv=None) -> int:
-    return run("offload", argv, build_parser(), plan, work)
+    return run("offload", argv, build_parser(), plan, work, kind=kind)
+
+
+def kind(args) -> str:
+    return "offload_prefix" if args.prefix is not None else f"offload_by_{args.by}"
 
 
 if __name__ == "__main__":

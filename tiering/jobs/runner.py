@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -14,7 +15,7 @@ from typing import Callable, Iterable, Iterator
 
 from tiering.config import Settings
 from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
-from tiering.metadata.job_runs import JobOutcome, JobRuns
+from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
 from tiering.metadata.repository import MetadataStore
 from tiering.ops.context import Deps, Knobs
 from tiering.tier1 import Tier1Store
@@ -80,9 +81,38 @@ def _do_items(settings: Settings, work: Work, items: Iterable[dict],
     yield out
 
 
+def run_ref(kind: str, environ=None) -> RunRef:
+    """The run's kind, and the Airflow DAG, run and try the operator passes in the environment (absent when
+    the job is started by hand)."""
+    env = os.environ if environ is None else environ
+    try_number = env.get("TIERING_AIRFLOW_TRY_NUMBER", "")
+    return RunRef(kind=kind, dag_id=env.get("TIERING_AIRFLOW_DAG_ID") or None,
+                  dag_run_id=env.get("TIERING_AIRFLOW_DAG_RUN_ID") or None,
+                  try_number=int(try_number) if try_number.isascii() and try_number.isdigit() else None)
+
+
+def outcome_lines(kind: str, row: dict) -> list[str]:
+    """A job_run row as the few lines a task log shows: planned, done, skipped, failed, bytes."""
+    details = row.get("details") or {}
+    lines = [f"{kind}: {row['status']}: planned {details.get('planned', '?')}, done {row['items_done']}, "
+             f"skipped {details.get('skipped', 0)}, failed {row['items_failed']}, {_size(row['bytes'])}"]
+    if details.get("spark") == "skipped":
+        lines.append(f"{kind}: nothing to do: Spark not started")
+    return lines
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
 def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
         plan: Callable[[Deps, argparse.Namespace], list[dict]], work: Work,
-        finish: Callable[[Deps, argparse.Namespace, JobOutcome], None] | None = None, tier1: bool = True) -> int:
+        finish: Callable[[Deps, argparse.Namespace, JobOutcome], None] | None = None, tier1: bool = True,
+        kind: Callable[[argparse.Namespace], str] | None = None) -> int:
     """Parse args, plan on the driver, run items on executors, record one job_run row. `tier1`: the job
     works on tier-1 files, so executors check they see the driver's root."""
     args = parser.parse_args(argv)
@@ -93,7 +123,8 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
         return 2
     deps = deps_from(settings)
     runs = JobRuns(deps.meta.engine)
-    run_id = runs.start(job, getattr(args, "topic", None) or getattr(args, "prefix", None))
+    ref = run_ref(kind(args) if kind else job)
+    run_id = runs.start(job, getattr(args, "topic", None) or getattr(args, "prefix", None), ref)
     outcome = JobOutcome()
     try:
         items = plan(deps, args)
@@ -122,8 +153,13 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
     summary = {"job": job, "run_id": run_id, "done": outcome.items_done, "failed": outcome.items_failed,
                "bytes": outcome.bytes, **outcome.details}
     print(json.dumps(summary, default=str))
+    row = {"status": "FAILED" if outcome.items_failed or outcome.errors else "SUCCEEDED",
+           "items_done": outcome.items_done, "items_failed": outcome.items_failed, "bytes": outcome.bytes,
+           "details": outcome.details}
+    for line in outcome_lines(ref.kind, row):
+        print(line)
     for err in outcome.errors[:20]:
-        print(f"{job}: error: {err}", file=sys.stderr)
+        print(f"{ref.kind}: error: {err}", file=sys.stderr)
     return 1 if outcome.items_failed or outcome.errors else 0
 
 

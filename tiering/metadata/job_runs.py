@@ -35,17 +35,36 @@ class JobOutcome:
         self.errors.extend(other.errors)
 
 
+@dataclass(frozen=True)
+class RunRef:
+    """What started a run: its kind (offload_by_age, offload_prefix, ...) and, under Airflow, the DAG, the
+    DAG run and the try, so a row leads back to its Airflow run."""
+    kind: str | None = None
+    dag_id: str | None = None
+    dag_run_id: str | None = None
+    try_number: int | None = None
+
+    def values(self) -> dict:
+        return {"kind": self.kind, "dag_id": self.dag_id, "dag_run_id": self.dag_run_id,
+                "try_number": self.try_number}
+
+
+def status_of(outcome: JobOutcome) -> str:
+    return "FAILED" if outcome.items_failed or outcome.errors else "SUCCEEDED"
+
+
 class JobRuns:
     def __init__(self, engine: Engine):
         self.engine = engine
         self._held: dict = {}  # run_id -> the connection holding its lock
 
-    def start(self, job: str, topic: str | None = None) -> int:
+    def start(self, job: str, topic: str | None = None, ref: RunRef | None = None) -> int:
         """Insert the run's RUNNING row, owned by this process until `finish` (see the module's doc), after
         closing the rows of this job whose owner is gone."""
         conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         try:
-            run_id = conn.execute(insert(job_run).values(job=job, topic=topic, status="RUNNING").returning(
+            run_id = conn.execute(insert(job_run).values(
+                job=job, topic=topic, status="RUNNING", **(ref or RunRef(kind=job)).values()).returning(
                 job_run.c.run_id, func.pg_advisory_lock(literal(LOCK_BASE) + job_run.c.run_id))).first()[0]
         except BaseException:
             conn.close()
@@ -75,14 +94,29 @@ class JobRuns:
                     closed.append(rid)
         return closed
 
+    def record(self, job: str, topic: str | None, ref: RunRef, outcome: JobOutcome) -> int:
+        """One finished run in one statement: a run refused before it started (bad input) or one with
+        nothing to do (no Spark started)."""
+        with self.engine.begin() as conn:
+            return conn.execute(insert(job_run).values(
+                job=job, topic=topic, status=status_of(outcome), ended_at=func.now(), **ref.values(),
+                **_outcome_values(outcome)).returning(job_run.c.run_id)).scalar_one()
+
+    def by_airflow_run(self, dag_id: str, dag_run_id: str, try_number: int | None = None) -> dict | None:
+        """The newest row of an Airflow run (of one try when given)."""
+        query = select(job_run).where(job_run.c.dag_id == dag_id, job_run.c.dag_run_id == dag_run_id)
+        if try_number is not None:
+            query = query.where(job_run.c.try_number == try_number)
+        with self.engine.connect() as conn:
+            row = conn.execute(query.order_by(job_run.c.run_id.desc()).limit(1)).first()
+        return dict(row._mapping) if row else None
+
     def finish(self, run_id: int, outcome: JobOutcome) -> None:
-        status = "FAILED" if outcome.items_failed or outcome.errors else "SUCCEEDED"
+        status = status_of(outcome)
         try:
             with self.engine.begin() as conn:
                 conn.execute(update(job_run).where(job_run.c.run_id == run_id).values(
-                    status=status, ended_at=func.now(), items_done=outcome.items_done,
-                    items_failed=outcome.items_failed, bytes=outcome.bytes,
-                    error=outcome.errors[0][:2000] if outcome.errors else None, details=outcome.details or None))
+                    status=status, ended_at=func.now(), **_outcome_values(outcome)))
         finally:  # not recorded: the row stays RUNNING, unlocked, and the next run closes it
             self._release(run_id)
 
@@ -99,3 +133,8 @@ class JobRuns:
         with self.engine.connect() as conn:
             rows = conn.execute(select(job_run).order_by(job_run.c.run_id.desc()).limit(limit))
             return [dict(r._mapping) for r in rows]
+
+
+def _outcome_values(outcome: JobOutcome) -> dict:
+    return {"items_done": outcome.items_done, "items_failed": outcome.items_failed, "bytes": outcome.bytes,
+            "error": outcome.errors[0][:2000] if outcome.errors else None, "details": outcome.details or None}

@@ -95,4 +95,8 @@ job_run = Table(
     Column("bytes", BigInteger, nullable=False),
     Column("error", Text),
     Column("details", JSONB),
+    Column("kind", Text),  # migration 0002: offload_by_age, offload_prefix, ... and the Airflow run
+    Column("dag_id", Text),
+    Column("dag_run_id", Text),
+    Column("try_number", Integer),
 )

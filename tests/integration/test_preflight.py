@@ -1,0 +1,69 @@
+"""The `plan` task of every DAG, without Airflow: bad input is refused once with a sentence and a FAILED
+job_run row; an idle run is recorded and skips Spark; work found lets Spark run. On PostgreSQL and S3."""
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from tests.integration.helpers import entries, make_deps, produce
+from tiering.errors import BadInput
+from tiering.jobs.preflight import preflight
+from tiering.metadata.job_runs import RunRef
+from tiering.model import TopicPolicy
+
+BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
+
+
+@pytest.fixture
+def deps(db, s3_client, bucket, tier1_root):
+    return make_deps(db, s3_client, bucket, tier1_root)
+
+
+def rows(deps):
+    with deps.meta.engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(text(
+            "SELECT job, topic, status, error, details, kind, dag_id, dag_run_id, try_number "
+            "FROM tiering.job_run ORDER BY run_id"))]
+
+
+def go(deps, dag_id, conf, allowed, run="manual__1"):
+    ref = RunRef(kind=dag_id.removeprefix("tiering_"), dag_id=dag_id, dag_run_id=run, try_number=1)
+    return preflight(dag_id, conf, dict(conf), allowed, lambda: deps, ref)
+
+
+@pytest.mark.parametrize("dag_id, conf, allowed, says", [
+    ("tiering_offload_by_age", {"typo_param": "x"}, {"topic"}, "does not take 'typo_param'; it takes: topic"),
+    ("tiering_offload_by_age", {"position": "1:0"}, {"topic"}, "does not take 'position'"),
+    ("tiering_gc", {"topic": "orders"}, set(), "does not take 'topic'; it takes: no parameters"),
+    ("tiering_offload_prefix", {"topic": "nope", "position": "1:0"}, {"topic", "position"},
+     "topic 'nope' does not exist"),
+    ("tiering_offload_prefix", {"topic": "t", "position": "12"}, {"topic", "position"}, "is not L:E"),
+])
+def test_bad_input_is_refused_once_with_a_sentence_and_a_failed_row(deps, dag_id, conf, allowed, says):
+    produce(deps, "t", [[b"a"]], TopicPolicy(**BIG))
+    with pytest.raises(BadInput, match=says.replace("(", r"\(")):
+        go(deps, dag_id, conf, allowed)
+    [row] = rows(deps)
+    assert row["status"] == "FAILED" and says in row["error"] and row["error"].startswith("bad input: ")
+    assert (row["dag_id"], row["dag_run_id"], row["try_number"]) == (dag_id, "manual__1", 1)
+
+
+def test_an_idle_offload_is_recorded_and_skips_spark(deps):
+    produce(deps, "idle", [entries("i", 3, 10)], TopicPolicy(**BIG))  # offload_after -1: never by age
+    result = go(deps, "tiering_offload_by_age", {}, {"topic"}, run="scheduled__2026")
+    assert result.planned == 0 and not result.run_spark and result.args == ["--by=age"]
+    [row] = rows(deps)
+    assert row["status"] == "SUCCEEDED" and row["kind"] == "offload_by_age"
+    assert row["details"] == {"planned": 0, "spark": "skipped"} and row["dag_run_id"] == "scheduled__2026"
+
+
+def test_work_found_runs_spark_and_leaves_the_row_to_the_job(deps):
+    produce(deps, "due", [entries("d", 3, 10)], TopicPolicy(offload_after_seconds=0, **BIG))
+    result = go(deps, "tiering_offload_by_age", {"topic": "due"}, {"topic"})
+    assert result.planned == 1 and result.run_spark and result.args == ["--by=age", "--topic=due"]
+    assert rows(deps) == []
+
+
+def test_jobs_without_a_cheap_plan_always_run(deps):
+    result = go(deps, "tiering_gc", {}, set())
+    assert result.planned is None and result.run_spark and rows(deps) == []

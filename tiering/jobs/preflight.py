@@ -1,0 +1,84 @@
+"""What a DAG run does on the Airflow worker before it pays for a Spark start (no Airflow imports here; the
+`plan` task of every DAG calls `preflight`):
+
+- refuses bad input once: a conf key the DAG does not take, a parameter the job does not use, a malformed
+  or unknown topic or position. The refusal is a `BadInput` with a sentence, recorded as a FAILED
+  `job_run` row, and the task fails without retries (a retry cannot fix the input).
+- plans with the job's own `plan()` (a few metadata queries) for the jobs whose plan is cheap and complete;
+  when there is nothing to do, it records a SUCCEEDED row (planned 0) and the Spark task is skipped: an idle
+  scheduled run costs about a second instead of a Spark start.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from tiering.errors import BadInput
+from tiering.jobs.spec import JOBS, spark_submit_args
+from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
+
+# DAGs whose plan() is the whole decision, read from metadata (and tier-1 sizes for by-size). GC (its
+# orphan sweep and stale uploads need a look at the bucket every run), retention (it also finishes trims
+# interrupted by a crash) and the export always run.
+PLANNERS = {
+    "tiering_offload_by_age": "tiering.jobs.offload",
+    "tiering_offload_by_size": "tiering.jobs.offload",
+    "tiering_offload_prefix": "tiering.jobs.offload",
+    "tiering_delete_lagged": "tiering.jobs.delete_lagged",
+    "tiering_defrag": "tiering.jobs.defrag",
+}
+
+
+@dataclass(frozen=True)
+class Preflight:
+    args: list[str]  # the job's arguments, validated
+    planned: int | None  # items the job would take now; None: not planned here (the job always runs)
+
+    @property
+    def run_spark(self) -> bool:
+        return self.planned != 0
+
+
+def check_conf(dag_id: str, conf: dict | None, allowed: set[str]) -> None:
+    """A conf key the DAG does not take is a typo or a misunderstanding: refuse it by name."""
+    unknown = sorted(set(conf or {}) - allowed)
+    if unknown:
+        takes = ", ".join(sorted(allowed)) if allowed else "no parameters"
+        raise BadInput(f"{dag_id} does not take {', '.join(repr(k) for k in unknown)}; it takes: {takes}")
+
+
+def job_args(dag_id: str, params: dict) -> list[str]:
+    return spark_submit_args(dag_id, topic=params.get("topic") or None, position=params.get("position") or None,
+                             dest=params.get("dest") or None)
+
+
+def plan_count(dag_id: str, args: list[str], deps) -> int | None:
+    module_name = PLANNERS.get(dag_id)
+    if module_name is None:
+        return None
+    module = importlib.import_module(module_name)
+    return len(module.plan(deps, module.build_parser().parse_args(args)))
+
+
+def preflight(dag_id: str, conf: dict | None, params: dict, allowed: set[str], deps_factory, ref: RunRef) -> Preflight:
+    """Validate, plan, and record the run's row when it ends here. `deps_factory()` gives the job's clients
+    (called once; its engine is disposed here). Raises `BadInput` (already recorded) on bad input."""
+    topic = params.get("topic") or None
+    job = JOBS[dag_id].application.removesuffix(".py")
+    deps = None
+    try:
+        deps = deps_factory()
+        try:
+            check_conf(dag_id, conf, allowed)
+            args = job_args(dag_id, params)
+            planned = plan_count(dag_id, args, deps)
+        except BadInput as exc:
+            JobRuns(deps.meta.engine).record(job, topic, ref, JobOutcome(errors=[f"bad input: {exc}"],
+                                                                         details={"planned": 0}))
+            raise
+        if planned == 0:
+            JobRuns(deps.meta.engine).record(job, topic, ref, JobOutcome(details={"planned": 0, "spark": "skipped"}))
+        return Preflight(args, planned)
+    finally:
+        if deps is not None:
+            deps.meta.engine.dispose()
