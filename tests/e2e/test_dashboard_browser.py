@@ -235,9 +235,9 @@ def airflow_server(tmp_path_factory, database_url, run_bucket, s3_settings):
     settings_env = {"TIERING_DATABASE_URL": url, "TIERING_BUCKET": run_bucket, "TIERING_PREFIX": "t/",
                     "TIERING_TIER1_ROOT": str(home / "tier1"), "TIERING_S3_ENDPOINT_URL": s3_settings["endpoint_url"],
                     "AWS_ACCESS_KEY_ID": s3_settings["aws_access_key_id"], "AWS_SECRET_ACCESS_KEY": S3_SECRET,
-                    "AWS_DEFAULT_REGION": s3_settings["region_name"], "PATH": os.environ["PATH"]}
-    env = {**os.environ, **_load_airflow_env()(settings_env, home),
-           "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__WORKERS": "1",
+                    "AWS_DEFAULT_REGION": s3_settings["region_name"], "PATH": os.environ["PATH"],
+                    "TIERING_AIRFLOW_ADDRESS": f"127.0.0.1:{port}"}  # host, port and base_url
+    env = {**os.environ, **_load_airflow_env()(settings_env, home), "AIRFLOW__API__WORKERS": "1",
            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(48)}
     # The dashboard must find its database through the connection, not through variables it inherits.
     for name in ("TIERING_DATABASE_URL", "TIERING_BUCKET", "TIERING_S3_ENDPOINT_URL", "AWS_SECRET_ACCESS_KEY",

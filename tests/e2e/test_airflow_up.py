@@ -1,0 +1,220 @@
+"""Airflow the way `make up` runs it: `.ci/airflow_up.sh` (standalone: scheduler, API server, DAG processor,
+LocalExecutor) with a home, a database and a free port of its own. A run triggered over REST and a scheduled
+run both SUCCEED through the scheduler, the executor and the execution API (`airflow dags test` bypasses all
+three, which is how every run of `make up` could fail unseen), each with its job_run row pointing back at
+it; a bad trigger is refused with HTTP 400; a conf key the DAG does not take fails the run once, without a
+retry and without Spark, with a FAILED job_run row. A second `make up` reuses the running Airflow and
+`make stop` ends its whole process group.
+
+DAGs are created paused here (on 2 shared cores, seven start-up runs would be five more Spark launches);
+the test unpauses the two it drives, so what it shows of scheduling is the same as `make up`'s.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from tests.integration.helpers import entries, make_deps, produce
+from tiering.model import LedgerState as S, TopicPolicy
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
+DB_PASSWORD = f"pw-{secrets.token_hex(6)}"  # trusted local PostgreSQL ignores it: it is there to not leak
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(url, *, token=None, data=None, method=None, timeout=10):
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    body = None
+    if data is not None:
+        body, headers["Content-Type"] = json.dumps(data).encode(), "application/json"
+    req = urllib.request.Request(url, data=body, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as res:
+            return res.status, json.loads(res.read() or b"null")
+    except urllib.error.HTTPError as err:
+        raw = err.read().decode()
+        try:
+            return err.code, json.loads(raw)
+        except ValueError:
+            return err.code, raw
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory, database_url, run_bucket, s3_settings):
+    local = tmp_path_factory.mktemp("local")
+    port = _free_port()
+    url = make_url(database_url).set(password=DB_PASSWORD).render_as_string(hide_password=False)
+    env = {**os.environ, "TIERING_LOCAL": str(local), "TIERING_AIRFLOW_ADDRESS": f"127.0.0.1:{port}",
+           "TIERING_DATABASE_URL": url, "TIERING_BUCKET": run_bucket, "TIERING_PREFIX": "t/",
+           "TIERING_TIER1_ROOT": str(local / "tier1"), "TIERING_S3_ENDPOINT_URL": s3_settings["endpoint_url"],
+           "AWS_ACCESS_KEY_ID": s3_settings["aws_access_key_id"],
+           "AWS_SECRET_ACCESS_KEY": s3_settings["aws_secret_access_key"],
+           "AWS_DEFAULT_REGION": s3_settings["region_name"],
+           "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True", "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5"}
+    for name in list(env):  # nothing of the developer's own Airflow: this one is configured by the script
+        if name.startswith(("AIRFLOW_CONN_", "AIRFLOW__API", "AIRFLOW_HOME")):
+            env.pop(name)
+    (local / "tier1").mkdir()
+
+    def script(name, timeout=300):
+        return subprocess.run(["bash", str(REPO / ".ci" / name)], env=env, capture_output=True, text=True,
+                              timeout=timeout, cwd=REPO)
+
+    class Up:
+        pass
+
+    u = Up()
+    u.local, u.home, u.url, u.env, u.script = local, local / "airflow", f"http://127.0.0.1:{port}", env, script
+    u.first = script("airflow_up.sh")
+    try:
+        yield u
+    finally:
+        script("stop.sh", timeout=120)
+
+
+def _token(u) -> str:
+    password = json.loads((u.home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
+    status, body = _http(f"{u.url}/auth/token", data={"username": "admin", "password": password})
+    assert status in (200, 201), body
+    return body["access_token"]
+
+
+def _wait_run(u, token, dag_id, run_id, timeout=240) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, run = _http(f"{u.url}/api/v2/dags/{dag_id}/dagRuns/{run_id}", token=token)
+        assert status == 200, run
+        if run["state"] in ("success", "failed"):
+            return run
+        time.sleep(2)
+    pytest.fail(f"{dag_id} {run_id} did not finish: {run}", pytrace=False)
+
+
+def _wait_dags(u, token, dag_ids, timeout=120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(_http(f"{u.url}/api/v2/dags/{d}", token=token)[0] == 200 for d in dag_ids):
+            return
+        time.sleep(1)
+    pytest.fail(f"DAGs not parsed: {dag_ids}", pytrace=False)
+
+
+def _job_run(engine, dag_id, run_id) -> dict:
+    with engine.connect() as conn:
+        return dict(conn.execute(text("SELECT * FROM tiering.job_run WHERE dag_id = :d AND dag_run_id = :r "
+                                      "ORDER BY run_id DESC LIMIT 1"), {"d": dag_id, "r": run_id}).one()._mapping)
+
+
+def test_make_up_runs_scheduled_and_triggered_dags_to_success(up, engine, s3_client, run_bucket):
+    assert up.first.returncode == 0, up.first.stdout[-2000:] + up.first.stderr[-3000:]
+    secrets_dir = up.local / "airflow-secrets"
+    assert sorted(p.name for p in secrets_dir.iterdir()) == ["api_secret_key", "fernet_key", "jwt_secret"]
+    assert all(p.stat().st_mode & 0o077 == 0 for p in secrets_dir.iterdir())
+    pgid = int((up.local / "airflow.pid").read_text())
+    assert up.url in up.first.stdout
+
+    again = up.script("airflow_up.sh")  # idempotent: finds the running one, starts no second standalone
+    assert again.returncode == 0 and "already up" in again.stdout, again.stdout + again.stderr
+    assert int((up.local / "airflow.pid").read_text()) == pgid
+
+    token = _token(up)
+    status, conns = _http(f"{up.url}/api/v2/connections", token=token)
+    assert status == 200
+    by_id = {c["connection_id"]: c for c in conns["connections"]}
+    assert {"tiering_metadata", "tiering_s3", "spark_default"} <= set(by_id)  # in the metastore, for the UI
+    assert by_id["tiering_metadata"]["password"] in (None, "***")  # never shown
+    assert json.loads(by_id["tiering_s3"]["extra"])["bucket"] == run_bucket
+
+    deps = make_deps(engine, s3_client, run_bucket, up.local / "tier1")
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
+                          "tiering.attribute, tiering.job_run RESTART IDENTITY CASCADE"))
+    produce(deps, "due", [entries("d0", 5, 200), entries("d1", 5, 200)],
+            TopicPolicy(offload_after_seconds=0, **BIG), open_tail=[b"open"])
+    produce(deps, "manual", [[b"a"], [b"b"], [b"c"]], TopicPolicy(**BIG), open_tail=[b"d"])
+
+    dags = ["tiering_offload_by_age", "tiering_offload_prefix", "tiering_delete_lagged"]
+    _wait_dags(up, token, dags)
+
+    # a bad trigger is refused before any run exists
+    status, body = _http(f"{up.url}/api/v2/dags/tiering_offload_prefix/dagRuns", token=token,
+                         data={"logical_date": None, "conf": {"topic": "manual", "position": "two"}})
+    assert status == 400, body
+
+    for dag_id in dags:
+        status, body = _http(f"{up.url}/api/v2/dags/{dag_id}", token=token, data={"is_paused": False},
+                             method="PATCH")
+        assert status == 200, body
+    status, triggered = _http(f"{up.url}/api/v2/dags/tiering_offload_prefix/dagRuns", token=token,
+                              data={"logical_date": None, "conf": {"topic": "manual", "position": "2:0"}})
+    assert status == 200, triggered
+    status, typo = _http(f"{up.url}/api/v2/dags/tiering_delete_lagged/dagRuns", token=token,
+                         data={"logical_date": None, "conf": {"typo_param": "x"}})
+    assert status == 200, typo
+
+    # unpaused, the 15-minute DAG gets its scheduled run for the last interval
+    deadline = time.monotonic() + 120
+    scheduled = []
+    while not scheduled and time.monotonic() < deadline:
+        _, runs = _http(f"{up.url}/api/v2/dags/tiering_offload_by_age/dagRuns", token=token)
+        scheduled = [r for r in runs["dag_runs"] if r["run_type"] == "scheduled"]
+        time.sleep(2)
+    assert scheduled, "the scheduler created no scheduled run"
+
+    for dag_id, run in (("tiering_offload_by_age", scheduled[0]), ("tiering_offload_prefix", triggered)):
+        done = _wait_run(up, token, dag_id, run["dag_run_id"])
+        assert done["state"] == "success", (dag_id, done, _task_log_tail(up))
+        row = _job_run(engine, dag_id, run["dag_run_id"])
+        assert row["status"] == "SUCCEEDED" and row["try_number"] == 1, row
+        assert row["kind"] == dag_id.removeprefix("tiering_") and row["items_done"] >= 2, row
+    assert [led.state for led in deps.meta.list_ledgers("due")] == [S.OFFLOADED, S.OFFLOADED, S.OPEN]
+    assert [led.state for led in deps.meta.list_ledgers("manual")] == [S.OFFLOADED, S.OFFLOADED, S.SEALED, S.OPEN]
+
+    # the typo: failed once, in `plan`, no retry, no Spark task run, a FAILED row saying why
+    done = _wait_run(up, token, "tiering_delete_lagged", typo["dag_run_id"])
+    assert done["state"] == "failed"
+    _, tis = _http(f"{up.url}/api/v2/dags/tiering_delete_lagged/dagRuns/{typo['dag_run_id']}/taskInstances",
+                   token=token)
+    states = {t["task_id"]: (t["state"], t["try_number"]) for t in tis["task_instances"]}
+    assert states["plan"] == ("failed", 1) and states["delete_lagged"][0] == "upstream_failed", states
+    row = _job_run(engine, "tiering_delete_lagged", typo["dag_run_id"])
+    assert row["status"] == "FAILED" and "does not take 'typo_param'" in row["error"], row
+
+    logs = "".join(p.read_text(errors="replace") for p in up.home.rglob("*.log"))
+    assert DB_PASSWORD not in logs
+
+    stop = up.script("stop.sh", timeout=120)
+    assert stop.returncode == 0 and not _group_alive(pgid), stop.stdout + stop.stderr
+
+
+def _task_log_tail(u) -> str:
+    logs = sorted(u.home.joinpath("logs").rglob("*.log"), key=lambda p: p.stat().st_mtime)
+    return "".join(p.read_text(errors="replace")[-1500:] for p in logs[-3:])
