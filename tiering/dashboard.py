@@ -152,9 +152,11 @@ def gc_queue(conn: Connection, limit: int = 20) -> dict:
 
 
 def job_runs(conn: Connection, limit: int = 50) -> dict:
-    """The most recent pipeline runs (table `job_run`), newest first."""
+    """The most recent pipeline runs (table `job_run`), newest first, with their kind (offload_by_age, ...)
+    and the Airflow DAG run and try that ran them (null for runs started by hand)."""
     return {"runs": _rows(conn, """
-        SELECT run_id, job, topic, status, started_at, ended_at,
+        SELECT run_id, job, coalesce(kind, job) AS kind, dag_id, dag_run_id, try_number, topic, status,
+               started_at, ended_at,
                extract(epoch FROM coalesce(ended_at, now()) - started_at)::float8 AS duration_seconds,
                items_done, items_failed, bytes, error
         FROM tiering.job_run ORDER BY run_id DESC LIMIT :limit""", limit=_limit(limit))}

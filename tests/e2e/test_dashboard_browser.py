@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -28,7 +29,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from tests.integration.helpers import entries, make_deps, produce
-from tiering.metadata.job_runs import JobOutcome, JobRuns
+from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
 from tiering.model import TopicPolicy
 from tiering.ops.offload import offload_many
 
@@ -297,7 +298,7 @@ def world(db, s3_client, bucket, tier1_root):
     produce(deps, "clicks", [entries("c0", 4, 300), entries("c1", 6, 300)], TopicPolicy(deletion_lag_seconds=0, **BIG))
     produce(deps, ODD, [entries("x", 3, 111)], TopicPolicy(**BIG))
     runs = JobRuns(db)
-    run_id = runs.start("offload_by_age")
+    run_id = runs.start("offload", None, RunRef("offload_by_age", "tiering_offload_by_age", AIRFLOW_RUN, 2))
     orders, clicks = deps.meta.list_ledgers("orders"), deps.meta.list_ledgers("clicks")
     report = offload_many(deps, [orders[0], orders[1], clicks[0]])
     assert report.first_error is None
@@ -305,6 +306,9 @@ def world(db, s3_client, bucket, tier1_root):
     runs.start("gc")
     deps.meta.enqueue_gc([f"t/gone/{i}" for i in range(3)], reason="retention")
     return {"offloaded_bytes": report.bytes}
+
+
+AIRFLOW_RUN = "scheduled__2026-11-22T10:00:00+00:00"
 
 
 # ---------------------------------------------------------------------------------------------- the test
@@ -346,6 +350,9 @@ def test_dashboard_renders_the_databases_numbers_in_a_browser(airflow_server, wo
     browser.navigate(base)
     assert browser.wait_for("document.body && document.body.dataset.state === 'error'")
     assert "Log in to Airflow" in browser.evaluate("document.getElementById('error').textContent")
+    # ... and logging in comes back to this page, not to Airflow's home page
+    login = browser.evaluate("document.querySelector('#error a').href")
+    assert login == f"{server.url}/api/v2/auth/login?next={urllib.parse.quote(base, safe='')}", login
 
     # Logged in (Airflow's session cookie), it draws the charts.
     browser.call("Network.setCookie", name="_token", value=server.token(), url=f"{server.url}/", path="/")
@@ -390,13 +397,17 @@ def test_dashboard_renders_the_databases_numbers_in_a_browser(airflow_server, wo
             .map(tr => [...tr.cells].map(td => td.textContent))])))""")
     tables = json.loads(tables)
     assert tables["gc-table"] == [["PENDING", "retention", "3", "3", "0", "0", tables["gc-table"][0][6]]]
-    assert [(r[1], r[3]) for r in tables["runs-table"]] == [("gc", "RUNNING"), ("offload_by_age", "SUCCEEDED")]
-    assert tables["runs-table"][1][8] == format_bytes(21_200)
+    # kind, the Airflow run (linked) or "by hand", status, bytes
+    assert [(r[1], r[2], r[4]) for r in tables["runs-table"]] == [
+        ("gc", "by hand", "RUNNING"), ("offload by age", f"{AIRFLOW_RUN} (try 2)", "SUCCEEDED")]
+    assert tables["runs-table"][1][9] == format_bytes(21_200)
+    link = browser.evaluate("document.querySelector('#runs-table tbody tr:nth-child(2) a').href")
+    assert link == f"{server.url}/dags/tiering_offload_by_age/runs/{urllib.parse.quote(AIRFLOW_RUN, safe='')}"
     assert sorted(r[0] for r in tables["backlog-table"]) == sorted(["clicks", "orders", ODD])
     cards = json.loads(browser.evaluate("""JSON.stringify(Object.fromEntries([...document.querySelectorAll('.card')]
         .map(c => [c.dataset.card, c.querySelector('.card-value').textContent])))"""))
     assert cards["Tier 1"] == format_bytes(33_333) and cards["Tier 2"] == format_bytes(21_200)
-    assert cards["GC queue"] == "3" and cards["Topics"] == "3"
+    assert cards["GC queue"] == "3 pending" and cards["Topics"] == "3"
 
     # A topic name is text, never markup.
     assert browser.evaluate("document.querySelector('b') === null")

@@ -150,6 +150,9 @@ def test_gc_queue_summary_and_due_count(api, world):
 def test_job_runs_newest_first_with_limit(api, world):
     runs = api.get("/api/job-runs?limit=50").json()["runs"]
     assert [(r["job"], r["status"]) for r in runs] == [("gc", "RUNNING"), ("offload_by_age", "SUCCEEDED")]
+    # kind defaults to the job; no Airflow run for runs started by hand
+    assert [(r["kind"], r["dag_id"], r["dag_run_id"], r["try_number"]) for r in runs] == [
+        ("gc", None, None, None), ("offload_by_age", None, None, None)]
     done = runs[1]
     assert done["run_id"] == world["run_id"] and done["items_done"] == 3
     assert done["bytes"] == world["offloaded_bytes"] == 10_000 + 10_000 + 1200

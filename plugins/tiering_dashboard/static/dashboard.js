@@ -85,7 +85,8 @@
       card("Tier 2", formatBytes(t.tier2_bytes), `${formatInt(t.tier2_ledgers)} ledgers, ${formatBytes(t.tier2_stored_bytes)} stored`, "tier2"),
       card("Offload backlog", formatBytes(backlog.total.bytes), `${formatInt(backlog.total.ledgers)} ledgers, ${formatInt(backlog.total.offloading)} offloading`, "backlog"),
       card("Lagged tier-1 copies", formatInt(lagged.total.copies), `${formatInt(lagged.total.due)} due for deletion (${formatBytes(lagged.total.due_bytes)})`),
-      card("GC queue", formatInt(gc.due), `due now; ${formatInt(gc.pending)} pending, ${formatInt(gc.failed)} failed`, gc.failed ? "alert" : ""));
+      // pending is what the queue holds; due is the part the next GC run may take (the rest waits for its delay)
+      card("GC queue", `${formatInt(gc.pending)} pending`, `${formatInt(gc.due)} due now, ${formatInt(gc.failed)} failed`, gc.failed ? "alert" : ""));
   }
 
   // ------------------------------------------------------------------ chart: bytes per tier per topic
@@ -244,12 +245,22 @@
     ], topics.topics, "No topics yet.");
 
     table("runs-table", [
-      ["Run", (r) => String(r.run_id), num], ["Job", (r) => r.job], ["Topic", (r) => r.topic || "all", "ellipsis"],
+      ["Run", (r) => String(r.run_id), num], ["Kind", (r) => (r.kind || r.job).replaceAll("_", " ")],
+      ["Airflow run", airflowRunLink, "ellipsis"], ["Topic", (r) => r.topic || "all", "ellipsis"],
       ["Status", (r) => status(r.status)], ["Started", (r) => formatTime(r.started_at)],
       ["Duration", (r) => formatDuration(r.duration_seconds), num], ["Done", (r) => formatInt(r.items_done), num],
       ["Failed", (r) => formatInt(r.items_failed), num], ["Bytes", (r) => formatBytes(r.bytes), num],
       ["Error", (r) => r.error || "", "ellipsis error-text"],
     ], runs.runs, "No pipeline run recorded yet.");
+  }
+
+  // The Airflow UI's page of the DAG run (and try) that ran a job; runs started by hand have none.
+  const AIRFLOW_ROOT = new URL("..", new URL(BASE, window.location.href));
+  function airflowRunLink(r) {
+    if (!r.dag_id || !r.dag_run_id) return "by hand";
+    const href = new URL(`dags/${encodeURIComponent(r.dag_id)}/runs/${encodeURIComponent(r.dag_run_id)}`, AIRFLOW_ROOT);
+    const label = `${r.dag_run_id}${r.try_number > 1 ? ` (try ${r.try_number})` : ""}`;
+    return h("a", { href: href.href, target: "_top", title: `${r.dag_id} / ${r.dag_run_id}`, text: label });
   }
 
   // ------------------------------------------------------------------ refresh loop
@@ -259,9 +270,13 @@
     const box = $("error");
     box.replaceChildren();
     if (error.status === 401 || error.status === 403) {
-      const root = new URL("..", new URL(BASE, window.location.href));
+      // Airflow's login redirect, with `next` = the page the user is on (the UI page that embeds this
+      // dashboard, or the dashboard itself), so logging in returns here and not to Airflow's home page
+      let here = window.location.href;
+      try { here = window.top.location.href; } catch (_) { /* not same-origin: the dashboard's own URL */ }
+      const login = new URL(`api/v2/auth/login?next=${encodeURIComponent(here)}`, AIRFLOW_ROOT);
       box.append("Log in to Airflow to see the tiering dashboard: ",
-        h("a", { href: root.href, target: "_top", text: "open Airflow" }), ".");
+        h("a", { href: login.href, target: "_top", text: "log in" }), ".");
     } else {
       box.append(`Cannot load the dashboard: ${error.message}`);
     }
