@@ -12,6 +12,7 @@ stop_group() {  # name pidfile: TERM the process group (Airflow's children live 
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
     for _ in $(seq 1 100); do kill -0 -- "-$pid" 2>/dev/null || kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     kill -KILL -- "-$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.2; done  # gone, not dying
     echo "stopped $name (pid $pid)"
   fi
   rm -f "$f"
