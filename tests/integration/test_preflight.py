@@ -37,7 +37,7 @@ def go(deps, dag_id, conf, allowed, run="manual__1"):
     ("tiering_gc", {"topic": "orders"}, set(), "does not take 'topic'; it takes: no parameters"),
     ("tiering_offload_prefix", {"topic": "nope", "position": "1:0"}, {"topic", "position"},
      "topic 'nope' does not exist"),
-    ("tiering_offload_prefix", {"topic": "t", "position": "12"}, {"topic", "position"}, "is not L:E"),
+    ("tiering_offload_prefix", {"topic": "t", "position": "12"}, {"topic", "position"}, "malformed position '12'"),
 ])
 def test_bad_input_is_refused_once_with_a_sentence_and_a_failed_row(deps, dag_id, conf, allowed, says):
     produce(deps, "t", [[b"a"]], TopicPolicy(**BIG))
