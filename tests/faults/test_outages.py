@@ -122,6 +122,29 @@ def test_s3_endpoint_stopped_mid_upload_then_restarted(moto, db, tier1_root):
     assert len(bucket_keys(deps)) == 4 and open_uploads(deps) == []
 
 
+def test_s3_down_mid_run_stops_the_run_instead_of_touching_every_ledger(moto, db, tier1_root):
+    """Tier 2 dies during the first ledger of a run: that ledger fails, the others are not attempted (no
+    version bump, no queued keys), instead of each failing the same way and queueing two keys (issue 13)."""
+    s3 = boto3.client("s3", endpoint_url=moto.url, aws_access_key_id="testing", aws_secret_access_key="testing",
+                      region_name="us-east-1", config=Config(retries={"max_attempts": 2, "mode": "standard"},
+                                                             connect_timeout=2, read_timeout=20))
+    s3.create_bucket(Bucket="outage")
+    deps = make_deps(db, s3, "outage", tier1_root, offload_timeout=OFFLOAD_TIMEOUT, upload_concurrency=1)
+    produce(deps, "k", [entries("big", 60, 100 * KIB)] + [entries(f"s{i}", 3, KIB) for i in range(4)], TopicPolicy(**BIG))
+    ledgers = deps.meta.list_ledgers("k", [S.SEALED])
+
+    def stop_s3(step):
+        if step == "part":
+            moto.stop()
+
+    report = offload_many(deps, ledgers, stop_s3)
+    assert report.offloaded == [] and sorted(report.failed) == [0, 1, 2, 3, 4]
+    assert all("not attempted" in report.failed[i] for i in (1, 2, 3, 4)), report.failed
+    assert [deps.meta.get_ledger("k", i) for i in (1, 2, 3, 4)] == ledgers[1:], "untouched: same versions"
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM tiering.gc_task")).scalar() == 2  # ledger 0's attempt only
+
+
 # ------------------------------------------------------------------------------------------------ PostgreSQL
 def terminate_others(db) -> int:
     """pg_terminate_backend every other connection of this database, and wait until they are gone."""

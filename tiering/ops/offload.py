@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tiering import policy
-from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
+from tiering.errors import BadInput, ConditionalUpdateFailed, Tier2Error, TieringError
 from tiering.format.keys import data_key, index_key
 from tiering.model import Chunk, Ledger, LedgerState, Position
 from tiering.ops.context import Deps
@@ -84,7 +84,8 @@ def _undo(deps: Deps, started: Ledger, attempt: str, keys: tuple[str, str]) -> N
 def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
                  on_done: Callable[[Ledger], None] | None = None) -> OffloadReport:
     """Offload each ledger; a failing ledger does not stop the others. A ledger another worker holds or
-    finished meanwhile is skipped. Tier 2 unreachable: `Tier2Error` before any metadata changes."""
+    finished meanwhile is skipped. Tier 2 unreachable: `Tier2Error` before any metadata changes; unreachable
+    after a ledger failed mid-run: the rest are reported failed without being attempted."""
     report = OffloadReport()
     if ledgers:
         check_bucket(deps.bucket)  # tier 2 down: fail here, before any ledger's metadata changes
@@ -96,12 +97,25 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
             continue
         except TieringError as exc:
             report.merge_failure(led.ledger_id, exc)
+            if isinstance(exc, Tier2Error) and not _reachable(deps):
+                # tier 2 went down mid-run: the others would each change metadata and fail the same way
+                for rest in ledgers[ledgers.index(led) + 1:]:
+                    report.failed[rest.ledger_id] = "not attempted: tier 2 became unreachable during the run"
+                break
             continue
         report.offloaded.append(done.ledger_id)
         report.bytes += done.size_bytes
         if on_done:
             on_done(done)
     return report
+
+
+def _reachable(deps: Deps) -> bool:
+    try:
+        check_bucket(deps.bucket)
+    except Tier2Error:
+        return False
+    return True
 
 
 def offload_prefix(deps: Deps, topic: str, position: Position, hook: StepHook = None) -> tuple[OffloadReport, Position]:
