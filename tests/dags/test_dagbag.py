@@ -61,7 +61,11 @@ def test_offload_prefix_form_validates_the_position(dagbag):
     params_ok = _with(params, {"topic": "orders", "position": "12:0"})
     assert params_ok.validate() == {"topic": "orders", "position": "12:0"}
     for bad in ({"topic": "orders", "position": "12"}, {"topic": "", "position": "1:0"},
-                {"topic": "orders", "position": "1:0; drop"}):
+                {"topic": "orders", "position": "1:0; drop"},
+                # issue 13: Unicode digits, a trailing newline (Python's `$` matches before it), control chars
+                {"topic": "orders", "position": "\u0661:\u0660"}, {"topic": "orders", "position": "\uff11:\uff10"},
+                {"topic": "orders", "position": "1:0\n"}, {"topic": "orders", "position": "1:0\v"},
+                {"topic": "a\nb", "position": "1:0"}, {"topic": "orders\n", "position": "1:0"}):
         with pytest.raises(ParamValidationError):
             _with(params, bad).validate()
 
