@@ -125,3 +125,13 @@ def test_tier2_unreachable_offload_fails_before_touching_metadata(fault, cli, de
     # tier 2 back: the same command offloads everything
     cli("offload-by-age").ok()
     assert {led.state.value for led in deps.meta.list_ledgers("t")} == {"OFFLOADED", "OPEN"}
+
+
+def test_tier2_unreachable_defrag_queues_nothing(cli, deps):
+    produce(deps, "t", [entries(f"d{i}", 3, 100) for i in range(3)], POLICY)
+    cli("offload-by-age").ok()
+    before = _metadata(deps)
+    down = {"TIERING_S3_ENDPOINT_URL": f"http://127.0.0.1:{closed_port()}"}
+    for res in cli.many([(("defrag",), {"env": down}), (("defrag", "--topic", "t"), {"env": down})]):
+        assert "tier 2 is unreachable" in res.one_line_error(1)
+    assert _metadata(deps) == before, "a defrag with tier 2 down queued merged keys for GC"

@@ -24,7 +24,7 @@ from tiering.format.keys import data_key, index_key
 from tiering.format.metadata import user_metadata
 from tiering.model import Chunk
 from tiering.ops.context import MIB, Deps
-from tiering.tier2.objects import completed_part, delete_keys, error_code, prefetch_ranges, tier2_error
+from tiering.tier2.objects import check_bucket, completed_part, delete_keys, error_code, prefetch_ranges, tier2_error
 from tiering.tier2.offloader import StepHook
 
 MIN_PART = 5 * MIB
@@ -49,6 +49,8 @@ def plan_defrag(deps: Deps, topic: str | None = None, small_bytes: int = 8 * MIB
     for t in topics:
         groups += policy.defrag_groups(deps.meta.list_ledgers(t.name), deps.meta.chunks(t.name), small_bytes,
                                        max_merged_bytes)
+    if groups:
+        check_bucket(deps.bucket)  # tier 2 down: fail before queueing each group's merged keys for GC
     return groups
 
 
