@@ -52,7 +52,7 @@ from tiering.metadata import make_engine  # noqa: E402
 from tiering.metadata.repository import MetadataStore  # noqa: E402
 from tiering.model import Position  # noqa: E402
 from tiering.ops.context import Deps, Knobs  # noqa: E402
-from tiering.ops.offload import offload_ledger  # noqa: E402
+from tiering.ops.offload import offload_ledger, offload_many  # noqa: E402
 from tiering.read import Entry as ReadEntry, ReadHandle  # noqa: E402
 from tiering.tier1 import Tier1Store  # noqa: E402
 from tiering.tier2 import reader as t2reader  # noqa: E402
@@ -97,8 +97,9 @@ def bench_offload(env: Env, cases, entry_size: int) -> list[dict]:
             def run_ours():
                 before = env.counter.snapshot()[0]
                 t0 = time.perf_counter()
-                for led in leds:
-                    offload_ledger(env.deps, led)
+                # as the CLI and the offload job do: small ledgers (< 8 MiB) of the topic go as one batch
+                report = offload_many(env.deps, leds)
+                assert len(report.offloaded) == len(leds), report
                 ours.append(time.perf_counter() - t0)
                 ours_req.append(env.counter.snapshot()[0] - before)
 
@@ -154,6 +155,33 @@ def bench_offload(env: Env, cases, entry_size: int) -> list[dict]:
               + (f"; TransferManager all at once {row['s3transfer_tm_mib_s']:.1f} MiB/s, ratio {row['ratio_tm']:.2f}"
                  if peer_tm else "") + f"  [moto RSS {env.moto_rss()} MiB]", flush=True)
     return rows
+
+
+def bench_small_ledgers(env: Env, count: int, size: int, entry_size: int) -> dict:
+    """PUT requests (PutObject + UploadPart) and time to offload `count` small ledgers with offload_many
+    (one batch) vs one upload_file per tier-1 file."""
+    _, leds, paths = env.write_ledgers("small", count, size, entry_size)
+    ops_before = dict(env.counter.ops)
+    t0 = time.perf_counter()
+    report = offload_many(env.deps, leds)
+    ours_s = time.perf_counter() - t0
+    assert len(report.offloaded) == count, report.first_error
+    ops = {k: v - ops_before.get(k, 0) for k, v in env.counter.ops.items() if v - ops_before.get(k, 0)}
+    env.reset()
+    ops_before = dict(env.counter.ops)
+    t0 = time.perf_counter()
+    for n, p in enumerate(paths):
+        env.s3.upload_file(str(p), env.bucket, f"peer/{n}", ExtraArgs=UPLOAD_EXTRA, Config=transfer_config())
+    peer_s = time.perf_counter() - t0
+    peer_ops = {k: v - ops_before.get(k, 0) for k, v in env.counter.ops.items() if v - ops_before.get(k, 0)}
+    env.reset()
+    puts = ops.get("PutObject", 0) + ops.get("UploadPart", 0)
+    out = {"ledgers": count, "ledger_kib": size // 1024, "ours_puts": puts, "ours_requests": ops,
+           "peer_puts": peer_ops.get("PutObject", 0) + peer_ops.get("UploadPart", 0), "ours_s": rnd(ours_s, 2),
+           "peer_s": rnd(peer_s, 2), "ratio": rnd(peer_s / ours_s, 2)}
+    print(f"offload {count} x {size // 1024} KiB: ours {puts} PUTs in {ours_s:.2f} s, upload_file "
+          f"{out['peer_puts']} PUTs in {peer_s:.2f} s", flush=True)
+    return out
 
 
 # --------------------------------------------------------------------------- cases 2 and 3: reading
@@ -374,8 +402,10 @@ def report(result: dict) -> str:
          f"{result['loadavg_start']}, at end {result['loadavg_end']}: other work on the machine adds noise.", ""]
     if "offload" in result:
         L += ["## 1. Offload throughput (MiB/s of ledger payload)", "",
-              "Ours: `offload_ledger` per ledger, one after another (metadata transactions, multipart upload, "
-              "CRC32C per part, index object). Peer: boto3 `upload_file` of the tier-1 file, one after another "
+              "Ours: `offload_many` as the CLI and the job run it: ledgers under 8 MiB of a topic as one batch "
+              "(one data and one index object), larger ones one after another (metadata transactions, multipart "
+              "upload, CRC32C per part, index object with its page index). The 'without metadata' row is "
+              "`upload_ledger` per ledger (no batching). Peer: boto3 `upload_file` of the tier-1 file, one after another "
               "(s3transfer classic, same part size and concurrency, CRC32C). For several ledgers also one "
               "s3transfer TransferManager given all files at once.", "",
               "| case | ours | peer | ratio |", "|---|---:|---:|---:|"]
@@ -388,6 +418,14 @@ def report(result: dict) -> str:
                 L.append(f"| {case} vs TransferManager, all files at once | {r['ours_mib_s']} | "
                          f"{r['s3transfer_tm_mib_s']} | {r['ratio_tm']:.2f} |")
         L.append("")
+    if "small" in result:
+        sm = result["small"]
+        L += [f"## 5. Offload of {sm['ledgers']} small ledgers of {sm['ledger_kib']} KiB", "",
+              "Ours: `offload_many` (one batch: one data object, one index object, one begin and one commit "
+              "transaction). Peer: `upload_file` of each tier-1 file.", "",
+              "| case | ours | peer | ratio (ours faster if > 1) |", "|---|---:|---:|---:|",
+              f"| PUT requests (PutObject + UploadPart) | {sm['ours_puts']} | {sm['peer_puts']} | |",
+              f"| seconds | {sm['ours_s']} | {sm['peer_s']} | {sm['ratio']:.2f} |", ""]
     if "sequential" in result:
         s = result["sequential"]
         L += [f"## 2. Sequential catch-up read of a {s['ledger_mib']} MiB offloaded ledger (MiB/s of the "
@@ -444,7 +482,7 @@ def report(result: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer runs (~2 minutes)")
-    ap.add_argument("--cases", default="1,2,3,4", help="which cases to run, e.g. 1,2")
+    ap.add_argument("--cases", default="1,2,3,4,5", help="which cases to run, e.g. 1,2")
     ap.add_argument("--entry-size", type=int, default=4096, help="payload bytes per entry (default 4096)")
     ap.add_argument("--rss-mib", type=int, help="ledger size for case 4 (default 1024, quick 128)")
     ap.add_argument("--rss-read-mib", type=int, help="read back only this many MiB in case 4 (default: all)")
@@ -488,6 +526,8 @@ def run(args, plan: dict, cases: set[int], url: str | None) -> int:
             if 3 in cases:
                 result["random"] = bench_random(env, target, plan["random_reads"], args.entry_size)
             env.reset()
+        if 5 in cases:
+            result["small"] = bench_small_ledgers(env, plan.get("small_ledgers", 1000), 16 * 1024, 4096)
         if 4 in cases:
             result["rss"] = bench_rss(env, plan["rss_mib"], plan["rss_read_mib"], args.entry_size)
         result["moto_rss_end"] = env.moto_rss()

@@ -134,4 +134,5 @@ def settings(database_url, s3_settings, run_bucket, tier1_root):
                     s3_endpoint_url=s3_settings["endpoint_url"],
                     aws_access_key_id=s3_settings["aws_access_key_id"],
                     aws_secret_access_key=s3_settings["aws_secret_access_key"],
-                    aws_region=s3_settings["region_name"])
+                    aws_region=s3_settings["region_name"],
+                    offload_batch_bytes=0)  # one object pair per ledger unless a test asks for batches

@@ -53,7 +53,8 @@ class Context:
 
         knobs = Knobs(block_size=self.settings.block_size, upload_concurrency=self.settings.upload_concurrency,
                       offload_timeout=self.settings.offload_timeout, gc_delay=self.settings.gc_delay,
-                      page_size=self.settings.page_size)
+                      page_size=self.settings.page_size,
+                      batch_small_bytes=self.settings.offload_batch_bytes)
         return Deps(self.meta, self.tier1, self.bucket, knobs)
 
     def close(self) -> None:

@@ -30,7 +30,9 @@ VARIABLES = {
                                        "objects become collectable (default 3600; 1..3153600000)",
     "TIERING_GC_DELAY_SECONDS": "objects merged away by defrag or trimmed by retention are kept this long for "
                                 "readers holding old metadata (default 600; 0..3153600000)",
-    "TIERING_PAGE_SIZE": "target bytes of a checksummed page of entries in tier 2 (default 64 KiB; 4 KiB..block size)",
+    "TIERING_OFFLOAD_BATCH_BYTES": "sealed ledgers smaller than this, of one topic in one run, are offloaded "
+                                   "together into one object pair (default 8 MiB; 0: one pair per ledger)",
+    "TIERING_PAGE_SIZE": "target bytes of a checksummed page of entries in tier 2 (default 64 KiB; at least 4096)",
     "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY": "S3 credentials (else boto3's default chain)",
     "AWS_DEFAULT_REGION": "S3 region (default us-east-1)",
 }
@@ -51,6 +53,7 @@ class Settings:
     page_size: int = 64 * 1024
     offload_timeout_seconds: int = 3600
     gc_delay_seconds: int = 600
+    offload_batch_bytes: int = 8 * MIB
 
     @property
     def database_url_safe(self) -> str:
@@ -80,6 +83,8 @@ class Settings:
                                          3600, 1, MAX_SECONDS),
             gc_delay_seconds=_int(env.get("TIERING_GC_DELAY_SECONDS"), "TIERING_GC_DELAY_SECONDS", 600, 0,
                                   MAX_SECONDS),
+            offload_batch_bytes=_int(env.get("TIERING_OFFLOAD_BATCH_BYTES"), "TIERING_OFFLOAD_BATCH_BYTES", 8 * MIB, 0,
+                                     5 * 1024 * MIB),
         ).validated()
 
     @classmethod
@@ -138,6 +143,7 @@ class Settings:
             "TIERING_PAGE_SIZE": str(self.page_size),
             "TIERING_OFFLOAD_TIMEOUT_SECONDS": str(self.offload_timeout_seconds),
             "TIERING_GC_DELAY_SECONDS": str(self.gc_delay_seconds),
+            "TIERING_OFFLOAD_BATCH_BYTES": str(self.offload_batch_bytes),
         }
         if self.s3_endpoint_url:
             env["TIERING_S3_ENDPOINT_URL"] = self.s3_endpoint_url

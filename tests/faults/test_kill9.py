@@ -21,7 +21,7 @@ from tests.faults.worker import run_op
 from tests.integration.helpers import bucket_keys, entries, open_uploads, produce
 from tiering.model import LedgerState as S, Position, TopicPolicy
 from tiering.ops.delete_lagged import delete_lagged
-from tiering.ops.offload import offload_many
+from tiering.ops.offload import offload_ledger
 from tiering.ops.retention import truncate
 
 BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
@@ -40,9 +40,14 @@ def _small(deps, topic="k", n=3, policy=None) -> dict:
                    policy or TopicPolicy(**BIG), open_tail=[b"tail"])
 
 
+def _one_by_one(deps, leds):
+    """One object pair per ledger (no batching): the scenes below are about those objects."""
+    for led in leds:
+        offload_ledger(deps, led)
+
+
 def _offload_all(deps, topic):
-    report = offload_many(deps, deps.meta.list_ledgers(topic, [S.SEALED]))
-    assert not report.failed
+    _one_by_one(deps, deps.meta.list_ledgers(topic, [S.SEALED]))
 
 
 def scene_offload(deps) -> Scene:
@@ -52,6 +57,13 @@ def scene_offload(deps) -> Scene:
 def scene_offload_multipart(deps) -> Scene:
     # ledger 0: ~11 MiB = 3 parts of the 5 MiB block size; ledger 1 small
     exp = produce(deps, "k", [entries("big", 110, 100 * KIB), entries("k1", 10, 10 * KIB)], TopicPolicy(**BIG),
+                  open_tail=[b"tail"])
+    return Scene({"k": exp}, {})
+
+
+def scene_offload_batch(deps) -> Scene:
+    # three small ledgers (~2.4 MiB each) offloaded as one batch: ~7 MiB = 2 parts of the 5 MiB part size
+    exp = produce(deps, "k", [entries(f"b{i}", 24, 100 * KIB) for i in range(3)], TopicPolicy(**BIG),
                   open_tail=[b"tail"])
     return Scene({"k": exp}, {})
 
@@ -66,7 +78,7 @@ def scene_retention(deps) -> Scene:
     # 4 x 100,000 bytes; keeping at least 200,000 removes ledgers 0 (offloaded) and 1 (tier 1 only)
     exp = produce(deps, "k", [entries(f"r{i}", 10, 10_000) for i in range(4)],
                   TopicPolicy(retention_bytes=200_000, **BIG), open_tail=[b"tail"])
-    offload_many(deps, [deps.meta.get_ledger("k", 0), deps.meta.get_ledger("k", 2)])
+    _one_by_one(deps, [deps.meta.get_ledger("k", 0), deps.meta.get_ledger("k", 2)])
     return Scene({"k": exp}, {"k": {0, 1}})
 
 
@@ -98,6 +110,22 @@ def offloading_with_objects(n_objects):
         assert S.OFFLOADING in _states(deps) and not open_uploads(deps)
         assert len(bucket_keys(deps) - referenced_keys(deps.meta.engine)) == n_objects
     return check
+
+
+def batch_offloading_with_upload(deps):
+    assert _states(deps) == [S.OFFLOADING] * 3 + [S.OPEN] and open_uploads(deps)
+
+
+def batch_offloading_with_objects(n_objects):
+    def check(deps):
+        assert _states(deps) == [S.OFFLOADING] * 3 + [S.OPEN] and not open_uploads(deps)
+        assert len(bucket_keys(deps) - referenced_keys(deps.meta.engine)) == n_objects
+    return check
+
+
+def batch_committed(deps):
+    assert _states(deps) == [S.OFFLOADED] * 3 + [S.OPEN]
+    assert len({c.data_key for c in deps.meta.chunks("k").values()}) == 1
 
 
 def first_committed_rest_sealed(deps):
@@ -164,6 +192,7 @@ class Case:
     left: Callable = anything
     after: Callable = nothing
     gc_batch: int = 500
+    batch_bytes: int = 0  # > 0: the worker offloads small ledgers in batches
 
 
 CASES = {
@@ -177,6 +206,17 @@ CASES = {
     "offload@before-commit": Case("offload", "commit-after-step:index", scene_offload, offloading_with_objects(2),
                                   all_offloaded),
     "offload@after-commit": Case("offload", "done", scene_offload, first_committed_rest_sealed, all_offloaded),
+    # batches: between parts, between upload and commit, inside the commit, after it
+    "offload-batch@initiated": Case("offload", "step:initiated", scene_offload_batch, batch_offloading_with_upload,
+                                    all_offloaded, batch_bytes=8 * 1024 * KIB),
+    "offload-batch@between-parts": Case("offload", "step:part:1", scene_offload_batch,
+                                        batch_offloading_with_upload, all_offloaded, batch_bytes=8 * 1024 * KIB),
+    "offload-batch@completed": Case("offload", "step:completed", scene_offload_batch,
+                                    batch_offloading_with_objects(1), all_offloaded, batch_bytes=8 * 1024 * KIB),
+    "offload-batch@before-commit": Case("offload", "commit-after-step:index", scene_offload_batch,
+                                        batch_offloading_with_objects(2), all_offloaded, batch_bytes=8 * 1024 * KIB),
+    "offload-batch@after-commit": Case("offload", "done", scene_offload_batch, batch_committed, all_offloaded,
+                                       batch_bytes=8 * 1024 * KIB),
     "delete-lagged@file-deleted": Case("delete-lagged", "tier1-delete:after", scene_delete_lagged,
                                        copy_gone_metadata_not_told, copies_deleted),
     "retention@metadata-committed": Case("retention", "tier1-delete:before", scene_retention,
@@ -197,7 +237,8 @@ for _ in range(3):
 @pytest.mark.parametrize("name", list(CASES))
 def test_kill9_then_rerun_and_gc_converge(name, deps, db, worker_env):
     case = CASES[name]
-    worker = start_worker(case.op, dict(worker_env, FAULT_GC_BATCH=str(case.gc_batch)), ["k"], case.point)
+    worker = start_worker(case.op, dict(worker_env, FAULT_GC_BATCH=str(case.gc_batch),
+                                        FAULT_BATCH_BYTES=str(case.batch_bytes)), ["k"], case.point)
     try:
         scene = case.scene(deps)
     except BaseException:

@@ -13,11 +13,13 @@ TOPICS = ["race-a", "race-b"]
 N = 4  # ledgers per topic
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["per-ledger", "batches"])
 @pytest.mark.parametrize("order", ["same-order", "opposite-order"])
-def test_two_pipelines_offload_each_ledger_exactly_once(order, deps, db, worker_env):
+def test_two_pipelines_offload_each_ledger_exactly_once(order, batch, deps, db, worker_env):
     # the production offload timeout (1 h): neither pipeline takes over the other's live attempt
-    workers = [start_worker("offload+delete-lagged", worker_env, TOPICS, FAULT_OFFLOAD_TIMEOUT="3600"),
-               start_worker("offload+delete-lagged", worker_env, TOPICS, FAULT_OFFLOAD_TIMEOUT="3600",
+    env = dict(worker_env, FAULT_BATCH_BYTES=str(8 * 2**20 if batch else 0))
+    workers = [start_worker("offload+delete-lagged", env, TOPICS, FAULT_OFFLOAD_TIMEOUT="3600"),
+               start_worker("offload+delete-lagged", env, TOPICS, FAULT_OFFLOAD_TIMEOUT="3600",
                             FAULT_REVERSE="1" if order == "opposite-order" else "0")]
     try:
         policy = TopicPolicy(deletion_lag_seconds=0, rollover_entries=10**9, rollover_bytes=2**40)
@@ -38,11 +40,12 @@ def test_two_pipelines_offload_each_ledger_exactly_once(order, deps, db, worker_
     assert all(not r["failed"] for r in reports), reports
     deleted = [tuple(x) for r in reports for x in r["deleted"]]
     assert sorted(deleted) == sorted(everything), "each tier-1 copy deleted (and recorded) exactly once"
-    # the loser of a ledger lost at begin_offload, before uploading anything: no object to collect
-    assert len(bucket_keys(deps)) == 2 * len(everything)
+    # the loser of a ledger (or batch) lost at begin, before uploading anything: no object to collect
+    assert len(bucket_keys(deps)) == (2 * len(TOPICS) if batch else 2 * len(everything))
     for t in TOPICS:
         assert [led.state for led in deps.meta.list_ledgers(t)] == [S.OFFLOADED] * N + [S.OPEN]
         assert len(deps.meta.chunks(t)) == N
+        assert len({c.data_key for c in deps.meta.chunks(t).values()}) == (1 if batch else N)
     gc = gc_all(deps)
     assert gc.deleted == [] and gc.orphans_deleted == []
     check_invariants(deps, db, expected)

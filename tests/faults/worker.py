@@ -14,6 +14,8 @@ TIERING_UPLOAD_CONCURRENCY, AWS_*), plus:
     FAULT_GC_DELAY         Knobs.gc_delay in seconds (default 0)
     FAULT_GC_BATCH         gc batch size (default 500)
     FAULT_GO_FILE          wait until this file exists before starting (races start together)
+    FAULT_BATCH_BYTES      Knobs.batch_small_bytes (default 0: one ledger per attempt; > 0: small ledgers of
+                           a topic offloaded as one batch, tiering/ops/offload_batch.py)
 
 Protocol on stdout, one line each, flushed: `READY` once the clients are built, `AT <point>` when the
 point is reached (the worker then sleeps until killed), `DONE <json report>` when the operation finished.
@@ -185,7 +187,8 @@ def build_deps():
     s = Settings.from_env()
     knobs = Knobs(block_size=s.block_size, upload_concurrency=s.upload_concurrency,
                   offload_timeout=timedelta(seconds=float(os.environ.get("FAULT_OFFLOAD_TIMEOUT", "1"))),
-                  gc_delay=timedelta(seconds=float(os.environ.get("FAULT_GC_DELAY", "0"))))
+                  gc_delay=timedelta(seconds=float(os.environ.get("FAULT_GC_DELAY", "0"))),
+                  batch_small_bytes=int(os.environ.get("FAULT_BATCH_BYTES", "0")))
     return Deps(MetadataStore(s.engine()), Tier1Store(s.tier1_root), Bucket(s.s3_client(), s.bucket, s.prefix),
                 knobs)
 

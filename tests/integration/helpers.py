@@ -15,8 +15,10 @@ MIB = 1024 * 1024
 
 
 def make_deps(engine, s3, bucket, tier1_root, **knobs) -> Deps:
+    # batch_small_bytes 0: one object pair per ledger, the layout most tests reason about; the batch path
+    # (the product's default) is tested where asked for (test_offload_batch.py, faults' batch cases)
     defaults = dict(block_size=5 * MIB, upload_concurrency=3, offload_timeout=timedelta(hours=1),
-                    gc_delay=timedelta(0))
+                    gc_delay=timedelta(0), batch_small_bytes=0)
     defaults.update(knobs)
     return Deps(MetadataStore(engine), Tier1Store(tier1_root), Bucket(s3, bucket, "t/"), Knobs(**defaults))
 

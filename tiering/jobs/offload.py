@@ -4,11 +4,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tiering.errors import BadInput
+from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
 from tiering.jobs.runner import ledger_item, run, topic_arg
 from tiering.jobs.spec import position_arg
 from tiering.model import LedgerState
 from tiering.ops import offload
+from tiering.ops.offload_batch import batches, offload_batch
 from tiering.tier2.objects import check_bucket
 
 
@@ -39,13 +40,37 @@ def _plan(deps, args) -> list[dict]:
         targets = policy.offload_prefix(ledgers, position)
         targets += [led for led in deps.meta.stale_offloads(deps.knobs.offload_timeout, args.prefix)
                     if led.ledger_id < position.ledger_id]
-        return [ledger_item(led) for led in targets]
+        return _items(deps, targets)
     if args.by is None:
         raise BadInput("give --by age|size or --prefix TOPIC --position L:E")
-    return [ledger_item(led) for led in offload.plan_offload(deps, args.by, args.topic)]
+    return _items(deps, offload.plan_offload(deps, args.by, args.topic))
+
+
+def _items(deps, targets) -> list[dict]:
+    """One item per large ledger, one per batch of a topic's small ledgers (one object pair each)."""
+    k = deps.knobs
+    groups, alone = batches(targets, k.batch_small_bytes, k.batch_max_bytes, k.batch_max_ledgers) \
+        if k.batch_small_bytes > 0 else ([], targets)
+    return [{"topic": g[0].topic, "ledger_ids": [led.ledger_id for led in g]} for g in groups] + \
+        [ledger_item(led) for led in alone]
 
 
 def work(deps, item) -> tuple[int, bool]:
+    if "ledger_ids" in item:
+        leds = [deps.meta.get_ledger(item["topic"], i) for i in item["ledger_ids"]]
+        todo = [led for led in leds if led.state in (LedgerState.SEALED, LedgerState.OFFLOADING) and led.entry_count]
+        if len(todo) > 1:
+            try:
+                return sum(led.size_bytes for led in offload_batch(deps, todo)), False
+            except TieringError:
+                pass  # undone whole (one moved on since planning, or failed): each one alone below
+        nbytes = 0
+        for led in todo:
+            try:
+                nbytes += offload.offload_ledger(deps, deps.meta.get_ledger(led.topic, led.ledger_id)).size_bytes
+            except ConditionalUpdateFailed:
+                pass
+        return nbytes, nbytes == 0
     led = deps.meta.get_ledger(item["topic"], item["ledger_id"])
     if led.state not in (LedgerState.SEALED, LedgerState.OFFLOADING) or led.entry_count == 0:
         return 0, True  # done or changed since planning

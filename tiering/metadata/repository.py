@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Iterable, Sequence
 
-from sqlalchemy import and_, delete, func, insert, select, update
+from sqlalchemy import and_, delete, func, insert, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -184,36 +184,50 @@ class MetadataStore:
                       stale_after: timedelta | None = None) -> Ledger:
         """SEALED (or an OFFLOADING attempt older than `stale_after`) -> OFFLOADING(attempt), and the
         attempt's keys queued for GC not before now + gc_delay, in one transaction."""
-        allowed = [S.SEALED]
+        return self.begin_offload_batch([led], attempt, keys, gc_delay, stale_after)[0]
+
+    def begin_offload_batch(self, leds: Sequence[Ledger], attempt: str, keys: Sequence[str], gc_delay: timedelta,
+                            stale_after: timedelta | None = None) -> list[Ledger]:
+        """begin_offload for several ledgers sharing one attempt (one data and one index object): all of
+        them or none (a lost compare-and-set rolls the transaction back)."""
         with self.engine.begin() as conn:
-            if led.state == S.OFFLOADING and stale_after is not None:
+            allowed = {S.SEALED}
+            if any(led.state == S.OFFLOADING for led in leds) and stale_after is not None:
                 now = conn.execute(select(func.now())).scalar_one()
-                if led.offload_started_at is None or now - led.offload_started_at < stale_after:
-                    raise ConditionalUpdateFailed(
-                        f"ledger {led.topic}/{led.ledger_id}", f"SEALED or an attempt older than {stale_after}",
-                        f"attempt {led.offload_uuid} started {led.offload_started_at}")
-                allowed = [S.OFFLOADING]
-            new = self._cas(conn, led, allowed, state=S.OFFLOADING.value, offload_uuid=attempt,
-                            offload_started_at=func.now())
+                for led in leds:
+                    if led.state != S.OFFLOADING:
+                        continue
+                    if led.offload_started_at is None or now - led.offload_started_at < stale_after:
+                        raise ConditionalUpdateFailed(
+                            f"ledger {led.topic}/{led.ledger_id}", f"SEALED or an attempt older than {stale_after}",
+                            f"attempt {led.offload_uuid} started {led.offload_started_at}")
+                # each row must still be at the version seen, so it is still in the state seen
+                allowed.add(S.OFFLOADING)
+            out = self._cas_many(conn, leds, sorted(allowed, key=lambda x: x.value), state=S.OFFLOADING.value,
+                                 offload_uuid=attempt, offload_started_at=func.now())
             self._enqueue(conn, keys, reason="offload attempt", owner=attempt, delay=gc_delay)
-            return new
+            return out
 
     def complete_offload(self, led: Ledger, attempt: str, ch: Chunk) -> Ledger:
         """OFFLOADING(attempt) -> OFFLOADED with its chunk; dequeue the attempt's keys: all or nothing.
 
         Fails if another attempt took the ledger over, or if GC already claimed one of the keys."""
+        return self.complete_offload_batch([(led, ch)], attempt)[0]
+
+    def complete_offload_batch(self, items: Sequence[tuple[Ledger, Chunk]], attempt: str) -> list[Ledger]:
+        """complete_offload for every ledger of one attempt, in one transaction (chunk rows in one INSERT)."""
         with self.engine.begin() as conn:
-            new = self._cas(conn, led, [S.OFFLOADING], attempt=attempt, state=S.OFFLOADED.value,
-                            offloaded_at=func.now())
-            conn.execute(insert(chunk).values(topic_id=led.topic_id, ledger_id=led.ledger_id,
-                                              **_chunk_values(ch)))
-            keys = sorted({ch.data_key, ch.index_key})
+            out = self._cas_many(conn, [led for led, _ in items], [S.OFFLOADING], attempt=attempt,
+                                 state=S.OFFLOADED.value, offloaded_at=func.now())
+            conn.execute(insert(chunk).values([{"topic_id": led.topic_id, "ledger_id": led.ledger_id,
+                                                **_chunk_values(ch)} for led, ch in items]))
+            keys = sorted({k for _, ch in items for k in (ch.data_key, ch.index_key)})
             gone = conn.execute(delete(gc_task).where(gc_task.c.owner_uuid == attempt,
                                                       gc_task.c.key.in_(keys))).rowcount
             if gone != len(keys):
                 raise ConditionalUpdateFailed(f"gc queue of attempt {attempt}", f"{len(keys)} queued keys",
                                               f"{gone} (collected meanwhile)")
-            return new
+            return out
 
     def abort_offload(self, led: Ledger, attempt: str, objects_deleted: bool) -> Ledger:
         """OFFLOADING(attempt) -> SEALED. When the attempt deleted its own objects its GC keys go too;
@@ -224,6 +238,22 @@ class MetadataStore:
             if objects_deleted:
                 conn.execute(delete(gc_task).where(gc_task.c.owner_uuid == attempt))
             return new
+
+    def abort_offload_batch(self, leds: Sequence[Ledger], attempt: str, objects_deleted: bool) -> int:
+        """abort_offload for the ledgers of one attempt still holding it (others were taken over: left
+        alone); returns how many went back to SEALED."""
+        with self.engine.begin() as conn:
+            back = 0
+            for led in leds:
+                try:
+                    self._cas(conn, led, [S.OFFLOADING], attempt=attempt, state=S.SEALED.value,
+                              offload_uuid=None, offload_started_at=None)
+                    back += 1
+                except ConditionalUpdateFailed:
+                    pass  # a failed UPDATE changes nothing and leaves the transaction usable
+            if objects_deleted:
+                conn.execute(delete(gc_task).where(gc_task.c.owner_uuid == attempt))
+            return back
 
     def mark_tier1_deleted(self, led: Ledger) -> Ledger:
         with self.engine.begin() as conn:
@@ -316,6 +346,25 @@ class MetadataStore:
                 + (f" with attempt {current.offload_uuid}" if current.offload_uuid else ""))
             raise ConditionalUpdateFailed(f"ledger {led.topic}/{led.ledger_id}", expected, found)
         return _ledger_row(row, led.topic)
+
+    def _cas_many(self, conn: Connection, leds: Sequence[Ledger], from_states: Sequence[LedgerState],
+                  attempt: str | None = None, **values) -> list[Ledger]:
+        """_cas of several ledgers in ONE statement (UPDATE ... WHERE (topic, ledger, version) IN ... RETURNING);
+        if any row did not match, the caller's transaction is rolled back by the error _cas raises for it."""
+        if len(leds) <= 1:
+            return [self._cas(conn, led, from_states, attempt, **values) for led in leds]
+        cond = [tuple_(ledger.c.topic_id, ledger.c.ledger_id, ledger.c.version).in_(
+                    [(led.topic_id, led.ledger_id, led.version) for led in leds]),
+                ledger.c.state.in_([s.value for s in from_states])]
+        if attempt is not None:
+            cond.append(ledger.c.offload_uuid == attempt)
+        rows = conn.execute(update(ledger).where(and_(*cond)).values(version=ledger.c.version + 1, **values)
+                            .returning(*ledger.c)).all()
+        got = {(r.topic_id, r.ledger_id): r for r in rows}
+        for led in leds:
+            if (led.topic_id, led.ledger_id) not in got:
+                self._cas(conn, led, from_states, attempt, **values)  # raises, saying what it found
+        return [_ledger_row(got[(led.topic_id, led.ledger_id)], led.topic) for led in leds]
 
     def _conn(self, conn: Connection | None):
         if conn is not None:

@@ -16,6 +16,11 @@ class Knobs:
     block_size: int = 64 * MIB
     upload_concurrency: int = 4
     page_size: int = 64 * 1024  # target bytes of a checksummed page (tiering/format/pages.py)
+    # Ledgers smaller than this, of one topic in one run, share one data and one index object
+    # (tiering/ops/offload_batch.py), up to batch_max_bytes and batch_max_ledgers per batch; 0 disables.
+    batch_small_bytes: int = 8 * MIB
+    batch_max_bytes: int = 256 * MIB
+    batch_max_ledgers: int = 10_000
     # An OFFLOADING attempt older than this is presumed dead and taken over; its keys are collectable then.
     offload_timeout: timedelta = timedelta(hours=1)
     # Objects merged away or trimmed stay this long so readers holding old metadata can finish.

@@ -83,13 +83,36 @@ def _undo(deps: Deps, started: Ledger, attempt: str, keys: tuple[str, str]) -> N
 
 def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
                  on_done: Callable[[Ledger], None] | None = None) -> OffloadReport:
-    """Offload each ledger; a failing ledger does not stop the others. A ledger another worker holds or
-    finished meanwhile is skipped. Tier 2 unreachable: `Tier2Error` before any metadata changes; unreachable
-    after a ledger failed mid-run: the rest are reported failed without being attempted."""
+    """Offload each ledger, small ones of a topic in batches (one object pair each); a failing ledger or
+    batch does not stop the others. A ledger another worker holds or finished meanwhile is skipped. Tier 2
+    unreachable: `Tier2Error` before any metadata changes; unreachable after a ledger failed mid-run: the
+    rest are reported failed without being attempted."""
+    from tiering.ops.offload_batch import batches, offload_batch
+
     report = OffloadReport()
     if ledgers:
         check_bucket(deps.bucket)  # tier 2 down: fail here, before any ledger's metadata changes
-    for led in ledgers:
+    knobs = deps.knobs
+    groups, alone = batches(ledgers, knobs.batch_small_bytes, knobs.batch_max_bytes, knobs.batch_max_ledgers) \
+        if knobs.batch_small_bytes > 0 else ([], list(ledgers))
+
+    def finished(done: Ledger) -> None:
+        report.offloaded.append(done.ledger_id)
+        report.bytes += done.size_bytes
+        if on_done:
+            on_done(done)
+
+    for group in groups:
+        try:
+            for done in offload_batch(deps, group, hook):
+                finished(done)
+            continue
+        except TieringError:
+            # one of them moved on since listing, or failed (its tier-1 copy is gone, ...): the batch was
+            # undone whole, so each goes alone and only the culprit fails or is skipped
+            alone.extend(group)
+    alone = sorted(alone, key=lambda x: (x.topic, x.ledger_id))
+    for led in alone:
         try:
             done = offload_ledger(deps, led, hook)
         except ConditionalUpdateFailed:
@@ -99,14 +122,11 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
             report.merge_failure(led.ledger_id, exc)
             if isinstance(exc, Tier2Error) and not _reachable(deps):
                 # tier 2 went down mid-run: the others would each change metadata and fail the same way
-                for rest in ledgers[ledgers.index(led) + 1:]:
+                for rest in alone[alone.index(led) + 1:]:
                     report.failed[rest.ledger_id] = "not attempted: tier 2 became unreachable during the run"
                 break
             continue
-        report.offloaded.append(done.ledger_id)
-        report.bytes += done.size_bytes
-        if on_done:
-            on_done(done)
+        finished(done)
     return report
 
 

@@ -1,0 +1,91 @@
+"""Offload a topic's small sealed ledgers together: one attempt, one data object, one index object, one
+conditional transaction to begin and one to commit (tiering/tier2/batch_upload.py writes the objects).
+
+The same guarantees as one ledger's offload (tiering/ops/offload.py), for the batch as a whole: (1) one
+transaction moves every ledger SEALED (or a stale OFFLOADING) -> OFFLOADING(attempt) and queues the two keys,
+or none if any lost a race; (2) upload; (3) one transaction moves them all to OFFLOADED with their chunk rows
+(each pointing inside the shared objects) and dequeues the keys, only while every row still holds this
+attempt. A failure deletes the objects (unless the commit landed) and returns the ledgers still holding the
+attempt to SEALED; a process killed anywhere leaves queued keys for GC and OFFLOADING rows a later run takes
+over after the offload timeout.
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Iterator, Sequence
+
+from tiering.format.keys import data_key, index_key
+from tiering.model import Chunk, Ledger, LedgerState
+from tiering.ops.context import Deps
+from tiering.tier2.batch_upload import upload_batch
+from tiering.tier2.objects import delete_keys
+from tiering.tier2.offloader import LedgerToUpload, StepHook
+
+
+def batches(ledgers: Sequence[Ledger], small_bytes: int, max_bytes: int,
+            max_ledgers: int) -> tuple[list[list[Ledger]], list[Ledger]]:
+    """Split ledgers into batches (runs of small ones of one topic, within max_bytes and max_ledgers;
+    at least two each) and the rest, offloaded one by one."""
+    out, alone, run = [], [], []
+
+    def close():
+        (out.append(list(run)) if len(run) >= 2 else alone.extend(run))
+        run.clear()
+
+    for led in sorted(ledgers, key=lambda x: (x.topic, x.ledger_id)):
+        if led.size_bytes >= small_bytes or led.entry_count == 0:
+            alone.append(led)
+            continue
+        if run and (run[0].topic != led.topic or len(run) >= max_ledgers
+                    or sum(x.size_bytes for x in run) + led.size_bytes > max_bytes):
+            close()
+        run.append(led)
+    close()
+    return out, alone
+
+
+def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None) -> list[Ledger]:
+    """Offload `leds` (one topic, in ledger order) as one batch; returns them OFFLOADED. Raises
+    ConditionalUpdateFailed, changing nothing, if any is not SEALED (or a stale attempt) any more."""
+    knobs, b = deps.knobs, deps.bucket
+    leds = sorted(leds, key=lambda x: x.ledger_id)
+    first = leds[0]
+    attempt = str(uuid.uuid4())
+    # named after the first ledger, as defrag names merged objects: recovery reads them the same way
+    keys = (data_key(b.prefix, first.topic, attempt, first.ledger_id),
+            index_key(b.prefix, first.topic, attempt, first.ledger_id))
+    started = deps.meta.begin_offload_batch(leds, attempt, keys, gc_delay=knobs.offload_timeout,
+                                            stale_after=knobs.offload_timeout)
+    try:
+        uploaded = upload_batch(b, first.topic, *keys, _sources(deps, started, attempt, keys), knobs.block_size,
+                                knobs.page_size, knobs.upload_concurrency, knobs.block_size, hook)
+        items = [(led, Chunk(keys[0], p.data_offset, p.data_length, keys[1], p.index_offset, p.index_length,
+                             0, led.entry_count - 1)) for led, p in zip(started, uploaded.ledgers)]
+        return deps.meta.complete_offload_batch(items, attempt)
+    except BaseException:
+        _undo(deps, started, attempt, keys)
+        raise
+
+
+def _sources(deps: Deps, leds: Sequence[Ledger], attempt: str, keys: tuple[str, str]) -> Iterator:
+    for led in leds:
+        with deps.tier1.reader(led.topic, led.ledger_id) as reader:
+            yield (LedgerToUpload(led.topic, led.ledger_id, led.entry_count, int(led.sealed_at.timestamp() * 1000),
+                                  attempt, *keys), reader.iter_entries(0, led.entry_count - 1))
+
+
+def _undo(deps: Deps, started: Sequence[Ledger], attempt: str, keys: tuple[str, str]) -> None:
+    """As offload's _undo, for the batch: nothing if the commit landed (a lost reply) or metadata cannot be
+    read; else delete the objects and return the ledgers still holding the attempt to SEALED."""
+    try:
+        now = [deps.meta.get_ledger(led.topic, led.ledger_id) for led in started]
+    except Exception:
+        return  # leave the keys queued; GC deletes them only if unreferenced
+    if any(n.state == LedgerState.OFFLOADED and n.offload_uuid == attempt for n in now):
+        return
+    failed = delete_keys(deps.bucket, keys)
+    mine = [n for n in now if n.state == LedgerState.OFFLOADING and n.offload_uuid == attempt]
+    try:
+        deps.meta.abort_offload_batch(mine, attempt, objects_deleted=not failed)
+    except Exception:
+        pass  # metadata gone: the attempt times out and is taken over
