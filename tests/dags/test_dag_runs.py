@@ -50,6 +50,9 @@ def test_offload_by_age(airflow, deps):
     assert states(deps, "age") == [S.OFFLOADED, S.OFFLOADED, S.OPEN]
     assert states(deps, "never") == [S.SEALED]
     assert last_job_run(deps, "offload") == ("SUCCEEDED", 2, 0)
+    # the log leads with the outcome, not with Spark's start-up chatter (WARN by default)
+    assert "offload_by_age: SUCCEEDED: planned 2, done 2, skipped 0, failed 0" in out, out[-3000:]
+    assert " INFO SparkContext" not in out and " INFO Executor" not in out, out[-3000:]
 
 
 def test_offload_by_size(airflow, deps):

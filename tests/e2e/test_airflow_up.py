@@ -202,6 +202,17 @@ def test_make_up_runs_scheduled_and_triggered_dags_to_success(up, engine, s3_cli
     assert [led.state for led in deps.meta.list_ledgers("due")] == [S.OFFLOADED, S.OFFLOADED, S.OPEN]
     assert [led.state for led in deps.meta.list_ledgers("manual")] == [S.OFFLOADED, S.OFFLOADED, S.SEALED, S.OPEN]
 
+    # nothing left to do: the next run plans on the worker, skips the Spark task and still succeeds
+    status, idle = _http(f"{up.url}/api/v2/dags/tiering_offload_by_age/dagRuns", token=token,
+                         data={"logical_date": None, "conf": {}})
+    assert status == 200, idle
+    assert _wait_run(up, token, "tiering_offload_by_age", idle["dag_run_id"])["state"] == "success"
+    _, tis = _http(f"{up.url}/api/v2/dags/tiering_offload_by_age/dagRuns/{idle['dag_run_id']}/taskInstances",
+                   token=token)
+    assert {t["task_id"]: t["state"] for t in tis["task_instances"]} == {"plan": "success", "offload": "skipped"}
+    row = _job_run(engine, "tiering_offload_by_age", idle["dag_run_id"])
+    assert row["status"] == "SUCCEEDED" and row["details"] == {"planned": 0, "spark": "skipped"}, row
+
     # the typo: failed once, in `plan`, no retry, no Spark task run, a FAILED row saying why
     done = _wait_run(up, token, "tiering_delete_lagged", typo["dag_run_id"])
     assert done["state"] == "failed"
