@@ -38,7 +38,10 @@ def airflow(tmp_path_factory, database_url, run_bucket, s3_settings):
                     "AWS_ACCESS_KEY_ID": s3_settings["aws_access_key_id"],
                     "AWS_SECRET_ACCESS_KEY": s3_settings["aws_secret_access_key"],
                     "AWS_DEFAULT_REGION": s3_settings["region_name"], "PATH": os.environ["PATH"]}
-    env = {**os.environ, **_load_airflow_env()(settings_env, home)}
+    env = {**os.environ, **_load_airflow_env()(settings_env, home),
+           # one object pair per ledger, the layout these tests reason about (as tests/conftest.py's
+           # settings); batched offload is tested in test_offload_batch.py and by the e2e test's defaults
+           "TIERING_OFFLOAD_BATCH_BYTES": "0"}
     # The task must get settings from the connections, not from variables it inherits by accident.
     for name in ("TIERING_DATABASE_URL", "TIERING_BUCKET", "TIERING_S3_ENDPOINT_URL", "AWS_SECRET_ACCESS_KEY",
                  "AWS_ACCESS_KEY_ID", "TIERING_PREFIX"):

@@ -198,7 +198,8 @@ def test_make_up_runs_scheduled_and_triggered_dags_to_success(up, engine, s3_cli
         assert done["state"] == "success", (dag_id, done, _task_log_tail(up))
         row = _job_run(engine, dag_id, run["dag_run_id"])
         assert row["status"] == "SUCCEEDED" and row["try_number"] == 1, row
-        assert row["kind"] == dag_id.removeprefix("tiering_") and row["items_done"] >= 2, row
+        # items: a ledger, or a batch of a topic's small ledgers (the default): at least one
+        assert row["kind"] == dag_id.removeprefix("tiering_") and row["items_done"] >= 1, row
     assert [led.state for led in deps.meta.list_ledgers("due")] == [S.OFFLOADED, S.OFFLOADED, S.OPEN]
     assert [led.state for led in deps.meta.list_ledgers("manual")] == [S.OFFLOADED, S.OFFLOADED, S.SEALED, S.OPEN]
 
