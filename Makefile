@@ -60,7 +60,8 @@ up: schema dist
 
 bench: schema dist
 	@$(WITH_ENV) && $(PY) bench/bench_metadata.py && $(PY) bench/bench_tier2.py --private-moto $(BENCH_ARGS) \
-		&& $(PY) bench/bench_pipeline.py --private-moto $(BENCH_ARGS) && $(PY) bench/bench_statements.py
+		&& $(PY) bench/bench_pipeline.py --private-moto $(BENCH_ARGS) && $(PY) bench/bench_statements.py \
+		&& $(PY) bench/bench_idle_dag.py
 
 stop:
 	@bash .ci/stop.sh
