@@ -38,7 +38,9 @@ def cluster_airflow(tmp_path_factory, spark_cluster, database_url, run_bucket, s
                     "AWS_SECRET_ACCESS_KEY": s3_settings["aws_secret_access_key"],
                     "AWS_DEFAULT_REGION": s3_settings["region_name"], "PATH": os.environ["PATH"]}
     env = {**os.environ, **_load_airflow_env()(settings_env, home, spark_master=spark_cluster.master_url),
-           "SPARK_CONF_DIR": str(spark_cluster.conf_dir)}  # spark-defaults.conf: the event log
+           "SPARK_CONF_DIR": str(spark_cluster.conf_dir),  # spark-defaults.conf: the event log
+           # one item per ledger (as tests/dags): more than one task to place on executors
+           "TIERING_OFFLOAD_BATCH_BYTES": "0"}
     for name in ("TIERING_DATABASE_URL", "TIERING_BUCKET", "TIERING_S3_ENDPOINT_URL", "AWS_SECRET_ACCESS_KEY",
                  "AWS_ACCESS_KEY_ID", "TIERING_PREFIX"):
         env.pop(name, None)
