@@ -59,8 +59,8 @@ up: schema dist
 	@$(WITH_ENV) && bash .ci/airflow_up.sh
 
 bench: schema dist
-	@$(WITH_ENV) && $(PY) bench/bench_metadata.py && $(PY) bench/bench_tier2.py --private-moto $(BENCH_ARGS) \
-		&& $(PY) bench/bench_pipeline.py --private-moto $(BENCH_ARGS) && $(PY) bench/bench_statements.py \
+	@$(WITH_ENV) && $(PY) bench/bench_metadata.py && $(PY) bench/bench_tier2.py $(BENCH_ARGS) \
+		&& $(PY) bench/bench_pipeline.py $(BENCH_ARGS) && $(PY) bench/bench_statements.py \
 		&& $(PY) bench/bench_idle_dag.py
 
 stop:

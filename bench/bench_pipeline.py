@@ -16,8 +16,9 @@
 Scratch database, bucket and tier-1 root of its own. Writes bench/results/pipeline.{md,json}.
 
     set -a; . .local/env; set +a
-    .venv/bin/python bench/bench_pipeline.py --quick --private-moto    # ~3 minutes
-    .venv/bin/python bench/bench_pipeline.py --private-moto            # 2,000 / 1,000 ledgers
+    .venv/bin/python bench/bench_pipeline.py --quick    # ~3 minutes
+    .venv/bin/python bench/bench_pipeline.py            # 2,000 / 1,000 ledgers
+    (on TIERING_S3_ENDPOINT_URL, the local Ceph RGW with `make services`; --private-moto for a moto of its own)
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Tier-2 benchmarks: our offloader and reader against peers on the same S3 endpoint, in one run.
 
 Every timed case interleaves ours and the peers run by run (A B C, B C A, ...) and reports medians and the
-ratio ours / peer, so a slow or noisy endpoint (here a moto server) moves both sides alike.
+ratio ours / peer, so a slow or noisy endpoint (a loopback server on a shared machine) moves both sides alike.
 
 1. Offload throughput: `offload_ledger` (block size 8 MiB, 4 parts in flight, CRC32C per part, metadata
    transactions included) of ledgers written with ManagedLedgerWriter vs boto3 `upload_file` (s3transfer,
@@ -22,7 +22,8 @@ bench/results/tier2.{md,json} (tier2-quick.{md,json} with --quick).
     set -a; . .local/env; set +a
     .venv/bin/python bench/bench_tier2.py --quick     # ~2 minutes
     .venv/bin/python bench/bench_tier2.py             # full sizes (8-12 minutes on 2 busy cores)
-    add --private-moto to run against a moto server of the bench's own (started and stopped by it)
+    the endpoint is TIERING_S3_ENDPOINT_URL: with `make services` this checkout's Ceph RGW; add
+    --private-moto to run against a moto server of the bench's own instead (started and stopped by it)
 """
 from __future__ import annotations
 
@@ -63,8 +64,8 @@ from tiering.workload import payload  # noqa: E402
 
 FULL = dict(
     offload=[(1, 16, 5), (8, 16, 3), (64, 1, 3), (1, 256, 3)],  # (ledgers, MiB each, runs)
-    # Reading back all of a 1 GiB object on moto takes >10 minutes (each ranged GET copies the whole object
-    # server-side); the reader's memory is flat after the first blocks (see hwm_by_mib), so read 256 MiB.
+    # The reader's memory is flat after the first blocks (see hwm_by_mib), so 256 MiB of the 1 GiB ledger
+    # are read back (on moto, where each ranged GET copies the whole object, all of it takes >10 minutes).
     read_mib=64, read_runs=5, random_reads=40, rss_mib=1024, rss_read_mib=256)
 QUICK = dict(
     offload=[(1, 16, 3), (8, 16, 2), (64, 1, 2), (1, 64, 2)],
@@ -153,7 +154,7 @@ def bench_offload(env: Env, cases, entry_size: int) -> list[dict]:
               f"(S3 part only {row['ours_s3_only_mib_s']:.1f}), "
               f"upload_file {row['s3transfer_mib_s']:7.1f} MiB/s, ratio {row['ratio']:.2f}"
               + (f"; TransferManager all at once {row['s3transfer_tm_mib_s']:.1f} MiB/s, ratio {row['ratio_tm']:.2f}"
-                 if peer_tm else "") + f"  [moto RSS {env.moto_rss()} MiB]", flush=True)
+                 if peer_tm else "") + f"  [server RSS {env.server_rss()} MiB]", flush=True)
     return rows
 
 
@@ -357,10 +358,10 @@ def bench_rss(env: Env, size_mib: int, read_mib: int | None, entry_size: int) ->
     topic, leds, paths = env.write_ledgers("rss", 1, size_mib * MIB, entry_size)
     led = leds[0]
     out = {"ledger_mib": size_mib, "bound_mib": mib(BLOCK_SIZE * (CONCURRENCY + 1)),
-           "reader_inflight_mib": mib(t2reader.READ_AHEAD * t2reader.MAX_RANGE), "moto_rss_before": env.moto_rss()}
+           "reader_inflight_mib": mib(t2reader.READ_AHEAD * t2reader.MAX_RANGE), "server_rss_before": env.server_rss()}
     rows = {}
     rows["offload"] = run_child(env, "offload", topic=topic, ledger_id=led.ledger_id)
-    out["moto_rss_after_offload"] = env.moto_rss()
+    out["server_rss_after_offload"] = env.server_rss()
     rows["upload_file"] = run_child(env, "upload_file", topic=topic, ledger_id=led.ledger_id, path=str(paths[0]),
                                     key="peer/rss")
     env.s3.delete_object(Bucket=env.bucket, Key="peer/rss")
@@ -372,7 +373,7 @@ def bench_rss(env: Env, size_mib: int, read_mib: int | None, entry_size: int) ->
         kw["last_entry"] = min(led.entry_count, (read_mib * MIB) // entry_size) - 1
     rows["read"] = run_child(env, "read", topic=topic, ledger_id=led.ledger_id, **kw)
     rows["raw_get"] = run_child(env, "raw_get", topic=topic, ledger_id=led.ledger_id, key=ch.data_key)
-    out["moto_rss_after_reads"] = env.moto_rss()
+    out["server_rss_after_reads"] = env.server_rss()
     env.reset()
     for name, r in rows.items():
         r["peak_mib"] = rnd(mib(r["peak"]))
@@ -384,7 +385,7 @@ def bench_rss(env: Env, size_mib: int, read_mib: int | None, entry_size: int) ->
     for name, r in rows.items():
         print(f"peak RSS {name:<12} {r['peak_mib']:7.1f} MiB (baseline {r['baseline_mib']:.1f}, growth "
               f"{r['growth_mib']:.1f}; {r['mib']:.0f} MiB at {r['mib_s']:.1f} MiB/s)", flush=True)
-    print(f"bound block x (concurrency+1) = {out['bound_mib']:.0f} MiB; moto RSS {out['moto_rss_after_reads']} MiB",
+    print(f"bound block x (concurrency+1) = {out['bound_mib']:.0f} MiB; server RSS {out['server_rss_after_reads']} MiB",
           flush=True)
     return out
 
@@ -441,10 +442,11 @@ def report(result: dict) -> str:
               f"{s['ratio_pulsar_raw']:.3f} |",
               f"| S3 requests per read (ours / Pulsar-style / raw) | {s['requests']['ours']} | "
               f"{s['requests']['pulsar_style']} / {s['requests']['raw_get']} | |", "",
-              "On moto every ranged GET copies the whole object server-side, so a ranged read costs in proportion "
-              "to the object's size times the number of requests; the ratio against the raw GET on the same "
-              "endpoint shows how much of that is the endpoint. On real S3 a ranged GET costs a round trip plus "
-              "its bytes.", ""]
+              ("On moto every ranged GET copies the whole object server-side, so a ranged read costs in proportion "
+               "to the object's size times the number of requests; the ratio against the raw GET on the same "
+               "endpoint shows how much of that is the endpoint." if result["endpoint_kind"].startswith("moto")
+               else "A ranged GET costs a round trip plus its bytes here (as on S3), whatever the object's size."),
+              ""]
     if "random" in result:
         r = result["random"]
         o, p = r["ours"], r["pulsar_style"]
@@ -511,7 +513,7 @@ def run(args, plan: dict, cases: set[int], url: str | None) -> int:
               "machine": machine(), "endpoint_kind": endpoint_kind(env, args.private_moto),
               "entry_size": args.entry_size, "block_size": BLOCK_SIZE, "concurrency": CONCURRENCY, "plan": plan}
     result["loadavg_start"] = loadavg()
-    result["moto_rss_start"] = env.moto_rss()
+    result["server_rss_start"] = env.server_rss()
     t_start = time.perf_counter()
     try:
         if 1 in cases:
@@ -530,13 +532,13 @@ def run(args, plan: dict, cases: set[int], url: str | None) -> int:
             result["small"] = bench_small_ledgers(env, plan.get("small_ledgers", 1000), 16 * 1024, 4096)
         if 4 in cases:
             result["rss"] = bench_rss(env, plan["rss_mib"], plan["rss_read_mib"], args.entry_size)
-        result["moto_rss_end"] = env.moto_rss()
+        result["server_rss_end"] = env.server_rss()
     finally:
         env.close()
     result["seconds"] = rnd(time.perf_counter() - t_start)
     result["loadavg_end"] = loadavg()
-    md = report(result) + f"moto server RSS (MiB) at start {result['moto_rss_start']}, at end " \
-                          f"{result['moto_rss_end']} (objects deleted; moto keeps freed memory).\n\n"
+    md = report(result) + f"Endpoint server ({env.server_name or 'not local'}) RSS (MiB) at start " \
+                          f"{result['server_rss_start']}, at end {result['server_rss_end']}.\n\n"
     save(args.out, args.name or ("tier2-quick" if args.quick else "tier2"), result, md, "bench_tier2.py", args)
     return 0
 

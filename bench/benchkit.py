@@ -1,6 +1,7 @@
 """What every benchmark here shares: a scratch database, bucket and tier-1 root per run (removed at the
-end), the S3 client the product builds, a request counter, an optional private moto server, and small
-statistics helpers. Not a benchmark itself.
+end), the S3 client the product builds, a request counter, the endpoint server's memory (the local Ceph
+RGW of `make services`, or a moto server), an optional private moto server, and small statistics helpers.
+Not a benchmark itself.
 """
 from __future__ import annotations
 
@@ -113,11 +114,18 @@ def start_private_moto() -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
 
 
-def endpoint_pid(endpoint: str | None) -> int | None:
-    """The moto server's pid if it runs on this machine (read-only, for its RSS)."""
+def endpoint_pid(endpoint: str | None) -> tuple[int, str] | None:
+    """(pid, name) of the server behind the endpoint if it runs on this machine: this checkout's radosgw
+    (.ci/ceph.sh records its PID and ports) or a moto server. Read-only, for its RSS."""
     if not endpoint:
         return None
     port = endpoint.rstrip("/").rsplit(":", 1)[-1]
+    ceph = ROOT / ".local" / "ceph"
+    try:
+        if (ceph / "ports").read_text().split()[4] == port:
+            return int((ceph / "rgw.pid").read_text()), "radosgw"
+    except (OSError, IndexError, ValueError):
+        pass
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
@@ -126,7 +134,7 @@ def endpoint_pid(endpoint: str | None) -> int | None:
         except OSError:
             continue
         if any(b"moto_server" in a for a in args) and port.encode() in args:
-            return int(p.name)
+            return int(p.name), "moto"
     return None
 
 
@@ -175,13 +183,14 @@ class Env:
         self.deps = Deps(MetadataStore(self.engine), Tier1Store(self.tier1_root), Bucket(self.s3, self.bucket, PREFIX),
                          Knobs(block_size=block_size, upload_concurrency=concurrency,
                                offload_timeout=timedelta(hours=1), gc_delay=timedelta(0)))
-        self.moto_pid = endpoint_pid(endpoint)
+        self.server_pid, self.server_name = endpoint_pid(endpoint) or (None, None)
         self._topics = 0
 
-    def moto_rss(self) -> float | None:
-        if self.moto_pid is None:
+    def server_rss(self) -> float | None:
+        """RSS of the endpoint's server process in MiB (radosgw or moto), None when it is not local."""
+        if self.server_pid is None:
             return None
-        return rnd(mib(proc_status(self.moto_pid).get("VmRSS", 0)))
+        return rnd(mib(proc_status(self.server_pid).get("VmRSS", 0)))
 
     def new_topic(self, tag: str, **policy) -> str:
         self._topics += 1
@@ -229,7 +238,8 @@ class Env:
 
 @contextlib.contextmanager
 def endpoint(private: bool):
-    """The S3 endpoint to measure against: a moto server of the bench's own, or TIERING_S3_ENDPOINT_URL."""
+    """The S3 endpoint to measure against: TIERING_S3_ENDPOINT_URL (`make services`: the local Ceph RGW), or
+    with `private` a moto server of the bench's own (to compare with the old figures)."""
     if not private:
         yield os.environ.get("TIERING_S3_ENDPOINT_URL") or None
         return
@@ -252,8 +262,15 @@ def machine() -> dict:
 
 
 def endpoint_kind(env: Env, private: bool) -> str:
-    if env.moto_pid:
+    if env.server_name == "moto":
         return f"moto server on loopback ({'started by the bench' if private else 'shared'})"
+    if env.server_name == "radosgw":
+        try:
+            version = subprocess.run(["radosgw", "--version"], capture_output=True, text=True).stdout.split()[2]
+        except (OSError, IndexError):
+            version = "?"
+        return (f"Ceph RGW {version} on loopback (.ci/ceph.sh: beast frontend, one BlueStore OSD on a sparse "
+                f"file, shared with this machine's other work)")
     return env.endpoint or "AWS S3"
 
 
