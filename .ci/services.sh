@@ -6,7 +6,8 @@
 #               cluster under .local/pg run as the `postgres` user on a free port.
 #   S3:         $TIERING_S3_ENDPOINT_URL when set (with the AWS_* keys of the environment); else a private
 #               Ceph RGW under .local/ceph (.ci/ceph.sh); with TIERING_LOCAL_S3=moto, moto_server instead
-#               (machines without Debian's Ceph packages). The bucket is created when missing.
+#               (machines without Debian's Ceph packages); with TIERING_LOCAL_S3=none, AWS S3 itself.
+#               The bucket is created when missing.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 LOCAL="$ROOT/.local"
@@ -62,7 +63,12 @@ fi
 S3_URL="${TIERING_S3_ENDPOINT_URL:-}"
 S3_KIND=external
 AK="${AWS_ACCESS_KEY_ID:-}"; SK="${AWS_SECRET_ACCESS_KEY:-}"
-if [ -z "$S3_URL" ] && [ "${TIERING_LOCAL_S3:-rgw}" = moto ]; then
+LOCAL_S3="${TIERING_LOCAL_S3:-rgw}"
+case "$LOCAL_S3" in rgw|moto|none) ;; *)
+  echo "services: TIERING_LOCAL_S3 must be rgw (default), moto or none (AWS S3), not '$LOCAL_S3'" >&2; exit 2;; esac
+if [ -z "$S3_URL" ] && [ "$LOCAL_S3" = none ]; then
+  S3_KIND="AWS S3"  # boto3's default endpoint; keys from the environment or boto3's chain (profile, role)
+elif [ -z "$S3_URL" ] && [ "$LOCAL_S3" = moto ]; then
   S3_KIND=moto
   port="$(cat "$LOCAL/moto.port" 2>/dev/null || true)"
   if ! alive "$LOCAL/moto.pid" || ! http_ok "http://127.0.0.1:$port/"; then
@@ -95,15 +101,14 @@ TIERING_S3_ENDPOINT_URL=${S3_URL}
 TIERING_BUCKET=${BUCKET}
 TIERING_PREFIX=${TIERING_PREFIX:-tiering/}
 TIERING_TIER1_ROOT=${TIERING_TIER1_ROOT:-$LOCAL/tier1}
-TIERING_LOCAL_S3=${S3_KIND}
-AWS_ACCESS_KEY_ID=${AK}
-AWS_SECRET_ACCESS_KEY=${SK}
 AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-east-1}
+# S3: ${S3_KIND}
 ENV
+if [ -n "$AK" ] && [ -n "$SK" ]; then printf 'AWS_ACCESS_KEY_ID=%s\nAWS_SECRET_ACCESS_KEY=%s\n' "$AK" "$SK" >>"$LOCAL/env"; fi
 set -a; . "$LOCAL/env"; set +a
 "$PY" - <<'PYEOF'
 import os, boto3
-s3 = boto3.client("s3", endpoint_url=os.environ["TIERING_S3_ENDPOINT_URL"])
+s3 = boto3.client("s3", endpoint_url=os.environ["TIERING_S3_ENDPOINT_URL"] or None)
 try:
     s3.head_bucket(Bucket=os.environ["TIERING_BUCKET"])
 except Exception:

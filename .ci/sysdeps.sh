@@ -12,7 +12,7 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 # the local S3 endpoint: Ceph's RADOS Gateway on a private single-node cluster (.ci/ceph.sh), unless the
 # moto fallback is asked for or an external endpoint is configured
-if [ "${TIERING_LOCAL_S3:-rgw}" != moto ] && [ -z "${TIERING_S3_ENDPOINT_URL:-}" ]; then
+if [ "${TIERING_LOCAL_S3:-rgw}" = rgw ] && [ -z "${TIERING_S3_ENDPOINT_URL:-}" ]; then
   command -v ceph-mon >/dev/null 2>&1 || need+=(ceph-mon)
   command -v ceph-osd >/dev/null 2>&1 || need+=(ceph-osd)
   command -v radosgw >/dev/null 2>&1 || need+=(radosgw)
