@@ -1,12 +1,39 @@
 """Engine construction and error mapping (no environment reads: the URL is passed in)."""
 from __future__ import annotations
 
-from sqlalchemy import create_engine
+import logging
+
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
+
+log = logging.getLogger(__name__)
 
 
 def make_engine(url: str, pool_size: int = 5, **kwargs) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg2://" + url[len("postgresql://"):]
     # hide_parameters: a failed statement's parameters never reach logs or exceptions.
-    return create_engine(url, pool_size=pool_size, pool_pre_ping=True, hide_parameters=True, **kwargs)
+    engine = create_engine(url, pool_size=pool_size, pool_pre_ping=True, hide_parameters=True, **kwargs)
+    event.listen(engine.pool, "checkin", _release_session_locks)
+    return engine
+
+
+def _release_session_locks(dbapi_connection, connection_record) -> None:
+    """A connection going back to the pool drops every session advisory lock it holds.
+
+    Session locks (a job_run row's owner lock, metadata/job_runs.py) outlive transactions, and the pool's
+    reset on return is only a ROLLBACK: a connection dropped without releasing its lock would carry it to
+    whichever caller checks it out next, and a later lock on the same key would wait on an idle connection
+    forever. A connection that cannot be cleaned is discarded (closing it drops its locks)."""
+    if dbapi_connection is None:
+        return
+    try:
+        cur = dbapi_connection.cursor()
+        try:
+            cur.execute("SELECT pg_advisory_unlock_all()")
+        finally:
+            cur.close()
+        dbapi_connection.commit()
+    except Exception:  # noqa: BLE001 - the connection is discarded instead; nothing else to do here
+        log.warning("discarding a pooled connection whose session locks could not be released")
+        connection_record.invalidate()

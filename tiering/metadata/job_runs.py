@@ -8,6 +8,7 @@ touched: its lock is held. (A machine that vanishes without closing its TCP conn
 until PostgreSQL's keepalive notices.)"""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from sqlalchemy import func, insert, literal, select, update
@@ -15,6 +16,8 @@ from sqlalchemy.engine import Engine
 
 from tiering.metadata.tables import job_run
 
+
+log = logging.getLogger(__name__)
 
 # Advisory-lock keys of job_run rows: this base + run_id (one bigint key space, apart from small keys).
 LOCK_BASE = 0x7469_6572 << 32
@@ -63,14 +66,20 @@ class JobRuns:
         closing the rows of this job whose owner is gone."""
         conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         try:
-            run_id = conn.execute(insert(job_run).values(
+            # try-lock, never a blocking one: the key of a fresh run_id is free unless ids were reused
+            # (a restored or truncated table) while some session still holds the old key; then this run
+            # goes on without an owner lock instead of waiting forever on that session.
+            run_id, owned = conn.execute(insert(job_run).values(
                 job=job, topic=topic, status="RUNNING", **(ref or RunRef(kind=job)).values()).returning(
-                job_run.c.run_id, func.pg_advisory_lock(literal(LOCK_BASE) + job_run.c.run_id))).first()[0]
+                job_run.c.run_id, func.pg_try_advisory_lock(literal(LOCK_BASE) + job_run.c.run_id))).first()
+            if not owned:
+                log.warning("job_run %s: its owner lock is held by another session (reused run id); "
+                            "a later run cannot tell whether this one is alive", run_id)
+            self.close_abandoned(job, run_id)
         except BaseException:
-            conn.close()
+            conn.close()  # back to the pool, which drops the lock (metadata/db.py)
             raise
         self._held[run_id] = conn
-        self.close_abandoned(job, run_id)
         return run_id
 
     def close_abandoned(self, job: str, by_run: int) -> list[int]:

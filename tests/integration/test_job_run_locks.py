@@ -1,0 +1,77 @@
+"""A job_run row's owner lock (a session advisory lock) never makes a later run wait: a connection going back
+to the pool drops its session locks, and a run whose key is held elsewhere (reused run ids) goes on without
+one. Before, `make test` hung forever in an INSERT waiting on an idle pooled connection."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+from sqlalchemy import func, select, text
+
+from tiering.metadata import make_engine
+from tiering.metadata.job_runs import LOCK_BASE, JobOutcome, JobRuns
+
+pytestmark = pytest.mark.usefixtures("db")
+
+
+@pytest.fixture
+def eng(database_url):
+    # lock_timeout turns the old hang into an error this test can see
+    engine = make_engine(database_url, connect_args={"options": "-c lock_timeout=3000"})
+    yield engine
+    engine.dispose()
+
+
+def _restart_ids(engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE tiering.job_run RESTART IDENTITY"))
+
+
+def _lock_holders(engine, key: int) -> int:
+    with engine.connect() as conn:
+        return conn.execute(text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND ((classid::bigint << 32) | objid::bigint) = :key"), {"key": key}).scalar_one()
+
+
+def test_a_connection_back_in_the_pool_holds_no_session_lock(eng):
+    with eng.connect() as conn:
+        conn.execute(select(func.pg_advisory_lock(LOCK_BASE + 1)))
+    # that connection is idle in the pool now; hold it so the next run must use another one
+    with eng.connect() as idle:
+        assert _lock_holders(eng, LOCK_BASE + 1) == 0
+        runs = JobRuns(eng)
+        run_id = runs.start("gc")
+        assert run_id == 1
+        runs.finish(run_id, JobOutcome())
+        idle.execute(text("SELECT 1"))
+
+
+def test_a_run_dropped_without_finish_does_not_block_the_next_one(eng):
+    runs = JobRuns(eng)
+    first = runs.start("defrag")
+    runs._held.pop(first).close()  # the process lost track of it: the pool gets the connection back
+    _restart_ids(eng)
+    with eng.connect():  # keep the returned connection busy: the next start takes another one
+        second = JobRuns(eng).start("defrag")
+    assert second == 1
+
+
+def test_a_key_held_by_a_live_session_does_not_block_start(eng, database_url, caplog):
+    other = make_engine(database_url)
+    try:
+        with other.connect() as holder:
+            holder.execute(select(func.pg_advisory_lock(LOCK_BASE + 1)))
+            _restart_ids(eng)
+            with caplog.at_level(logging.WARNING, logger="tiering.metadata.job_runs"):
+                runs = JobRuns(eng)
+                run_id = runs.start("gc")
+            assert run_id == 1
+            assert "held by another session" in caplog.text
+            runs.finish(run_id, JobOutcome(items_done=1))
+            holder.execute(select(func.pg_advisory_unlock_all()))
+        with eng.connect() as conn:
+            assert conn.execute(text("SELECT status FROM tiering.job_run WHERE run_id = 1")).scalar_one() == "SUCCEEDED"
+    finally:
+        other.dispose()
