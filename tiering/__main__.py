@@ -1,3 +1,3 @@
-from tiering.cli import main
+from tiering.cli.main import main
 
 raise SystemExit(main())

@@ -13,9 +13,7 @@ from typing import Mapping
 from urllib.parse import urlsplit
 
 from tiering.errors import ConfigError
-from tiering.model import ASCII_INT, INT64_MAX, MAX_SECONDS
-
-MIB = 1024 * 1024
+from tiering.model import ASCII_INT, INT64_MAX, MAX_SECONDS, MIB
 
 # Variables read by from_env(); the README's configuration table lists the same.
 VARIABLES = {

@@ -86,6 +86,7 @@ class Position:
 
 DISABLED = -1
 HOUR = 3600
+MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)

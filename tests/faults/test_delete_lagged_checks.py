@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.helpers import entries, make_deps, produce
-from tiering import cli
+from tiering.cli import main as cli
 from tiering.model import LedgerState as S, TopicPolicy
 from tiering.ops.delete_lagged import delete_lagged
 from tiering.ops.offload import offload_many

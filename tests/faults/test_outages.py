@@ -27,7 +27,7 @@ from sqlalchemy.exc import OperationalError
 
 from tests.faults.harness import OFFLOAD_TIMEOUT, check_invariants, gc_all, settle
 from tests.integration.helpers import bucket_keys, entries, make_deps, open_uploads, produce
-from tiering.cli_commands import describe_failure
+from tiering.cli.main import describe_failure
 from tiering.errors import Tier2Error
 from tiering.metadata import make_engine
 from tiering.model import LedgerState as S, Position, TopicPolicy

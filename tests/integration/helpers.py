@@ -4,14 +4,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 from tiering.metadata.repository import MetadataStore
-from tiering.model import TopicPolicy
+from tiering.model import MIB, TopicPolicy
 from tiering.ops.context import Deps, Knobs
 from tiering.tier1 import Tier1Store
 from tiering.tier2.objects import Bucket
 from tiering.workload import payload
 from tiering.writer import ManagedLedgerWriter
-
-MIB = 1024 * 1024
 
 
 def make_deps(engine, s3, bucket, tier1_root, **knobs) -> Deps:

@@ -298,7 +298,7 @@ BAD_INPUT = [
 
 
 def run_main(argv, capsys) -> Result:
-    from tiering.cli import main
+    from tiering.cli.main import main
 
     try:
         code = main(list(argv))

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiering import cli, config
+from tiering import config
+from tiering.cli import args as cli
 from tiering.errors import BadInput, ConfigError
 from tiering.jobs import spec
 from tiering.model import INT64_MAX, MAX_SECONDS, Position, check_topic_name, parse_int

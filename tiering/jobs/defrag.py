@@ -7,7 +7,7 @@ import sys
 from tiering.jobs.runner import run, topic_arg
 from tiering.jobs.spec import int_arg
 from tiering.model import INT64_MAX
-from tiering.ops.context import MIB
+from tiering.model import MIB
 from tiering.ops.defrag import DefragReport, merge_group, plan_defrag
 
 

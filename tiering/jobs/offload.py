@@ -33,14 +33,7 @@ def _plan(deps, args) -> list[dict]:
     if args.prefix is not None:
         if args.position is None:
             raise BadInput("--prefix needs --position L:E")
-        position = args.position
-        ledgers = deps.meta.list_ledgers(args.prefix)
-        from tiering import policy
-
-        targets = policy.offload_prefix(ledgers, position)
-        targets += [led for led in deps.meta.stale_offloads(deps.knobs.offload_timeout, args.prefix)
-                    if led.ledger_id < position.ledger_id]
-        return _items(deps, targets)
+        return _items(deps, offload.plan_offload_prefix(deps, args.prefix, args.position))
     if args.by is None:
         raise BadInput("give --by age|size or --prefix TOPIC --position L:E")
     return _items(deps, offload.plan_offload(deps, args.by, args.topic))

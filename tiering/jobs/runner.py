@@ -32,10 +32,7 @@ Work = Callable[[Deps, dict], tuple[int, bool]]
 def deps_from(settings: Settings, **knobs) -> Deps:
     return Deps(MetadataStore(settings.engine(pool_size=2)), Tier1Store(settings.tier1_root),
                 Bucket(settings.s3_client(), settings.bucket, settings.prefix),
-                Knobs(block_size=settings.block_size, upload_concurrency=settings.upload_concurrency,
-                      page_size=settings.page_size, batch_small_bytes=settings.offload_batch_bytes,
-                      **{"offload_timeout": settings.offload_timeout,
-                                                       "gc_delay": settings.gc_delay, **knobs}))
+                Knobs.from_settings(settings, **knobs))
 
 
 def topic_arg(parser: argparse.ArgumentParser) -> None:

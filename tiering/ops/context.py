@@ -4,11 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from tiering.config import Settings
 from tiering.metadata.repository import MetadataStore
+from tiering.model import MIB
 from tiering.tier1 import Tier1Store
 from tiering.tier2.objects import Bucket
-
-MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,14 @@ class Knobs:
     # Objects merged away or trimmed stay this long so readers holding old metadata can finish.
     gc_delay: timedelta = timedelta(minutes=10)
 
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides) -> Knobs:
+        """The knobs the settings give (the CLI and the Spark jobs build them here, the same way)."""
+        return cls(**{"block_size": settings.block_size, "upload_concurrency": settings.upload_concurrency,
+                      "page_size": settings.page_size, "batch_small_bytes": settings.offload_batch_bytes,
+                      "offload_timeout": settings.offload_timeout,
+                      "gc_delay": settings.gc_delay, **overrides})
+
 
 @dataclass(frozen=True)
 class Deps:
@@ -33,3 +41,8 @@ class Deps:
     tier1: Tier1Store
     bucket: Bucket
     knobs: Knobs = field(default_factory=Knobs)
+
+
+def select_topics(meta: MetadataStore, topic: str | None):
+    """The one named topic (an unknown name fails), or every topic when none is named."""
+    return [meta.get_topic(topic)] if topic else meta.list_topics()

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering import policy
-from tiering.errors import ConditionalUpdateFailed, CorruptObjectError
+from tiering.errors import ConditionalUpdateFailed, CorruptObjectError, TieringError
 from tiering.format.index import OffloadIndex, check_ledger_pages, decode_index
 from tiering.format.keys import data_key, index_key
 from tiering.format.metadata import user_metadata
-from tiering.model import Chunk
-from tiering.ops.context import MIB, Deps
+from tiering.model import MIB, Chunk
+from tiering.ops.context import Deps, select_topics
 from tiering.tier2.objects import check_bucket, completed_part, delete_keys, error_code, prefetch_ranges, tier2_error
 from tiering.tier2.offloader import StepHook
 
@@ -44,7 +45,7 @@ class DefragReport:
 
 def plan_defrag(deps: Deps, topic: str | None = None, small_bytes: int = 8 * MIB,
                 max_merged_bytes: int = 256 * MIB) -> list[policy.DefragGroup]:
-    topics = [deps.meta.get_topic(topic)] if topic else deps.meta.list_topics()
+    topics = select_topics(deps.meta, topic)
     groups = []
     for t in topics:
         groups += policy.defrag_groups(deps.meta.list_ledgers(t.name), deps.meta.chunks(t.name), small_bytes,
@@ -210,4 +211,19 @@ def defrag(deps: Deps, topic: str | None = None, small_bytes: int = 8 * MIB, max
     report = DefragReport()
     for group in plan_defrag(deps, topic, small_bytes, max_merged_bytes):
         merge_group(deps, group, report, hook)
+    return report
+
+
+def merge_groups(deps: Deps, groups: list[policy.DefragGroup],
+                 on_group: Callable[[policy.DefragGroup], None] | None = None) -> DefragReport:
+    """As defrag, but a failing group does not stop the others: its error goes to `report.errors`."""
+    report = DefragReport()
+    for group in groups:
+        try:
+            merge_group(deps, group, report)
+        except TieringError as exc:
+            first, last = group.ledgers[0], group.ledgers[-1]
+            report.errors.append(f"topic {first.topic!r} ledgers {first.ledger_id}..{last.ledger_id}: {exc}")
+        if on_group:
+            on_group(group)
     return report

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from tiering import policy
 from tiering.errors import ConditionalUpdateFailed, Tier2CopyMissing, TieringError
 from tiering.model import Ledger, LedgerState
-from tiering.ops.context import Deps
+from tiering.ops.context import Deps, select_topics
 from tiering.tier2.objects import object_length
 
 
@@ -33,7 +33,7 @@ class DeleteLaggedReport:
 
 def plan_delete_lagged(deps: Deps, topic: str | None = None) -> list[Ledger]:
     now = deps.meta.now()
-    topics = [deps.meta.get_topic(topic)] if topic else deps.meta.list_topics()
+    topics = select_topics(deps.meta, topic)
     out = []
     for t in topics:
         ledgers = deps.meta.list_ledgers(t.name)

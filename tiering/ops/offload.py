@@ -18,7 +18,7 @@ from tiering import policy
 from tiering.errors import BadInput, ConditionalUpdateFailed, Tier2Error, TieringError
 from tiering.format.keys import data_key, index_key
 from tiering.model import Chunk, Ledger, LedgerState, Position
-from tiering.ops.context import Deps
+from tiering.ops.context import Deps, select_topics
 from tiering.tier2.objects import check_bucket, delete_keys
 from tiering.tier2.offloader import LedgerToUpload, StepHook, upload_ledger
 
@@ -138,14 +138,23 @@ def _reachable(deps: Deps) -> bool:
     return True
 
 
-def offload_prefix(deps: Deps, topic: str, position: Position, hook: StepHook = None) -> tuple[OffloadReport, Position]:
+def offload_prefix(deps: Deps, topic: str, position: Position, hook: StepHook = None,
+                   on_done: Callable[[Ledger], None] | None = None,
+                   planned: list[Ledger] | None = None) -> tuple[OffloadReport, Position]:
     """Pulsar's offloadPrefix: offload every sealed ledger before `position`'s ledger; already-offloaded
-    and empty ledgers are skipped. Returns the report and the first position not offloaded."""
-    ledgers = deps.meta.list_ledgers(topic)
-    targets = policy.offload_prefix(ledgers, position)
-    targets += _stale(deps, topic, lambda led: led.ledger_id < position.ledger_id)
-    report = offload_many(deps, sorted(targets, key=lambda x: x.ledger_id), hook)
+    and empty ledgers are skipped. Returns the report and the first position not offloaded. `planned`: the
+    caller's `plan_offload_prefix` (the CLI sizes its progress bar with it), so the plan is made once."""
+    report = offload_many(deps, plan_offload_prefix(deps, topic, position) if planned is None else planned, hook,
+                          on_done)
     return report, first_not_offloaded(deps, topic)
+
+
+def plan_offload_prefix(deps: Deps, topic: str, position: Position) -> list[Ledger]:
+    """The ledgers offloadPrefix takes on, in ledger order: the sealed ones before `position`'s ledger, and
+    attempts among them older than the offload timeout. An unknown topic fails here, before any write."""
+    targets = policy.offload_prefix(deps.meta.list_ledgers(topic), position)
+    targets += _stale(deps, topic, lambda led: led.ledger_id < position.ledger_id)
+    return sorted(targets, key=lambda x: x.ledger_id)
 
 
 def _stale(deps: Deps, topic: str, keep: Callable[[Ledger], bool]) -> list[Ledger]:
@@ -171,7 +180,7 @@ def plan_offload(deps: Deps, by: str, topic: str | None = None) -> list[Ledger]:
     if by == "age":
         targets = deps.meta.offload_candidates_by_age(topic)
     elif by == "size":
-        topics = [deps.meta.get_topic(topic)] if topic else deps.meta.list_topics()
+        topics = select_topics(deps.meta, topic)
         targets = []
         for t in topics:
             if t.policy.offload_threshold_bytes < 0:
@@ -190,3 +199,30 @@ def _open_sizes(deps: Deps, ledgers: list[Ledger]) -> dict[int, int]:
             with deps.tier1.reader(led.topic, led.ledger_id) as r:
                 sizes[led.ledger_id] = r.size_bytes
     return sizes
+
+
+@dataclass
+class TopicsOffloadReport:
+    """offload_by_topic's outcome: (topic, ledger) pairs, failures with their message."""
+    planned: int = 0
+    offloaded: list[tuple[str, int]] = field(default_factory=list)
+    skipped: list[tuple[str, int]] = field(default_factory=list)
+    failed: list[dict] = field(default_factory=list)  # {"topic", "ledger", "error"}
+    bytes: int = 0
+
+
+def offload_by_topic(deps: Deps, ledgers: list[Ledger],
+                     on_done: Callable[[Ledger], None] | None = None) -> TopicsOffloadReport:
+    """Offload a plan spanning topics (plan_offload's), topic by topic; a failing ledger or topic does not
+    stop the others."""
+    by_topic: dict[str, list[Ledger]] = {}
+    for led in ledgers:
+        by_topic.setdefault(led.topic, []).append(led)
+    out = TopicsOffloadReport(planned=len(ledgers))
+    for topic, leds in by_topic.items():
+        report = offload_many(deps, leds, on_done=on_done)
+        out.offloaded += [(topic, i) for i in report.offloaded]
+        out.skipped += [(topic, i) for i in report.skipped]
+        out.failed += [{"topic": topic, "ledger": i, "error": msg} for i, msg in report.failed.items()]
+        out.bytes += report.bytes
+    return out

@@ -14,7 +14,7 @@ from botocore.exceptions import ClientError
 
 from tiering import policy
 from tiering.model import Ledger, LedgerState, Position
-from tiering.ops.context import Deps
+from tiering.ops.context import Deps, select_topics
 from tiering.format.keys import trim_marker_key
 from tiering.ops.delete_lagged import delete_copy
 from tiering.tier2.objects import Bucket, error_code, tier2_error
@@ -29,7 +29,7 @@ class RetentionReport:
 
 def plan_retention(deps: Deps, topic: str | None = None) -> dict[str, list[Ledger]]:
     now = deps.meta.now()
-    topics = [deps.meta.get_topic(topic)] if topic else deps.meta.list_topics()
+    topics = select_topics(deps.meta, topic)
     return {t.name: policy.retention(deps.meta.list_ledgers(t.name), t.policy, now) for t in topics}
 
 

@@ -1,0 +1,123 @@
+"""`tiering produce|seal|status|read`: writes and reads of a topic's entries.
+
+The writer, the reader and SQLAlchemy are imported inside the handlers: building the parser (every
+invocation, `--help`, a refused argument) must not pay for them."""
+from __future__ import annotations
+
+import sys
+
+from tiering.cli import args as a
+from tiering.cli.context import Context
+from tiering.cli.output import Output, gap_dict, progress
+from tiering.errors import BadInput, LedgerStorageError
+from tiering.model import LedgerState
+
+
+def register(sub) -> None:
+    produce = sub.add_parser("produce", help="append entries to a topic (demos, benchmarks)")
+    produce.set_defaults(handler=cmd_produce)
+    a.name(produce)
+    src = produce.add_mutually_exclusive_group(required=True)
+    src.add_argument("--entries", type=a.nonneg, metavar="N", help="N deterministic payloads (needs --entry-size)")
+    src.add_argument("--stdin-lines", action="store_true", help="one entry per line of standard input")
+    produce.add_argument("--entry-size", type=a.nonneg, metavar="BYTES")
+    produce.add_argument("--seed", default="demo", help="seed of the deterministic payloads (default 'demo')")
+    produce.add_argument("--seal", action="store_true", help="seal the open ledger at the end")
+
+    seal = sub.add_parser("seal", help="seal the topic's open ledger")
+    seal.set_defaults(handler=cmd_seal)
+    a.name(seal)
+
+    status = sub.add_parser("status", help="every ledger of a topic: state, entries, bytes, tiers")
+    status.set_defaults(handler=cmd_status)
+    a.name(status)
+    a.json_flag(status)
+
+    read = sub.add_parser("read", help="read a range of a topic across tiers")
+    read.set_defaults(handler=cmd_read)
+    a.name(read)
+    read.add_argument("--from", dest="start", type=a.position, metavar="L:E")
+    read.add_argument("--to", dest="end", type=a.position, metavar="L:E")
+    read.add_argument("--json", action="store_true", help="JSON lines (data in base64)")
+    read.add_argument("--fail-on-dataloss", action="store_true", help="exit 1 instead of printing a DATALOSS gap")
+
+
+def cmd_produce(ctx: Context, args, out: Output) -> int:
+    from tiering.workload import payload
+    from tiering.writer import MAX_ENTRY_BYTES, ManagedLedgerWriter
+
+    if args.entries is not None and args.entry_size is None:
+        raise BadInput("--entries needs --entry-size")
+    if args.stdin_lines and args.entry_size is not None:
+        raise BadInput("--entry-size goes with --entries, not --stdin-lines")
+    if args.entry_size is not None and args.entry_size > MAX_ENTRY_BYTES:
+        raise BadInput(f"--entry-size is at most {MAX_ENTRY_BYTES} bytes")
+    writer = ManagedLedgerWriter(ctx.meta, ctx.tier1, args.name)  # an unknown topic fails here
+    last, count = None, 0
+    try:
+        if args.stdin_lines:
+            for line in sys.stdin.buffer:
+                last = writer.append(line[:-1] if line.endswith(b"\n") else line)
+                count += 1
+        else:
+            for seq in progress(range(args.entries), "produce", sys.stderr, unit="entry"):
+                last = writer.append(payload(args.seed, seq, args.entry_size))
+                count += 1
+        if args.seal:
+            writer.seal()
+    finally:
+        writer.close()
+    print(str(last) if last is not None else "nothing written")
+    return 0
+
+
+def cmd_seal(ctx: Context, args, out: Output) -> int:
+    from tiering.writer import ManagedLedgerWriter
+
+    writer = ManagedLedgerWriter(ctx.meta, ctx.tier1, args.name)
+    try:
+        sealed = writer.seal()
+    finally:
+        writer.close()
+    print(f"sealed ledger {sealed.ledger_id} ({sealed.entry_count} entries)" if sealed else "no open ledger")
+    return 0
+
+
+def ledger_status(ctx: Context, name: str) -> list[dict]:
+    rows = []
+    for led in ctx.meta.list_ledgers(name):
+        entries, size = led.entry_count, led.size_bytes
+        if led.state == LedgerState.OPEN:  # metadata learns counts at seal: the tier-1 file knows them now
+            try:
+                with ctx.tier1.reader(name, led.ledger_id) as r:
+                    entries, size = r.entry_count, r.size_bytes
+            except LedgerStorageError:
+                pass  # no file yet
+        tiers = ([1] if led.tier1_present and led.state != LedgerState.DELETED else []) + \
+                ([2] if led.state == LedgerState.OFFLOADED else [])
+        rows.append({"ledger": led.ledger_id, "state": led.state.value, "entries": entries, "bytes": size,
+                     "tiers": tiers, "sealed_at": led.sealed_at, "offloaded_at": led.offloaded_at})
+    return rows
+
+
+def _status_table(rows: list[dict]):
+    yield f"{'ledger':>8} {'state':<11} {'entries':>9} {'bytes':>12}  tiers"
+    for r in rows:
+        yield (f"{r['ledger']:>8} {r['state']:<11} {r['entries']:>9} {r['bytes']:>12}  "
+               f"{'+'.join(map(str, r['tiers'])) or '-'}")
+
+
+def cmd_status(ctx: Context, args, out: Output) -> int:
+    out.rows(ledger_status(ctx, args.name), _status_table)
+    return 0
+
+
+def cmd_read(ctx: Context, args, out: Output) -> int:
+    from tiering.read import Gap
+
+    for item in ctx.read_handle(args.fail_on_dataloss).read(args.name, args.start, args.end):
+        if isinstance(item, Gap):
+            out.gap(gap_dict(item))
+        else:
+            out.entry(item.ledger_id, item.entry_id, item.data)
+    return 0

@@ -1,0 +1,109 @@
+"""The `tiering` command: every operation by hand, the same code the pipeline jobs run.
+
+Errors a user can cause print one line on stderr and exit 2 with nothing written; other failures (a service
+down, an item of a pipeline command that failed) print one line and exit 1; never a traceback, never a
+secret. This module builds the parser from the command families, dispatches, and maps errors to exit codes.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+from tiering.cli import data, metadata, pipeline, topics, verify
+from tiering.cli.args import Parser
+from tiering.cli.context import Context
+from tiering.cli.output import error, output_for
+from tiering.errors import TieringError
+
+FAMILIES = (topics, data, pipeline, verify, metadata)  # the order of `tiering --help`
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="tiering", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
+    for family in FAMILIES:
+        family.register(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _quiet_libraries()
+    args = build_parser().parse_args(argv)
+    try:
+        ctx = Context()
+        try:
+            code = args.handler(ctx, args, output_for(args)) or 0
+        finally:
+            ctx.close()
+        sys.stdout.flush()
+        return code
+    except TieringError as exc:
+        error(str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("tiering: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        _silence_stdout()
+        return 0
+    except Exception as exc:  # services down and the like: one line, no traceback, no secrets
+        error(describe_failure(exc))
+        return 1
+
+
+def describe_failure(exc: Exception) -> str:
+    """One line for an unexpected failure; never a URL with a password (output.error redacts on top)."""
+    # SQLAlchemy and botocore are imported only when something failed: a run that succeeds may never need them.
+    from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError, SQLAlchemyError
+
+    first = _first_line
+    if isinstance(exc, ProgrammingError) and "does not exist" in str(exc.orig):
+        return "the metadata schema is missing or old: run `tiering db upgrade`"
+    if isinstance(exc, OperationalError):
+        return f"metadata database unavailable (check TIERING_DATABASE_URL; is it running?): {first(exc.orig)}"
+    if isinstance(exc, DBAPIError):
+        return f"metadata database error: {type(exc.orig).__name__}: {first(exc.orig)}"
+    if isinstance(exc, SQLAlchemyError):
+        return f"metadata database error: {type(exc).__name__}"
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if isinstance(exc, ClientError):
+            err = exc.response.get("Error", {})
+            return f"S3 {exc.operation_name} failed: {err.get('Code')} {err.get('Message', '')}".strip()
+        if isinstance(exc, BotoCoreError):
+            return f"S3 is unreachable or misconfigured (check TIERING_S3_ENDPOINT_URL): {first(exc)}"
+    except ImportError:
+        pass
+    return f"{type(exc).__name__}: {first(exc)}".rstrip(": ")
+
+
+def _first_line(exc: object) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def _quiet_libraries() -> None:
+    """Library warnings and log records would add lines (and maybe URLs) to stderr: keep them out."""
+    import logging
+    import warnings
+
+    if not sys.warnoptions:  # -W or PYTHONWARNINGS given: the user asked to see them
+        warnings.simplefilter("ignore")
+    root = logging.getLogger()
+    if not root.handlers:  # no lastResort handler printing WARNING records of boto3, urllib3, ...
+        root.addHandler(logging.NullHandler())
+
+
+def _silence_stdout() -> None:
+    """The reader of our stdout went away (`| head`): stop writing without an error at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

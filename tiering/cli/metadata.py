@@ -1,0 +1,81 @@
+"""Metadata commands of `tiering`: export-metadata, import-metadata, recover-from-bucket (the same code the
+`tiering_metadata_export` job and a disaster recovery use).
+
+tiering.ops is imported inside the handlers (pyarrow, boto3, SQLAlchemy): building the parser must not pay
+for them."""
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from tiering.cli import args as a
+from tiering.cli.context import Context
+from tiering.cli.output import Output, error
+from tiering.errors import BadInput
+
+
+def register(sub) -> None:
+    exp = sub.add_parser("export-metadata", help="Parquet snapshot of the metadata tables (manifest last)")
+    exp.set_defaults(handler=cmd_export_metadata)
+    exp.add_argument("dest", metavar="DEST", help="s3://bucket/path or a local directory")
+    exp.add_argument("--overwrite", action="store_true", help="replace an existing export at DEST")
+    a.json_flag(exp)
+    imp = sub.add_parser("import-metadata", help="restore an export into an empty schema (all or nothing)")
+    imp.set_defaults(handler=cmd_import_metadata)
+    imp.add_argument("source", metavar="SOURCE", help="s3://bucket/path or a local directory")
+    a.json_flag(imp)
+    rec = sub.add_parser("recover-from-bucket", help="rebuild metadata of offloaded ledgers from the bucket alone")
+    rec.set_defaults(handler=cmd_recover_from_bucket)
+    rec.add_argument("--topic", type=a.topic_name, metavar="NAME", help="only this topic")
+    rec.add_argument("--skip-page-check", action="store_true",
+                     help="do not download the data to check its page CRC32Cs (faster; a corrupt copy may win)")
+    a.json_flag(rec)
+
+
+def _location(ctx: Context, url: str):
+    from tiering.ops.export_metadata import filesystem_for
+
+    parts = urlsplit(url)
+    key = parts.path.lstrip("/") + "/"
+    if parts.scheme in ("s3", "s3a") and parts.netloc == ctx.settings.bucket and key.startswith(ctx.settings.prefix):
+        raise BadInput(f"{url} is under the tier-2 prefix {ctx.settings.prefix!r}, which GC's orphan sweep owns")
+    return filesystem_for(url, ctx.settings)
+
+
+def cmd_export_metadata(ctx: Context, args, out: Output) -> int:
+    from tiering.ops.export_metadata import export_metadata
+
+    fs, base = _location(ctx, args.dest)
+    manifest = export_metadata(ctx.engine, fs, base, overwrite=args.overwrite)
+    out.result({"dest": args.dest, "exported_at": manifest.exported_at, "rows": manifest.row_counts},
+               f"exported {sum(manifest.row_counts.values())} rows to {args.dest} "
+               f"({', '.join(f'{t} {n}' for t, n in manifest.row_counts.items())})")
+    return 0
+
+
+def cmd_import_metadata(ctx: Context, args, out: Output) -> int:
+    from tiering.ops.import_metadata import import_metadata
+
+    fs, base = _location(ctx, args.source)
+    report = import_metadata(ctx.engine, fs, base)
+    out.result({"source": args.source, "rows": report.rows, "exported_at": report.exported_at},
+               f"imported {sum(report.rows.values())} rows exported at {report.exported_at} from {args.source}")
+    return 0
+
+
+def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
+    from tiering.ops.recover import recover_from_bucket
+
+    report = recover_from_bucket(ctx.engine, ctx.bucket, args.topic, check_pages=not args.skip_page_check)
+    result = {"topics_created": report.topics_created, "ledgers_recovered": len(report.ledgers_recovered),
+              "without_page_index": report.without_page_index,
+              "already_known": len(report.already_known), "ignored": len(report.ignored),
+              "unknown": {t: [list(r) for r in rs] for t, rs in report.unknown.items()}, "errors": report.errors}
+    out.result(result, f"recovered {len(report.ledgers_recovered)} ledger(s) of {len(report.topics_created)} new "
+                       f"topic(s); {len(report.already_known)} already known, {len(report.ignored)} object(s) "
+                       f"ignored, {len(report.errors)} error(s)"
+                       + (f"; {report.without_page_index} copie(s) with no page index (bytes not checked)"
+                          if report.without_page_index else ""))
+    if report.errors:
+        error(f"{len(report.errors)} object(s) could not be read; first: {report.errors[0]} (rerun to finish)")
+        return 1
+    return 0

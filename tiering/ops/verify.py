@@ -1,0 +1,146 @@
+"""Verify a topic: read every ledger as readers do (tier 1 while its copy exists, else tier 2) and, for an
+offloaded ledger that still has its tier-1 copy, its tier-2 copy too; compare counts, bytes and contents.
+Returns a report (the CLI renders it); nothing is written."""
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tiering.errors import CorruptObjectError, DataLossError, EntryNotFound, LedgerStorageError
+from tiering.metadata.repository import MetadataStore
+from tiering.model import Ledger, LedgerState, Position
+from tiering.read import DATALOSS, Gap, ReadHandle
+from tiering.tier1 import Tier1Store
+
+_MAX_ENTRY = 2**62
+_FRAME = struct.Struct(">qq")
+
+# (ledger, chunk) -> a tier-2 ledger reader (tiering.tier2.reader.tier2_opener's)
+Tier2Opener = Callable
+
+
+@dataclass
+class VerifyReport:
+    topic: str
+    ledgers: int = 0
+    entries: int = 0
+    bytes: int = 0
+    tier2_copies_checked: int = 0
+    no_page_index: list[int] = field(default_factory=list)  # offloaded before page checksums
+    gaps: list[Gap] = field(default_factory=list)  # adjacent gaps of one kind merged
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class _Scan:
+    """Entries of one ledger read in order: count, bytes, a digest, gaps, and whether ids were contiguous."""
+
+    def __init__(self):
+        self.entries = self.bytes = 0
+        self.digest = hashlib.blake2b(digest_size=16)
+        self.gaps: list = []
+        self.problem: str | None = None
+
+    def add(self, entry_id: int, data: bytes) -> None:
+        if entry_id != self.entries and self.problem is None:
+            self.problem = f"entry {entry_id} came where entry {self.entries} was expected"
+        self.entries += 1
+        self.bytes += len(data)
+        self.digest.update(_FRAME.pack(entry_id, len(data)))
+        self.digest.update(data)
+
+
+def live_entries(ledgers: list[Ledger]) -> int:
+    """The entries verify reads (a progress bar's total)."""
+    return sum(led.entry_count for led in ledgers if led.state != LedgerState.DELETED)
+
+
+def verify_topic(meta: MetadataStore, tier1: Tier1Store, opener: Tier2Opener, topic: str,
+                 ledgers: list[Ledger] | None = None, on_entry: Callable[[], None] | None = None) -> VerifyReport:
+    """`opener` opens tier-2 copies (one cache shared by the read and the comparison); `ledgers`: the topic's
+    ledgers if the caller listed them already (to size a progress bar); `on_entry` is called for each entry
+    read through the reader (progress)."""
+    if ledgers is None:
+        ledgers = meta.list_ledgers(topic)  # an unknown topic fails here
+    handle = ReadHandle(meta, tier1, open_tier2=opener)
+    report = VerifyReport(topic, ledgers=len(ledgers))
+    problems = report.problems
+    for led in ledgers:
+        scan = _Scan()
+        try:
+            for item in handle.read(topic, Position(led.ledger_id, 0), Position(led.ledger_id, _MAX_ENTRY)):
+                if isinstance(item, Gap):
+                    scan.gaps.append(item)
+                else:
+                    scan.add(item.entry_id, item.data)
+                    if on_entry:
+                        on_entry()
+        except (DataLossError, CorruptObjectError, EntryNotFound, LedgerStorageError) as exc:
+            problems.append(f"ledger {led.ledger_id}: {exc}")
+            continue
+        for gap in scan.gaps:
+            if gap.kind == DATALOSS:
+                problems.append(f"ledger {led.ledger_id}: entries {gap.start}..{gap.end} are in no tier (DATALOSS)")
+            _add_gap(report.gaps, gap)
+        if scan.problem:
+            problems.append(f"ledger {led.ledger_id}: {scan.problem}")
+        report.entries += scan.entries
+        report.bytes += scan.bytes
+        if led.state == LedgerState.OFFLOADED and not _has_page_index(meta, opener, led, problems):
+            report.no_page_index.append(led.ledger_id)
+        if led.state in (LedgerState.OPEN, LedgerState.DELETED) or scan.gaps:
+            continue
+        if (scan.entries, scan.bytes) != (led.entry_count, led.size_bytes):
+            problems.append(f"ledger {led.ledger_id}: read {scan.entries} entries ({scan.bytes} bytes), metadata "
+                            f"says {led.entry_count} ({led.size_bytes} bytes)")
+            continue
+        if led.state == LedgerState.OFFLOADED and led.tier1_present and led.entry_count:
+            report.tier2_copies_checked += 1
+            problem = _check_tier2(meta, opener, led, scan)
+            if problem:
+                problems.append(f"ledger {led.ledger_id}: tier-2 copy: {problem}")
+    return report
+
+
+def _add_gap(gaps: list, gap) -> None:
+    """Merge a gap into the previous one when they are of the same kind and adjacent ledgers."""
+    prev = gaps[-1] if gaps else None
+    if prev is not None and prev.kind == gap.kind and prev.end.ledger_id + 1 >= gap.start.ledger_id:
+        gaps[-1] = Gap(gap.kind, prev.start, gap.end)
+    else:
+        gaps.append(gap)
+
+
+def _has_page_index(meta: MetadataStore, opener: Tier2Opener, led, problems: list) -> bool:
+    """Whether the ledger's tier-2 index carries page checksums (the index is cached by the read above)."""
+    chunk = meta.get_chunk(led)
+    if chunk is None:
+        return True  # reported elsewhere
+    try:
+        return opener(led, chunk).index().pages is not None
+    except (CorruptObjectError, DataLossError) as exc:
+        if not any(str(exc) in p for p in problems):
+            problems.append(f"ledger {led.ledger_id}: {exc}")
+        return True
+
+
+def _check_tier2(meta: MetadataStore, opener: Tier2Opener, led, scan: _Scan) -> str | None:
+    chunk = meta.get_chunk(led)
+    if chunk is None:
+        return "metadata has no chunk for an offloaded ledger"
+    other = _Scan()
+    try:
+        for entry_id, data in opener(led, chunk).iter_entries(0, led.entry_count - 1):
+            other.add(entry_id, data)
+    except (DataLossError, CorruptObjectError, EntryNotFound) as exc:
+        return str(exc)
+    if other.problem:
+        return other.problem
+    if (other.entries, other.bytes, other.digest.digest()) != (scan.entries, scan.bytes, scan.digest.digest()):
+        return f"differs from the tier-1 copy ({other.entries} entries, {other.bytes} bytes)"
+    return None
