@@ -111,7 +111,9 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
             # one of them moved on since listing, or failed (its tier-1 copy is gone, ...): the batch was
             # undone whole, so each goes alone and only the culprit fails or is skipped
             alone.extend(group)
-    alone = sorted(alone, key=lambda x: (x.topic, x.ledger_id))
+    # the caller's order (a failed batch's ledgers go back to their places, not to the end)
+    position = {(led.topic, led.ledger_id): i for i, led in enumerate(ledgers)}
+    alone = sorted(alone, key=lambda x: position[(x.topic, x.ledger_id)])
     for led in alone:
         try:
             done = offload_ledger(deps, led, hook)
