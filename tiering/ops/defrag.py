@@ -2,7 +2,7 @@
 one index object.
 
 Sources of at least 5 MiB are copied server-side (UploadPartCopy with a byte range; on servers whose
-UploadPartCopy cannot find keys holding '%', such sources are downloaded, see _copy_part); smaller ones are
+UploadPartCopy cannot find keys holding '%', such sources are downloaded, see tier2/multipart.py); smaller ones are
 downloaded, their page CRCs checked, and concatenated into a part (S3 parts but the last must be at least
 5 MiB). The index objects are concatenated too (page indexes included: their offsets are ledger-relative), so each ledger's chunk row says where in the merged objects its bytes and its index
 lie; readers need nothing else. The merged keys are queued for GC before the upload; one transaction
@@ -16,8 +16,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from tiering import policy
 from tiering.errors import ConditionalUpdateFailed, CorruptObjectError, TieringError
 from tiering.format.index import OffloadIndex, check_ledger_pages, decode_index
@@ -25,7 +23,8 @@ from tiering.format.keys import data_key, index_key
 from tiering.format.metadata import user_metadata
 from tiering.model import MIB, Chunk
 from tiering.ops.context import Deps, select_topics
-from tiering.tier2.objects import check_bucket, completed_part, delete_keys, error_code, prefetch_ranges, tier2_error
+from tiering.tier2.multipart import MultipartUpload
+from tiering.tier2.objects import check_bucket, delete_keys, prefetch_ranges, put_bytes
 from tiering.tier2.offloader import StepHook
 
 MIN_PART = 5 * MIB
@@ -100,18 +99,13 @@ def _discard(deps: Deps, attempt: str, *keys: str) -> None:
 def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes, OffloadIndex]], key: str,
                 report: DefragReport, step) -> list[int]:
     b = deps.bucket
-    md = user_metadata(group.ledgers[0].topic)
-    upload_id = b.s3.create_multipart_upload(Bucket=b.name, Key=key, Metadata=md,
-                                             ChecksumAlgorithm="CRC32C")["UploadId"]
-    try:
-        parts, pending, offset = [], bytearray(), 0
+    with MultipartUpload(b, key, user_metadata(group.ledgers[0].topic), "defrag upload") as up:
+        pending, offset = bytearray(), 0
 
         def flush():
             nonlocal pending
             if pending:
-                resp = b.s3.upload_part(Bucket=b.name, Key=key, UploadId=upload_id, PartNumber=len(parts) + 1,
-                                        Body=bytes(pending), ChecksumAlgorithm="CRC32C")
-                parts.append(completed_part(len(parts) + 1, resp))
+                up.upload(bytes(pending))
                 pending = bytearray()
                 step("part")
 
@@ -123,13 +117,12 @@ def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes
         escaped_copy_fails = False
         for i in large:
             ch = group.chunks[i]
-            part = None if escaped_copy_fails and "%" in ch.data_key else \
-                _copy_part(b, key, upload_id, len(parts) + 1, ch)
-            if part is None:  # downloaded with the small ones instead (see _copy_part)
+            # A server that cannot copy from keys holding '%' (MultipartUpload.copy): download those instead.
+            if (escaped_copy_fails and "%" in ch.data_key) or not up.copy(ch.data_key, ch.data_offset,
+                                                                          ch.data_length):
                 escaped_copy_fails = True
                 small.append(i)
                 continue
-            parts.append(part)
             offsets[i] = offset
             offset += ch.data_length
             report.bytes_copied_server_side += ch.data_length
@@ -147,34 +140,8 @@ def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes
             if len(pending) >= MIN_PART:
                 flush()
         flush()
-        b.s3.complete_multipart_upload(Bucket=b.name, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})
+        up.complete()
         return offsets
-    except BaseException as exc:
-        try:
-            b.s3.abort_multipart_upload(Bucket=b.name, Key=key, UploadId=upload_id)
-        except (ClientError, BotoCoreError):
-            pass
-        if isinstance(exc, (ClientError, BotoCoreError)):
-            raise tier2_error("defrag upload", key, exc) from None
-        raise
-
-
-def _copy_part(b, key: str, upload_id: str, number: int, ch: Chunk) -> dict | None:
-    """UploadPartCopy of a chunk's bytes; None when the server cannot find a source whose key holds '%'.
-
-    Keys percent-encode topics (`acc/big` -> `acc%2Fbig`), and Ceph RGW 16 decodes UploadPartCopy's copy
-    source twice, so it looks for `acc/big/...` and answers NoSuchKey (its CopyObject decodes once). The
-    caller then downloads those bytes like a small source's (their pages checked on the way); a source
-    that is really missing fails there with DataLossError."""
-    src = f"bytes={ch.data_offset}-{ch.data_offset + ch.data_length - 1}"
-    try:
-        resp = b.s3.upload_part_copy(Bucket=b.name, Key=key, UploadId=upload_id, PartNumber=number,
-                                     CopySourceRange=src, CopySource={"Bucket": b.name, "Key": ch.data_key})
-    except ClientError as exc:
-        if "%" in ch.data_key and error_code(exc) in ("NoSuchKey", "404"):
-            return None
-        raise
-    return completed_part(number, resp["CopyPartResult"])
 
 
 def _fetch_indexes(deps: Deps, group: policy.DefragGroup, report: DefragReport) -> list[tuple[bytes, OffloadIndex]]:
@@ -193,16 +160,11 @@ def _fetch_indexes(deps: Deps, group: policy.DefragGroup, report: DefragReport) 
 
 def _put_index(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes, OffloadIndex]],
                key: str) -> list[int]:
-    b = deps.bucket
     body, offsets = bytearray(), []
     for data, _ in indexes:
         offsets.append(len(body))
         body += data
-    try:
-        b.s3.put_object(Bucket=b.name, Key=key, Body=bytes(body), Metadata=user_metadata(group.ledgers[0].topic),
-                        ChecksumAlgorithm="CRC32C")
-    except (ClientError, BotoCoreError) as exc:
-        raise tier2_error("PUT", key, exc) from None
+    put_bytes(deps.bucket, key, bytes(body), user_metadata(group.ledgers[0].topic))
     return offsets
 
 

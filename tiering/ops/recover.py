@@ -30,14 +30,12 @@ time is its seal time, its offload times the objects' LastModified times (millis
 """
 from __future__ import annotations
 
-import json
 import uuid as _uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterator
 
-from botocore.exceptions import ClientError
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Engine
@@ -45,10 +43,11 @@ from sqlalchemy.engine import Engine
 from tiering.errors import CorruptObjectError, DataLossError, TieringError
 from tiering.format.block import HEADER_LEN, parse_block_header
 from tiering.format.index import INDEX_HEADER_LEN, OffloadIndex, decode_index
-from tiering.format.keys import INDEX_SUFFIX, ParsedKey, encode_topic, parse_key, trim_marker_key
+from tiering.format.keys import INDEX_SUFFIX, ParsedKey, encode_topic, parse_key
 from tiering.metadata.tables import chunk as chunk_t, ledger as ledger_t, topic as topic_t
 from tiering.model import Chunk, LedgerState, TopicPolicy
-from tiering.tier2.objects import Bucket, error_code, get_range, list_objects
+from tiering.tier2.markers import read_trim_marker
+from tiering.tier2.objects import Bucket, get_range, list_objects
 from tiering.tier2.reader import check_stored_pages
 
 _POLICY_FIELDS = tuple(TopicPolicy.__dataclass_fields__)
@@ -170,23 +169,12 @@ def _recover_topic(engine: Engine, b: Bucket, segment: str, objects: dict[str, t
     if not chosen:
         return
     name = next(iter(chosen.values())).topic  # from the index metadata: a long topic's key is hashed
-    trimmed_before = _trimmed_before(b, name)
+    trimmed_before = read_trim_marker(b, name)
     for lid in [lid for lid in chosen if lid < trimmed_before]:
         report.ignored.append((chosen.pop(lid).chunk.index_key,
                                f"ledger {lid} trimmed by retention (marker: before ledger {trimmed_before})"))
     if chosen:
         _commit_topic(engine, name, chosen, policy, report)
-
-
-def _trimmed_before(b: Bucket, topic: str) -> int:
-    """Retention's marker for the topic: ledgers below it were deleted on purpose."""
-    try:
-        body = b.s3.get_object(Bucket=b.name, Key=trim_marker_key(b.prefix, topic))["Body"].read()
-        return int(json.loads(body)["trimmed_before_ledger"])
-    except ClientError as exc:
-        if error_code(exc) in ("NoSuchKey", "404"):
-            return -1
-        raise
 
 
 # ----------------------------------------------------------------------------------------------- reading

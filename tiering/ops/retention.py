@@ -7,17 +7,13 @@ next run of retention or delete-lagged.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-
-from botocore.exceptions import ClientError
 
 from tiering import policy
 from tiering.model import Ledger, LedgerState, Position
 from tiering.ops.context import Deps, select_topics
-from tiering.format.keys import trim_marker_key
 from tiering.ops.delete_lagged import delete_copy
-from tiering.tier2.objects import Bucket, error_code, tier2_error
+from tiering.tier2.markers import record_trim
 
 
 @dataclass
@@ -46,20 +42,6 @@ def apply_retention(deps: Deps, topic: str, doomed: list[Ledger], reason: str = 
         if led.tier1_present and delete_copy(deps, led):
             report.files_removed += 1
     return report
-
-
-def record_trim(b: Bucket, topic: str, before_ledger: int) -> None:
-    """Write the topic's trim marker (only ever moving forward) for recovery from the bucket."""
-    key = trim_marker_key(b.prefix, topic)
-    try:
-        current = json.loads(b.s3.get_object(Bucket=b.name, Key=key)["Body"].read())["trimmed_before_ledger"]
-    except ClientError as exc:
-        if error_code(exc) not in ("NoSuchKey", "404"):
-            raise tier2_error("GET", key, exc) from None
-        current = -1
-    if before_ledger > current:
-        b.s3.put_object(Bucket=b.name, Key=key, Body=json.dumps({"trimmed_before_ledger": before_ledger}).encode(),
-                        ContentType="application/json")
 
 
 def retention(deps: Deps, topic: str | None = None) -> RetentionReport:

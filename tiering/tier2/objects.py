@@ -154,3 +154,11 @@ def list_objects(b: Bucket, prefix: str | None = None) -> Iterator[dict]:
     paginator = b.s3.get_paginator("list_objects_v2")
     for page in paginator.paginate(Bucket=b.name, Prefix=b.prefix if prefix is None else prefix):
         yield from page.get("Contents", [])
+
+
+def put_bytes(b: Bucket, key: str, body: bytes, metadata: dict[str, str]) -> None:
+    """One PUT with a CRC32C the server checks."""
+    try:
+        b.s3.put_object(Bucket=b.name, Key=key, Body=body, Metadata=metadata, ChecksumAlgorithm="CRC32C")
+    except (ClientError, BotoCoreError) as exc:
+        raise tier2_error("PUT", key, exc) from None

@@ -1,0 +1,36 @@
+"""Retention's trim marker in tier 2 (`{prefix}{topic}/_trimmed`, format/keys.py): ledgers below it were
+deleted on purpose, so recovery from the bucket alone does not bring them back. Written by retention, read
+by recovery; S3 errors mapped to `Tier2Error`."""
+from __future__ import annotations
+
+import json
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from tiering.format.keys import trim_marker_key
+from tiering.tier2.objects import Bucket, error_code, tier2_error
+
+
+def read_trim_marker(b: Bucket, topic: str) -> int:
+    """The first ledger not trimmed on purpose, -1 when the topic has no marker."""
+    key = trim_marker_key(b.prefix, topic)
+    try:
+        return int(json.loads(b.s3.get_object(Bucket=b.name, Key=key)["Body"].read())["trimmed_before_ledger"])
+    except ClientError as exc:
+        if error_code(exc) in ("NoSuchKey", "404"):
+            return -1
+        raise tier2_error("GET", key, exc) from None
+    except BotoCoreError as exc:
+        raise tier2_error("GET", key, exc) from None
+
+
+def record_trim(b: Bucket, topic: str, before_ledger: int) -> None:
+    """Write the topic's trim marker, only ever moving it forward."""
+    if before_ledger <= read_trim_marker(b, topic):
+        return
+    key = trim_marker_key(b.prefix, topic)
+    try:
+        b.s3.put_object(Bucket=b.name, Key=key, Body=json.dumps({"trimmed_before_ledger": before_ledger}).encode(),
+                        ContentType="application/json")
+    except (ClientError, BotoCoreError) as exc:
+        raise tier2_error("PUT", key, exc) from None
