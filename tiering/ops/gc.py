@@ -46,7 +46,7 @@ from tiering.format.keys import is_trim_marker
 from tiering.metadata import gc_queue
 from tiering.ops.context import Deps
 from tiering.ops.export_metadata import default_export_prefix
-from tiering.tier2.objects import check_bucket, delete_keys, list_objects, list_uploads
+from tiering.tier2.objects import abort_upload, check_bucket, delete_keys, list_objects, list_uploads
 
 
 @dataclass
@@ -120,5 +120,5 @@ def _abort_stale_uploads(deps: Deps, grace: timedelta, report: GcReport) -> None
     prefixes = [b.prefix] if not b.prefix else [b.prefix, default_export_prefix(b.prefix)]  # "" lists all
     stale = [up for p in prefixes for up in list_uploads(b, p) if up["Initiated"] <= cutoff]
     for up in stale:
-        b.s3.abort_multipart_upload(Bucket=b.name, Key=up["Key"], UploadId=up["UploadId"])
+        abort_upload(b, up["Key"], up["UploadId"])
         report.uploads_aborted += 1

@@ -162,3 +162,11 @@ def put_bytes(b: Bucket, key: str, body: bytes, metadata: dict[str, str]) -> Non
         b.s3.put_object(Bucket=b.name, Key=key, Body=body, Metadata=metadata, ChecksumAlgorithm="CRC32C")
     except (ClientError, BotoCoreError) as exc:
         raise tier2_error("PUT", key, exc) from None
+
+
+def abort_upload(b: Bucket, key: str, upload_id: str) -> None:
+    """Abort a multipart upload (GC's sweep of stale ones)."""
+    try:
+        b.s3.abort_multipart_upload(Bucket=b.name, Key=key, UploadId=upload_id)
+    except (ClientError, BotoCoreError) as exc:
+        raise tier2_error("abort upload", key, exc) from None
