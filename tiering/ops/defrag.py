@@ -12,6 +12,7 @@ aborts the merge whole: nothing is lost, the merged objects are deleted.
 """
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable
@@ -26,6 +27,10 @@ from tiering.ops.context import Deps, select_topics
 from tiering.tier2.multipart import MultipartUpload
 from tiering.tier2.objects import check_bucket, delete_keys, prefetch_ranges, put_bytes
 from tiering.tier2.offloader import StepHook
+
+# What an operator should see of a swallowed cleanup failure (the exception's type only: messages of
+# database drivers may carry connection details).
+log = logging.getLogger(__name__)
 
 MIN_PART = 5 * MIB
 
@@ -90,7 +95,9 @@ def _discard(deps: Deps, attempt: str, *keys: str) -> None:
     try:
         if any(deps.meta.chunks_referencing(k) for k in keys):
             return
-    except Exception:
+    except Exception as exc:
+        log.warning("defrag attempt %s not discarded (%s): its merged objects stay queued for GC", attempt,
+                    type(exc).__name__)
         return
     if not delete_keys(deps.bucket, keys):
         deps.meta.dequeue_gc(attempt)

@@ -10,6 +10,7 @@ and in every case objects nobody references are still queued for GC.
 """
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable
@@ -21,6 +22,10 @@ from tiering.model import Chunk, Ledger, LedgerState, Position
 from tiering.ops.context import Deps, select_topics
 from tiering.tier2.objects import check_bucket, delete_keys
 from tiering.tier2.offloader import LedgerToUpload, StepHook, upload_ledger
+
+# What an operator should see of a swallowed cleanup failure (the exception's type only: messages of
+# database drivers may carry connection details).
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -69,16 +74,21 @@ def _undo(deps: Deps, started: Ledger, attempt: str, keys: tuple[str, str]) -> N
     reply is not a failed commit) or we cannot tell — then GC's queue and reference check decide."""
     try:
         now = deps.meta.get_ledger(started.topic, started.ledger_id)
-    except Exception:
-        return  # metadata unreachable: leave the keys queued; GC deletes them only if unreferenced
+    except Exception as exc:
+        # metadata unreachable: leave the keys queued; GC deletes them only if unreferenced
+        log.warning("offload of %s/%s attempt %s not undone (%s): its objects stay queued for GC",
+                    started.topic, started.ledger_id, attempt, type(exc).__name__)
+        return
     if now.state == LedgerState.OFFLOADED and now.offload_uuid == attempt:
         return
     failed = delete_keys(deps.bucket, keys)
     if now.state == LedgerState.OFFLOADING and now.offload_uuid == attempt:
         try:
             deps.meta.abort_offload(now, attempt, objects_deleted=not failed)
-        except Exception:
-            pass  # taken over meanwhile, or metadata gone: the attempt times out and is taken over
+        except Exception as exc:
+            # taken over meanwhile, or metadata gone: the attempt times out and is taken over
+            log.warning("offload of %s/%s attempt %s left OFFLOADING (%s): taken over after the offload timeout",
+                        started.topic, started.ledger_id, attempt, type(exc).__name__)
 
 
 def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,

@@ -11,6 +11,7 @@ over after the offload timeout.
 """
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Iterator, Sequence
 
@@ -20,6 +21,10 @@ from tiering.ops.context import Deps
 from tiering.tier2.batch_upload import upload_batch
 from tiering.tier2.objects import delete_keys
 from tiering.tier2.offloader import LedgerToUpload, StepHook
+
+# What an operator should see of a swallowed cleanup failure (the exception's type only: messages of
+# database drivers may carry connection details).
+log = logging.getLogger(__name__)
 
 
 def batches(ledgers: Sequence[Ledger], small_bytes: int, max_bytes: int,
@@ -79,13 +84,18 @@ def _undo(deps: Deps, started: Sequence[Ledger], attempt: str, keys: tuple[str, 
     read; else delete the objects and return the ledgers still holding the attempt to SEALED."""
     try:
         now = [deps.meta.get_ledger(led.topic, led.ledger_id) for led in started]
-    except Exception:
-        return  # leave the keys queued; GC deletes them only if unreferenced
+    except Exception as exc:
+        # leave the keys queued; GC deletes them only if unreferenced
+        log.warning("batch offload attempt %s not undone (%s): its objects stay queued for GC", attempt,
+                    type(exc).__name__)
+        return
     if any(n.state == LedgerState.OFFLOADED and n.offload_uuid == attempt for n in now):
         return
     failed = delete_keys(deps.bucket, keys)
     mine = [n for n in now if n.state == LedgerState.OFFLOADING and n.offload_uuid == attempt]
     try:
         deps.meta.abort_offload_batch(mine, attempt, objects_deleted=not failed)
-    except Exception:
-        pass  # metadata gone: the attempt times out and is taken over
+    except Exception as exc:
+        # metadata gone: the attempt times out and is taken over
+        log.warning("batch offload attempt %s left OFFLOADING (%s): taken over after the offload timeout", attempt,
+                    type(exc).__name__)
