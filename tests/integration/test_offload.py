@@ -1,6 +1,7 @@
 """Offload to the real loopback S3 and PostgreSQL: layout, read-back, failures, races, corruption."""
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import timedelta
 
@@ -210,3 +211,25 @@ def test_offload_prefix_reports_first_error_and_continues(deps):
     assert report.offloaded == [0, 2] and list(report.failed) == [1]
     assert report.first_error.startswith("ledger 1") and first == Position(1, 0)
     assert deps.meta.get_ledger("t", 1).state == S.SEALED
+
+
+def test_undo_that_cannot_read_metadata_leaves_a_warning(deps, monkeypatch, caplog):
+    """A swallowed cleanup failure leaves a trace an operator sees (issue 12): a log record naming the
+    attempt and the exception type, not the driver's message (it may carry connection details)."""
+    produce(deps, "t", [entries("w", 3, 100)])
+    [led] = deps.meta.list_ledgers("t")
+
+    def down(*_args):
+        raise OSError("metadata down at host secret-host")
+
+    def hook(name):
+        if name == "index":  # the upload fails, and metadata is gone when the undo looks
+            monkeypatch.setattr(deps.meta, "get_ledger", down)
+            raise TieringError("injected failure")
+
+    with caplog.at_level(logging.WARNING, logger="tiering.ops.offload"), pytest.raises(TieringError):
+        offload_ledger(deps, led, hook)
+    [record] = [r for r in caplog.records if r.name == "tiering.ops.offload"]
+    message = record.getMessage()
+    assert record.levelno == logging.WARNING and "not undone (OSError)" in message
+    assert "t/0" in message and "secret-host" not in message
