@@ -64,14 +64,27 @@ def engine(database_url):
     eng.dispose()
 
 
-@pytest.fixture
-def db(engine):
-    """The run's database, emptied before the test."""
+def empty_tables(engine) -> None:
+    """Every table of the schema emptied, ids restarted."""
     from sqlalchemy import text
 
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
                           "tiering.attribute, tiering.job_run RESTART IDENTITY CASCADE"))
+
+
+def empty_world(engine, s3, bucket: str) -> None:
+    """Tables and bucket both emptied: a module that builds one world for all its tests starts from nothing.
+    Emptying only the tables would leave an earlier module's objects in the bucket, unreferenced: orphans
+    to every check of the bucket against the metadata."""
+    empty_tables(engine)
+    _empty_bucket(s3, bucket)
+
+
+@pytest.fixture
+def db(engine):
+    """The run's database, emptied before the test."""
+    empty_tables(engine)
     return engine
 
 

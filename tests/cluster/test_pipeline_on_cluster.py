@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
+from tests.conftest import empty_world
 from tests.cluster.conftest import cluster_dags_test
 from tests.cluster.sparkcluster import executor_tasks
 from tests.integration.helpers import entries, make_deps, produce
@@ -19,9 +20,7 @@ BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
 
 @pytest.fixture(scope="module")
 def deps(cluster_airflow, engine, s3_client, run_bucket):
-    with engine.begin() as conn:
-        conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
-                          "tiering.attribute, tiering.job_run RESTART IDENTITY CASCADE"))
+    empty_world(engine, s3_client, run_bucket)
     return make_deps(engine, s3_client, run_bucket, cluster_airflow.tier1_root)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
+from tests.conftest import empty_world
 from tests.dags.conftest import dags_test
 from tests.integration.helpers import bucket_keys, entries, make_deps, produce
 from tiering.model import LedgerState as S, Position, TopicPolicy
@@ -19,11 +20,7 @@ BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
 
 @pytest.fixture(scope="module")
 def deps(airflow, engine, s3_client, run_bucket):
-    from sqlalchemy import text as sql
-
-    with engine.begin() as conn:
-        conn.execute(sql("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
-                         "tiering.attribute, tiering.job_run RESTART IDENTITY CASCADE"))
+    empty_world(engine, s3_client, run_bucket)
     return make_deps(engine, s3_client, run_bucket, airflow.tier1_root)
 
 

@@ -25,6 +25,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from tests.conftest import empty_world
 from tests.integration.helpers import entries, make_deps, produce
 from tiering.model import LedgerState as S, TopicPolicy
 
@@ -158,9 +159,7 @@ def test_make_up_runs_scheduled_and_triggered_dags_to_success(up, engine, s3_cli
     assert json.loads(by_id["tiering_s3"]["extra"])["bucket"] == run_bucket
 
     deps = make_deps(engine, s3_client, run_bucket, up.local / "tier1")
-    with engine.begin() as conn:
-        conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
-                          "tiering.attribute, tiering.job_run RESTART IDENTITY CASCADE"))
+    empty_world(engine, s3_client, run_bucket)
     produce(deps, "due", [entries("d0", 5, 200), entries("d1", 5, 200)],
             TopicPolicy(offload_after_seconds=0, **BIG), open_tail=[b"open"])
     produce(deps, "manual", [[b"a"], [b"b"], [b"c"]], TopicPolicy(**BIG), open_tail=[b"d"])

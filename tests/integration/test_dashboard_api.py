@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from tests.conftest import _empty_bucket
+from tests.conftest import empty_world
 from tests.integration.helpers import entries, make_deps, produce
 from tiering.dashboard import make_read_only_engine
 from tiering.metadata.job_runs import JobOutcome, JobRuns
@@ -74,10 +74,7 @@ def world(engine, s3_client, run_bucket, tmp_path_factory):
     - ODD: 1 sealed ledger of 3 x 111 B, never offloaded;
     plus 5 GC tasks (3 due) and 2 job runs (one finished, one running)."""
     # Built once for the module (the tests only read): the run's database and bucket, emptied first.
-    with engine.begin() as conn:
-        conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
-                          "tiering.attribute, tiering.job_run RESTART IDENTITY CASCADE"))
-    _empty_bucket(s3_client, run_bucket)
+    empty_world(engine, s3_client, run_bucket)
     bucket, db = run_bucket, engine
     deps = make_deps(db, s3_client, bucket, tmp_path_factory.mktemp("dashboard-tier1"))
     produce(deps, "orders", [entries("o0", 10, 1000), entries("o1", 20, 500), entries("o2", 5, 2000)],
