@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import sys
 
+from tiering import clients
 from tiering.config import Settings
 from tiering.metadata.repository import MetadataStore
 from tiering.model import Position
 from tiering.read import Entry, ReadHandle
 from tiering.tier1 import Tier1Store
-from tiering.tier2.objects import Bucket
 from tiering.tier2.reader import tier2_opener
 from tiering.workload import payload
 
 
 def main(topic: str, seed: str, size: int, per_ledger: int, start: str, end: str) -> int:
     s = Settings.from_env()
-    meta = MetadataStore(s.engine())
-    handle = ReadHandle(meta, Tier1Store(s.tier1_root), tier2_opener(Bucket(s.s3_client(), s.bucket, s.prefix)))
+    meta = MetadataStore(clients.engine(s))
+    handle = ReadHandle(meta, Tier1Store(s.tier1_root), tier2_opener(clients.bucket(s)))
     tiers, n, gaps = {1: 0, 2: 0}, 0, 0
     present = {led.ledger_id: led.tier1_present for led in meta.list_ledgers(topic)}
     for item in handle.read(topic, Position.parse(start), Position.parse(end)):

@@ -151,30 +151,9 @@ class Settings:
             env["AWS_SECRET_ACCESS_KEY"] = self.aws_secret_access_key
         return env
 
-    # -- clients built from the settings (the layers below take these as arguments) --
-
-    def engine(self, **kwargs):
-        from tiering.metadata.db import make_engine
-
-        return make_engine(self.database_url, **kwargs)
-
-    def s3_client(self, max_pool_connections: int = 32):
-        import boto3
-        from botocore.config import Config
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.s3_endpoint_url,
-            aws_access_key_id=self.aws_access_key_id,
-            aws_secret_access_key=self.aws_secret_access_key,
-            region_name=self.aws_region,
-            config=Config(max_pool_connections=max_pool_connections, retries={"max_attempts": 5, "mode": "standard"},
-                          request_checksum_calculation="when_required", response_checksum_validation="when_required"),
-        )
-
 
 def pyarrow_s3_filesystem(**kwargs):
-    """pyarrow's S3 filesystem, sending checksums only when an operation requires one (as `s3_client()`).
+    """pyarrow's S3 filesystem, sending checksums only when an operation requires one (as `tiering.clients.s3_client`).
 
     Its AWS C++ SDK otherwise uploads parts as `aws-chunked` with a trailing checksum and no Content-Length,
     which Ceph RGW 16 and other older S3-compatible servers refuse (HTTP 411 MissingContentLength). pyarrow

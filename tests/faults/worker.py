@@ -178,19 +178,16 @@ class Stopper:
 
 
 def build_deps():
+    from tiering import clients
     from tiering.config import Settings
-    from tiering.metadata.repository import MetadataStore
-    from tiering.ops.context import Deps, Knobs
-    from tiering.tier1 import Tier1Store
-    from tiering.tier2.objects import Bucket
+    from tiering.ops.context import Knobs
 
     s = Settings.from_env()
     knobs = Knobs(block_size=s.block_size, upload_concurrency=s.upload_concurrency,
                   offload_timeout=timedelta(seconds=float(os.environ.get("FAULT_OFFLOAD_TIMEOUT", "1"))),
                   gc_delay=timedelta(seconds=float(os.environ.get("FAULT_GC_DELAY", "0"))),
                   batch_small_bytes=int(os.environ.get("FAULT_BATCH_BYTES", "0")))
-    return Deps(MetadataStore(s.engine()), Tier1Store(s.tier1_root), Bucket(s.s3_client(), s.bucket, s.prefix),
-                knobs)
+    return clients.deps(s, knobs=knobs)
 
 
 def main(argv: list[str]) -> int:

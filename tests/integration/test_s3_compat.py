@@ -2,7 +2,7 @@
 
 Locally that is Ceph RGW (`make services`); point TIERING_S3_ENDPOINT_URL and the AWS_* keys at AWS S3,
 MinIO or another Ceph to check a server before trusting it with tier 2. The client is the product's own
-(`Settings.s3_client`, checksums only when required), so the requests are the product's requests.
+(`tiering.clients.s3_client`, checksums only when required), so the requests are the product's requests.
 
 Not relied on, so not tested: conditional PUT (`If-None-Match`; keys carry a fresh UUID instead), the
 server verifying `x-amz-checksum-crc32c` (RGW 16 accepts a wrong one: readers check pages themselves),
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
+from tiering import clients
 from tiering.config import Settings
 from tiering.format.keys import data_key
 from tiering.format.metadata import check_user_metadata, user_metadata
@@ -34,7 +35,7 @@ def s3(s3_settings):
                         s3_endpoint_url=s3_settings["endpoint_url"], aws_region=s3_settings["region_name"],
                         aws_access_key_id=s3_settings["aws_access_key_id"],
                         aws_secret_access_key=s3_settings["aws_secret_access_key"])
-    return settings.s3_client()
+    return clients.s3_client(settings)
 
 
 def blob(n: int, seed: int) -> bytes:

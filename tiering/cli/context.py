@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
+from tiering import clients
 from tiering.config import Settings
 from tiering.errors import ConfigError
 
@@ -19,7 +20,7 @@ class Context:
         from sqlalchemy.exc import ArgumentError  # heavy: see the module docstring
 
         try:
-            return self.settings.engine()
+            return clients.engine(self.settings)
         except (ArgumentError, ValueError):  # e.g. a port that is not a number; the message may hold the URL
             raise ConfigError("TIERING_DATABASE_URL is malformed: expected "
                               "postgresql://USER:PASSWORD@HOST:PORT/DATABASE") from None
@@ -39,9 +40,7 @@ class Context:
 
     @cached_property
     def bucket(self):
-        from tiering.tier2.objects import Bucket  # boto3: see the module docstring
-
-        return Bucket(self.settings.s3_client(), self.settings.bucket, self.settings.prefix)
+        return clients.bucket(self.settings)
 
     @cached_property
     def deps(self):

@@ -83,7 +83,9 @@ class TieringSparkSubmitOperator(SparkSubmitOperator):
         from tiering.jobs.runner import outcome_lines
         from tiering.metadata.job_runs import JobRuns
 
-        engine = settings.engine(pool_size=1)
+        from tiering import clients
+
+        engine = clients.engine(settings, pool_size=1)
         try:
             row = JobRuns(engine).by_airflow_run(ref.dag_id, ref.dag_run_id, ref.try_number)
         except Exception as exc:  # noqa: BLE001 - the log summary must not hide the task's own outcome

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy.engine import make_url
 
+from tiering import clients
 from tiering.config import Settings
 from tiering.ops import export_metadata as ex
 
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
     from tiering.metadata.job_runs import JobOutcome, JobRuns
 
     settings = Settings.from_env()
-    engine = settings.engine(pool_size=1)
+    engine = clients.engine(settings, pool_size=1)
     runs = JobRuns(engine)
     run_id = runs.start("export_metadata", None, run_ref("export_metadata"))
     outcome = JobOutcome()

@@ -13,14 +13,12 @@ import time
 import traceback
 from typing import Callable, Iterable, Iterator
 
+from tiering import clients
 from tiering.config import Settings
 from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
-from tiering.metadata.repository import MetadataStore
-from tiering.ops.context import Deps, Knobs
-from tiering.tier1 import Tier1Store
+from tiering.ops.context import Deps
 from tiering.tier1.marker import check_root, root_token
-from tiering.tier2.objects import Bucket
 
 RETRIES = 2
 BACKOFF_SECONDS = 1.0
@@ -30,9 +28,7 @@ Work = Callable[[Deps, dict], tuple[int, bool]]
 
 
 def deps_from(settings: Settings, **knobs) -> Deps:
-    return Deps(MetadataStore(settings.engine(pool_size=2)), Tier1Store(settings.tier1_root),
-                Bucket(settings.s3_client(), settings.bucket, settings.prefix),
-                Knobs.from_settings(settings, **knobs))
+    return clients.deps(settings, pool_size=2, **knobs)
 
 
 def topic_arg(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,50 @@
+"""The one client factory: the SQLAlchemy engine, the boto3 S3 client, the tier-2 bucket and the operations'
+`Deps`, built from `Settings`.
+
+`config.py` is the ground floor: it reads and validates settings and builds nothing. Building a client needs
+the layers above it (metadata, tier2, ops), so the factory lives here, above `ops/`, and the CLI, the Spark
+jobs, the DAGs and the tests all call it. Heavy libraries are imported inside the functions on purpose:
+`tiering --help` and a refused argument must not pay for SQLAlchemy or boto3."""
+from __future__ import annotations
+
+from tiering.config import Settings
+
+
+def engine(settings: Settings, **kwargs):
+    from tiering.metadata.db import make_engine
+
+    return make_engine(settings.database_url, **kwargs)
+
+
+def s3_client(settings: Settings, max_pool_connections: int = 32):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint_url,
+        aws_access_key_id=settings.aws_access_key_id,
+        aws_secret_access_key=settings.aws_secret_access_key,
+        region_name=settings.aws_region,
+        # checksums only when an operation requires them: older S3-compatible servers (Ceph RGW 16) neither
+        # return nor verify the newer flexible checksums, and the readers check every page themselves
+        config=Config(max_pool_connections=max_pool_connections, retries={"max_attempts": 5, "mode": "standard"},
+                      request_checksum_calculation="when_required", response_checksum_validation="when_required"),
+    )
+
+
+def bucket(settings: Settings, client=None):
+    from tiering.tier2.objects import Bucket
+
+    return Bucket(client or s3_client(settings), settings.bucket, settings.prefix)
+
+
+def deps(settings: Settings, *, pool_size: int = 5, knobs=None, **knob_overrides):
+    """Everything an operation takes: metadata store, tier-1 store, tier-2 bucket and the knobs (from the
+    settings unless given)."""
+    from tiering.metadata.repository import MetadataStore
+    from tiering.ops.context import Deps, Knobs
+    from tiering.tier1 import Tier1Store
+
+    return Deps(MetadataStore(engine(settings, pool_size=pool_size)), Tier1Store(settings.tier1_root),
+                bucket(settings), knobs or Knobs.from_settings(settings, **knob_overrides))
