@@ -37,13 +37,11 @@ from zoneinfo import ZoneInfo
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from sqlalchemy import BigInteger, Boolean, DateTime, Integer, Text, cast, func, select, text
-from sqlalchemy.dialects.postgresql import ENUM, JSONB, UUID
-from sqlalchemy.engine import Connection, Engine
 
 from tiering.config import pyarrow_s3_filesystem
 from tiering.errors import BadInput, TieringError
-from tiering.metadata import tables as T
+from tiering.metadata import export_rows as R
+from tiering.metadata.export_rows import jdbc_query, table_names  # re-exported: the Spark job uses them from here
 
 FORMAT = "tiering-metadata-export"
 FORMAT_VERSION = 1
@@ -51,79 +49,15 @@ MANIFEST = "manifest.json"
 DEFAULT_BATCH_ROWS = 10_000
 DEFAULT_ROWS_PER_PART = 1_000_000
 
-# FK order: parents before children (import inserts in this order).
-_TABLES = (T.topic, T.ledger, T.chunk, T.gc_task, T.attribute, T.job_run)
-_BY_NAME = {t.name: t for t in _TABLES}
-# bigserial columns whose sequences import moves past the imported ids
-_SERIALS = {"topic": "topic_id", "gc_task": "task_id", "job_run": "run_id"}
 _UTC = _dt.timezone.utc
 
 
 # ----------------------------------------------------------------------------------------------- schema
-def table_names() -> list[str]:
-    """The exported tables, in FK order (import order)."""
-    return [t.name for t in _TABLES]
-
-
-def _table(name: str):
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise BadInput(f"unknown metadata table {name!r}; expected one of {', '.join(table_names())}") from None
-
-
-def _arrow_type(col) -> pa.DataType:
-    t = col.type
-    if isinstance(t, (JSONB, UUID, ENUM, Text)):  # ENUM before nothing else: it subclasses String
-        return pa.string()
-    if isinstance(t, BigInteger):
-        return pa.int64()
-    if isinstance(t, Integer):
-        return pa.int32()
-    if isinstance(t, Boolean):
-        return pa.bool_()
-    if isinstance(t, DateTime):
-        return pa.timestamp("us", tz="UTC")
-    raise TypeError(f"no Arrow type for {col.table.name}.{col.name} ({t!r})")  # a new column type: add it here
-
-
-def _pg_kind(col) -> str:
-    t = col.type
-    if isinstance(t, JSONB):
-        return "jsonb"
-    if isinstance(t, UUID):
-        return "uuid"
-    if isinstance(t, ENUM):
-        return "enum"
-    return ""
-
-
 def arrow_schema(table: str) -> pa.Schema:
     """The Arrow schema of one table's files: column order and nullability as in PostgreSQL."""
-    tbl = _table(table)
-    fields = []
-    for c in tbl.columns:
-        kind = _pg_kind(c)
-        fields.append(pa.field(c.name, _arrow_type(c), nullable=c.nullable,
-                               metadata={"pg_type": kind} if kind else None))
+    fields = [pa.field(c.name, c.arrow_type, nullable=c.nullable,
+                       metadata={"pg_type": c.pg_kind} if c.pg_kind else None) for c in R.columns(table)]
     return pa.schema(fields, metadata={"tiering.table": table, "tiering.format_version": str(FORMAT_VERSION)})
-
-
-def _select(tbl):
-    """SELECT with jsonb as its PostgreSQL text (what JDBC gives too), ordered by primary key."""
-    cols = [cast(c, Text).label(c.name) if isinstance(c.type, JSONB) else c for c in tbl.columns]
-    return select(*cols).order_by(*tbl.primary_key.columns)
-
-
-def jdbc_query(table: str) -> str:
-    """The SELECT a Spark JDBC reader should run for `table` (option `query`): uuid, enum and jsonb come as
-    text, so Spark sees strings, longs, ints, booleans and timestamps only. Set the Spark session time zone
-    to UTC (spark.sql.session.timeZone=UTC) so timestamps are not shifted."""
-    tbl = _table(table)
-    cols = []
-    for c in tbl.columns:
-        cols.append(f"{c.name}::text AS {c.name}" if _pg_kind(c) else c.name)
-    return f"SELECT {', '.join(cols)} FROM tiering.{tbl.name}"
 
 
 # ----------------------------------------------------------------------------------------------- rows
@@ -165,15 +99,14 @@ def rows_to_table(table: str, rows: Iterable[Mapping], naive_tz: str | _dt.tzinf
     ISO strings; uuids as UUID or str; the state as str or enum; jsonb as JSON text or a dict/list (dumped).
     A missing or NULL value in a NOT NULL column, or a value of the wrong kind, raises BadInput."""
     schema = arrow_schema(table)
-    tbl = _table(table)
     tz = ZoneInfo(naive_tz) if isinstance(naive_tz, str) else naive_tz
-    cols: dict[str, list] = {c.name: [] for c in tbl.columns}
+    cols: dict[str, list] = {f.name: [] for f in schema}
     converters = []
-    for c, f in zip(tbl.columns, schema):
+    for c, f in zip(R.columns(table), schema):
         if pa.types.is_timestamp(f.type):
             conv = lambda v, w: _to_utc(v, tz, w)  # noqa: E731
         elif pa.types.is_string(f.type):
-            conv = (lambda k: lambda v, w: _to_text(v, k, w))(_pg_kind(c))
+            conv = (lambda k: lambda v, w: _to_text(v, k, w))(c.pg_kind)
         elif pa.types.is_boolean(f.type):
             conv = lambda v, w: v if isinstance(v, bool) else _bad_bool(v, w)  # noqa: E731
         else:
@@ -246,7 +179,7 @@ def _join(base: str, *names: str) -> str:
 
 def part_path(table: str, part_no: int) -> str:
     """A part's path relative to the base path."""
-    _table(table)
+    R.table(table)
     return f"{table}/part-{part_no:05d}.parquet"
 
 
@@ -304,24 +237,7 @@ class Manifest:
             raise BadInput(f"{where} is malformed: {type(exc).__name__}: {exc}") from None
 
 
-def _migrations(conn: Connection) -> list[dict]:
-    if not conn.execute(text("SELECT to_regclass('tiering.schema_migrations')")).scalar():
-        return []
-    return [{"name": n, "checksum": c} for n, c in conn.execute(
-        text("SELECT name, checksum FROM tiering.schema_migrations ORDER BY name"))]
-
-
-def _sequences(conn: Connection) -> dict[str, int | None]:
-    out = {}
-    for table, col in _SERIALS.items():
-        seq = conn.execute(text("SELECT pg_get_serial_sequence(:t, :c)"),
-                           {"t": f"tiering.{table}", "c": col}).scalar()
-        row = conn.execute(text(f"SELECT last_value, is_called FROM {seq}")).one()
-        out[f"{table}.{col}"] = row.last_value if row.is_called else None
-    return out
-
-
-def build_manifest(engine_or_conn, parts: Mapping[str, Sequence[PartFile]],
+def build_manifest(source, parts: Mapping[str, Sequence[PartFile]],
                    exported_at: _dt.datetime | None = None) -> Manifest:
     """The manifest of an export whose parts were written (e.g. by Spark executors): migrations and
     sequences are read from the database now. Every table must have at least one part."""
@@ -329,16 +245,10 @@ def build_manifest(engine_or_conn, parts: Mapping[str, Sequence[PartFile]],
     if missing:
         raise BadInput(f"no parts for tables {', '.join(missing)} (an empty table still gets one empty part)")
 
-    def build(conn: Connection) -> Manifest:
-        at = exported_at or conn.execute(select(func.now())).scalar_one()
-        return Manifest(FORMAT_VERSION, at.astimezone(_UTC).isoformat(), _migrations(conn),
-                        {t: TableManifest(sum(p.rows for p in parts[t]), list(parts[t])) for t in table_names()},
-                        _sequences(conn))
-
-    if isinstance(engine_or_conn, Connection):
-        return build(engine_or_conn)
-    with engine_or_conn.connect() as conn:
-        return build(conn)
+    facts = R.manifest_facts(source, exported_at)  # an engine, a connection or an export_rows.Snapshot
+    return Manifest(FORMAT_VERSION, facts.exported_at.astimezone(_UTC).isoformat(), facts.migrations,
+                    {t: TableManifest(sum(p.rows for p in parts[t]), list(parts[t])) for t in table_names()},
+                    facts.sequences)
 
 
 def check_parts(fs: pafs.FileSystem, base_path: str, manifest: Manifest) -> None:
@@ -432,7 +342,7 @@ class _PartWriter:
             self.sink.close()
 
 
-def export_metadata(engine: Engine, fs: pafs.FileSystem, base_path: str, batch_rows: int = DEFAULT_BATCH_ROWS,
+def export_metadata(engine, fs: pafs.FileSystem, base_path: str, batch_rows: int = DEFAULT_BATCH_ROWS,
                     rows_per_part: int = DEFAULT_ROWS_PER_PART, overwrite: bool = False) -> Manifest:
     """Write a consistent Parquet snapshot of the metadata tables under `base_path`; returns its manifest.
 
@@ -450,41 +360,35 @@ def export_metadata(engine: Engine, fs: pafs.FileSystem, base_path: str, batch_r
             if _exists(fs, _join(base_path, t)):
                 fs.delete_dir_contents(_join(base_path, t), missing_dir_ok=True)
 
-    with engine.connect() as conn:
-        conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
-        with conn.begin():
-            exported_at = conn.execute(select(func.now())).scalar_one()
-            parts = {t.name: _export_table(conn, fs, base_path, t, batch_rows, rows_per_part) for t in _TABLES}
-            manifest = build_manifest(conn, parts, exported_at)
+    with R.snapshot(engine) as snap:
+        parts = {t: _export_table(snap, fs, base_path, t, batch_rows, rows_per_part) for t in table_names()}
+        manifest = build_manifest(snap, parts, snap.now)
     write_manifest(fs, base_path, manifest)
     return manifest
 
 
-def _export_table(conn: Connection, fs: pafs.FileSystem, base_path: str, tbl, batch_rows: int,
+def _export_table(snap: R.Snapshot, fs: pafs.FileSystem, base_path: str, table: str, batch_rows: int,
                   rows_per_part: int) -> list[PartFile]:
-    schema = arrow_schema(tbl.name)
+    schema = arrow_schema(table)
     parts: list[PartFile] = []
     writer: _PartWriter | None = None
     try:
-        # a server-side (named) cursor: rows arrive batch_rows at a time
-        result = conn.execute(_select(tbl), execution_options={"stream_results": True, "yield_per": batch_rows})
-        for batch in result.partitions():
-            rows = [r._mapping for r in batch]
+        for rows in snap.stream(table, batch_rows):
             while rows:
                 if writer is None:
-                    writer = _PartWriter(fs, base_path, tbl.name, part_path(tbl.name, len(parts)), schema)
+                    writer = _PartWriter(fs, base_path, table, part_path(table, len(parts)), schema)
                 take = rows[:rows_per_part - writer.rows]
                 rows = rows[len(take):]
-                writer.write(rows_to_table(tbl.name, take))
+                writer.write(rows_to_table(table, take))
                 if writer.rows >= rows_per_part:
                     writer.__exit__(None, None, None)
-                    parts.append(PartFile(part_path(tbl.name, len(parts)), writer.rows))
+                    parts.append(PartFile(part_path(table, len(parts)), writer.rows))
                     writer = None
         if writer is None and not parts:  # an empty table still has one (empty) part with its schema
-            writer = _PartWriter(fs, base_path, tbl.name, part_path(tbl.name, 0), schema)
+            writer = _PartWriter(fs, base_path, table, part_path(table, 0), schema)
         if writer is not None:
             writer.__exit__(None, None, None)
-            parts.append(PartFile(part_path(tbl.name, len(parts)), writer.rows))
+            parts.append(PartFile(part_path(table, len(parts)), writer.rows))
             writer = None
     finally:
         if writer is not None:

@@ -36,21 +36,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterator
 
-from sqlalchemy import func, insert, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import Engine
-
 from tiering.errors import CorruptObjectError, DataLossError, TieringError
 from tiering.format.block import HEADER_LEN, parse_block_header
 from tiering.format.index import INDEX_HEADER_LEN, OffloadIndex, decode_index
 from tiering.format.keys import INDEX_SUFFIX, ParsedKey, encode_topic, parse_key
-from tiering.metadata.tables import chunk as chunk_t, ledger as ledger_t, topic as topic_t
-from tiering.model import Chunk, LedgerState, TopicPolicy
+from tiering.metadata.recovery import RecoveredLedger, restore_topic
+from tiering.model import Chunk, TopicPolicy
 from tiering.tier2.markers import read_trim_marker
 from tiering.tier2.objects import Bucket, get_range, list_objects
 from tiering.tier2.reader import check_stored_pages
 
-_POLICY_FIELDS = tuple(TopicPolicy.__dataclass_fields__)
 # offload uuids that are not UUIDs (keys allow [0-9A-Za-z_-]) get a stable name-based one
 _UUID_NS = _uuid.UUID("6f1d3c2e-8a43-4f0e-9d7c-2b6a5e1f0c11")
 
@@ -106,7 +101,7 @@ class _Group:
     unchecked: int = 0  # ledgers whose index has no page index (offloaded before it existed)
 
 
-def recover_from_bucket(engine: Engine, bucket: Bucket, topic: str | None = None,
+def recover_from_bucket(engine, bucket: Bucket, topic: str | None = None,
                         policy: TopicPolicy = TopicPolicy(), concurrency: int = 8,
                         check_pages: bool = True) -> RecoverReport:
     """Rebuild the rows of every offloaded ledger the bucket holds (or only `topic`'s). With `check_pages`
@@ -141,7 +136,7 @@ def _by_topic(b: Bucket, prefix: str, report: RecoverReport) -> Iterator[tuple[s
         yield current, objects
 
 
-def _recover_topic(engine: Engine, b: Bucket, segment: str, objects: dict[str, tuple], policy: TopicPolicy,
+def _recover_topic(engine, b: Bucket, segment: str, objects: dict[str, tuple], policy: TopicPolicy,
                    pool: ThreadPoolExecutor, report: RecoverReport, check_pages: bool = True) -> None:
     sizes = {k: obj for k, (_, obj) in objects.items()}
     indexes = [(p, obj) for p, obj in objects.values() if p.is_index]
@@ -306,38 +301,15 @@ def _gaps(known: set[int]) -> list[tuple[int, int]]:
     return gaps
 
 
-def _commit_topic(engine: Engine, name: str, chosen: dict[int, _Copy], policy: TopicPolicy,
+def _commit_topic(engine, name: str, chosen: dict[int, _Copy], policy: TopicPolicy,
                   report: RecoverReport) -> None:
-    with engine.begin() as conn:
-        created = conn.execute(
-            pg_insert(topic_t).values(name=name, **{f: getattr(policy, f) for f in _POLICY_FIELDS})
-            .on_conflict_do_nothing(index_elements=[topic_t.c.name]).returning(topic_t.c.topic_id)).scalar()
-        row = conn.execute(select(topic_t.c.topic_id, topic_t.c.next_ledger_id)
-                           .where(topic_t.c.name == name).with_for_update()).one()
-        existing = set(conn.execute(select(ledger_t.c.ledger_id)
-                                    .where(ledger_t.c.topic_id == row.topic_id).with_for_update()).scalars())
-        now = conn.execute(select(func.now())).scalar_one()
-        new = [chosen[i] for i in sorted(chosen) if i not in existing]
-        if new:
-            conn.execute(insert(ledger_t), [{
-                "topic_id": row.topic_id, "ledger_id": c.ledger_id, "state": LedgerState.OFFLOADED.value,
-                "entry_count": c.entry_count, "size_bytes": c.length, "created_at": c.sealed_at,
-                "sealed_at": c.sealed_at, "tier1_present": False, "tier1_deleted_at": now,
-                "offload_uuid": _as_uuid(c.offload_uuid, c.chunk.index_key), "offload_started_at": c.started_at,
-                "offloaded_at": c.finished_at, "deleted_at": None, "version": 0} for c in new])
-            conn.execute(insert(chunk_t), [{
-                "topic_id": row.topic_id, "ledger_id": c.ledger_id, "data_key": c.chunk.data_key,
-                "data_offset": c.chunk.data_offset, "data_length": c.chunk.data_length,
-                "index_key": c.chunk.index_key, "index_offset": c.chunk.index_offset,
-                "index_length": c.chunk.index_length, "first_entry_id": c.chunk.first_entry_id,
-                "last_entry_id": c.chunk.last_entry_id, "created_at": now, "version": 0} for c in new])
-        top = max(chosen)
-        if row.next_ledger_id <= top:
-            conn.execute(update(topic_t).where(topic_t.c.topic_id == row.topic_id)
-                         .values(next_ledger_id=top + 1))
-    if created is not None:
+    restored = restore_topic(engine, name, policy, {i: RecoveredLedger(
+        c.ledger_id, c.entry_count, c.length, c.sealed_at, _as_uuid(c.offload_uuid, c.chunk.index_key),
+        c.started_at, c.finished_at, c.chunk) for i, c in chosen.items()})
+    existing = restored.existing
+    if restored.created:
         report.topics_created.append(name)
-    report.ledgers_recovered += [(name, c.ledger_id) for c in new]
+    report.ledgers_recovered += [(name, i) for i in restored.restored]
     report.already_known += [(name, i) for i in sorted(chosen) if i in existing]
     gaps = _gaps(existing | set(chosen))
     if gaps:

@@ -1,0 +1,95 @@
+"""The rows a metadata import writes (tiering/ops/import_metadata.py reads them from Parquet): one
+transaction, all or nothing -- tables locked, refused unless every table is empty and the migrations are the
+export's, rows inserted in FK order with their ids, the bigserial sequences moved past the imported ids, the
+deferred ledger/chunk constraint triggers checked before the commit.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Mapping
+
+from sqlalchemy import Text, bindparam, cast, insert, select, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+
+from tiering.errors import BadInput, TieringError
+from tiering.metadata.export_rows import SERIALS, TABLES, migrations, serial_sequence, table_names
+
+# load(table name, insert) -> rows loaded: feeds the table's rows through insert(list of row dicts)
+Loader = Callable[[str, Callable[[list[Mapping]], None]], int]
+
+
+def _insert_statement(tbl):
+    values = {}
+    for c in tbl.columns:
+        p = bindparam(f"p_{c.name}", type_=Text if isinstance(c.type, JSONB) else c.type)
+        values[c.name] = cast(p, JSONB) if isinstance(c.type, JSONB) else p
+    return insert(tbl).values(values)
+
+
+def _first_line(exc: Exception) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    return lines[0] if lines else type(orig).__name__
+
+
+def restore(engine: Engine, where: str, expected_migrations: list[dict], sequences: Mapping[str, int | None],
+            load: Loader, lock_timeout_seconds: int = 30) -> tuple[dict[str, int], dict[str, int]]:
+    """Insert every table's rows (through `load`, FK order) into the empty schema in one transaction;
+    returns (rows per table, sequences' last values). `where` names the export in error messages; a
+    BadInput raised by `load` rolls everything back too."""
+    rows: dict[str, int] = {}
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f"SET LOCAL lock_timeout = '{int(lock_timeout_seconds)}s'"))
+            have = migrations(conn)
+            if have != expected_migrations:
+                raise BadInput(
+                    f"export was taken at migrations {[m['name'] for m in expected_migrations]}, this database has "
+                    f"{[m['name'] for m in have]}" + (" (same names, different checksums)" if
+                                                      [m['name'] for m in have] ==
+                                                      [m['name'] for m in expected_migrations] else "")
+                    + "; import into a database migrated to the same version")
+            conn.execute(text("LOCK TABLE " + ", ".join(f"tiering.{t}" for t in table_names())
+                              + " IN ACCESS EXCLUSIVE MODE"))
+            busy = [t.name for t in TABLES if conn.execute(select(text("1")).select_from(t).limit(1)).first()]
+            if busy:
+                raise BadInput(f"refusing to import: tables {', '.join(busy)} hold rows (import restores into a "
+                               "freshly migrated, empty database)")
+            for tbl in TABLES:
+                stmt = _insert_statement(tbl)
+
+                def insert_rows(records: Iterable[Mapping], stmt=stmt) -> None:
+                    records = [{f"p_{k}": v for k, v in r.items()} for r in records]
+                    if records:
+                        conn.execute(stmt, records)
+
+                rows[tbl.name] = load(tbl.name, insert_rows)
+            last = _reset_sequences(conn, sequences)
+            # the deferred ledger<->chunk triggers run now, so a violation is reported like the others
+            conn.execute(text("SET CONSTRAINTS ALL IMMEDIATE"))
+    except (IntegrityError, DataError) as exc:
+        raise BadInput(f"import of {where!r} failed, nothing was imported: {_first_line(exc)}") from None
+    except OperationalError as exc:
+        if "lock timeout" in str(exc.orig):
+            raise TieringError("import failed, nothing was imported: the metadata tables are in use "
+                               f"(lock not granted within {lock_timeout_seconds}s)") from None
+        raise
+    return rows, last
+
+
+def _reset_sequences(conn: Connection, sequences: Mapping[str, int | None]) -> dict[str, int]:
+    out = {}
+    for table, col in SERIALS.items():
+        seq = serial_sequence(conn, table, col)
+        top = conn.execute(text(f"SELECT max({col}) FROM tiering.{table}")).scalar()
+        last = max(v for v in (top, sequences.get(f"{table}.{col}"), 0) if v is not None)
+        if last > 0:
+            conn.execute(text("SELECT setval(:s, :v, true)"), {"s": seq, "v": last})
+        else:
+            conn.execute(text("SELECT setval(:s, 1, false)"), {"s": seq})
+        out[f"{table}.{col}"] = last
+    return out
+
+
+__all__ = ["Loader", "restore"]

@@ -1,0 +1,76 @@
+"""The rows recovery restores (tiering/ops/recover.py finds them in the bucket): one topic's topic, ledger
+and chunk rows in ONE transaction, so a kill leaves the topic as it was or fully restored.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Mapping
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Engine
+
+from tiering.metadata.tables import chunk as chunk_t, ledger as ledger_t, topic as topic_t
+from tiering.model import Chunk, LedgerState, TopicPolicy
+
+_POLICY_FIELDS = tuple(TopicPolicy.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class RecoveredLedger:
+    """An offloaded ledger as its index object describes it."""
+
+    ledger_id: int
+    entry_count: int
+    size_bytes: int
+    sealed_at: datetime  # also its creation time: the bucket knows no other
+    offload_uuid: str  # a UUID's text
+    offload_started_at: datetime
+    offloaded_at: datetime
+    chunk: Chunk
+
+
+@dataclass
+class RestoredTopic:
+    created: bool  # the topic row was created (with the given policy)
+    existing: set[int] = field(default_factory=set)  # ledger ids the database had: left alone
+    restored: list[int] = field(default_factory=list)  # ledger ids inserted, ascending
+
+
+def restore_topic(engine: Engine, name: str, policy: TopicPolicy,
+                  ledgers: Mapping[int, RecoveredLedger]) -> RestoredTopic:
+    """Create topic `name` if missing (with `policy`), insert each ledger it does not have as OFFLOADED with
+    `tier1_present = false` and its chunk row, and move `next_ledger_id` past the largest id given; one
+    transaction. Ledgers the database already has are untouched, so a second run adds nothing."""
+    with engine.begin() as conn:
+        created = conn.execute(
+            pg_insert(topic_t).values(name=name, **{f: getattr(policy, f) for f in _POLICY_FIELDS})
+            .on_conflict_do_nothing(index_elements=[topic_t.c.name]).returning(topic_t.c.topic_id)).scalar()
+        row = conn.execute(select(topic_t.c.topic_id, topic_t.c.next_ledger_id)
+                           .where(topic_t.c.name == name).with_for_update()).one()
+        existing = set(conn.execute(select(ledger_t.c.ledger_id)
+                                    .where(ledger_t.c.topic_id == row.topic_id).with_for_update()).scalars())
+        now = conn.execute(select(func.now())).scalar_one()
+        new = [ledgers[i] for i in sorted(ledgers) if i not in existing]
+        if new:
+            conn.execute(insert(ledger_t), [{
+                "topic_id": row.topic_id, "ledger_id": c.ledger_id, "state": LedgerState.OFFLOADED.value,
+                "entry_count": c.entry_count, "size_bytes": c.size_bytes, "created_at": c.sealed_at,
+                "sealed_at": c.sealed_at, "tier1_present": False, "tier1_deleted_at": now,
+                "offload_uuid": c.offload_uuid, "offload_started_at": c.offload_started_at,
+                "offloaded_at": c.offloaded_at, "deleted_at": None, "version": 0} for c in new])
+            conn.execute(insert(chunk_t), [{
+                "topic_id": row.topic_id, "ledger_id": c.ledger_id, "data_key": c.chunk.data_key,
+                "data_offset": c.chunk.data_offset, "data_length": c.chunk.data_length,
+                "index_key": c.chunk.index_key, "index_offset": c.chunk.index_offset,
+                "index_length": c.chunk.index_length, "first_entry_id": c.chunk.first_entry_id,
+                "last_entry_id": c.chunk.last_entry_id, "created_at": now, "version": 0} for c in new])
+        top = max(ledgers)
+        if row.next_ledger_id <= top:
+            conn.execute(update(topic_t).where(topic_t.c.topic_id == row.topic_id)
+                         .values(next_ledger_id=top + 1))
+    return RestoredTopic(created is not None, existing, [c.ledger_id for c in new])
+
+
+__all__ = ["RecoveredLedger", "RestoredTopic", "restore_topic"]
