@@ -25,6 +25,7 @@ def s3_client(settings: Settings, max_pool_connections: int = 32):
         endpoint_url=settings.s3_endpoint_url,
         aws_access_key_id=settings.aws_access_key_id,
         aws_secret_access_key=settings.aws_secret_access_key,
+        aws_session_token=settings.aws_session_token,
         region_name=settings.aws_region,
         # checksums only when an operation requires them: older S3-compatible servers (Ceph RGW 16) neither
         # return nor verify the newer flexible checksums, and the readers check every page themselves

@@ -1,4 +1,4 @@
-"""Settings: the one place that reads the environment (or Airflow connections).
+"""Settings: the one place that reads the environment (Airflow connections: `tiering.jobs.hook.TieringHook`).
 
 Everything below this module takes its clients and paths as arguments. `Settings` never shows secrets in
 its repr, and errors name the variable, never its value.
@@ -32,6 +32,7 @@ VARIABLES = {
                                    "together into one object pair (default 8 MiB; 0: one pair per ledger)",
     "TIERING_PAGE_SIZE": "target bytes of a checksummed page of entries in tier 2 (default 64 KiB; at least 4096)",
     "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY": "S3 credentials (else boto3's default chain)",
+    "AWS_SESSION_TOKEN": "session token of temporary S3 credentials (optional)",
     "AWS_DEFAULT_REGION": "S3 region (default us-east-1)",
 }
 
@@ -45,6 +46,7 @@ class Settings:
     s3_endpoint_url: str | None = None
     aws_access_key_id: str | None = field(default=None, repr=False)
     aws_secret_access_key: str | None = field(default=None, repr=False)
+    aws_session_token: str | None = field(default=None, repr=False)
     aws_region: str = "us-east-1"
     block_size: int = 64 * MIB
     upload_concurrency: int = 4
@@ -73,6 +75,7 @@ class Settings:
             s3_endpoint_url=_endpoint(env.get("TIERING_S3_ENDPOINT_URL") or None, "TIERING_S3_ENDPOINT_URL"),
             aws_access_key_id=env.get("AWS_ACCESS_KEY_ID") or None,
             aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
+            aws_session_token=env.get("AWS_SESSION_TOKEN") or None,
             aws_region=env.get("AWS_DEFAULT_REGION") or "us-east-1",
             block_size=_block_size(env.get("TIERING_BLOCK_SIZE")),
             upload_concurrency=_int(env.get("TIERING_UPLOAD_CONCURRENCY"), "TIERING_UPLOAD_CONCURRENCY", 4, 1, 64),
@@ -84,32 +87,6 @@ class Settings:
             offload_batch_bytes=_int(env.get("TIERING_OFFLOAD_BATCH_BYTES"), "TIERING_OFFLOAD_BATCH_BYTES", 8 * MIB, 0,
                                      5 * 1024 * MIB),
         ).validated()
-
-    @classmethod
-    def from_airflow(cls, environ: Mapping[str, str] | None = None,
-                     metadata_conn_id: str = "tiering_metadata", s3_conn_id: str = "tiering_s3") -> "Settings":
-        """Settings from the Airflow connections, the environment filling what they do not say."""
-        from airflow.sdk import BaseHook  # imported here: the library works without Airflow
-
-        env = dict(os.environ if environ is None else environ)
-        pg = BaseHook.get_connection(metadata_conn_id)
-        env["TIERING_DATABASE_URL"] = _conn_to_url(pg)
-        aws = BaseHook.get_connection(s3_conn_id)
-        extra = aws.extra_dejson or {}
-        if aws.login:
-            env["AWS_ACCESS_KEY_ID"] = aws.login
-        if aws.password:
-            env["AWS_SECRET_ACCESS_KEY"] = aws.password
-        if extra.get("endpoint_url"):
-            env["TIERING_S3_ENDPOINT_URL"] = extra["endpoint_url"]
-        if extra.get("region_name"):
-            env["AWS_DEFAULT_REGION"] = extra["region_name"]
-        for key, var in (("bucket", "TIERING_BUCKET"), ("prefix", "TIERING_PREFIX"),
-                         ("offload_timeout_seconds", "TIERING_OFFLOAD_TIMEOUT_SECONDS"),
-                         ("gc_delay_seconds", "TIERING_GC_DELAY_SECONDS")):
-            if extra.get(key) not in (None, ""):
-                env[var] = str(extra[key])
-        return cls.from_env(env)
 
     def validated(self) -> "Settings":
         if not self.bucket or len(self.bucket) < 3:
@@ -149,6 +126,8 @@ class Settings:
             env["AWS_ACCESS_KEY_ID"] = self.aws_access_key_id
         if self.aws_secret_access_key:
             env["AWS_SECRET_ACCESS_KEY"] = self.aws_secret_access_key
+        if self.aws_session_token:
+            env["AWS_SESSION_TOKEN"] = self.aws_session_token
         return env
 
 
@@ -242,12 +221,3 @@ def _page_size(raw: str | None) -> int:
         raise ConfigError("TIERING_PAGE_SIZE must be at least 4096 bytes")
     return value
 
-
-def _conn_to_url(conn) -> str:
-    """A SQLAlchemy URL from an Airflow postgres connection (credentials quoted, never logged)."""
-    from sqlalchemy.engine import URL
-
-    return URL.create(
-        "postgresql+psycopg2", username=conn.login or None, password=conn.password or None,
-        host=conn.host or None, port=conn.port or None, database=conn.schema or None,
-    ).render_as_string(hide_password=False)

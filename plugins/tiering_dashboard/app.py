@@ -54,7 +54,7 @@ def default_engine_factory() -> Engine:
     backends: environment AIRFLOW_CONN_*, the metastore, or a configured backend)."""
     from airflow.sdk import BaseHook  # imported here: importing the plugin does no Airflow lookups
 
-    from tiering.config import _conn_to_url
+    from tiering.jobs.hook import TieringHook
 
     try:
         conn = BaseHook.get_connection(CONN_ID)
@@ -63,7 +63,7 @@ def default_engine_factory() -> Engine:
                           f"({type(exc).__name__})") from None
     if (conn.conn_type or "postgres") not in ("postgres", "postgresql"):
         raise Unavailable(f"the Airflow connection {CONN_ID!r} must be of type postgres, not {conn.conn_type!r}")
-    return queries.make_read_only_engine(_conn_to_url(conn))
+    return queries.make_read_only_engine(TieringHook.database_url(conn))
 
 
 class _LazyEngine:

@@ -1,5 +1,5 @@
 """The offload timeout and GC delay as settings of the `tiering_s3` connection's extra (issue 13): what every
-DAG task resolves with Settings.from_airflow(), validated like the environment (ASCII digits, bounds).
+DAG task resolves with TieringHook().get_settings(), validated like the environment (ASCII digits, bounds).
 Run in a subprocess so Airflow's import does not leak into other tests."""
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PROBE = """
 import json, os, sys
-from tiering.config import Settings
+from tiering.jobs.hook import TieringHook
 from tiering.errors import ConfigError
 out = []
 for extra, env in json.loads(sys.argv[1]):
     os.environ["AIRFLOW_CONN_TIERING_S3"] = json.dumps({"conn_type": "aws", "login": "AK", "password": "SK",
                                                         "extra": {"bucket": "tiering", **extra}})
     try:
-        s = Settings.from_airflow({**os.environ, **env})
+        s = TieringHook().get_settings({**os.environ, **env})
         out.append({"offload_timeout": s.offload_timeout_seconds, "gc_delay": s.gc_delay_seconds,
                     "env": {k: v for k, v in s.to_env().items() if k.endswith("_SECONDS")}})
     except ConfigError as exc:

@@ -426,14 +426,14 @@ def test_aws_s3_instead_of_minio(raw, env_example):
 
 @pytest.mark.slow
 def test_settings_resolve_through_airflow(raw, env_example, tmp_path):
-    """The connections as Airflow reads them: Settings.from_airflow() (what every DAG task does) and the
+    """The connections as Airflow reads them: TieringHook().get_settings() (what every DAG task does) and the
     Spark provider's master URL, in a subprocess so Airflow's import does not leak into other tests."""
     env = environment(interpolate_tree(raw, env_example)["services"]["airflow-scheduler"])
     probe = (
         "import json\n"
-        "from tiering.config import Settings\n"
+        "from tiering.jobs.hook import TieringHook\n"
         "from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook\n"
-        "s = Settings.from_airflow()\n"
+        "s = TieringHook().get_settings()\n"
         "print(json.dumps({'db': s.database_url_safe, 'bucket': s.bucket, 'prefix': s.prefix,\n"
         "  'endpoint': s.s3_endpoint_url, 'region': s.aws_region, 'tier1': str(s.tier1_root),\n"
         "  'key': s.aws_access_key_id, 'master': SparkSubmitHook(conn_id='spark_default')._connection['master']}))\n"

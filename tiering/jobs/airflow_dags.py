@@ -1,6 +1,6 @@
 """Builds the pipeline's Airflow DAGs from `tiering.jobs.spec.JOBS` (the DAG files in dags/ are one call
 each). Settings and secrets reach spark-submit through its environment, resolved from the connections
-`tiering_metadata` and `tiering_s3` when the task runs: never in `application_args`, never at parse time.
+`tiering_metadata` and `tiering_s3` by `tiering.jobs.hook.TieringHook` when the task runs: never in `application_args`, never at parse time.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import DAG, Param
 from airflow.sdk.exceptions import AirflowFailException
 
-from tiering.jobs.spec import JOBS, POSITION_PATTERN, TOPIC_MAX, TOPIC_PATTERN, JobSpec, spark_submit_args
+from tiering.jobs.spec import JOBS, POSITION_PATTERN, TOPIC_MAX, TOPIC_PATTERN, JobSpec, RunParam, spark_submit_args
 
 JDBC_JAR = "/usr/share/java/postgresql.jar"
 LOG4J = Path(__file__).resolve().parent / "log4j2.properties"  # Spark at WARN (TIERING_SPARK_LOG_LEVEL)
@@ -26,23 +26,22 @@ log = logging.getLogger(__name__)
 def _run_ref(dag_id: str, context):
     from tiering.metadata.job_runs import RunRef
 
-    kind = "export_metadata" if dag_id == "tiering_metadata_export" else dag_id.removeprefix("tiering_")
-    return RunRef(kind=kind, dag_id=dag_id, dag_run_id=context["run_id"],
+    return RunRef(kind=JOBS[dag_id].kind, dag_id=dag_id, dag_run_id=context["run_id"],
                   try_number=context["ti"].try_number)
 
 
 def plan_on_worker(dag_id: str, **context) -> bool:
     """The `plan` task: refuse bad input once (no retry, a FAILED job_run row) and skip the Spark task when
     there is nothing to do (tiering.jobs.preflight)."""
-    from tiering.config import Settings
     from tiering.errors import BadInput
+    from tiering.jobs.hook import TieringHook
     from tiering.jobs.preflight import preflight
     from tiering.jobs.runner import deps_from
 
     params = dict(context["params"])
     try:
         result = preflight(dag_id, context["dag_run"].conf, params, set(context["dag"].params.keys()),
-                           lambda: deps_from(Settings.from_airflow()), _run_ref(dag_id, context))
+                           lambda: deps_from(TieringHook().get_settings()), _run_ref(dag_id, context))
     except BadInput as exc:
         log.error("%s: refused: %s", dag_id, exc)
         raise AirflowFailException(f"{dag_id}: {exc}") from None
@@ -62,13 +61,13 @@ class TieringSparkSubmitOperator(SparkSubmitOperator):
         self.job = job
 
     def execute(self, context):
-        from tiering.config import Settings
+        from tiering.jobs.hook import TieringHook
 
         params = context["params"]
         self.application_args = spark_submit_args(self.job, topic=params.get("topic") or None,
                                                   position=params.get("position") or None,
                                                   dest=params.get("dest") or None)
-        settings = Settings.from_airflow()
+        settings = TieringHook().get_settings()
         self.prepare_submit(settings.to_env())
         ref = _run_ref(self.job, context)  # the job's job_run row carries the Airflow run it belongs to
         self.env_vars.update(TIERING_AIRFLOW_DAG_ID=ref.dag_id, TIERING_AIRFLOW_DAG_RUN_ID=ref.dag_run_id,
@@ -151,31 +150,33 @@ def _env(name: str, default: str = "") -> str:
     return os.environ.get(name, default)
 
 
-def params_for(spec: JobSpec) -> dict:
-    """Only the parameters the job uses; each says what it does, with an example, and the schema's own
-    constraints let the form refuse a bad value on the field."""
+def _form_field(param: RunParam) -> Param:
+    """The trigger form's field of a run parameter; the schema's own constraints let the form refuse a bad
+    value on the field. A required topic is offloadPrefix's (the only one the spec requires)."""
     topic_schema = {"minLength": 1, "maxLength": TOPIC_MAX, "pattern": TOPIC_PATTERN}
-    if spec.dag_id == "tiering_offload_prefix":
-        return {
-            "topic": Param(type="string", title="Topic", **topic_schema,
-                           description="The topic to offload, e.g. orders. It must exist."),
-            "position": Param(type="string", title="Position (ledger:entry)", pattern=POSITION_PATTERN,
-                              minLength=3, maxLength=37,
-                              description="Offload every sealed ledger before this position: two whole "
-                                          "numbers, the ledger id and the entry id, joined by a colon, "
-                                          "e.g. 12:0."),
-        }
-    if spec.dag_id == "tiering_gc":
-        return {}  # GC works on the whole bucket prefix: a topic filter would be ignored
-    if spec.dag_id == "tiering_metadata_export":
-        # an export is always of every table: no topic
-        return {"dest": Param(None, type=["null", "string"], title="Destination", minLength=1,
-                              description="Where to write the snapshot: s3://bucket/path or a local "
-                                          "directory, e.g. s3://backups/tiering/2026-11-22. Empty: "
-                                          "s3://<bucket>/<prefix>-metadata/<run time>.")}
-    return {"topic": Param(None, type=["null", "string"], title="Topic (optional)", **topic_schema,
-                           description="Limit this run to one topic, e.g. orders; leave empty for every "
-                                       "topic.")}
+    if param.name == "topic" and param.required:
+        return Param(type="string", title="Topic", **topic_schema,
+                     description="The topic to offload, e.g. orders. It must exist.")
+    if param.name == "topic":
+        return Param(None, type=["null", "string"], title="Topic (optional)", **topic_schema,
+                     description="Limit this run to one topic, e.g. orders; leave empty for every topic.")
+    if param.name == "position":
+        return Param(type="string", title="Position (ledger:entry)", pattern=POSITION_PATTERN,
+                     minLength=3, maxLength=37,
+                     description="Offload every sealed ledger before this position: two whole "
+                                 "numbers, the ledger id and the entry id, joined by a colon, "
+                                 "e.g. 12:0.")
+    if param.name == "dest":
+        return Param(None, type=["null", "string"], title="Destination", minLength=1,
+                     description="Where to write the snapshot: s3://bucket/path or a local "
+                                 "directory, e.g. s3://backups/tiering/2026-11-22. Empty: "
+                                 "s3://<bucket>/<prefix>-metadata/<run time>.")
+    raise ValueError(f"no form field for the run parameter {param.name!r}")
+
+
+def params_for(spec: JobSpec) -> dict:
+    """Only the parameters the job takes (`JobSpec.params`); each says what it does, with an example."""
+    return {p.name: _form_field(p) for p in spec.params}
 
 
 def build_dag(dag_id: str, doc_md: str | None = None) -> DAG:

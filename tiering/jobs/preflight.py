@@ -17,18 +17,6 @@ from tiering.errors import BadInput
 from tiering.jobs.spec import JOBS, spark_submit_args
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
 
-# DAGs whose plan() is the whole decision, read from metadata (and tier-1 sizes for by-size). GC (its
-# orphan sweep and stale uploads need a look at the bucket every run), retention (it also finishes trims
-# interrupted by a crash) and the export always run.
-PLANNERS = {
-    "tiering_offload_by_age": "tiering.jobs.offload",
-    "tiering_offload_by_size": "tiering.jobs.offload",
-    "tiering_offload_prefix": "tiering.jobs.offload",
-    "tiering_delete_lagged": "tiering.jobs.delete_lagged",
-    "tiering_defrag": "tiering.jobs.defrag",
-}
-
-
 @dataclass(frozen=True)
 class Preflight:
     args: list[str]  # the job's arguments, validated
@@ -53,10 +41,10 @@ def job_args(dag_id: str, params: dict) -> list[str]:
 
 
 def plan_count(dag_id: str, args: list[str], deps) -> int | None:
-    module_name = PLANNERS.get(dag_id)
-    if module_name is None:
+    spec = JOBS[dag_id]
+    if not spec.planned_before_spark:  # GC, retention and the export always run (JobSpec)
         return None
-    module = importlib.import_module(module_name)
+    module = importlib.import_module(spec.module)
     return len(module.plan(deps, module.build_parser().parse_args(args)))
 
 

@@ -39,6 +39,25 @@ def position_arg(text: str) -> Position:
 
 
 @dataclass(frozen=True)
+class RunParam:
+    """A run parameter a job takes (an Airflow param and `dag_run.conf` key) and the job argument it becomes."""
+    name: str  # "topic", "position" or "dest": how it is validated (CHECKS)
+    flag: str  # the job's argument, written as "--flag=value": a value starting with "-" cannot read as a flag
+    required: bool = False
+
+
+def _check_position(text: str) -> str:
+    Position.parse(text)  # ASCII digits, the whole string
+    return text
+
+
+CHECKS = {"topic": check_topic_name, "position": _check_position, "dest": lambda text: text}
+NOUNS = {"topic": "topic", "position": "position", "dest": "destination"}  # in "<dag> takes no <noun>"
+TOPIC = RunParam("topic", "--topic")
+DEST = RunParam("dest", "--dest")
+
+
+@dataclass(frozen=True)
 class JobSpec:
     dag_id: str
     schedule: str | None
@@ -47,52 +66,73 @@ class JobSpec:
     fixed_args: tuple[str, ...] = ()
     tags: tuple[str, ...] = field(default_factory=tuple)
     needs_jdbc: bool = False
+    params: tuple[RunParam, ...] = (TOPIC,)  # the run parameters it takes, in the form's order
+    missing: str = ""  # the sentence when a required parameter is missing
+    planned_before_spark: bool = False  # the job's plan() is the whole decision: preflight skips idle runs
+    run_kind: str = ""  # job_run.kind of its runs; default: the DAG id without "tiering_"
 
     @property
     def application_path(self) -> str:
         return str(JOBS_DIR / self.application)
 
+    @property
+    def module(self) -> str:
+        return f"tiering.jobs.{self.application.removesuffix('.py')}"
 
+    @property
+    def kind(self) -> str:
+        return self.run_kind or self.dag_id.removeprefix("tiering_")
+
+    def param_names(self) -> set[str]:
+        return {p.name for p in self.params}
+
+
+# The DAGs whose plan() is the whole decision, read from metadata (and tier-1 sizes for by-size) have
+# planned_before_spark. GC (its orphan sweep and stale uploads need a look at the bucket every run),
+# retention (it also finishes trims interrupted by a crash) and the export always run.
 JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
     JobSpec("tiering_offload_by_age", "*/15 * * * *", "offload.py",
-            "Offload sealed ledgers older than their topic's offload-after.", ("--by=age",), ("offload",)),
+            "Offload sealed ledgers older than their topic's offload-after.", ("--by=age",), ("offload",),
+            planned_before_spark=True),
     JobSpec("tiering_offload_by_size", "*/15 * * * *", "offload.py",
             "Offload the oldest ledgers while a topic's tier-1 tail exceeds its threshold.", ("--by=size",),
-            ("offload",)),
+            ("offload",), planned_before_spark=True),
     JobSpec("tiering_offload_prefix", None, "offload.py",
             "Pulsar's offloadPrefix: offload every sealed ledger before a position (manual, with a form).",
-            (), ("offload", "manual")),
+            (), ("offload", "manual"),
+            params=(RunParam("topic", "--prefix", required=True), RunParam("position", "--position", required=True)),
+            missing="offloadPrefix needs a topic and a position L:E", planned_before_spark=True),
     JobSpec("tiering_delete_lagged", "@hourly", "delete_lagged.py",
-            "Delete tier-1 copies of ledgers offloaded longer ago than the deletion lag.", (), ("tier1",)),
+            "Delete tier-1 copies of ledgers offloaded longer ago than the deletion lag.", (), ("tier1",),
+            planned_before_spark=True),
     JobSpec("tiering_retention", "@hourly", "retention.py",
             "Truncate topic heads by retention time and size; their objects go to GC.", (), ("retention",)),
-    JobSpec("tiering_defrag", "@daily", "defrag.py", "Merge runs of small tier-2 objects.", (), ("tier2",)),
+    JobSpec("tiering_defrag", "@daily", "defrag.py", "Merge runs of small tier-2 objects.", (), ("tier2",),
+            planned_before_spark=True),
+    # GC works on the whole bucket prefix: a topic filter would be ignored
     JobSpec("tiering_gc", "@hourly", "gc.py",
-            "Delete queued and orphaned tier-2 objects and stale multipart uploads.", (), ("tier2", "gc")),
+            "Delete queued and orphaned tier-2 objects and stale multipart uploads.", (), ("tier2", "gc"),
+            params=()),
+    # an export is always of every table: no topic
     JobSpec("tiering_metadata_export", "@daily", "export_metadata.py",
-            "Parquet snapshot of the metadata tables (Spark over JDBC).", (), ("metadata",), needs_jdbc=True),
+            "Parquet snapshot of the metadata tables (Spark over JDBC).", (), ("metadata",), needs_jdbc=True,
+            params=(DEST,), run_kind="export_metadata"),
 ]}
 
 
 def spark_submit_args(dag_id: str, topic: str | None = None, position: str | None = None,
                       dest: str | None = None) -> list[str]:
-    """`application_args` of a job: its fixed flags plus the run's parameters, validated."""
+    """`application_args` of a job: its fixed flags plus the run's parameters (those its spec takes),
+    validated. Required parameters are checked first, then a parameter the job does not take is refused."""
     spec = JOBS.get(dag_id)
     if spec is None:
         raise BadInput(f"unknown job {dag_id!r}")
-    args = list(spec.fixed_args)
-    if dag_id == "tiering_offload_prefix":
-        if not topic or not position:
-            raise BadInput("offloadPrefix needs a topic and a position L:E")
-        Position.parse(position)  # ASCII digits, the whole string
-        # "--flag=value": a topic that starts with "-" must not read as a flag
-        return args + [f"--prefix={check_topic_name(topic)}", f"--position={position}"]
-    if position:
-        raise BadInput(f"{dag_id} takes no position")
-    if topic:
-        args += [f"--topic={check_topic_name(topic)}"]
-    if dest:
-        if spec.dag_id != "tiering_metadata_export":
-            raise BadInput(f"{dag_id} takes no destination")
-        args += [f"--dest={dest}"]
-    return args
+    given = {"topic": topic, "position": position, "dest": dest}
+    if any(p.required and not given[p.name] for p in spec.params):
+        raise BadInput(spec.missing or f"{dag_id} needs {' and '.join(p.name for p in spec.params if p.required)}")
+    for name in ("position", "topic", "dest"):
+        if given[name] and name not in spec.param_names():
+            raise BadInput(f"{dag_id} takes no {NOUNS[name]}")
+    # validated in reverse form order: offloadPrefix reports a bad position before a bad topic, as it did
+    values = {p.name: CHECKS[p.name](given[p.name]) for p in reversed(spec.params) if given[p.name]}
+    return list(spec.fixed_args) + [f"{p.flag}={values[p.name]}" for p in spec.params if p.name in values]
