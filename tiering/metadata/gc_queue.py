@@ -6,9 +6,10 @@ then finds the row gone, so it fails whole: an object GC deletes is never one a 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from sqlalchemy import delete, func, or_, select, union, update
 from sqlalchemy.engine import Connection, Engine
@@ -22,6 +23,30 @@ class GcTask:
     key: str
     attempts: int
     reason: str
+
+
+@dataclass
+class Claim:
+    """Due tasks claimed in one open transaction (see the module's doc): their rows stay locked until the
+    `claimed` block ends, which commits what was finished and retried (or rolls everything back)."""
+    conn: Connection
+    tasks: list[GcTask] = field(default_factory=list)
+
+    def referenced(self) -> set[str]:
+        return referenced(self.conn, (t.key for t in self.tasks))
+
+    def finish(self, task_ids: Iterable[int]) -> None:
+        finish(self.conn, task_ids)
+
+    def retry(self, tasks: Iterable[GcTask], error: str, max_attempts: int, backoff: timedelta) -> int:
+        return retry(self.conn, tasks, error, max_attempts, backoff)
+
+
+@contextmanager
+def claimed(engine: Engine, limit: int) -> Iterator[Claim]:
+    """Claim up to `limit` due tasks; the transaction holding their locks spans the block."""
+    with engine.begin() as conn:
+        yield Claim(conn, claim_due(conn, limit))
 
 
 def claim_due(conn: Connection, limit: int) -> list[GcTask]:

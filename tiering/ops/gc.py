@@ -73,17 +73,16 @@ def run_gc(deps: Deps, batch: int = 500, max_attempts: int = 5, backoff: timedel
 
 
 def _gc_batch(deps: Deps, batch: int, max_attempts: int, backoff: timedelta, report: GcReport) -> bool:
-    with deps.meta.engine.begin() as conn:
-        tasks = gc_queue.claim_due(conn, batch)
+    with gc_queue.claimed(deps.meta.engine, batch) as claim:
+        tasks = claim.tasks
         if not tasks:
             return False
-        refs = gc_queue.referenced(conn, (t.key for t in tasks))
+        refs = claim.referenced()
         live = [t for t in tasks if t.key in refs]
         todo = [t for t in tasks if t.key not in refs]
         failed = set(delete_keys(deps.bucket, {t.key for t in todo}))
-        gc_queue.finish(conn, [t.task_id for t in live] + [t.task_id for t in todo if t.key not in failed])
-        report.failed += gc_queue.retry(conn, [t for t in todo if t.key in failed], "S3 delete failed",
-                                        max_attempts, backoff)
+        claim.finish([t.task_id for t in live] + [t.task_id for t in todo if t.key not in failed])
+        report.failed += claim.retry([t for t in todo if t.key in failed], "S3 delete failed", max_attempts, backoff)
         report.still_referenced += len(live)
         report.deleted += sorted({t.key for t in todo if t.key not in failed})
         report.retried += sum(1 for t in todo if t.key in failed)
