@@ -7,7 +7,6 @@ config`) is skipped when the compose plugin is missing.
 """
 from __future__ import annotations
 
-import ast
 import configparser
 import json
 import re
@@ -15,9 +14,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path, PurePosixPath
-from typing import Any, Mapping
 
 import pytest
+
+from tests.unit.docker_files import interpolate_tree, python_constant, read_env_file, variables_in
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read docker/docker-compose.yml")
 
@@ -46,114 +46,6 @@ SERVICE_KEYS = {"image", "build", "command", "entrypoint", "environment", "env_f
                 "stop_grace_period", "ulimits", "shm_size", "pull_policy"}
 HEALTHCHECK_KEYS = {"test", "interval", "timeout", "retries", "start_period", "start_interval", "disable"}
 DEPENDS_ON_CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
-
-
-# -- Compose's variable substitution -------------------------------------------------------------------
-
-class MissingVariable(Exception):
-    pass
-
-
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def interpolate(text: str, env: Mapping[str, str], unset: set[str] | None = None) -> str:
-    """`$$`, `$VAR`, `${VAR}`, `${VAR:-default}`, `${VAR-default}`, `${VAR:?err}`, `${VAR?err}`,
-    `${VAR:+alt}`, `${VAR+alt}`, defaults nested; names read while unset and without a default go to
-    `unset`."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] != "$":
-            out.append(text[i])
-            i += 1
-            continue
-        nxt = text[i + 1:i + 2]
-        if nxt == "$":
-            out.append("$")
-            i += 2
-        elif nxt == "{":
-            j, depth = i + 2, 1
-            while j < len(text) and depth:
-                if text.startswith("$$", j):
-                    j += 2
-                    continue
-                if text.startswith("${", j):
-                    depth, j = depth + 1, j + 2
-                    continue
-                if text[j] == "}":
-                    depth -= 1
-                j += 1
-            if depth:
-                raise ValueError(f"unclosed ${{ in {text!r}")
-            out.append(_expand(text[i + 2:j - 1], env, unset))
-            i = j
-        else:
-            m = _NAME.match(text, i + 1)
-            if not m:
-                raise ValueError(f"a lone '$' in {text!r}: write '$$' for a literal dollar")
-            out.append(_lookup(m.group(), env, unset))
-            i = m.end()
-    return "".join(out)
-
-
-def _lookup(name: str, env: Mapping[str, str], unset: set[str] | None) -> str:
-    if name not in env and unset is not None:
-        unset.add(name)
-    return env.get(name, "")
-
-
-def _expand(expr: str, env: Mapping[str, str], unset: set[str] | None) -> str:
-    m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?+])(.*))?", expr, re.S)
-    if not m:
-        raise ValueError(f"bad substitution ${{{expr}}}")
-    name, op, arg = m.groups()
-    if op is None:
-        return _lookup(name, env, unset)
-    value = env.get(name)
-    present = value is not None and (value != "" or not op.startswith(":"))
-    if op.endswith("-"):
-        return value if present else interpolate(arg, env, unset)
-    if op.endswith("?"):
-        if not present:
-            raise MissingVariable(f"{name}: {arg}")
-        return value
-    return interpolate(arg, env, unset) if present else ""  # ":+" / "+"
-
-
-def interpolate_tree(node: Any, env: Mapping[str, str], unset: set[str] | None = None) -> Any:
-    if isinstance(node, str):
-        return interpolate(node, env, unset)
-    if isinstance(node, list):
-        return [interpolate_tree(v, env, unset) for v in node]
-    if isinstance(node, dict):
-        return {k: interpolate_tree(v, env, unset) for k, v in node.items()}
-    return node
-
-
-def variables_in(node: Any) -> set[str]:
-    """Every variable name the file substitutes (outside `$$` escapes)."""
-    if isinstance(node, str):
-        names = set()
-        for m in re.finditer(r"\$(\$|\{?([A-Za-z_][A-Za-z0-9_]*))", node):
-            if m.group(1) != "$":
-                names.add(m.group(2))
-        return names
-    if isinstance(node, list):
-        return set().union(*(variables_in(v) for v in node)) if node else set()
-    if isinstance(node, dict):
-        return set().union(*(variables_in(v) for v in node.values())) if node else set()
-    return set()
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    env = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            key, sep, value = line.partition("=")
-            assert sep, f"{path.name}: not KEY=VALUE: {line!r}"
-            env[key.strip()] = value.strip()
-    return env
 
 
 # -- fixtures -------------------------------------------------------------------------------------------
@@ -232,14 +124,6 @@ def published_ports(service: dict) -> list[tuple[str, int, int]]:
         elif len(parts) == 2:
             out.append(("", int(parts[0]), int(parts[1].split("/")[0])))
     return out
-
-
-def python_constant(path: Path, name: str) -> str:
-    """A module-level string constant, read without importing the module (no Airflow import here)."""
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            return ast.literal_eval(node.value)
-    raise AssertionError(f"{name} not found in {path}")
 
 
 def command_text(service: dict) -> str:
@@ -574,89 +458,6 @@ def test_no_real_secrets(raw, env_example):
     for m in re.finditer(r"\$\{([A-Za-z_]\w*):?-([^${}]*)\}", COMPOSE_FILE.read_text()):
         if secret.search(m.group(1)):
             assert m.group(2) == "" or m.group(2).startswith("change-me"), f"default of {m.group(1)} is not a placeholder"
-
-
-# -- Dockerfile -----------------------------------------------------------------------------------------
-
-def dockerfile_instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    assert DOCKERFILE.is_file(), f"{DOCKERFILE} is missing"
-    out, current = [], ""
-    for line in DOCKERFILE.read_text().splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#") or (not stripped and not current):
-            continue
-        current += " " + stripped.rstrip("\\").strip() if current else stripped.rstrip("\\").strip()
-        if not stripped.endswith("\\"):
-            word, _, rest = current.partition(" ")
-            out.append((word.upper(), rest.strip()))
-            current = ""
-    return out
-
-
-def test_dockerfile_base_image_is_airflow_3_3_2():
-    instructions = dockerfile_instructions()
-    froms = [args for word, args in instructions if word == "FROM"]
-    assert len(froms) == 1 and froms[0].startswith("apache/airflow:3.3.2"), froms
-    pin = re.search(r"^apache-airflow(\[[^\]]*\])?==(\S+)", (REPO / "requirements.txt").read_text(), re.M)
-    assert pin and froms[0].split(":", 1)[1].split("-")[0] == pin.group(2), "image and requirements.txt disagree"
-
-
-def test_dockerfile_installs_jre_jdbc_and_requirements():
-    instructions = dockerfile_instructions()
-    users = []  # the user in effect at each RUN
-    user = "root"
-    for word, args in instructions:
-        if word == "USER":
-            user = args
-        elif word == "RUN":
-            users.append((user, args))
-    jdbc = python_constant(REPO / "tiering" / "jobs" / "airflow_dags.py", "JDBC_JAR")
-    apt = [args for u, args in users if "apt-get install" in args]
-    assert apt and all(u == "root" for u, args in users if "apt-get" in args), "apt-get must run as root"
-    assert "openjdk-17-jre-headless" in apt[0] and "libpostgresql-jdbc-java" in apt[0]
-    assert jdbc == "/usr/share/java/postgresql.jar" and jdbc in apt[0], "the JDBC jar is not where the DAGs look"
-    pip = [(u, args) for u, args in users if "pip install" in args]
-    req = [(u, args) for u, args in pip if "-r " in args and "requirements.txt" in args]
-    assert req, "requirements.txt is not installed"
-    assert all(u == "airflow" for u, _ in pip), "pip must run as the airflow user"
-    assert '"apache-airflow==3.3.2"' in req[0][1], "pin apache-airflow to the base image's version"
-    assert "spark-submit --version" in req[0][1], "check that spark-submit from the pyspark wheel is on PATH"
-    assert any("--no-deps" in args and "/opt/tiering" in args for _, args in pip), "the tiering package"
-    assert user == "airflow", "the image must end as the airflow user"
-    copies = " ".join(args for word, args in instructions if word == "COPY")
-    for src in ("requirements.txt", "pyproject.toml", "sql", "tiering"):
-        assert re.search(rf"(^|\s){re.escape(src)}(\s|$)", copies), f"COPY of {src} missing"
-
-
-def dockerignore_excludes(rel: str, patterns: list[str]) -> bool:
-    """Docker's rule: the last pattern matching the path or one of its parents decides."""
-    parts = PurePosixPath(rel).parts
-    candidates = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
-    excluded = False
-    for pattern in patterns:
-        negate = pattern.startswith("!")
-        pat = pattern.lstrip("!").strip("/")
-        regex = re.escape(pat).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*").replace(r"\*", "[^/]*")
-        regex = regex.replace(r"\?", "[^/]")
-        if any(re.fullmatch(regex, c) for c in candidates):
-            excluded = not negate
-    return excluded
-
-
-def test_build_context_sends_what_the_dockerfile_copies_and_no_more():
-    patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
-                if line.strip() and not line.strip().startswith("#")]
-    for word, args in dockerfile_instructions():
-        if word != "COPY":
-            continue
-        sources = [a for a in args.split() if not a.startswith("--")][:-1]
-        for src in sources:
-            assert (REPO / src).exists(), f"COPY {src}: not in the repository"
-            assert not dockerignore_excludes(src, patterns), f"COPY {src}: excluded by {DOCKERIGNORE.name}"
-    for heavy in (".venv/bin/python", ".local/env", ".git/HEAD", "build/tiering.zip",
-                  "tiering/__pycache__/x.pyc", "tests/unit/test_config.py"):
-        assert dockerignore_excludes(heavy, patterns), f"{heavy} would be sent to the Docker daemon"
 
 
 # -- with Docker ----------------------------------------------------------------------------------------
