@@ -25,11 +25,11 @@ def _load_airflow_env():
     return module.airflow_env
 
 
-@pytest.fixture(scope="session")
-def airflow(tmp_path_factory, database_url, run_bucket, s3_settings):
-    """Run `airflow ...` with this environment; returns a callable giving CompletedProcess."""
-    home = tmp_path_factory.mktemp("airflow-home")
-    tier1 = tmp_path_factory.mktemp("airflow-tier1")
+def airflow_runner(home: Path, tier1: Path, database_url: str, run_bucket: str, s3_settings: dict,
+                   extra_env: dict | None = None, **airflow_env):
+    """A callable running `airflow ...` in its own home (SQLite), connections pointing at the run's database
+    and bucket; `airflow_env` goes to .ci/airflow_env.py (e.g. `spark_master`), `extra_env` to every command. Settings reach tasks only
+    through the connections, and the secrets to look for in any output are attached."""
     # PostgreSQL here trusts local connections, so a password is accepted and ignored: it lets the test
     # prove the password never leaks without needing a role that has one.
     url = make_url(database_url).set(password=DB_PASSWORD).render_as_string(hide_password=False)
@@ -38,10 +38,10 @@ def airflow(tmp_path_factory, database_url, run_bucket, s3_settings):
                     "AWS_ACCESS_KEY_ID": s3_settings["aws_access_key_id"],
                     "AWS_SECRET_ACCESS_KEY": s3_settings["aws_secret_access_key"],
                     "AWS_DEFAULT_REGION": s3_settings["region_name"], "PATH": os.environ["PATH"]}
-    env = {**os.environ, **_load_airflow_env()(settings_env, home),
+    env = {**os.environ, **_load_airflow_env()(settings_env, home, **airflow_env),
            # one object pair per ledger, the layout these tests reason about (as tests/conftest.py's
            # settings); batched offload is tested in test_offload_batch.py and by the e2e test's defaults
-           "TIERING_OFFLOAD_BATCH_BYTES": "0"}
+           "TIERING_OFFLOAD_BATCH_BYTES": "0", **(extra_env or {})}
     # The task must get settings from the connections, not from variables it inherits by accident.
     for name in ("TIERING_DATABASE_URL", "TIERING_BUCKET", "TIERING_S3_ENDPOINT_URL", "AWS_SECRET_ACCESS_KEY",
                  "AWS_ACCESS_KEY_ID", "TIERING_PREFIX"):
@@ -60,6 +60,13 @@ def airflow(tmp_path_factory, database_url, run_bucket, s3_settings):
     run.settings_env = settings_env
     run.secrets = (s3_settings["aws_secret_access_key"], DB_PASSWORD)
     return run
+
+
+@pytest.fixture(scope="session")
+def airflow(tmp_path_factory, database_url, run_bucket, s3_settings):
+    """Run `airflow ...` with this environment; returns a callable giving CompletedProcess."""
+    return airflow_runner(tmp_path_factory.mktemp("airflow-home"), tmp_path_factory.mktemp("airflow-tier1"),
+                          database_url, run_bucket, s3_settings)
 
 
 def dags_test(airflow, dag_id: str, conf: dict | None = None):
