@@ -5,11 +5,11 @@ ran on an executor of the cluster, never in the driver."""
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import text
 
 from tests.conftest import empty_world
 from tests.cluster.conftest import cluster_dags_test
 from tests.cluster.sparkcluster import executor_tasks
+from tests.dags.test_dag_runs import last_job_run
 from tests.integration.helpers import entries, make_deps, produce
 from tiering.model import LedgerState as S, TopicPolicy
 from tiering.tier1.marker import MARKER
@@ -31,12 +31,6 @@ def run_on_cluster(airflow, dag_id, conf=None, tasks_at_least=1):
     executors = executor_tasks(apps[0])
     assert len(executors) >= tasks_at_least and "driver" not in executors, executors
     return executors
-
-
-def last_job_run(deps, job):
-    with deps.meta.engine.connect() as conn:
-        return conn.execute(text("SELECT status, items_done, items_failed FROM tiering.job_run WHERE job = :j "
-                                 "ORDER BY run_id DESC LIMIT 1"), {"j": job}).one()
 
 
 def states(deps, topic):

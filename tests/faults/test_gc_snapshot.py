@@ -114,6 +114,17 @@ def _assert_nothing_referenced_deleted(deps, db, report) -> None:
     assert refs <= bucket_keys(deps), f"referenced objects missing: {sorted(refs - bucket_keys(deps))}"
 
 
+def _gc_releasing(gc_deps, writer, keys, moment):
+    """GC with zero grace, the paused writer's commit released from inside its sweep at `moment`; its report."""
+    fired = _release_inside_gc(gc_deps, writer, keys, moment)
+    try:
+        report = run_gc(gc_deps, orphan_grace=timedelta(0))
+    finally:
+        writer.go.set()
+    assert fired, "the commit was never released from inside GC's sweep"
+    return report
+
+
 @pytest.mark.parametrize("moment", ["between-statements", "after-listing"])
 def test_sweep_keeps_an_offload_committed_mid_sweep(moment, deps, gc_deps, db):
     expected = {"t": produce(deps, "t", [entries("gc-race", 20, 1000)], BIG)}
@@ -122,12 +133,7 @@ def test_sweep_keeps_an_offload_committed_mid_sweep(moment, deps, gc_deps, db):
     assert writer.error is None, writer.error
     keys = _attempt_keys(db)
     assert len(keys) == 2 and keys <= bucket_keys(deps)
-    fired = _release_inside_gc(gc_deps, writer, keys, moment)
-    try:
-        report = run_gc(gc_deps, orphan_grace=timedelta(0))
-    finally:
-        writer.go.set()
-    assert fired, "the commit was never released from inside GC's sweep"
+    report = _gc_releasing(gc_deps, writer, keys, moment)
     assert writer.error is None, f"the offload's commit failed: {writer.error!r}"
     assert deps.meta.get_ledger("t", led.ledger_id).state == S.OFFLOADED
     _assert_nothing_referenced_deleted(deps, db, report)
@@ -149,12 +155,7 @@ def test_sweep_keeps_a_defrag_committed_mid_sweep(moment, deps, gc_deps, db):
     assert writer.error is None, writer.error
     keys = _attempt_keys(db)  # the merged objects' keys, queued under the defrag attempt
     assert len(keys) == 2 and keys <= bucket_keys(deps)
-    fired = _release_inside_gc(gc_deps, writer, keys, moment)
-    try:
-        report = run_gc(gc_deps, orphan_grace=timedelta(0))
-    finally:
-        writer.go.set()
-    assert fired, "the commit was never released from inside GC's sweep"
+    report = _gc_releasing(gc_deps, writer, keys, moment)
     assert writer.error is None and writer.result is True, f"the defrag's commit failed: {writer.error!r}"
     assert referenced_keys(db) == keys, "every chunk now points into the merged objects"
     _assert_nothing_referenced_deleted(deps, db, report)

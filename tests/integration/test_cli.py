@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import bucket_keys, entries, make_deps, produce
+from tests.integration.helpers import bucket_keys, entries, produce
 from tiering.format.keys import encode_topic, parse_key
 from tiering.model import TopicPolicy
 from tiering.ops.delete_lagged import delete_lagged
@@ -88,11 +88,6 @@ def cli(settings, db, bucket, tier1_root, tmp_path):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     return Cli(env, cwd)
-
-
-@pytest.fixture
-def deps(db, s3_client, bucket, tier1_root):
-    return make_deps(db, s3_client, bucket, tier1_root)
 
 
 def read_data(result: Result) -> dict:

@@ -7,15 +7,14 @@ touches metadata: no version bump, no gc_task row, however many runs.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 from sqlalchemy import text
 
-from tests.integration.helpers import entries, make_deps, produce
-from tests.integration.test_cli import ROOT, Cli, closed_port, snapshot
+from tests.integration.helpers import entries, produce
+from tests.integration.test_cli import ROOT, cli, closed_port, snapshot  # noqa: F401 - cli: the fixture
 from tiering.errors import LedgerStorageError
 from tiering.model import TopicPolicy
 from tiering.tier1 import Tier1Store
@@ -23,21 +22,6 @@ from tiering.writer import ManagedLedgerWriter
 
 POLICY = TopicPolicy(offload_after_seconds=0, offload_threshold_bytes=0, deletion_lag_seconds=0,
                      rollover_entries=10**9, rollover_bytes=2**40)
-
-
-@pytest.fixture
-def cli(settings, db, bucket, tier1_root, tmp_path):
-    env = {**os.environ, **settings.to_env(), "TIERING_TIER1_ROOT": str(tier1_root), "TIERING_BUCKET": bucket,
-           "PYTHONPATH": str(ROOT)}
-    env.pop("PYTHONWARNINGS", None)
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    return Cli(env, cwd)
-
-
-@pytest.fixture
-def deps(db, s3_client, bucket, tier1_root):
-    return make_deps(db, s3_client, bucket, tier1_root)
 
 
 def test_each_bad_input_exits_2_with_one_line_and_writes_nothing(cli, deps, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from tests.integration.helpers import MIB, bucket_keys, entries, make_deps, open_uploads, produce
+from tests.integration.helpers import MIB, bucket_keys, entries, open_uploads, produce
 from tiering.errors import BadInput
 from tiering.format.index import decode_index, encode_index
 from tiering.format.keys import data_key, index_key
@@ -42,11 +42,6 @@ SLASHED = "tenant/ns/β topic"  # percent-encoded in keys
 
 
 # ----------------------------------------------------------------------------------------------- fixtures
-@pytest.fixture
-def deps(db, s3_client, bucket, tier1_root):
-    return make_deps(db, s3_client, bucket, tier1_root)
-
-
 @pytest.fixture
 def new_database(database_url):
     """Factory of extra databases (empty, migrated unless told otherwise), dropped after the test."""

@@ -19,11 +19,6 @@ from tiering.read import Entry, ReadHandle
 from tiering.tier2.reader import ReaderCaches, tier2_opener
 
 
-@pytest.fixture
-def deps(db, s3_client, bucket, tier1_root):
-    return make_deps(db, s3_client, bucket, tier1_root)
-
-
 def read_all(deps, topic, start=None, end=None, caches=None):
     handle = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket, caches))
     return list(handle.read(topic, start, end))

@@ -11,7 +11,7 @@ import pytest
 from botocore.config import Config
 from sqlalchemy import text
 
-from tests.integration.helpers import entries, make_deps, produce
+from tests.integration.helpers import entries, produce
 from tests.integration.test_cli import cli  # noqa: F401  (the CLI fixture, shared)
 from tests.integration.test_export_recover import new_database  # noqa: F401  (extra databases)
 from tiering.errors import CorruptObjectError
@@ -27,11 +27,6 @@ from tiering.tier2.objects import Bucket
 from tiering.tier2.reader import ReaderCaches, tier2_opener
 
 ENTRY = 100 * 1024  # 51 entries fill a 5 MiB block, leaving ~19 KiB of padding before the second block
-
-
-@pytest.fixture
-def deps(db, s3_client, bucket, tier1_root):
-    return make_deps(db, s3_client, bucket, tier1_root)
 
 
 def offload_all(deps, topic):

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import text
 
-from tests.integration.helpers import MIB, bucket_keys, entries, make_deps, open_uploads, produce
+from tests.integration.helpers import MIB, bucket_keys, entries, open_uploads, produce
 from tiering.errors import TieringError
 from tiering.model import LedgerState as S, Position, TopicPolicy
 from tiering.ops.defrag import defrag
@@ -18,11 +18,6 @@ from tiering.read import TRIMMED, Entry, Gap, ReadHandle
 from tiering.tier2.reader import tier2_opener
 
 BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
-
-
-@pytest.fixture
-def deps(db, s3_client, bucket, tier1_root):
-    return make_deps(db, s3_client, bucket, tier1_root)
 
 
 def read(deps, topic, start=None, end=None):

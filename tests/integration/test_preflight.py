@@ -5,18 +5,13 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from tests.integration.helpers import entries, make_deps, produce
+from tests.integration.helpers import entries, produce
 from tiering.errors import BadInput
 from tiering.jobs.preflight import preflight
 from tiering.metadata.job_runs import RunRef
 from tiering.model import TopicPolicy
 
 BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
-
-
-@pytest.fixture
-def deps(db, s3_client, bucket, tier1_root):
-    return make_deps(db, s3_client, bucket, tier1_root)
 
 
 def rows(deps):

@@ -16,11 +16,6 @@ BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
 
 
 @pytest.fixture
-def deps(db, s3_client, bucket, tier1_root):
-    return make_deps(db, s3_client, bucket, tier1_root)
-
-
-@pytest.fixture
 def elsewhere(db, s3_client, bucket, tmp_path):
     """The same metadata and bucket seen from a worker whose tier-1 root is an empty directory."""
     other = tmp_path / "other-machine-tier1"
