@@ -5,6 +5,7 @@ tiering.ops is imported inside the handlers (pyarrow, boto3, SQLAlchemy): buildi
 for them."""
 from __future__ import annotations
 
+import argparse
 from urllib.parse import urlsplit
 
 from tiering.cli import args as a
@@ -23,11 +24,16 @@ def register(sub) -> None:
     imp.set_defaults(handler=cmd_import_metadata)
     imp.add_argument("source", metavar="SOURCE", help="s3://bucket/path or a local directory")
     a.json_flag(imp)
-    rec = sub.add_parser("recover-from-bucket", help="rebuild metadata of offloaded ledgers from the bucket alone")
+    rec = sub.add_parser("recover-from-bucket",
+                         help="rebuild the metadata of a lost database from the bucket's index objects and tier 1")
     rec.set_defaults(handler=cmd_recover_from_bucket)
     rec.add_argument("--topic", type=a.topic_name, metavar="NAME", help="only this topic")
-    rec.add_argument("--skip-page-check", action="store_true",
-                     help="do not download the data to check its page CRC32Cs (faster; a corrupt copy may win)")
+    rec.add_argument("--check-pages", action="store_true",
+                     help="also download every data object and check its page CRC32Cs, so a corrupt copy is "
+                          "not recovered (reads the whole bucket; off by default: reads check pages anyway)")
+    rec.add_argument("--skip-page-check", action="store_true", help=argparse.SUPPRESS)  # the old default's opt-out
+    rec.add_argument("--concurrency", type=a.positive, default=16, metavar="N",
+                     help="index objects read at once (default 16)")
     a.json_flag(rec)
 
 
@@ -65,17 +71,30 @@ def cmd_import_metadata(ctx: Context, args, out: Output) -> int:
 def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
     from tiering.ops.recover import recover_from_bucket
 
-    report = recover_from_bucket(ctx.engine, ctx.bucket, args.topic, check_pages=not args.skip_page_check)
+    if args.check_pages and args.skip_page_check:
+        raise BadInput("--check-pages and --skip-page-check contradict each other")
+    report = recover_from_bucket(ctx.engine, ctx.bucket, args.topic, check_pages=args.check_pages,
+                                 tier1=ctx.tier1, concurrency=args.concurrency)
     result = {"topics_created": report.topics_created, "ledgers_recovered": len(report.ledgers_recovered),
-              "without_page_index": report.without_page_index,
+              "pages_checked": report.pages_checked, "without_page_index": report.without_page_index,
               "already_known": len(report.already_known), "ignored": len(report.ignored),
+              "tier1_adopted": len(report.tier1_adopted), "tier1_sealed": len(report.tier1_sealed),
+              "tier1_copies_recorded": len(report.tier1_copies_recorded),
+              "tier1_ignored": [f"{what}: {why}" for what, why in report.tier1_ignored],
+              "unnamed_tier1_dirs": report.unnamed_tier1_dirs,
               "unknown": {t: [list(r) for r in rs] for t, rs in report.unknown.items()}, "errors": report.errors}
-    out.result(result, f"recovered {len(report.ledgers_recovered)} ledger(s) of {len(report.topics_created)} new "
-                       f"topic(s); {len(report.already_known)} already known, {len(report.ignored)} object(s) "
-                       f"ignored, {len(report.errors)} error(s)"
-                       + (f"; {report.without_page_index} copie(s) with no page index (bytes not checked)"
-                          if report.without_page_index else ""))
+    out.result(result, f"recovered {len(report.ledgers_recovered)} offloaded ledger(s) from the bucket and "
+                       f"{len(report.tier1_adopted)} sealed ledger(s) from tier 1 ({len(report.tier1_sealed)} "
+                       f"sealed now), {len(report.tier1_copies_recorded)} tier-1 copie(s) recorded, "
+                       f"{len(report.topics_created)} new topic(s); {len(report.already_known)} already known, "
+                       f"{len(report.ignored)} object(s) and {len(report.tier1_ignored)} tier-1 file(s) ignored, "
+                       f"{len(report.errors)} error(s); pages "
+                       + ("checked" + (f" ({report.without_page_index} copie(s) with no page index)"
+                                       if report.without_page_index else "") if report.pages_checked
+                          else "not checked (--check-pages)")
+                       + (f"; tier-1 directories of unnamed topics: {', '.join(report.unnamed_tier1_dirs)}"
+                          if report.unnamed_tier1_dirs else ""))
     if report.errors:
-        error(f"{len(report.errors)} object(s) could not be read; first: {report.errors[0]} (rerun to finish)")
+        error(f"{len(report.errors)} error(s); first: {report.errors[0]} (rerun to finish)")
         return 1
     return 0

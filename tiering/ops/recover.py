@@ -1,71 +1,100 @@
-"""Rebuild topic, ledger and chunk rows of offloaded ledgers from the bucket alone (the database is lost).
+"""Rebuild topic, ledger and chunk rows from the bucket (and tier 1) when the database is lost.
 
 Each index object holds its ledger's metadata (topic, ledger id, entry count, payload length, seal time,
 offload uuid, data object length), so listing the prefix and reading the index objects is enough:
 
 1. List the objects under the prefix (or under one topic's prefix); keys that `parse_key` does not
-   recognise are not ours and are skipped. S3 lists keys in order, so each topic's keys arrive together and
-   are handled one topic at a time.
-2. Read every index object. A defrag (merged) index object is several ledgers' index objects concatenated;
-   they are decoded one after the other (each has its own index_len). Every index must decode and name
-   the topic it lies under.
-3. The data object (the index key without `-index`) must exist with the length the index(es) say. For a
-   merged object, the offset of each ledger inside it is found by walking its block headers (a ledger's
-   bytes start at a block whose first entry is 0) and matching each run of blocks to the index with the
-   same block layout, so recovery does not depend on the order defrag concatenated them in.
+   recognise are not ours and are skipped. S3 lists keys in order, so each topic's keys arrive together.
+   Topics are recovered concurrently (`topic_concurrency`), their index objects read by one shared pool
+   (`concurrency`); the Spark job (tiering/jobs/recover.py) instead lists the topic segments on the
+   driver and recovers each topic on an executor with `recover_topic`, the same code.
+2. Read every index object. A defrag (merged) or batch index object is several ledgers' index objects
+   concatenated; they are decoded one after the other (each has its own index_len). Every index must
+   decode and name the topic it lies under.
+3. The data object (the index key without `-index`) must exist with the length the index(es) say (from
+   the listing: no HEAD). For a merged object, the offset of each ledger inside it is found by walking its
+   block headers (a ledger's bytes start at a block whose first entry is 0) and matching each run of
+   blocks to the index with the same block layout, so recovery does not depend on the concatenation order.
+   With `check_pages` every page of every copy is also downloaded and its CRC32C checked (the bucket's
+   whole size); it is off by default: see `recover_from_bucket`.
 4. When a ledger has several copies (a dead attempt's leftovers, the pre-defrag objects not collected
    yet), the newest valid one wins (LastModified of the index object, which is written last); invalid
-   ones (missing or short data object, corrupt index) never win.
-5. One transaction per topic: the topic is created with the given (default) policy if missing, each
-   recovered ledger becomes OFFLOADED with `tier1_present = false` and its chunk row, ledgers the database
-   already has are left alone (so a second run adds nothing), and `next_ledger_id` moves past the largest
-   id seen.
+   ones (missing or short data object, corrupt index, a bad page when checked) never win. A topic where
+   an index object could not be read (an S3 error) is not committed at all: an older copy must not win
+   because the newer one was unreadable for a moment. The error is reported; a rerun finishes it.
+5. Tier 1 (recover_tier1.py): ledger files the bucket does not hold are adopted as SEALED (open ones
+   sealed first), the copy of an offloaded ledger is recorded, and `next_ledger_id` moves past every file.
+6. One transaction per topic: the topic is created with the given (default) policy if missing, each
+   recovered ledger becomes OFFLOADED with its chunk row, ledgers the database already has are left alone
+   (so a second run adds nothing), and `next_ledger_id` moves past the largest id seen.
 
-What the bucket cannot tell: ledgers never offloaded (tier-1 only, open, empty) and ledgers removed by
-retention whose objects GC collected are reported as `unknown` id ranges; ledgers removed by retention
-whose bytes are still in the bucket (GC not run yet, or a merged object still shared with live ledgers)
-come back as OFFLOADED; topic policies, attributes, job history and the GC queue are not in the bucket
-(objects no recovered chunk references are left to GC's orphan sweep). The recovered ledger's creation
-time is its seal time, its offload times the objects' LastModified times (milliseconds, as stored).
+What neither tells: ledgers removed by retention whose objects GC collected (and ledgers lost with a tier-1
+disk) are reported as `unknown` id ranges; ledgers removed by retention whose bytes are still in the bucket
+come back as OFFLOADED unless the retention trim marker says otherwise; topic policies, attributes, job
+history and the GC queue are in neither (objects no recovered chunk references are left to GC's orphan
+sweep). The recovered ledger's creation time is its seal time, its offload times the objects' LastModified
+times (milliseconds, as stored).
 """
 from __future__ import annotations
 
+import threading
 import uuid as _uuid
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from tiering.errors import CorruptObjectError, DataLossError, TieringError
 from tiering.format.block import HEADER_LEN, parse_block_header
 from tiering.format.index import INDEX_HEADER_LEN, OffloadIndex, decode_index
-from tiering.format.keys import INDEX_SUFFIX, ParsedKey, encode_topic, parse_key
-from tiering.metadata.recovery import RecoveredLedger, restore_topic
+from tiering.format.keys import INDEX_SUFFIX, ParsedKey, encode_topic, is_trim_marker, parse_key
+from tiering.metadata.recovery import AdoptedLedger, RecoveredLedger, known_ledgers, restore_topic
 from tiering.model import Chunk, TopicPolicy
+from tiering.ops.recover_tier1 import Tier1Scan, scan_topic, topic_dirs, topic_of_dir
+from tiering.tier1 import Tier1Store, topic_dir_name
+from tiering.tier2.listing import segment_objects
 from tiering.tier2.markers import read_trim_marker
 from tiering.tier2.objects import Bucket, get_range, list_objects
 from tiering.tier2.reader import check_stored_pages
 
 # offload uuids that are not UUIDs (keys allow [0-9A-Za-z_-]) get a stable name-based one
 _UUID_NS = _uuid.UUID("6f1d3c2e-8a43-4f0e-9d7c-2b6a5e1f0c11")
+_LIST_FIELDS = ("topics_created", "topics", "ledgers_recovered", "already_known", "ignored", "errors",
+                "tier1_adopted", "tier1_sealed", "tier1_copies_recorded", "tier1_ignored", "unnamed_tier1_dirs")
 
 
 @dataclass
 class RecoverReport:
     topics_created: list[str] = field(default_factory=list)
-    ledgers_recovered: list[tuple[str, int]] = field(default_factory=list)
+    topics: list[str] = field(default_factory=list)  # every topic recovery looked at, by name
+    ledgers_recovered: list[tuple[str, int]] = field(default_factory=list)  # from the bucket, OFFLOADED
     already_known: list[tuple[str, int]] = field(default_factory=list)  # in the database already: untouched
-    # ledger ids below the largest known one that neither the bucket nor the database holds, as ranges
+    # ledger ids below the largest known one that neither the bucket, tier 1 nor the database holds
     unknown: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     ignored: list[tuple[str, str]] = field(default_factory=list)  # (key, why) objects not used
-    errors: list[str] = field(default_factory=list)  # S3 failures: rerun to finish (recovery is idempotent)
+    errors: list[str] = field(default_factory=list)  # failures: rerun to finish (recovery is idempotent)
     objects_listed: int = 0
     foreign_objects: int = 0  # keys under the prefix that are not ledger objects
-    without_page_index: int = 0  # ledger copies offloaded before page indexes: their bytes were not checked
+    without_page_index: int = 0  # copies offloaded before page indexes: their bytes could not be checked
+    pages_checked: bool = False
+    tier1_adopted: list[tuple[str, int]] = field(default_factory=list)  # SEALED ledgers only tier 1 held
+    tier1_sealed: list[tuple[str, int]] = field(default_factory=list)  # of those, open files sealed now
+    tier1_copies_recorded: list[tuple[str, int]] = field(default_factory=list)  # OFFLOADED + tier-1 copy
+    tier1_ignored: list[tuple[str, str]] = field(default_factory=list)  # ("topic/ledger", why) not used
+    unnamed_tier1_dirs: list[str] = field(default_factory=list)  # tier-1 directories of topics not named
 
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    def merge(self, other: RecoverReport) -> None:
+        for name in _LIST_FIELDS:
+            getattr(self, name).extend(getattr(other, name))
+        self.unknown.update(other.unknown)
+        self.objects_listed += other.objects_listed
+        self.foreign_objects += other.foreign_objects
+        self.without_page_index += other.without_page_index
 
 
 @dataclass(frozen=True)
@@ -101,43 +130,123 @@ class _Group:
     unchecked: int = 0  # ledgers whose index has no page index (offloaded before it existed)
 
 
+@dataclass
+class _Listed:
+    """One topic's objects as listed: {key: (parsed, _Obj)}, and whether its trim marker is among them."""
+
+    segment: str
+    objects: dict[str, tuple] = field(default_factory=dict)
+    has_marker: bool = False
+
+
 def recover_from_bucket(engine, bucket: Bucket, topic: str | None = None,
-                        policy: TopicPolicy = TopicPolicy(), concurrency: int = 8,
-                        check_pages: bool = True) -> RecoverReport:
-    """Rebuild the rows of every offloaded ledger the bucket holds (or only `topic`'s). With `check_pages`
-    every page of every candidate copy is downloaded and its CRC32C checked (a full read of the bucket):
-    a copy with a bad page is not recovered."""
-    report = RecoverReport()
-    prefix = bucket.prefix + (encode_topic(topic) + "/" if topic is not None else "")
-    with ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="recover") as pool:
-        for segment, objects in _by_topic(bucket, prefix, report):
-            if topic is not None and segment != encode_topic(topic):
+                        policy: TopicPolicy = TopicPolicy(), concurrency: int = 16,
+                        check_pages: bool = False, tier1: Tier1Store | None = None,
+                        topic_concurrency: int = 4) -> RecoverReport:
+    """Rebuild the rows of every ledger the bucket (and `tier1`, when given) holds, or only `topic`'s.
+
+    `check_pages` downloads every page of every copy and checks its CRC32C, so a copy with a bad page is
+    not recovered (nor preferred to a good older one). Off by default: it reads the whole bucket, while
+    without it each data object's existence and length are still checked (from the listing), every index
+    is decoded and checked, and a bad page is still caught by every read (and by `tiering verify`), never
+    served. Turn it on when the bucket itself is suspect."""
+    report = RecoverReport(pages_checked=check_pages)
+    lock = threading.Lock()
+    only = encode_topic(topic) if topic is not None else None
+    prefix = bucket.prefix + (only + "/" if only is not None else "")
+
+    def one(listed: _Listed, name: str | None = None) -> None:
+        part = recover_topic(engine, bucket, listed, policy, reads, check_pages, tier1, name)
+        with lock:
+            report.merge(part)
+
+    with ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="recover-read") as reads, \
+            ThreadPoolExecutor(max(1, topic_concurrency), thread_name_prefix="recover-topic") as topics:
+        pending: deque = deque()
+        for listed in _by_topic(bucket, prefix, report):
+            if only is not None and listed.segment != only:
                 continue
-            _recover_topic(engine, bucket, segment, objects, policy, pool, report, check_pages)
+            pending.append(topics.submit(one, listed))
+            while len(pending) > 2 * topic_concurrency:  # bounded memory: a few topics' listings at a time
+                pending.popleft().result()
+        for f in pending:
+            f.result()
+        if tier1 is not None:  # topics only tier 1 knows (never offloaded, or the bucket lost them)
+            seen = {topic_dir_name(t) for t in report.topics}
+            dirs = [topic_dir_name(topic)] if topic is not None else topic_dirs(tier1)
+            for item in tier1_only_items(dirs, seen, report, topic):
+                one(_Listed(item["segment"]), item["topic"])
     return report
 
 
-def _by_topic(b: Bucket, prefix: str, report: RecoverReport) -> Iterator[tuple[str, dict[str, tuple]]]:
-    """(topic's key segment, {key: (parsed, _Obj)}) per topic, streaming the listing (keys of a topic are
-    contiguous)."""
-    current, objects = None, {}
+def tier1_only_items(dirs: Iterable[str], seen: set[str], report: RecoverReport,
+                     topic: str | None = None) -> list[dict]:
+    """Items of the tier-1 directories no bucket topic covered: a topic name decoded from the directory
+    name, or reported in `unnamed_tier1_dirs` when the name cannot be decoded (a long topic's cut name)."""
+    items = []
+    for d in dirs:
+        if d in seen:
+            continue
+        name = topic if topic is not None else topic_of_dir(d)
+        if name is None:
+            report.unnamed_tier1_dirs.append(d)
+        else:
+            items.append({"segment": encode_topic(name), "topic": name})
+    return items
+
+
+def _by_topic(b: Bucket, prefix: str, report: RecoverReport) -> Iterator[_Listed]:
+    """One _Listed per topic, streaming the listing (keys of a topic are contiguous)."""
+    current: _Listed | None = None
     for o in list_objects(b, prefix):
         report.objects_listed += 1
         parsed = parse_key(b.prefix, o["Key"])
+        segment = parsed.segment if parsed else o["Key"][len(b.prefix):].partition("/")[0]
+        if current is None or segment != current.segment:
+            if current is not None and (current.objects or current.has_marker):
+                yield current
+            current = _Listed(segment)
         if parsed is None:
             report.foreign_objects += 1
+            current.has_marker |= is_trim_marker(b.prefix, o["Key"])
             continue
-        if parsed.segment != current:
-            if objects:
-                yield current, objects
-            current, objects = parsed.segment, {}
-        objects[o["Key"]] = (parsed, _Obj(o["Key"], o["Size"], o["LastModified"]))
-    if objects:
-        yield current, objects
+        current.objects[o["Key"]] = (parsed, _Obj(o["Key"], o["Size"], o["LastModified"]))
+    if current is not None and (current.objects or current.has_marker):
+        yield current
 
 
-def _recover_topic(engine, b: Bucket, segment: str, objects: dict[str, tuple], policy: TopicPolicy,
-                   pool: ThreadPoolExecutor, report: RecoverReport, check_pages: bool = True) -> None:
+def list_segment(b: Bucket, segment: str) -> tuple[_Listed, int, int]:
+    """One topic's objects (an executor lists them itself): (_Listed, objects listed, foreign objects)."""
+    listed, n, foreign = _Listed(segment), 0, 0
+    for o in segment_objects(b, segment):
+        n += 1
+        parsed = parse_key(b.prefix, o["Key"])
+        if parsed is None or parsed.segment != segment:
+            foreign += 1
+            listed.has_marker |= is_trim_marker(b.prefix, o["Key"])
+            continue
+        listed.objects[o["Key"]] = (parsed, _Obj(o["Key"], o["Size"], o["LastModified"]))
+    return listed, n, foreign
+
+
+def recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool: ThreadPoolExecutor,
+                  check_pages: bool = False, tier1: Tier1Store | None = None,
+                  name: str | None = None) -> RecoverReport:
+    """Recover one topic (its listed objects, and its tier-1 files when `tier1` is given) in one
+    transaction. `name`: the topic's name when the caller knows it (a tier-1-only topic); otherwise it is
+    read from the index metadata (a long topic's key segment is hashed) or the key. Failures are reported
+    in the returned report's `errors`, naming the topic; nothing of that topic is committed then."""
+    report = RecoverReport(pages_checked=check_pages)
+    try:
+        _recover_topic(engine, b, listed, policy, pool, check_pages, tier1, name, report)
+    except TieringError as exc:
+        report.errors.append(f"topic {name or listed.segment!r}: {exc}")
+    return report
+
+
+def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool: ThreadPoolExecutor,
+                   check_pages: bool, tier1: Tier1Store | None, name: str | None, report: RecoverReport) -> None:
+    objects, segment = listed.objects, listed.segment
     sizes = {k: obj for k, (_, obj) in objects.items()}
     indexes = [(p, obj) for p, obj in objects.values() if p.is_index]
     with_index = {obj.key[:-len(INDEX_SUFFIX)] for _, obj in indexes}
@@ -145,14 +254,15 @@ def _recover_topic(engine, b: Bucket, segment: str, objects: dict[str, tuple], p
         if not p.is_index and obj.key not in with_index:
             report.ignored.append((obj.key, "data object without an index object (a dead attempt's leftover)"))
     groups = list(pool.map(lambda item: _read_group(b, segment, item[0], item[1], sizes, check_pages), indexes))
-    report.without_page_index += sum(g.unchecked for g in groups if not g.problem and not g.error)
+    errors = [g.error for g in groups if g.error]
+    if errors:  # an older copy must not win because a newer one could not be read: nothing committed
+        report.errors += [f"topic segment {segment!r} not recovered: {e}" for e in errors]
+        return
+    report.without_page_index += sum(g.unchecked for g in groups if not g.problem)
     # newest first: the index object is written last, so its time is the copy's completion time
     groups.sort(key=lambda g: (g.index.last_modified, g.index.key), reverse=True)
     chosen: dict[int, _Copy] = {}
     for g in groups:
-        if g.error:
-            report.errors.append(g.error)
-            continue
         if g.problem:
             report.ignored.append((g.index.key, g.problem))
             continue
@@ -161,16 +271,53 @@ def _recover_topic(engine, b: Bucket, segment: str, objects: dict[str, tuple], p
             chosen[c.ledger_id] = c
         if not fresh:
             report.ignored.append((g.index.key, "superseded: a newer valid copy holds its ledger(s)"))
-    if not chosen:
-        return
-    name = next(iter(chosen.values())).topic  # from the index metadata: a long topic's key is hashed
-    trimmed_before = read_trim_marker(b, name)
+    if chosen:
+        name = next(iter(chosen.values())).topic  # from the index metadata: a long topic's key is hashed
+    elif name is None:  # the key segment names the topic unless it is hashed
+        parsed = parse_key(b.prefix, f"{b.prefix}{segment}/x-ledger-0")
+        name = parsed.topic if parsed else None
+    if name is None:
+        return  # a hashed segment with no valid index: nothing names the topic
+    trimmed_before = read_trim_marker(b, name) if listed.has_marker else -1
     for lid in [lid for lid in chosen if lid < trimmed_before]:
         report.ignored.append((chosen.pop(lid).chunk.index_key,
                                f"ledger {lid} trimmed by retention (marker: before ledger {trimmed_before})"))
-    if chosen:
-        _commit_topic(engine, name, chosen, policy, report)
+    scan = _scan_tier1(engine, tier1, name, chosen, trimmed_before, report)
+    report.topics.append(name)
+    if chosen or scan.ledgers or scan.top >= 0:
+        _commit_topic(engine, name, chosen, scan, policy, report)
 
+
+def _scan_tier1(engine, tier1: Tier1Store | None, name: str, chosen: dict[int, _Copy], trimmed_before: int,
+                report: RecoverReport) -> Tier1Scan:
+    """The topic's tier-1 files, sorted into: copies of chosen (offloaded) ledgers, ledgers to adopt, and
+    reported ones. Only ledgers the database does not have are looked at (one SELECT, only when the topic
+    has files)."""
+    if tier1 is None or not (tier1.ledger_ids(name) or tier1.retired_ids(name)):
+        return Tier1Scan()
+    known = known_ledgers(engine, name)
+    scan = scan_topic(tier1, name, set(known))
+    for lid, why in scan.unreadable:
+        report.tier1_ignored.append((f"{name}/{lid}", why))
+    for lid, (state, present) in sorted(known.items()):
+        if not present and tier1.exists(name, lid):
+            report.tier1_ignored.append((f"{name}/{lid}", f"the database has this {state} ledger without a "
+                                                          "tier-1 copy: its file was left alone"))
+    for lid, f in sorted(scan.ledgers.items()):
+        if lid < trimmed_before:
+            del scan.ledgers[lid]
+            report.tier1_ignored.append((f"{name}/{lid}", f"trimmed by retention (marker: before ledger "
+                                                          f"{trimmed_before}); the file was left alone"))
+        elif lid in chosen:
+            del scan.ledgers[lid]  # offloaded: the file is its tier-1 copy if it holds the same ledger
+            c = chosen[lid]
+            if (f.entry_count, f.size_bytes) == (c.entry_count, c.length) and not f.was_open:
+                scan.copies.add(lid)
+            else:
+                report.tier1_ignored.append((f"{name}/{lid}", f"file holds {f.entry_count} entries, "
+                                                              f"{f.size_bytes} bytes; the offloaded copy "
+                                                              f"{c.entry_count}, {c.length}: left alone"))
+    return scan
 
 # ----------------------------------------------------------------------------------------------- reading
 def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects: dict[str, _Obj],
@@ -301,19 +448,24 @@ def _gaps(known: set[int]) -> list[tuple[int, int]]:
     return gaps
 
 
-def _commit_topic(engine, name: str, chosen: dict[int, _Copy], policy: TopicPolicy,
+def _commit_topic(engine, name: str, chosen: dict[int, _Copy], scan: Tier1Scan, policy: TopicPolicy,
                   report: RecoverReport) -> None:
     restored = restore_topic(engine, name, policy, {i: RecoveredLedger(
         c.ledger_id, c.entry_count, c.length, c.sealed_at, _as_uuid(c.offload_uuid, c.chunk.index_key),
-        c.started_at, c.finished_at, c.chunk) for i, c in chosen.items()})
+        c.started_at, c.finished_at, c.chunk, tier1_present=i in scan.copies) for i, c in chosen.items()},
+        {i: AdoptedLedger(f.ledger_id, f.entry_count, f.size_bytes, f.sealed_at) for i, f in scan.ledgers.items()},
+        top=scan.top)
     existing = restored.existing
     if restored.created:
         report.topics_created.append(name)
     report.ledgers_recovered += [(name, i) for i in restored.restored]
+    report.tier1_copies_recorded += [(name, i) for i in restored.restored if i in scan.copies]
+    report.tier1_adopted += [(name, i) for i in restored.adopted]
+    report.tier1_sealed += [(name, i) for i in restored.adopted if scan.ledgers[i].was_open]
     report.already_known += [(name, i) for i in sorted(chosen) if i in existing]
-    gaps = _gaps(existing | set(chosen))
+    gaps = _gaps(existing | set(chosen) | set(scan.ledgers))
     if gaps:
         report.unknown[name] = gaps
 
 
-__all__ = ["RecoverReport", "recover_from_bucket"]
+__all__ = ["RecoverReport", "list_segment", "recover_from_bucket", "recover_topic", "tier1_only_items"]

@@ -1,0 +1,73 @@
+"""Recovery from the bucket takes tier 1 into account (issue 20, defect 2): a ledger that tier 1 still holds
+and the bucket never got must not collide with the next ledger a producer creates, the tier-1 copy of an
+offloaded ledger is recorded, an open ledger file is sealed and adopted, and a topic that only tier 1 knows
+comes back. Through the real command on RGW and PostgreSQL."""
+from __future__ import annotations
+
+from sqlalchemy import text
+
+from tests.integration.test_cli import cli, read_data  # noqa: F401 - the fixture
+from tiering.workload import payload
+
+TABLES = "tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, tiering.attribute, tiering.job_run"
+
+
+def lose_metadata(cli, db) -> None:
+    """The database is lost: every row gone, the schema upgraded again (as the issue's sequence)."""
+    with db.begin() as conn:
+        conn.execute(text(f"TRUNCATE {TABLES} CASCADE"))
+    cli("db", "upgrade").ok()
+
+
+def rows(status) -> list[tuple]:
+    return [(r["ledger"], r["state"], r["entries"], r["bytes"], r["tiers"]) for r in status.ok().json_lines]
+
+
+def test_issue_20_sequence_ends_with_a_writable_topic(cli, db):
+    cli("topic", "create", "r1", "--offload-after", "0").ok()
+    cli("produce", "r1", "--entries", "3", "--entry-size", "100", "--seal").ok()
+    assert "offloaded 1" in cli("offload-by-age").ok().stdout
+    cli("produce", "r1", "--entries", "3", "--entry-size", "100", "--seal", "--seed", "b").ok()  # tier 1 only
+    lose_metadata(cli, db)
+
+    rec = cli("recover-from-bucket", "--json").ok().json_lines[0]
+    assert rec["ledgers_recovered"] == 1 and rec["topics_created"] == ["r1"]
+    # today's code: "ledger 1 of topic 'r1' already exists in tier 1"
+    assert cli("produce", "r1", "--entries", "3", "--entry-size", "100", "--seed", "c").ok().stdout == "2:2\n"
+    assert rec["tier1_adopted"] == 1 and rec["tier1_copies_recorded"] == 1, rec
+    assert rec["unknown"] == {} and rec["errors"] == []
+    assert rows(cli("status", "r1", "--json")) == [
+        (0, "OFFLOADED", 3, 300, [1, 2]),  # its tier-1 copy is recorded (delete-lagged will remove it)
+        (1, "SEALED", 3, 300, [1]),  # adopted from tier 1: offload-by-age takes it next
+        (2, "OPEN", 3, 300, [1])]
+    expected = {(0, i): payload("demo", i, 100) for i in range(3)}
+    expected |= {(1, i): payload("b", i, 100) for i in range(3)} | {(2, i): payload("c", i, 100) for i in range(3)}
+    assert read_data(cli("read", "r1", "--json")) == expected
+    cli("produce", "r1", "--entries", "2", "--entry-size", "10", "--seal").ok()  # and again: still writable
+    assert cli("produce", "r1", "--entries", "1", "--entry-size", "10").ok().stdout == "3:0\n"
+    # ledgers 1 and 2 are ordinary SEALED ones (policies are not in the bucket: offload by prefix)
+    assert cli("offload-prefix", "r1", "3:0", "--json").ok().json["offloaded"] == [1, 2]
+    # a second run adds nothing and changes nothing
+    again = cli("recover-from-bucket", "--json").ok().json_lines[0]
+    assert again["ledgers_recovered"] == 0 and again["tier1_adopted"] == 0 and again["tier1_sealed"] == 0
+
+
+def test_an_open_ledger_file_is_sealed_and_a_tier1_only_topic_comes_back(cli, db, tier1_root):
+    cli("topic", "create", "o", "--offload-after", "0").ok()
+    cli("produce", "o", "--entries", "4", "--entry-size", "50", "--seal").ok()
+    cli("offload-by-age").ok()
+    cli("produce", "o", "--entries", "2", "--entry-size", "50", "--seed", "open").ok()  # ledger 1 stays OPEN
+    cli("topic", "create", "only/in tier 1").ok()  # never offloaded: the bucket knows nothing of it
+    cli("produce", "only/in tier 1", "--entries", "5", "--entry-size", "20", "--seal").ok()
+    cli("produce", "only/in tier 1", "--entries", "1", "--entry-size", "20").ok()
+    lose_metadata(cli, db)
+
+    rec = cli("recover-from-bucket", "--json").ok().json_lines[0]
+    assert sorted(rec["topics_created"]) == ["o", "only/in tier 1"], rec
+    assert rec["tier1_adopted"] == 3 and rec["tier1_sealed"] == 2, rec  # o/1, only/0, only/1 (the last two open)
+    assert rows(cli("status", "o", "--json")) == [(0, "OFFLOADED", 4, 200, [1, 2]), (1, "SEALED", 2, 100, [1])]
+    assert rows(cli("status", "only/in tier 1", "--json")) == [(0, "SEALED", 5, 100, [1]), (1, "SEALED", 1, 20, [1])]
+    assert cli("produce", "o", "--entries", "1", "--entry-size", "5", "--seed", "n").ok().stdout == "2:0\n"
+    assert cli("produce", "only/in tier 1", "--entries", "1", "--entry-size", "5").ok().stdout == "2:0\n"
+    data = read_data(cli("read", "o", "--json"))
+    assert data[(1, 1)] == payload("open", 1, 50) and data[(2, 0)] == payload("n", 0, 5) and len(data) == 7
