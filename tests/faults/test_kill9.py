@@ -83,7 +83,9 @@ def scene_retention(deps) -> Scene:
 
 
 def scene_defrag(deps) -> Scene:
-    exp = _small(deps, n=4, policy=TopicPolicy(deletion_lag_seconds=0, **BIG))
+    # 4 ledgers of ~2 MiB: the merge passes 5 MiB, so it is a multipart upload (one under 5 MiB is one PUT)
+    exp = produce(deps, "k", [entries(f"d{i}", 20, 100 * KIB) for i in range(4)],
+                  TopicPolicy(deletion_lag_seconds=0, **BIG), open_tail=[b"tail"])
     _offload_all(deps, "k")
     delete_lagged(deps, "k")  # reads of these ledgers now depend on tier 2 alone
     return Scene({"k": exp}, {})

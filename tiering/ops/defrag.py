@@ -2,10 +2,11 @@
 one index object.
 
 Sources of at least 5 MiB are copied server-side (UploadPartCopy with a byte range; on servers whose
-UploadPartCopy cannot find keys holding '%', such sources are downloaded, see tier2/multipart.py); smaller ones are
-downloaded, their page CRCs checked, and concatenated into a part (S3 parts but the last must be at least
-5 MiB). The index objects are concatenated too (page indexes included: their offsets are ledger-relative), so each ledger's chunk row says where in the merged objects its bytes and its index
-lie; readers need nothing else. The merged keys are queued for GC before the upload; one transaction
+UploadPartCopy cannot find keys holding '%', such sources are downloaded, see tier2/multipart.py); smaller
+ones are downloaded, their page CRCs checked, and written into parts of at least 5 MiB (S3 parts but the last
+must be; tier2/multipart.py cuts them, and a merge under 5 MiB is one PUT). The index objects are
+concatenated too (page indexes included: their offsets are ledger-relative), so each ledger's chunk row says
+where in the merged objects its bytes and its index lie; readers need nothing else. The merged keys are queued for GC before the upload; one transaction
 switches every chunk row conditionally (version and key compare) and dequeues them; the old objects go to
 GC with a delay so readers holding old metadata finish. Losing a race with retention or another defrag
 aborts the merge whole: nothing is lost, the merged objects are deleted.
@@ -24,15 +25,12 @@ from tiering.format.keys import data_key, index_key
 from tiering.format.metadata import user_metadata
 from tiering.model import MIB, Chunk
 from tiering.ops.context import Deps, select_topics
-from tiering.tier2.multipart import MultipartUpload
+from tiering.tier2.multipart import MIN_PART_SIZE, MultipartUpload, StepHook
 from tiering.tier2.objects import check_bucket, delete_keys, prefetch_ranges, put_bytes
-from tiering.tier2.offloader import StepHook
 
 # What an operator should see of a swallowed cleanup failure (the exception's type only: messages of
 # database drivers may carry connection details).
 log = logging.getLogger(__name__)
-
-MIN_PART = 5 * MIB
 
 
 @dataclass
@@ -106,48 +104,34 @@ def _discard(deps: Deps, attempt: str, *keys: str) -> None:
 def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes, OffloadIndex]], key: str,
                 report: DefragReport, step) -> list[int]:
     b = deps.bucket
-    with MultipartUpload(b, key, user_metadata(group.ledgers[0].topic), "defrag upload") as up:
-        pending, offset = bytearray(), 0
-
-        def flush():
-            nonlocal pending
-            if pending:
-                up.upload(bytes(pending))
-                pending = bytearray()
-                step("part")
-
-        # Large sources first, each one server-side copied part; then the small ones concatenated into
-        # parts of at least 5 MiB (the last may be smaller). Chunk rows carry offsets, so order is free.
-        large = [i for i, ch in enumerate(group.chunks) if ch.data_length >= MIN_PART]
-        small = [i for i, ch in enumerate(group.chunks) if ch.data_length < MIN_PART]
+    with MultipartUpload(b, key=key, metadata=user_metadata(group.ledgers[0].topic), op="defrag upload",
+                         part_size=MIN_PART_SIZE, concurrency=deps.knobs.upload_concurrency, hook=step) as up:
+        # Large sources first, each one server-side copied part; then the small ones written (cut into parts
+        # of at least 5 MiB, the last may be smaller). Chunk rows carry offsets, so order is free.
+        large = [i for i, ch in enumerate(group.chunks) if ch.data_length >= MIN_PART_SIZE]
+        small = [i for i, ch in enumerate(group.chunks) if ch.data_length < MIN_PART_SIZE]
         offsets = [0] * len(group.chunks)
         escaped_copy_fails = False
         for i in large:
             ch = group.chunks[i]
+            offsets[i] = up.size
             # A server that cannot copy from keys holding '%' (MultipartUpload.copy): download those instead.
             if (escaped_copy_fails and "%" in ch.data_key) or not up.copy(ch.data_key, ch.data_offset,
                                                                           ch.data_length):
                 escaped_copy_fails = True
                 small.append(i)
                 continue
-            offsets[i] = offset
-            offset += ch.data_length
             report.bytes_copied_server_side += ch.data_length
-            step("part")
         sources = ((group.chunks[i].data_key, group.chunks[i].data_offset, group.chunks[i].data_length)
                    for i in small)
         for i, data in zip(small, prefetch_ranges(b, sources, deps.knobs.upload_concurrency)):
             ch = group.chunks[i]
             # A corrupt source must not be copied into a merged object under a fresh checksum.
             check_ledger_pages(indexes[i][1], data, f"data object {ch.data_key}", ch.data_offset)
-            offsets[i] = offset
-            offset += len(data)
-            pending += data
+            offsets[i] = up.size
+            up.write(data)
             report.bytes_downloaded += len(data)
-            if len(pending) >= MIN_PART:
-                flush()
-        flush()
-        up.complete()
+        up.finish()
         return offsets
 
 

@@ -1,5 +1,5 @@
 """Offload a topic's small sealed ledgers together: one attempt, one data object, one index object, one
-conditional transaction to begin and one to commit (tiering/tier2/batch_upload.py writes the objects).
+conditional transaction to begin and one to commit (tiering/tier2/offloader.py writes the objects).
 
 The same guarantees as one ledger's offload (tiering/ops/offload.py), for the batch as a whole: (1) one
 transaction moves every ledger SEALED (or a stale OFFLOADING) -> OFFLOADING(attempt) and queues the two keys,
@@ -18,9 +18,8 @@ from typing import Iterator, Sequence
 from tiering.format.keys import data_key, index_key
 from tiering.model import Chunk, Ledger, LedgerState
 from tiering.ops.context import Deps
-from tiering.tier2.batch_upload import upload_batch
 from tiering.tier2.objects import delete_keys
-from tiering.tier2.offloader import LedgerToUpload, StepHook
+from tiering.tier2.offloader import LedgerToUpload, StepHook, upload_ledgers
 
 # What an operator should see of a swallowed cleanup failure (the exception's type only: messages of
 # database drivers may carry connection details).
@@ -62,8 +61,9 @@ def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None) -> 
     started = deps.meta.begin_offload_batch(leds, attempt, keys, gc_delay=knobs.offload_timeout,
                                             stale_after=knobs.offload_timeout)
     try:
-        uploaded = upload_batch(b, first.topic, *keys, _sources(deps, started, attempt, keys), knobs.block_size,
-                                knobs.page_size, knobs.upload_concurrency, knobs.block_size, hook)
+        uploaded = upload_ledgers(b, topic=first.topic, attempt=attempt, data_key=keys[0], index_key=keys[1],
+                                  sources=_sources(deps, started), block_size=knobs.block_size,
+                                  page_size=knobs.page_size, concurrency=knobs.upload_concurrency, hook=hook)
         items = [(led, Chunk(keys[0], p.data_offset, p.data_length, keys[1], p.index_offset, p.index_length,
                              0, led.entry_count - 1)) for led, p in zip(started, uploaded.ledgers)]
         return deps.meta.complete_offload_batch(items, attempt)
@@ -72,11 +72,11 @@ def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None) -> 
         raise
 
 
-def _sources(deps: Deps, leds: Sequence[Ledger], attempt: str, keys: tuple[str, str]) -> Iterator:
+def _sources(deps: Deps, leds: Sequence[Ledger]) -> Iterator:
     for led in leds:
         with deps.tier1.reader(led.topic, led.ledger_id) as reader:
-            yield (LedgerToUpload(led.topic, led.ledger_id, led.entry_count, int(led.sealed_at.timestamp() * 1000),
-                                  attempt, *keys), reader.iter_entries(0, led.entry_count - 1))
+            yield (LedgerToUpload(led.topic, led.ledger_id, led.entry_count, int(led.sealed_at.timestamp() * 1000)),
+                   reader.iter_entries(0, led.entry_count - 1))
 
 
 def _undo(deps: Deps, started: Sequence[Ledger], attempt: str, keys: tuple[str, str]) -> None:

@@ -1,68 +1,195 @@
-"""One multipart upload's lifecycle, written once: create, parts (uploaded, or copied server-side from a
-byte range of another object), complete; aborted on any failure; S3 errors mapped to `Tier2Error`.
+"""One object written to S3 in parts: the only owner of CreateMultipartUpload, UploadPart, UploadPartCopy,
+CompleteMultipartUpload and AbortMultipartUpload in the product (offload, batch offload and defrag all
+write through it).
 
-    with MultipartUpload(bucket, key, metadata, "defrag upload") as up:
-        up.upload(body)
-        up.copy(source_key, offset, length)
-        up.complete()
+    with MultipartUpload(bucket, key=key, metadata=md, op="offload upload", part_size=bs, concurrency=4,
+                         hook=step) as up:
+        offset = up.size
+        up.write(block)                        # buffered into parts of at least part_size
+        up.copy(source_key, start, length)     # a server-side copied part
+        up.finish()                            # complete (or one PUT), returns the object's length
+
+Parts: bytes written are cut into parts of at least `part_size` (S3's 5 MiB minimum but for the last), each
+shipped as soon as it is full; an object whose bytes never fill one part is ONE PutObject at `finish` instead
+of create + part + complete (s3transfer's threshold habit; the bytes are the same). Up to
+`concurrency` parts upload at once, in any order; memory stays within (concurrency + 1) parts. The upload is
+created at the first shipped part, and its abort is armed the moment its id exists (as s3transfer's
+CreateMultipartUploadTask registers its cleanup): any failure after that, in any part, at complete, in the
+caller's code inside the `with`, or an interrupt, cancels the parts not started, waits for the running
+ones (no part may land after the abort), aborts the upload (best effort: GC's sweep of stale uploads is
+the safety net), and maps S3 errors to `Tier2Error` (operation and key, never credentials).
+
+Every part carries a CRC32C checksum, which AWS S3 verifies; other servers may ignore it (Ceph RGW 16
+accepts a wrong one), so readers check page CRCs themselves.
+
+Hook: `hook(name)` at "initiated" (upload created), "part" (a part stored; from the part's thread) and
+"completed" (object complete), so fault tests can fail or kill the process exactly there.
 """
 from __future__ import annotations
 
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Callable
+
 from botocore.exceptions import BotoCoreError, ClientError
 
+from tiering.errors import BadInput
+from tiering.format.block import MIN_BLOCK_SIZE
 from tiering.tier2.objects import Bucket, completed_part, error_code, tier2_error
+
+MAX_PARTS = 10_000  # S3's limit on parts of one multipart upload
+MIN_PART_SIZE = MIN_BLOCK_SIZE  # S3's minimum size of a part but the last
+
+# Called at named steps ("initiated", "part", "completed", and the callers' own) so fault tests can fail or
+# kill the process exactly there; None in production.
+StepHook = Callable[[str], None] | None
 
 
 class MultipartUpload:
-    def __init__(self, b: Bucket, key: str, metadata: dict[str, str], op: str):
+    def __init__(self, b: Bucket, *, key: str, metadata: dict[str, str], op: str, part_size: int = MIN_PART_SIZE,
+                 concurrency: int = 1, hook: StepHook = None):
+        if part_size < MIN_PART_SIZE:
+            raise BadInput(f"part size {part_size} is below S3's 5 MiB minimum part size")
+        if concurrency < 1:
+            raise BadInput("upload concurrency must be at least 1")
         self.b, self.key, self.metadata, self.op = b, key, metadata, op
-        self.parts: list[dict] = []
+        self.part_size, self.concurrency = part_size, concurrency
+        self._step = hook or (lambda _name: None)
         self.upload_id: str | None = None
-        self.completed = False
+        self.size = 0  # bytes written or copied so far: the offset in the object of the next write
+        self.parts = 0  # parts shipped (1 for a single PUT)
+        self._pending: list[bytes] = []
+        self._pending_len = 0
+        self._done: dict[int, dict] = {}  # part number -> CompleteMultipartUpload entry
+        self._inflight: set[Future] = set()
+        self._pool: ThreadPoolExecutor | None = None
+        self._finished = False
 
     def __enter__(self) -> MultipartUpload:
-        b = self.b
-        self.upload_id = b.s3.create_multipart_upload(Bucket=b.name, Key=self.key, Metadata=self.metadata,
-                                                      ChecksumAlgorithm="CRC32C")["UploadId"]
         return self
 
-    def upload(self, body: bytes) -> None:
-        n = len(self.parts) + 1
-        resp = self.b.s3.upload_part(Bucket=self.b.name, Key=self.key, UploadId=self.upload_id, PartNumber=n,
-                                     Body=body, ChecksumAlgorithm="CRC32C")
-        self.parts.append(completed_part(n, resp))
+    # ------------------------------------------------------------------------------------------ writing
+    def write(self, data: bytes) -> None:
+        """Append bytes to the object; ships a part once `part_size` bytes are pending."""
+        if data:
+            self._pending.append(data)
+            self._pending_len += len(data)
+            self.size += len(data)
+        if self._pending_len >= self.part_size:
+            self._ship()
 
     def copy(self, source_key: str, offset: int, length: int) -> bool:
-        """UploadPartCopy of bytes [offset, offset+length) of `source_key`; False when the server cannot find
-        a source whose key holds '%'.
+        """A part that is bytes [offset, offset+length) of `source_key`, copied server-side (UploadPartCopy).
+        False, writing nothing, when the server cannot find a source whose key holds '%'.
 
         Keys percent-encode topics (`acc/big` -> `acc%2Fbig`), and Ceph RGW 16 decodes UploadPartCopy's copy
         source twice, so it looks for `acc/big/...` and answers NoSuchKey (its CopyObject decodes once). The
-        caller then downloads those bytes instead; a source that is really missing fails there."""
-        n = len(self.parts) + 1
+        caller then downloads those bytes and writes them instead; a source really missing fails there."""
+        if self._pending_len:
+            if self._pending_len < MIN_PART_SIZE:
+                raise BadInput(f"{self._pending_len} bytes written before a copied part: a part but the last must "
+                               f"be at least 5 MiB")
+            self._ship()
+        n = self._next_part()
+        self._create()
         try:
-            resp = self.b.s3.upload_part_copy(Bucket=self.b.name, Key=self.key, UploadId=self.upload_id, PartNumber=n,
-                                              CopySourceRange=f"bytes={offset}-{offset + length - 1}",
-                                              CopySource={"Bucket": self.b.name, "Key": source_key})
+            resp = self.b.s3.upload_part_copy(Bucket=self.b.name, Key=self.key, UploadId=self.upload_id,
+                                              PartNumber=n, CopySource={"Bucket": self.b.name, "Key": source_key},
+                                              CopySourceRange=f"bytes={offset}-{offset + length - 1}")
         except ClientError as exc:
             if "%" in source_key and error_code(exc) in ("NoSuchKey", "404"):
                 return False
             raise
-        self.parts.append(completed_part(n, resp["CopyPartResult"]))
+        self._done[n] = completed_part(n, resp["CopyPartResult"])
+        self.parts = n
+        self.size += length
+        self._step("part")
         return True
 
-    def complete(self) -> None:
-        self.b.s3.complete_multipart_upload(Bucket=self.b.name, Key=self.key, UploadId=self.upload_id,
-                                            MultipartUpload={"Parts": self.parts})
-        self.completed = True
+    def finish(self) -> int:
+        """Complete the object: ONE PutObject if nothing was shipped yet, else the last part and
+        CompleteMultipartUpload once every part is stored. Returns the object's length."""
+        if self.upload_id is None and not self._done:
+            self.b.s3.put_object(Bucket=self.b.name, Key=self.key, Body=self._take_pending(), Metadata=self.metadata,
+                                 ChecksumAlgorithm="CRC32C")
+            self.parts = 1
+        else:
+            if self._pending_len:
+                self._ship()
+            while self._inflight:
+                self._collect()
+            parts = [self._done[n] for n in sorted(self._done)]
+            self.b.s3.complete_multipart_upload(Bucket=self.b.name, Key=self.key, UploadId=self.upload_id,
+                                                MultipartUpload={"Parts": parts})
+        self._finished = True
+        self._step("completed")
+        return self.size
 
+    # ------------------------------------------------------------------------------------------ lifecycle
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc is None:
-            return
-        if not self.completed:
+        try:
+            if exc is not None or not self._finished:
+                self._abort()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+        if exc is None and not self._finished:
+            raise BadInput(f"{self.op} of {self.key!r}: left without finish(); the upload was aborted")
+        if isinstance(exc, (ClientError, BotoCoreError)):
+            raise tier2_error(self.op, self.key, exc) from None
+
+    def _create(self) -> None:
+        if self.upload_id is None:
+            resp = self.b.s3.create_multipart_upload(Bucket=self.b.name, Key=self.key, Metadata=self.metadata,
+                                                     ChecksumAlgorithm="CRC32C")
+            self.upload_id = resp["UploadId"]  # from here on, any failure aborts it
+            self._step("initiated")
+
+    def _abort(self) -> None:
+        for f in self._inflight:
+            f.cancel()  # parts not started never start
+        if self._inflight:
+            wait(self._inflight)  # the running ones end before the abort: none lands after it
+        self._inflight.clear()
+        if self.upload_id is not None and not self._finished:
             try:
                 self.b.s3.abort_multipart_upload(Bucket=self.b.name, Key=self.key, UploadId=self.upload_id)
             except (ClientError, BotoCoreError):
-                pass  # GC's sweep of stale uploads aborts it later
-        if isinstance(exc, (ClientError, BotoCoreError)):
-            raise tier2_error(self.op, self.key, exc) from None
+                pass  # GC's sweep of stale multipart uploads aborts it later (the key is queued)
+
+    # ------------------------------------------------------------------------------------------ parts
+    def _next_part(self) -> int:
+        n = self.parts + 1
+        if n > MAX_PARTS:
+            raise BadInput(f"{self.key!r} needs more than {MAX_PARTS} parts: raise TIERING_BLOCK_SIZE")
+        return n
+
+    def _ship(self) -> None:
+        n = self._next_part()
+        self._create()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="upload-part")
+        body = self._take_pending()
+        self._inflight.add(self._pool.submit(self._upload_part, n, body))
+        del body  # the part's bytes live in the future only (memory bound)
+        self.parts = n
+        while len(self._inflight) >= self.concurrency:  # bound memory: wait for any part to finish
+            self._collect()
+
+    def _collect(self) -> None:
+        """Wait for any part in flight to end (parts finish in any order)."""
+        done, pending = wait(self._inflight, return_when=FIRST_COMPLETED)
+        self._inflight = set(pending)
+        for f in done:
+            n, part = f.result()  # a failed part raises here; __exit__ aborts
+            self._done[n] = part
+
+    def _upload_part(self, n: int, body: bytes) -> tuple[int, dict]:
+        resp = self.b.s3.upload_part(Bucket=self.b.name, Key=self.key, UploadId=self.upload_id, PartNumber=n,
+                                     Body=body, ChecksumAlgorithm="CRC32C")
+        self._step("part")
+        return n, completed_part(n, resp)
+
+    def _take_pending(self) -> bytes:
+        body = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+        self._pending, self._pending_len = [], 0
+        return bytes(body)
