@@ -19,9 +19,17 @@ from tiering.tier1 import Tier1Store
 
 TRIMMED = "TRIMMED"
 DATALOSS = "DATALOSS"
-# A read takes the topic's chunk rows in one query and reuses them this long: far below GC's delay for
-# objects defrag merged away (10 minutes by default), so a row it holds never names a collected object.
+# A read takes the topic's chunk rows in one query and reuses them for a while (one query per topic instead of
+# one per ledger). A row it holds must never name an object GC collected: objects defrag merged away or
+# retention trimmed are kept TIERING_GC_DELAY_SECONDS, so the snapshot's age is derived from that delay (half
+# of it, at most CHUNKS_MAX_AGE_S); with no delay, or none given, there is no snapshot: each ledger's row is
+# read when the read reaches it (issue 20: a fixed 60 s outlived a delay set below it).
 CHUNKS_MAX_AGE_S = 60.0
+
+
+def chunks_max_age(gc_delay_seconds: float) -> float:
+    """How long a read may reuse its snapshot of chunk rows, given GC's delay: half of it, at most a minute."""
+    return max(0.0, min(CHUNKS_MAX_AGE_S, gc_delay_seconds / 2))
 
 
 @dataclass(frozen=True)
@@ -52,17 +60,22 @@ Tier2Opener = Callable[[Ledger, Chunk], Tier2Ledger]
 
 class ReadHandle:
     def __init__(self, meta: MetadataStore, tier1: Tier1Store, open_tier2: Tier2Opener | None = None,
-                 raise_on_dataloss: bool = False):
+                 raise_on_dataloss: bool = False, *, gc_delay_seconds: float = 0):
+        """`gc_delay_seconds`: the deployment's TIERING_GC_DELAY_SECONDS (Settings.gc_delay_seconds), from
+        which the chunk snapshot's age is derived (0: no snapshot)."""
         self.meta = meta
         self.tier1 = tier1
         self.open_tier2 = open_tier2
         self.raise_on_dataloss = raise_on_dataloss
+        self.chunks_max_age = chunks_max_age(gc_delay_seconds)
         self._chunks: tuple[str, float, dict[int, Chunk]] | None = None
 
     def _chunk(self, led: Ledger) -> Chunk | None:
-        """The ledger's chunk row: one query per topic (and minute) instead of one per ledger."""
+        """The ledger's chunk row: one query per topic (while the snapshot is young) instead of one per ledger."""
+        if self.chunks_max_age <= 0:
+            return self.meta.get_chunk(led)
         now = time.monotonic()
-        if self._chunks is None or self._chunks[0] != led.topic or now - self._chunks[1] > CHUNKS_MAX_AGE_S:
+        if self._chunks is None or self._chunks[0] != led.topic or now - self._chunks[1] > self.chunks_max_age:
             self._chunks = (led.topic, now, self.meta.chunks(led.topic))
         found = self._chunks[2].get(led.ledger_id)
         return found if found is not None else self.meta.get_chunk(led)  # offloaded since the snapshot

@@ -72,7 +72,7 @@ class Context:
         from tiering.read import ReadHandle
 
         return ReadHandle(self.meta, self.tier1, open_tier2=opener or self.tier2_opener(),
-                          raise_on_dataloss=raise_on_dataloss)
+                          raise_on_dataloss=raise_on_dataloss, gc_delay_seconds=self.settings.gc_delay_seconds)
 
     def close(self) -> None:
         if "engine" in self.__dict__:

@@ -21,7 +21,8 @@ def cmd_verify(ctx: Context, args, out: Output) -> int:
 
     ledgers = ctx.meta.list_ledgers(args.name)  # an unknown topic fails here
     bar = progress_bar("verify", live_entries(ledgers), "entry")
-    report = verify_topic(ctx.meta, ctx.tier1, ctx.tier2_opener(), args.name, ledgers, on_entry=bar.update)
+    report = verify_topic(ctx.meta, ctx.tier1, ctx.tier2_opener(), args.name, ledgers, on_entry=bar.update,
+                          gc_delay_seconds=ctx.settings.gc_delay_seconds)
     bar.close()
     gaps, problems, no_pages = [gap_dict(g) for g in report.gaps], report.problems, report.no_page_index
     result = {"command": "verify", "topic": args.name, "ledgers": report.ledgers, "entries": report.entries,

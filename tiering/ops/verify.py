@@ -61,13 +61,14 @@ def live_entries(ledgers: list[Ledger]) -> int:
 
 
 def verify_topic(meta: MetadataStore, tier1: Tier1Store, opener: Tier2Opener, topic: str,
-                 ledgers: list[Ledger] | None = None, on_entry: Callable[[], None] | None = None) -> VerifyReport:
+                 ledgers: list[Ledger] | None = None, on_entry: Callable[[], None] | None = None, *,
+                 gc_delay_seconds: float = 0) -> VerifyReport:
     """`opener` opens tier-2 copies (one cache shared by the read and the comparison); `ledgers`: the topic's
     ledgers if the caller listed them already (to size a progress bar); `on_entry` is called for each entry
-    read through the reader (progress)."""
+    read through the reader (progress); `gc_delay_seconds`: the settings' GC delay (ReadHandle's)."""
     if ledgers is None:
         ledgers = meta.list_ledgers(topic)  # an unknown topic fails here
-    handle = ReadHandle(meta, tier1, open_tier2=opener)
+    handle = ReadHandle(meta, tier1, open_tier2=opener, gc_delay_seconds=gc_delay_seconds)
     report = VerifyReport(topic, ledgers=len(ledgers))
     problems = report.problems
     for led in ledgers:
@@ -91,19 +92,26 @@ def verify_topic(meta: MetadataStore, tier1: Tier1Store, opener: Tier2Opener, to
             problems.append(f"ledger {led.ledger_id}: {scan.problem}")
         report.entries += scan.entries
         report.bytes += scan.bytes
-        if led.state == LedgerState.OFFLOADED and not _has_page_index(meta, opener, led, problems):
-            report.no_page_index.append(led.ledger_id)
+        # One problem per cause and ledger: a lost tier-2 index is this ledger's tier-2 copy problem when that
+        # copy is compared below, else reported on its own (issue 20: it was both, for a shared object's first).
+        index_problem = None
+        if led.state == LedgerState.OFFLOADED:
+            has_pages, index_problem = _page_index(meta, opener, led)
+            if not has_pages:
+                report.no_page_index.append(led.ledger_id)
         if led.state in (LedgerState.OPEN, LedgerState.DELETED) or scan.gaps:
-            continue
-        if (scan.entries, scan.bytes) != (led.entry_count, led.size_bytes):
+            pass
+        elif (scan.entries, scan.bytes) != (led.entry_count, led.size_bytes):
             problems.append(f"ledger {led.ledger_id}: read {scan.entries} entries ({scan.bytes} bytes), metadata "
                             f"says {led.entry_count} ({led.size_bytes} bytes)")
-            continue
-        if led.state == LedgerState.OFFLOADED and led.tier1_present and led.entry_count:
+        elif led.state == LedgerState.OFFLOADED and led.tier1_present and led.entry_count:
             report.tier2_copies_checked += 1
             problem = _check_tier2(meta, opener, led, scan)
             if problem:
                 problems.append(f"ledger {led.ledger_id}: tier-2 copy: {problem}")
+            continue
+        if index_problem:
+            problems.append(f"ledger {led.ledger_id}: tier-2 copy: {index_problem}")
     return report
 
 
@@ -116,17 +124,16 @@ def _add_gap(gaps: list, gap) -> None:
         gaps.append(gap)
 
 
-def _has_page_index(meta: MetadataStore, opener: Tier2Opener, led, problems: list) -> bool:
-    """Whether the ledger's tier-2 index carries page checksums (the index is cached by the read above)."""
+def _page_index(meta: MetadataStore, opener: Tier2Opener, led) -> tuple[bool, str | None]:
+    """Whether the ledger's tier-2 index carries page checksums (the index is cached by the read above), and
+    why it could not be read, if it could not."""
     chunk = meta.get_chunk(led)
     if chunk is None:
-        return True  # reported elsewhere
+        return True, None  # reported by the comparison
     try:
-        return opener(led, chunk).index().pages is not None
+        return opener(led, chunk).index().pages is not None, None
     except (CorruptObjectError, DataLossError) as exc:
-        if not any(str(exc) in p for p in problems):
-            problems.append(f"ledger {led.ledger_id}: {exc}")
-        return True
+        return True, str(exc)
 
 
 def _check_tier2(meta: MetadataStore, opener: Tier2Opener, led, scan: _Scan) -> str | None:

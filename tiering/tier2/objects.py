@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Iterable, Iterator
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import (BotoCoreError, ClientError, CredentialRetrievalError, NoCredentialsError,
+                                 PartialCredentialsError)
 
 from tiering.errors import DataLossError, Tier2Error
 
@@ -27,10 +28,19 @@ def error_code(exc: BaseException) -> str | None:
     return exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
 
 
+# botocore's "no usable credentials" errors: the endpoint was never asked, so the message must not send the
+# operator to TIERING_S3_ENDPOINT_URL (issue 20)
+_CREDENTIALS = (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)
+CREDENTIALS_HINT = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile or role boto3 finds)"
+
+
 def tier2_error(op: str, key: str, exc: BaseException) -> Tier2Error:
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})
         return Tier2Error(f"S3 {op} of {key!r} failed: {err.get('Code')} {err.get('Message', '')}".rstrip())
+    if isinstance(exc, _CREDENTIALS):
+        return Tier2Error(f"S3 {op} of {key!r} failed: no usable S3 credentials ({type(exc).__name__}): "
+                          f"{CREDENTIALS_HINT}")
     if isinstance(exc, BotoCoreError):
         return Tier2Error(f"S3 {op} of {key!r} failed: {type(exc).__name__}")
     return Tier2Error(f"S3 {op} of {key!r} failed: {type(exc).__name__}: {exc}")
@@ -78,6 +88,9 @@ def check_bucket(b: Bucket) -> None:
         if code in ("403", "AccessDenied", "Forbidden"):
             raise Tier2Error(f"tier 2 is unavailable: access to bucket {b.name!r} is denied") from None
         raise tier2_error("HEAD bucket", b.name, exc) from None
+    except _CREDENTIALS as exc:
+        raise Tier2Error(f"tier 2 is unavailable: no usable S3 credentials ({type(exc).__name__}): "
+                         f"{CREDENTIALS_HINT}") from None
     except BotoCoreError as exc:
         raise Tier2Error(f"tier 2 is unreachable: the S3 endpoint did not answer ({type(exc).__name__}); "
                          f"check TIERING_S3_ENDPOINT_URL") from None
@@ -154,6 +167,31 @@ def list_objects(b: Bucket, prefix: str | None = None) -> Iterator[dict]:
     paginator = b.s3.get_paginator("list_objects_v2")
     for page in paginator.paginate(Bucket=b.name, Prefix=b.prefix if prefix is None else prefix):
         yield from page.get("Contents", [])
+
+
+@dataclass(frozen=True)
+class ListedPage:
+    """One LIST page: its objects in key order, and whether the prefix goes on after them."""
+    objects: list[dict]
+    truncated: bool
+
+    @property
+    def last_key(self) -> str | None:
+        return self.objects[-1]["Key"] if self.objects else None
+
+
+def list_page(b: Bucket, start_after: str = "", max_keys: int = 1000) -> ListedPage:
+    """One ListObjectsV2 request under the prefix: up to `max_keys` (S3 caps it at 1,000) keys after
+    `start_after` ('' : from the start). GC's resumable orphan sweep lists one page at a time."""
+    kwargs = {"Bucket": b.name, "Prefix": b.prefix, "MaxKeys": max_keys}
+    if start_after:
+        kwargs["StartAfter"] = start_after
+    try:
+        resp = b.s3.list_objects_v2(**kwargs)
+    except (ClientError, BotoCoreError) as exc:
+        raise tier2_error("LIST", f"{b.prefix}* after {start_after!r}", exc) from None
+    objects = resp.get("Contents", [])
+    return ListedPage(objects, bool(resp.get("IsTruncated")) and bool(objects))
 
 
 def put_bytes(b: Bucket, key: str, body: bytes, metadata: dict[str, str]) -> None:
