@@ -227,8 +227,20 @@ def settle(engine) -> float:
 
 
 def gc_all(deps):
-    from tiering.ops.gc import run_gc
+    """The queue's due rows and stale uploads (run_gc), then one whole pass of the orphan sweep (from the
+    start of the prefix to its end), all with grace 0. Returns the run's report with `orphans_deleted`."""
+    from tiering.ops.gc import sweep_orphans, run_gc
 
     report = run_gc(deps, orphan_grace=timedelta(0))
     assert report.failed == 0 and report.retried == 0, report
+    orphans, started = [], None
+    while True:  # a pass that resumed mid-prefix is finished first, then a whole one is run
+        sweep = sweep_orphans(deps, orphan_grace=timedelta(0))
+        assert not sweep.taken and not sweep.failed, sweep
+        orphans += sweep.orphans_deleted
+        started = sweep.started_from if started is None else started
+        if sweep.pass_complete and started == "":
+            break
+        started = None if sweep.pass_complete else started
+    report.orphans_deleted = orphans
     return report

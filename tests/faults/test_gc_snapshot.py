@@ -1,8 +1,9 @@
 """GC's orphan sweep racing a commit that moves keys from the GC queue to chunk rows (issue 13).
 
 An offload (or a defrag) has written its objects, their keys are queued under its attempt, and its
-commit (chunk rows in, queue rows out, one transaction) lands while GC sweeps the bucket with orphan grace
-0. The commit is released from inside GC, at an exact point, by listeners on GC's own clients:
+commit (chunk rows in, queue rows out, one transaction) lands while GC's orphan sweep (`sweep_orphans`, the
+resumable sweep of issue 19, here with orphan grace 0 and pages of 1,000 keys) lists and decides the bucket.
+The commit is released from inside the sweep, at an exact point, by listeners on GC's own clients:
 
 - `between-statements`: right after the first SQL statement of the sweep that names the keys. The old
   sweep asked "referenced?" and then "queued?" in two READ COMMITTED statements, so the commit landed
@@ -30,7 +31,7 @@ from tiering.metadata.repository import MetadataStore
 from tiering.model import LedgerState as S, TopicPolicy
 from tiering.ops.context import Deps
 from tiering.ops.defrag import DefragReport, merge_group, plan_defrag
-from tiering.ops.gc import run_gc
+from tiering.ops.gc import sweep_orphans
 from tiering.ops.offload import offload_ledger, offload_many
 from tiering.tier2.objects import Bucket
 
@@ -115,13 +116,15 @@ def _assert_nothing_referenced_deleted(deps, db, report) -> None:
 
 
 def _gc_releasing(gc_deps, writer, keys, moment):
-    """GC with zero grace, the paused writer's commit released from inside its sweep at `moment`; its report."""
+    """The orphan sweep with zero grace, the paused writer's commit released from inside it at `moment`; its
+    report (one whole pass: the bucket holds far fewer than a page of keys)."""
     fired = _release_inside_gc(gc_deps, writer, keys, moment)
     try:
-        report = run_gc(gc_deps, orphan_grace=timedelta(0))
+        report = sweep_orphans(gc_deps, orphan_grace=timedelta(0))
     finally:
         writer.go.set()
     assert fired, "the commit was never released from inside GC's sweep"
+    assert report.pass_complete and not report.taken and report.pages == 1, report
     return report
 
 

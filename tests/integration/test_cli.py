@@ -234,7 +234,7 @@ def test_defrag_gc_verify_and_loss_behind_metadatas_back(cli, deps, s3_client, b
     out = cli("defrag", "--topic", "small", "--small-bytes", "1000000", "--json").ok().json
     assert out["groups"] == 1 and out["ledgers"] == 4 and out["objects_after"] == 2 and out["errors"] == []
     s3_client.put_object(Bucket=bucket, Key="t/stray/0-ledger-0", Body=b"left behind by a killed process")
-    gc = cli("gc", "--orphan-grace-seconds", "0", "--json").ok().json
+    gc = cli("gc", "--sweep", "--orphan-grace-seconds", "0", "--json").ok().json
     assert gc["orphans_deleted"] == 1 and gc["failed"] == 0  # the merged-away objects wait for their delay
     chunks = deps.meta.chunks("small")
     assert {c.data_key for c in chunks.values()} | {c.index_key for c in chunks.values()} <= bucket_keys(deps)

@@ -2,12 +2,15 @@
 job_run row; an idle run is recorded and skips Spark; work found lets Spark run. On PostgreSQL and S3."""
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from sqlalchemy import text
 
 from tests.integration.helpers import entries, produce
 from tiering.errors import BadInput
 from tiering.jobs.preflight import preflight
+from tiering.ops.gc import plan_gc
 from tiering.metadata.job_runs import RunRef
 from tiering.model import TopicPolicy
 
@@ -60,5 +63,18 @@ def test_work_found_runs_spark_and_leaves_the_row_to_the_job(deps):
 
 
 def test_jobs_without_a_cheap_plan_always_run(deps):
-    result = go(deps, "tiering_gc", {}, set())
+    result = go(deps, "tiering_gc_sweep", {}, set())
     assert result.planned is None and result.run_spark and rows(deps) == []
+
+
+def test_gc_skips_spark_when_nothing_is_due_and_runs_when_a_key_is(deps):
+    """Issue 19: the hourly GC plans from the queue's due rows and the stale uploads, not the bucket."""
+    deps.meta.enqueue_gc(["t/later"], "not due yet", delay=timedelta(hours=1))
+    idle = go(deps, "tiering_gc", {}, set(), run="scheduled__1")
+    assert idle.planned == 0 and not idle.run_spark
+    assert [(r["kind"], r["status"], r["details"]) for r in rows(deps)] == [
+        ("gc", "SUCCEEDED", {"planned": 0, "spark": "skipped"})]
+    deps.meta.enqueue_gc(["t/now"], "due")
+    assert go(deps, "tiering_gc", {}, set(), run="scheduled__2").planned == 1
+    deps.bucket.s3.create_multipart_upload(Bucket=deps.bucket.name, Key="t/upload")
+    assert plan_gc(deps) == (1, 0) and plan_gc(deps, orphan_grace=timedelta(0)) == (1, 1)  # stale once old

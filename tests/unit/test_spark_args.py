@@ -9,8 +9,9 @@ from tiering.model import Position
 def test_every_dag_of_the_design_is_there():
     assert sorted(JOBS) == sorted([
         "tiering_offload_by_age", "tiering_offload_by_size", "tiering_offload_prefix", "tiering_delete_lagged",
-        "tiering_retention", "tiering_defrag", "tiering_gc", "tiering_metadata_export"])
-    assert JOBS["tiering_offload_prefix"].schedule is None
+        "tiering_retention", "tiering_defrag", "tiering_gc", "tiering_gc_sweep", "tiering_metadata_export",
+        "tiering_recover"])
+    assert JOBS["tiering_offload_prefix"].schedule is None and JOBS["tiering_recover"].schedule is None
     assert all(JOBS[d].application == "offload.py" for d in JOBS if "offload" in d)
 
 
@@ -22,7 +23,13 @@ def test_every_dag_of_the_design_is_there():
     ("tiering_delete_lagged", {}, []),
     ("tiering_retention", {"topic": "a/../b"}, ["--topic=a/../b"]),
     ("tiering_gc", {}, []),
+    ("tiering_gc_sweep", {}, []),
     ("tiering_metadata_export", {"dest": "s3://b/x"}, ["--dest=s3://b/x"]),
+    # a switch: the bare flag when true, nothing when false or absent (issue 19)
+    ("tiering_recover", {}, []),
+    ("tiering_recover", {"check_pages": False}, []),
+    ("tiering_recover", {"topic": "-x", "check_pages": True}, ["--topic=-x", "--check-pages"]),
+    ("tiering_gc", {"check_pages": False}, []),  # false is "not asked for", whatever the job
 ])
 def test_args(dag_id, kwargs, expected):
     assert spark_submit_args(dag_id, **kwargs) == expected
@@ -35,7 +42,11 @@ def test_args(dag_id, kwargs, expected):
     ("tiering_offload_prefix", {"topic": "", "position": "1:2"}),
     ("tiering_offload_prefix", {"topic": "x" * 1025, "position": "1:2"}),
     ("tiering_gc", {"position": "1:2"}),
+    ("tiering_gc_sweep", {"topic": "orders"}),
     ("tiering_retention", {"dest": "/tmp"}),
+    ("tiering_gc", {"check_pages": True}),
+    ("tiering_recover", {"check_pages": "false"}),  # a string is not a switch: "false" would read as true
+    ("tiering_recover", {"check_pages": 1}),
     ("nope", {}),
 ])
 def test_bad_args_are_refused(dag_id, kwargs):
@@ -50,3 +61,22 @@ def test_job_parsers_read_back_what_the_builder_writes():
     assert (args.prefix, args.position, args.by) == ("-x", Position(3, 4), None)
     args = build_parser().parse_args(spark_submit_args("tiering_offload_by_size", topic="--by=age"))
     assert (args.by, args.topic) == ("size", "--by=age")
+
+
+def test_gc_sweep_job_parser_defaults_to_the_documented_page_budget():
+    from tiering.jobs.gc_sweep import build_parser
+    from tiering.ops.gc import SWEEP_MAX_PAGES
+
+    args = build_parser().parse_args(spark_submit_args("tiering_gc_sweep"))
+    assert (args.max_pages, args.orphan_grace_seconds) == (SWEEP_MAX_PAGES, None) == (10_000, None)
+    assert JOBS["tiering_gc_sweep"].schedule == "@daily" and not JOBS["tiering_gc_sweep"].planned_before_spark
+    assert JOBS["tiering_gc"].planned_before_spark and JOBS["tiering_gc_sweep"].kind == "gc_sweep"
+
+
+def test_recover_parser_reads_back_what_the_builder_writes():
+    from tiering.jobs.recover import build_parser
+
+    args = build_parser().parse_args(spark_submit_args("tiering_recover", topic="--check-pages", check_pages=True))
+    assert (args.topic, args.check_pages) == ("--check-pages", True)
+    args = build_parser().parse_args(spark_submit_args("tiering_recover", check_pages=False))
+    assert (args.topic, args.check_pages) == (None, False)

@@ -12,6 +12,7 @@ from datetime import timedelta
 from tiering.cli import args as a
 from tiering.cli.context import Context
 from tiering.cli.output import Output, error, progress_bar
+from tiering.errors import BadInput
 from tiering.model import MIB
 
 
@@ -53,10 +54,14 @@ def register(sub) -> None:
     dfr.add_argument("--max-merged-bytes", type=a.positive, default=256 * MIB, metavar="N",
                      help="a merged object stays within this (default 256 MiB)")
     a.json_flag(dfr)
-    gc = sub.add_parser("gc", help="delete queued tier-2 objects, orphans and stale uploads (whole prefix)")
+    gc = sub.add_parser("gc", help="delete due queued tier-2 objects and stale uploads; --sweep: orphans")
     gc.set_defaults(handler=cmd_gc)
     gc.add_argument("--orphan-grace-seconds", type=a.seconds, default=None, metavar="N",
                     help="unreferenced objects and uploads older than this are deleted (default 2 h)")
+    gc.add_argument("--sweep", action="store_true",
+                    help="instead: sweep orphaned objects, resuming the listing where the last sweep stopped")
+    gc.add_argument("--max-pages", type=a.positive, default=None, metavar="N",
+                    help="with --sweep: list at most N pages of 1,000 keys (default 10,000)")
     a.json_flag(gc)
 
 
@@ -194,15 +199,40 @@ def cmd_gc(ctx: Context, args, out: Output) -> int:
     from tiering.ops.gc import run_gc
 
     grace = None if args.orphan_grace_seconds is None else timedelta(seconds=args.orphan_grace_seconds)
+    if args.sweep:
+        return _gc_sweep(ctx, args, out, grace)
+    if args.max_pages is not None:
+        raise BadInput("--max-pages is for --sweep")
     report = run_gc(ctx.deps, orphan_grace=grace)
     result = {"command": "gc", "deleted": len(report.deleted), "still_referenced": report.still_referenced,
-              "retried": report.retried, "failed": report.failed, "orphans_deleted": len(report.orphans_deleted),
-              "uploads_aborted": report.uploads_aborted}
-    out.result(result, f"gc: deleted {len(report.deleted)} queued object(s), {len(report.orphans_deleted)} "
-                       f"orphan(s), aborted {report.uploads_aborted} stale upload(s); {report.still_referenced} "
-                       f"still referenced, {report.retried} to retry, {report.failed} failed for good")
+              "retried": report.retried, "failed": report.failed, "uploads_aborted": report.uploads_aborted}
+    out.result(result, f"gc: deleted {len(report.deleted)} queued object(s), aborted {report.uploads_aborted} "
+                       f"stale upload(s); {report.still_referenced} still referenced, {report.retried} to retry, "
+                       f"{report.failed} failed for good")
     if report.retried or report.failed:
         error(f"{report.retried + report.failed} queued object(s) could not be deleted from S3 "
               f"({report.failed} marked FAILED after their last attempt)")
+        return 1
+    return 0
+
+
+def _gc_sweep(ctx: Context, args, out: Output, grace) -> int:
+    from tiering.ops.gc import SWEEP_MAX_PAGES, sweep_orphans
+
+    r = sweep_orphans(ctx.deps, orphan_grace=grace, max_pages=args.max_pages or SWEEP_MAX_PAGES)
+    result = {"command": "gc", "sweep": True, "taken": r.taken, "pages": r.pages, "objects_listed": r.objects_listed,
+              "orphans_deleted": len(r.orphans_deleted), "failed": len(r.failed), "started_from": r.started_from,
+              "cursor": r.cursor, "pass_complete": r.pass_complete, "passes_completed": r.passes_completed,
+              "last_pass_completed_at": r.last_pass_completed_at.isoformat() if r.last_pass_completed_at else None}
+    if r.taken and not r.pages:
+        out.result(result, "gc --sweep: taken by another worker; nothing done")
+        return 0
+    where = "pass complete, next run starts a new pass" if r.pass_complete else f"next run resumes after {r.cursor!r}"
+    out.result(result, f"gc --sweep: listed {r.pages} page(s), {r.objects_listed} object(s); deleted "
+                       f"{len(r.orphans_deleted)} orphan(s); {where}"
+                       + (" (stopped: taken by another worker)" if r.taken else ""))
+    if r.failed:
+        error(f"{len(r.failed)} orphan(s) could not be deleted from S3; first: {r.failed[0]}; "
+              f"the next sweep lists that page again")
         return 1
     return 0

@@ -1,5 +1,9 @@
-"""Spark job: garbage collection. Executors drain the queue in parallel (row locks with SKIP LOCKED keep
-them apart); the driver then sweeps orphans and aborts stale multipart uploads."""
+"""Spark job: the hourly garbage collection. Executors drain the queue's due rows in parallel (row locks
+with SKIP LOCKED keep them apart); the driver then takes what is left and aborts stale multipart uploads.
+No listing of the bucket: the orphan sweep is its own job (jobs/gc_sweep.py, DAG tiering_gc_sweep).
+
+`plan` is cheap and complete (one count on the queue's partial index, a listing of multipart uploads), so
+the DAG's plan task skips Spark when nothing is due (JobSpec.planned_before_spark)."""
 from __future__ import annotations
 
 import argparse
@@ -7,29 +11,37 @@ import sys
 
 from tiering.jobs.runner import run
 from tiering.jobs.spec import int_arg
-from tiering.ops.gc import run_gc
+from tiering.ops.gc import plan_gc, run_gc
+
+BATCH = 500  # queue rows one worker claims at a time
 
 
 def plan(deps, args) -> list[dict]:
-    return [{"worker": i} for i in range(args.workers)]
+    due, stale = plan_gc(deps)
+    if due:
+        return [{"worker": i} for i in range(min(args.workers, -(-due // BATCH)))]
+    return [{"worker": 0}] if stale else []  # the driver's finish aborts them; one item starts the run
 
 
 def work(deps, item) -> tuple[int, bool]:
-    report = run_gc(deps, sweep=False)
+    report = run_gc(deps, batch=BATCH, uploads=False)
     return len(report.deleted), not report.deleted
 
 
 def finish(deps, args, outcome) -> None:
-    report = run_gc(deps, sweep=True)
-    outcome.details.update(orphans_deleted=len(report.orphans_deleted), uploads_aborted=report.uploads_aborted,
-                           gc_failed=report.failed)
+    report = run_gc(deps, batch=BATCH)
+    outcome.details.update(uploads_aborted=report.uploads_aborted, gc_failed=report.failed)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tiering-gc")
     p.add_argument("--workers", type=int_arg("--workers", 1, 64), default=2)
     p.add_argument("--topic", help="accepted for symmetry; GC works on the whole bucket prefix")
-    return run("gc", argv, p, plan, work, finish, tier1=False)
+    return p
+
+
+def main(argv=None) -> int:
+    return run("gc", argv, build_parser(), plan, work, finish, tier1=False)
 
 
 if __name__ == "__main__":

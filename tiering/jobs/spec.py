@@ -88,8 +88,10 @@ class JobSpec:
 
 
 # The DAGs whose plan() is the whole decision, read from metadata (and tier-1 sizes for by-size) have
-# planned_before_spark. GC (its orphan sweep and stale uploads need a look at the bucket every run),
-# retention (it also finishes trims interrupted by a crash) and the export always run.
+# planned_before_spark; so has GC, whose plan is a count of due queue rows and a listing of stale multipart
+# uploads (its cost follows the queue; the orphan sweep, which must list the bucket, is tiering_gc_sweep).
+# The sweep (its plan cannot know about orphans without the listing that is its work), retention (it also
+# finishes trims interrupted by a crash) and the export always run.
 JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
     JobSpec("tiering_offload_by_age", "*/15 * * * *", "offload.py",
             "Offload sealed ledgers older than their topic's offload-after.", ("--by=age",), ("offload",),
@@ -111,8 +113,11 @@ JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
             planned_before_spark=True),
     # GC works on the whole bucket prefix: a topic filter would be ignored
     JobSpec("tiering_gc", "@hourly", "gc.py",
-            "Delete queued and orphaned tier-2 objects and stale multipart uploads.", (), ("tier2", "gc"),
-            params=()),
+            "Delete due queued tier-2 objects and abort stale multipart uploads.", (), ("tier2", "gc"),
+            params=(), planned_before_spark=True),
+    JobSpec("tiering_gc_sweep", "@daily", "gc_sweep.py",
+            "Sweep orphaned tier-2 objects: a page budget per run, resuming from a persisted cursor.", (),
+            ("tier2", "gc"), params=()),
     # an export is always of every table: no topic
     JobSpec("tiering_metadata_export", "@daily", "export_metadata.py",
             "Parquet snapshot of the metadata tables (Spark over JDBC).", (), ("metadata",), needs_jdbc=True,

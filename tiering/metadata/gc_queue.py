@@ -113,6 +113,14 @@ def retry(conn: Connection, tasks: Iterable[GcTask], error: str, max_attempts: i
     return failed_for_good
 
 
+def due_count(engine: Engine) -> int:
+    """How many tasks a GC run would take now: one count on the partial index `gc_task_due` (the planning
+    of the hourly run, whose cost follows the queue, not the bucket)."""
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(gc_task).where(
+            gc_task.c.state == "PENDING", gc_task.c.not_before <= func.now())).scalar_one()
+
+
 def pending_count(conn: Connection) -> int:
     return conn.execute(select(func.count()).select_from(gc_task).where(gc_task.c.state == "PENDING")).scalar_one()
 

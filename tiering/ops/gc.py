@@ -1,13 +1,23 @@
 """Garbage collection of tier 2 (Pravega's GC: queue before commit, delay, retries, a failed state).
 
+The scheduled run (`run_gc`: `tiering gc`, DAG `tiering_gc`, hourly) costs what is due, not what the bucket
+holds: one HEAD of the bucket, the due rows of the queue, and a listing of multipart uploads.
+
 1. Due `gc_task` keys, claimed under row locks: a key some chunk still references is dropped from the
    queue (a later removal queues it again); the others are deleted (with any multipart upload under them)
    and dequeued; a failure retries with exponential backoff and becomes FAILED after `max_attempts`.
-2. Orphan sweep: objects under the prefix that no chunk references and no task holds, older than the
-   grace period (left by hand, by a tool, or by a run whose queue row was lost with its database).
-3. Multipart uploads older than the grace period are aborted: under the prefix, and under the default
+2. Multipart uploads older than the grace period are aborted: under the prefix, and under the default
    export location beside it (a failed or killed metadata export leaves its Parquet uploads there).
-Killed anywhere, a rerun converges: deleting a missing key succeeds, and locked rows roll back.
+
+The orphan sweep (`sweep_orphans`: `tiering gc --sweep`, DAG `tiering_gc_sweep`, daily) is an operation of
+its own: objects under the prefix that no chunk references and no task holds, older than the grace period
+(left by hand, by a tool, or by a run whose queue row was lost with its database). It lists the prefix a
+page budget per run (pages of up to 1,000 keys), resuming after a cursor kept in `gc_sweep`
+(metadata/gc_sweep.py), and wraps round at the end of the prefix: one pass visits every key. Two sweeps of
+the same prefix never run at once (a try-lock; the second reports the sweep taken). So an orphan lives at
+most the grace period plus one pass (README: the figures at 1M and 100M objects).
+Killed anywhere, a rerun converges: deleting a missing key succeeds, locked rows roll back, and a page whose
+cursor move did not commit is listed and decided again.
 
 Why the orphan sweep never deletes an object a chunk references
 ---------------------------------------------------------------
@@ -36,17 +46,29 @@ The order matters as well: judged on a snapshot taken before the listing, a key 
 the snapshot would look like an orphan. The grace period (default twice the offload timeout) is a margin
 for objects outside (W1): written by hand or by other tools. Recovery from the bucket (`recover-from-bucket`)
 references objects that are in no queue; do not run GC's sweep while it runs.
+
+Why resuming from a persisted cursor is still safe: the cursor is only where the next LIST starts
+(StartAfter), never a decision. Every key the sweep deletes was listed in this run, in this page, and judged
+on a snapshot taken after that page's listing: the argument above, page by page. Nothing decided in an
+earlier run, or on an earlier page, is reused. A cursor that is stale, restored from a backup, edited by hand
+or left by a killed run can only make the sweep list some keys again or skip some until the next pass:
+it can delay an orphan's deletion, never delete a kept object. The cursor moves (compare-and-set on its
+version) only after its page was decided and its orphans deleted, so a kill in between repeats the page.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
+from tiering.errors import BadInput, ConditionalUpdateFailed
 from tiering.format.keys import is_trim_marker
-from tiering.metadata import gc_queue
+from tiering.metadata import gc_queue, gc_sweep
 from tiering.ops.context import Deps
 from tiering.ops.export_metadata import default_export_prefix
-from tiering.tier2.objects import abort_upload, check_bucket, delete_keys, list_objects, list_uploads
+from tiering.tier2.objects import abort_upload, check_bucket, delete_keys, list_page, list_uploads
+
+PAGE_KEYS = 1000  # S3's largest LIST page
+SWEEP_MAX_PAGES = 10_000  # default page budget of one sweep run: 10M keys (README: how long an orphan lives)
 
 
 @dataclass
@@ -55,21 +77,45 @@ class GcReport:
     still_referenced: int = 0
     retried: int = 0
     failed: int = 0
-    orphans_deleted: list[str] = field(default_factory=list)
     uploads_aborted: int = 0
 
 
+@dataclass
+class SweepReport:
+    taken: bool = False  # another worker holds the sweep of this prefix: nothing was done
+    started_from: str = ""  # the cursor this run resumed after ('' : a pass started)
+    pages: int = 0
+    objects_listed: int = 0
+    orphans_deleted: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # orphans S3 would not delete: the page is listed again
+    cursor: str = ""  # where the next run resumes ('' : the next run starts a pass)
+    pass_complete: bool = False  # this run reached the end of the prefix
+    passes_completed: int = 0
+    last_pass_completed_at: datetime | None = None
+
+
+def grace_of(deps: Deps, orphan_grace: timedelta | None) -> timedelta:
+    return orphan_grace if orphan_grace is not None else 2 * deps.knobs.offload_timeout
+
+
 def run_gc(deps: Deps, batch: int = 500, max_attempts: int = 5, backoff: timedelta = timedelta(minutes=1),
-           orphan_grace: timedelta | None = None, sweep: bool = True) -> GcReport:
+           orphan_grace: timedelta | None = None, uploads: bool = True) -> GcReport:
+    """The scheduled run: due queue rows, then stale multipart uploads (`uploads`). No listing of objects."""
     report = GcReport()
     check_bucket(deps.bucket)  # tier 2 down: fail once, without counting a failed attempt on every task
     while _gc_batch(deps, batch, max_attempts, backoff, report):
         pass
-    if sweep:
-        grace = orphan_grace if orphan_grace is not None else 2 * deps.knobs.offload_timeout
-        _sweep_orphans(deps, grace, report)
-        _abort_stale_uploads(deps, grace, report)
+    if uploads:
+        for up in stale_uploads(deps, grace_of(deps, orphan_grace)):
+            abort_upload(deps.bucket, up["Key"], up["UploadId"])
+            report.uploads_aborted += 1
     return report
+
+
+def plan_gc(deps: Deps, orphan_grace: timedelta | None = None) -> tuple[int, int]:
+    """(due queue rows, stale multipart uploads): what a run would take now, read cheaply (one count on the
+    queue's partial index, one listing of uploads per location), whatever the bucket holds."""
+    return gc_queue.due_count(deps.meta.engine), len(stale_uploads(deps, grace_of(deps, orphan_grace)))
 
 
 def _gc_batch(deps: Deps, batch: int, max_attempts: int, backoff: timedelta, report: GcReport) -> bool:
@@ -89,35 +135,51 @@ def _gc_batch(deps: Deps, batch: int, max_attempts: int, backoff: timedelta, rep
     return len(tasks) == batch  # a full batch: there may be more
 
 
-def _sweep_orphans(deps: Deps, grace: timedelta, report: GcReport) -> None:
-    cutoff = datetime.now(timezone.utc) - grace
-    page: list[str] = []
-    for obj in list_objects(deps.bucket):
-        if is_trim_marker(deps.bucket.prefix, obj["Key"]):
-            continue  # retention's marker is metadata, not garbage
-        if obj["LastModified"] <= cutoff:
-            page.append(obj["Key"])
-        if len(page) >= 1000:
-            _delete_orphans(deps, page, report)
-            page = []
-    _delete_orphans(deps, page, report)
-
-
-def _delete_orphans(deps: Deps, keys: list[str], report: GcReport) -> None:
-    """`keys` were listed before this call: judged on one snapshot taken now (see the module docstring)."""
-    if not keys:
-        return
-    keep = gc_queue.kept_in_one_snapshot(deps.meta.engine, keys)
-    orphans = [k for k in keys if k not in keep]
-    failed = set(delete_keys(deps.bucket, orphans))
-    report.orphans_deleted += [k for k in orphans if k not in failed]
-
-
-def _abort_stale_uploads(deps: Deps, grace: timedelta, report: GcReport) -> None:
+def stale_uploads(deps: Deps, grace: timedelta) -> list[dict]:
     cutoff = datetime.now(timezone.utc) - grace
     b = deps.bucket
     prefixes = [b.prefix] if not b.prefix else [b.prefix, default_export_prefix(b.prefix)]  # "" lists all
-    stale = [up for p in prefixes for up in list_uploads(b, p) if up["Initiated"] <= cutoff]
-    for up in stale:
-        abort_upload(b, up["Key"], up["UploadId"])
-        report.uploads_aborted += 1
+    return [up for p in prefixes for up in list_uploads(b, p) if up["Initiated"] <= cutoff]
+
+
+def sweep_orphans(deps: Deps, orphan_grace: timedelta | None = None, max_pages: int = SWEEP_MAX_PAGES,
+                  page_keys: int = PAGE_KEYS) -> SweepReport:
+    """Up to `max_pages` pages of the prefix after the persisted cursor, each listed, then decided on one
+    snapshot, its orphans deleted, then the cursor moved past it (module docstring). Stops at the end of
+    the prefix (a pass completed), at the budget, or at a page whose orphans S3 would not delete."""
+    if max_pages < 1 or not 1 <= page_keys <= PAGE_KEYS:
+        raise BadInput("a sweep takes at least one page of 1 to 1,000 keys")
+    grace = grace_of(deps, orphan_grace)
+    b, engine = deps.bucket, deps.meta.engine
+    report = SweepReport()
+    with gc_sweep.exclusive(engine, b.name, b.prefix) as held:
+        if not held:
+            report.taken = True
+            return report
+        state = gc_sweep.load(engine, b.name, b.prefix)
+        report.started_from = report.cursor = state.cursor
+        report.passes_completed, report.last_pass_completed_at = state.passes_completed, state.last_pass_completed_at
+        while report.pages < max_pages and not report.pass_complete:
+            cutoff = datetime.now(timezone.utc) - grace
+            page = list_page(b, state.cursor, page_keys)  # the listing first ...
+            report.pages += 1
+            report.objects_listed += len(page.objects)
+            old = [o["Key"] for o in page.objects
+                   if not is_trim_marker(b.prefix, o["Key"]) and o["LastModified"] <= cutoff]
+            keep = gc_queue.kept_in_one_snapshot(engine, old)  # ... then one snapshot taken after it
+            orphans = [k for k in old if k not in keep]
+            failed = set(delete_keys(b, orphans))
+            report.orphans_deleted += [k for k in orphans if k not in failed]
+            if failed:  # the cursor stays before this page: the next run lists and decides it again
+                report.failed += sorted(failed)
+                break
+            try:
+                state = gc_sweep.advance(engine, state, page.last_key or "", not page.truncated,
+                                         len(orphans))
+            except ConditionalUpdateFailed:
+                report.taken = True  # the cursor moved under us: another worker has the sweep now
+                break
+            report.cursor, report.pass_complete = state.cursor, not page.truncated
+            report.passes_completed, report.last_pass_completed_at = state.passes_completed, state.last_pass_completed_at
+    return report
+

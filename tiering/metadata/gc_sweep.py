@@ -1,0 +1,102 @@
+"""The orphan sweep's persisted listing cursor (`gc_sweep`, one row per bucket and prefix) and the lock that
+keeps two sweeps off the same pages.
+
+- `exclusive` is a try-lock: a PostgreSQL session advisory lock held on a connection of its own for the
+  whole sweep. A second sweep of the same bucket and prefix does not wait: it is told the sweep is taken.
+  A sweep that is killed loses its connection and so the lock; the next one resumes from the cursor.
+- `advance` moves the cursor in a compare-and-set on `version`, in one transaction, after a page was
+  decided and its orphans deleted. The lock makes a lost CAS unexpected (a cursor reset by hand, or a lock
+  lost with its connection); the sweep then stops, as the loser of a race would.
+
+The cursor says where the next listing starts, nothing more: ops/gc.py explains why that is safe.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Iterator
+
+from sqlalchemy import BigInteger, Column, DateTime, Table, Text, func, literal, select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.engine import Engine
+
+from tiering.errors import ConditionalUpdateFailed
+from tiering.metadata.tables import metadata
+
+gc_sweep = Table(
+    "gc_sweep", metadata,
+    Column("bucket", Text, primary_key=True),
+    Column("prefix", Text, primary_key=True),
+    Column("cursor", Text, nullable=False),
+    Column("pass_started_at", DateTime(timezone=True)),
+    Column("last_pass_completed_at", DateTime(timezone=True)),
+    Column("passes_completed", BigInteger, nullable=False),
+    Column("pages_listed", BigInteger, nullable=False),
+    Column("orphans_deleted", BigInteger, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("version", BigInteger, nullable=False),
+)
+
+# Two-key advisory locks (class, object) live apart from job_run's one-key locks (metadata/job_runs.py).
+LOCK_CLASS = 0x67637377  # "gcsw"
+
+
+@dataclass(frozen=True)
+class SweepState:
+    bucket: str
+    prefix: str
+    cursor: str  # '' : the next page starts a pass
+    version: int
+    pass_started_at: datetime | None
+    last_pass_completed_at: datetime | None
+    passes_completed: int
+
+
+@contextmanager
+def exclusive(engine: Engine, bucket: str, prefix: str) -> Iterator[bool]:
+    """Yields True while this process holds the sweep of (bucket, prefix), False when another session does.
+    The lock is released when the block ends (the pool's check-in drops it, metadata/db.py) or when the
+    process dies (its connection closes)."""
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        held = conn.execute(select(func.pg_try_advisory_lock(
+            literal(LOCK_CLASS), func.hashtext(literal(bucket) + "/" + literal(prefix))))).scalar_one()
+        yield bool(held)
+    finally:
+        conn.close()
+
+
+def load(engine: Engine, bucket: str, prefix: str) -> SweepState:
+    """The sweep's row, created at the start of a first pass if there is none."""
+    with engine.begin() as conn:
+        conn.execute(insert(gc_sweep).values(bucket=bucket, prefix=prefix).on_conflict_do_nothing())
+        row = conn.execute(select(gc_sweep).where(gc_sweep.c.bucket == bucket, gc_sweep.c.prefix == prefix)).one()
+    return _state(row)
+
+
+def advance(engine: Engine, state: SweepState, cursor: str, pass_complete: bool, orphans: int) -> SweepState:
+    """Move the cursor past a decided page (to '' when the page was the prefix's last: a pass completed),
+    if the row is still at `state.version`; else ConditionalUpdateFailed."""
+    t = gc_sweep.c
+    values = {"cursor": "" if pass_complete else cursor, "version": t.version + 1, "updated_at": func.now(),
+              "pages_listed": t.pages_listed + 1, "orphans_deleted": t.orphans_deleted + orphans}
+    if state.cursor == "":
+        values["pass_started_at"] = func.now()
+    if pass_complete:
+        values.update(last_pass_completed_at=func.now(), passes_completed=t.passes_completed + 1)
+    with engine.begin() as conn:
+        row = conn.execute(update(gc_sweep).where(
+            t.bucket == state.bucket, t.prefix == state.prefix, t.version == state.version)
+            .values(**values).returning(*gc_sweep.c)).first()
+        if row is None:
+            found = conn.execute(select(t.version).where(t.bucket == state.bucket, t.prefix == state.prefix)).scalar()
+            raise ConditionalUpdateFailed(f"the gc sweep cursor of {state.bucket}/{state.prefix}",
+                                          f"version {state.version}", f"version {found}")
+    return _state(row)
+
+
+def _state(row) -> SweepState:
+    m = row._mapping
+    return SweepState(m["bucket"], m["prefix"], m["cursor"], m["version"], m["pass_started_at"],
+                      m["last_pass_completed_at"], m["passes_completed"])
