@@ -86,3 +86,16 @@ def test_every_param_explains_itself_with_an_example(dagbag):
         for name in dag.params.keys():
             param = dag.params.get_param(name)
             assert "e.g." in param.description and param.schema.get("title"), (dag_id, name)
+
+
+def test_recover_is_manual_and_its_page_check_a_boolean_off_by_default(dagbag):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    dag = dagbag.dags["tiering_recover"]
+    assert dag.schedule is None  # after losing the database, by hand only
+    assert set(dag.params.keys()) == {"topic", "check_pages"}
+    assert dag.params.validate() == {"topic": None, "check_pages": False}
+    assert _with(dag.params, {"check_pages": True}).validate()["check_pages"] is True
+    for bad in ({"check_pages": "yes"}, {"check_pages": 1}):
+        with pytest.raises(ParamValidationError):
+            _with(dag.params, bad).validate()

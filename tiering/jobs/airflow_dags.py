@@ -66,7 +66,8 @@ class TieringSparkSubmitOperator(SparkSubmitOperator):
         params = context["params"]
         self.application_args = spark_submit_args(self.job, topic=params.get("topic") or None,
                                                   position=params.get("position") or None,
-                                                  dest=params.get("dest") or None)
+                                                  dest=params.get("dest") or None,
+                                                  check_pages=params.get("check_pages"))
         settings = TieringHook().get_settings()
         self.prepare_submit(settings.to_env())
         ref = _run_ref(self.job, context)  # the job's job_run row carries the Airflow run it belongs to
@@ -171,6 +172,11 @@ def _form_field(param: RunParam) -> Param:
                      description="Where to write the snapshot: s3://bucket/path or a local "
                                  "directory, e.g. s3://backups/tiering/2026-11-22. Empty: "
                                  "s3://<bucket>/<prefix>-metadata/<run time>.")
+    if param.name == "check_pages":
+        return Param(False, type="boolean", title="Check every page",
+                     description="Also download every data object and check its page CRC32Cs, so a corrupt "
+                                 "copy is not recovered; this reads the whole bucket. Off: objects' lengths "
+                                 "and indexes are checked, pages when read, e.g. on for a suspect bucket.")
     raise ValueError(f"no form field for the run parameter {param.name!r}")
 
 

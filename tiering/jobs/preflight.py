@@ -37,7 +37,7 @@ def check_conf(dag_id: str, conf: dict | None, allowed: set[str]) -> None:
 
 def job_args(dag_id: str, params: dict) -> list[str]:
     return spark_submit_args(dag_id, topic=params.get("topic") or None, position=params.get("position") or None,
-                             dest=params.get("dest") or None)
+                             dest=params.get("dest") or None, check_pages=params.get("check_pages"))
 
 
 def plan_count(dag_id: str, args: list[str], deps) -> int | None:

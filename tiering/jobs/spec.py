@@ -41,8 +41,9 @@ def position_arg(text: str) -> Position:
 @dataclass(frozen=True)
 class RunParam:
     """A run parameter a job takes (an Airflow param and `dag_run.conf` key) and the job argument it becomes."""
-    name: str  # "topic", "position" or "dest": how it is validated (CHECKS)
+    name: str  # "topic", "position", "dest" or "check_pages": how it is validated (CHECKS)
     flag: str  # the job's argument, written as "--flag=value": a value starting with "-" cannot read as a flag
+    # (a switch, in SWITCHES, is written as the bare flag when true and left out when false)
     required: bool = False
 
 
@@ -51,10 +52,20 @@ def _check_position(text: str) -> str:
     return text
 
 
-CHECKS = {"topic": check_topic_name, "position": _check_position, "dest": lambda text: text}
-NOUNS = {"topic": "topic", "position": "position", "dest": "destination"}  # in "<dag> takes no <noun>"
+def _check_switch(value: object) -> bool:
+    if not isinstance(value, bool):  # "false" would be true: only a JSON boolean is a switch's value
+        raise BadInput(f"a switch is true or false, got {value!r}")
+    return value
+
+
+CHECKS = {"topic": check_topic_name, "position": _check_position, "dest": lambda text: text,
+          "check_pages": _check_switch}
+NOUNS = {"topic": "topic", "position": "position", "dest": "destination",  # in "<dag> takes no <noun>"
+         "check_pages": "page check"}
+SWITCHES = frozenset({"check_pages"})
 TOPIC = RunParam("topic", "--topic")
 DEST = RunParam("dest", "--dest")
+CHECK_PAGES = RunParam("check_pages", "--check-pages")
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,10 @@ JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
     JobSpec("tiering_gc_sweep", "@daily", "gc_sweep.py",
             "Sweep orphaned tier-2 objects: a page budget per run, resuming from a persisted cursor.", (),
             ("tier2", "gc"), params=()),
+    # manual: rebuild the metadata of a lost database from the bucket and tier 1 (tiering/jobs/recover.py)
+    JobSpec("tiering_recover", None, "recover.py",
+            "Recover the metadata from the bucket's index objects and tier 1 (manual, after losing the database).",
+            (), ("metadata", "manual"), params=(TOPIC, CHECK_PAGES), planned_before_spark=True),
     # an export is always of every table: no topic
     JobSpec("tiering_metadata_export", "@daily", "export_metadata.py",
             "Parquet snapshot of the metadata tables (Spark over JDBC).", (), ("metadata",), needs_jdbc=True,
@@ -126,18 +141,20 @@ JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
 
 
 def spark_submit_args(dag_id: str, topic: str | None = None, position: str | None = None,
-                      dest: str | None = None) -> list[str]:
+                      dest: str | None = None, check_pages: bool | None = None) -> list[str]:
     """`application_args` of a job: its fixed flags plus the run's parameters (those its spec takes),
     validated. Required parameters are checked first, then a parameter the job does not take is refused."""
     spec = JOBS.get(dag_id)
     if spec is None:
         raise BadInput(f"unknown job {dag_id!r}")
-    given = {"topic": topic, "position": position, "dest": dest}
+    given = {"topic": topic, "position": position, "dest": dest, "check_pages": check_pages}
     if any(p.required and not given[p.name] for p in spec.params):
         raise BadInput(spec.missing or f"{dag_id} needs {' and '.join(p.name for p in spec.params if p.required)}")
-    for name in ("position", "topic", "dest"):
+    for name in ("position", "topic", "dest", "check_pages"):
         if given[name] and name not in spec.param_names():
             raise BadInput(f"{dag_id} takes no {NOUNS[name]}")
     # validated in reverse form order: offloadPrefix reports a bad position before a bad topic, as it did
-    values = {p.name: CHECKS[p.name](given[p.name]) for p in reversed(spec.params) if given[p.name]}
-    return list(spec.fixed_args) + [f"{p.flag}={values[p.name]}" for p in spec.params if p.name in values]
+    values = {p.name: CHECKS[p.name](given[p.name]) for p in reversed(spec.params) if given[p.name] is not None
+              and (given[p.name] != "" or p.name in SWITCHES)}
+    return list(spec.fixed_args) + [p.flag if p.name in SWITCHES else f"{p.flag}={values[p.name]}"
+                                    for p in spec.params if values.get(p.name) not in (None, False)]

@@ -1,0 +1,177 @@
+"""Spark job: recover the metadata of a lost database from the bucket and tier 1, at bucket scale (issue 19).
+
+The driver lists the prefix's topic segments only (S3 `Delimiter`: one LIST per 1,000 topics, whatever the
+number of objects) and the tier-1 root's topic directories; each topic is one item. An executor lists its
+topic's objects, reads the index objects with a pool of threads, reads the topic's tier-1 files, and
+commits the topic in one transaction: the code `tiering recover-from-bucket` runs in one process
+(`tiering.ops.recover.recover_topic`). An item that fails (an S3 error, a file a writer holds) is retried,
+then counted failed with its reason; nothing of that topic is committed, and a rerun finishes it (recovery
+is idempotent).
+
+Tier 1 is read on the executors: adopting a ledger file needs the file (sealing an open one takes its
+lock), so the driver ships its root's marker token and an executor that does not see the same root fails
+its items with the marker's message instead of silently recovering without tier 1 (tiering.tier1.marker).
+A topic directory whose name cannot be decoded (a long topic's cut name) is reported unless a recovered
+topic turns out to own it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+from tiering.config import Settings
+from tiering.errors import TieringError
+from tiering.format.keys import encode_topic, parse_key
+from tiering.jobs.runner import BACKOFF_SECONDS, RETRIES, deps_from, outcome_lines, run_ref, topic_arg
+from tiering.jobs.spec import int_arg
+from tiering.metadata.job_runs import JobOutcome, JobRuns
+from tiering.model import TopicPolicy
+from tiering.ops.recover import RecoverReport, list_segment, recover_topic, tier1_only_items
+from tiering.ops.recover_tier1 import topic_dirs
+from tiering.tier1 import topic_dir_name
+from tiering.tier1.marker import check_root, root_token
+from tiering.tier2.listing import topic_segments
+
+SHOWN = 20  # reasons kept per kind in the job_run row (the counts are exact)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tiering-recover")
+    topic_arg(p)
+    p.add_argument("--check-pages", action="store_true", help="download every data object and check its pages")
+    p.add_argument("--concurrency", type=int_arg("--concurrency", 1, 256), default=16,
+                   help="index objects an executor reads at once")
+    return p
+
+
+def _plan(deps, args) -> tuple[list[dict], list[str]]:
+    """(items, tier-1 directories no item is known to cover: reported unless an executor names their topic)."""
+    if args.topic:
+        return [{"segment": encode_topic(args.topic), "topic": args.topic}], []
+    items, seen = [], set()
+    for segment in topic_segments(deps.bucket):
+        items.append({"segment": segment})
+        parsed = parse_key(deps.bucket.prefix, f"{deps.bucket.prefix}{segment}/x-ledger-0")
+        if parsed is not None and parsed.topic is not None:  # not hashed: its name is known now
+            seen.add(topic_dir_name(parsed.topic))
+    unnamed = RecoverReport()
+    items += tier1_only_items(topic_dirs(deps.tier1), seen, unnamed)
+    return items, unnamed.unnamed_tier1_dirs
+
+
+def plan(deps, args) -> list[dict]:
+    return _plan(deps, args)[0]
+
+
+def _one(deps, item: dict, reads, check_pages: bool) -> RecoverReport:
+    """One topic, retried while it reports errors (S3 or tier-1 failures, none of it committed)."""
+    for attempt in range(RETRIES + 1):
+        try:
+            listed, n, foreign = list_segment(deps.bucket, item["segment"])
+            report = recover_topic(deps.meta.engine, deps.bucket, listed, TopicPolicy(), reads, check_pages,
+                                   deps.tier1, item.get("topic"))
+            report.objects_listed, report.foreign_objects = n, foreign
+        except TieringError as exc:
+            report = RecoverReport(errors=[f"topic segment {item['segment']!r}: {exc}"])
+        if not report.errors or attempt == RETRIES:
+            return report
+        time.sleep(BACKOFF_SECONDS * 2 ** attempt)
+    raise AssertionError("unreachable")
+
+
+def _summary(report: RecoverReport, done: int, failed: int) -> dict:
+    """What an executor sends back: exact counts, the topic names, and the first reasons of each kind."""
+    return {"done": done, "failed": failed, "topics": report.topics, "errors": report.errors[:SHOWN],
+            "counts": {k: len(getattr(report, k)) for k in (
+                "topics_created", "ledgers_recovered", "already_known", "ignored", "tier1_adopted",
+                "tier1_sealed", "tier1_copies_recorded", "tier1_ignored")}
+            | {"objects_listed": report.objects_listed, "without_page_index": report.without_page_index},
+            "ignored": [f"{k}: {why}" for k, why in report.ignored[:SHOWN]],
+            "tier1_ignored": [f"{k}: {why}" for k, why in report.tier1_ignored[:SHOWN]],
+            "unknown": {t: [list(r) for r in rs] for t, rs in list(report.unknown.items())[:SHOWN]}}
+
+
+def _partition(settings: Settings, items, token: str | None, check_pages: bool, concurrency: int):
+    """Runs on an executor: its topics one after the other, each topic's index objects read concurrently."""
+    items = list(items)
+    try:
+        check_root(settings.tier1_root, token)
+    except TieringError as exc:
+        yield _summary(RecoverReport(errors=[f"{len(items)} topic(s) not recovered: {exc}"]), 0, len(items))
+        return
+    deps = deps_from(settings)
+    total, done, failed = RecoverReport(), 0, 0
+    try:
+        with ThreadPoolExecutor(concurrency, thread_name_prefix="recover-read") as reads:
+            for item in items:
+                report = _one(deps, item, reads, check_pages)
+                done, failed = done + (not report.errors), failed + bool(report.errors)
+                total.merge(report)
+    finally:
+        deps.meta.engine.dispose()
+    yield _summary(total, done, failed)
+
+
+def _add(details: dict, part: dict) -> None:
+    for k, n in part["counts"].items():
+        details[k] = details.get(k, 0) + n
+    for k in ("ignored", "tier1_ignored"):
+        details[k + "_first"] = (details.get(k + "_first", []) + part[k])[:SHOWN]
+    details["unknown"] = dict(list({**details.get("unknown", {}), **part["unknown"]}.items())[:SHOWN])
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except TieringError as exc:
+        print(f"recover: error: {exc}", file=sys.stderr)
+        return 2
+    deps = deps_from(settings)
+    runs = JobRuns(deps.meta.engine)
+    ref = run_ref("recover")
+    run_id = runs.start("recover", args.topic, ref)
+    outcome = JobOutcome(details={"pages_checked": args.check_pages})
+    try:
+        items, unnamed = _plan(deps, args)
+        outcome.details["planned"] = len(items)
+        names: list[str] = []
+        if items:
+            from pyspark import SparkConf, SparkContext
+
+            sc = SparkContext.getOrCreate(SparkConf().setAppName("tiering-recover"))
+            token = root_token(settings.tier1_root)
+            check, conc = args.check_pages, args.concurrency
+            parts = sc.parallelize(items, max(1, min(len(items), sc.defaultParallelism * 2))).mapPartitions(
+                lambda it: _partition(settings, it, token, check, conc)).collect()
+            for p in parts:
+                outcome.add(JobOutcome(p["done"], p["failed"], 0, p["errors"]))
+                _add(outcome.details, p)
+                names += p["topics"]
+        covered = {topic_dir_name(n) for n in names}
+        outcome.details["unnamed_tier1_dirs"] = [d for d in unnamed if d not in covered][:SHOWN]
+    except TieringError as exc:
+        outcome.errors.append(str(exc))
+    except Exception as exc:  # noqa: BLE001 - recorded in job_run, then the job fails
+        outcome.errors.append(f"{type(exc).__name__}: {exc}")
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        runs.finish(run_id, outcome)
+    failed = bool(outcome.items_failed or outcome.errors)
+    print(json.dumps({"job": "recover", "run_id": run_id, "done": outcome.items_done,
+                      "failed": outcome.items_failed, **outcome.details}, default=str))
+    for line in outcome_lines(ref.kind, {"status": "FAILED" if failed else "SUCCEEDED", "bytes": 0,
+                                         "items_done": outcome.items_done, "items_failed": outcome.items_failed,
+                                         "details": outcome.details}):
+        print(line)
+    for err in outcome.errors[:SHOWN]:
+        print(f"{ref.kind}: error: {err}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
