@@ -13,7 +13,8 @@ from typing import Mapping
 from urllib.parse import urlsplit
 
 from tiering.errors import ConfigError
-from tiering.model import ASCII_INT, INT64_MAX, MAX_SECONDS, MIB
+from tiering.format.block import DEFAULT_BLOCK_SIZE, DEFAULT_PAGE_SIZE, MIN_BLOCK_SIZE
+from tiering.model import INT64_MAX, MAX_SECONDS, MIB, BadInt, parse_int
 
 # Variables read by from_env(); the README's configuration table lists the same.
 VARIABLES = {
@@ -38,6 +39,32 @@ VARIABLES = {
 
 
 @dataclass(frozen=True)
+class IntSetting:
+    """An integer setting: its variable, default and bounds, defined here once (Settings' defaults, from_env's
+    parsing and ops.context.Knobs' defaults all read this table)."""
+    var: str
+    default: int
+    lo: int
+    hi: int
+    out_of_range: str | None = None  # the message when outside [lo, hi]; default "VAR must be from lo to hi"
+
+
+INTS: dict[str, IntSetting] = {  # Settings field -> its setting
+    # S3's part size limits; a block is also held in memory per upload slot
+    "block_size": IntSetting("TIERING_BLOCK_SIZE", DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, 5 * 1024 * MIB,
+                             "TIERING_BLOCK_SIZE must be at least 5 MiB (S3's minimum part size) and at most 5 GiB "
+                             "(its largest)"),
+    "upload_concurrency": IntSetting("TIERING_UPLOAD_CONCURRENCY", 4, 1, 64),
+    # Small pages cost index bytes (about 12 per page) and CRC calls; 4 KiB keeps a 64 MiB block's page index
+    # under 200 KiB. Pages never cross blocks, so a page size above the block size acts as the block's.
+    "page_size": IntSetting("TIERING_PAGE_SIZE", DEFAULT_PAGE_SIZE, 4096, INT64_MAX),
+    "offload_timeout_seconds": IntSetting("TIERING_OFFLOAD_TIMEOUT_SECONDS", 3600, 1, MAX_SECONDS),
+    "gc_delay_seconds": IntSetting("TIERING_GC_DELAY_SECONDS", 600, 0, MAX_SECONDS),
+    "offload_batch_bytes": IntSetting("TIERING_OFFLOAD_BATCH_BYTES", 8 * MIB, 0, 5 * 1024 * MIB),
+}
+
+
+@dataclass(frozen=True)
 class Settings:
     database_url: str = field(repr=False)
     bucket: str
@@ -48,12 +75,12 @@ class Settings:
     aws_secret_access_key: str | None = field(default=None, repr=False)
     aws_session_token: str | None = field(default=None, repr=False)
     aws_region: str = "us-east-1"
-    block_size: int = 64 * MIB
-    upload_concurrency: int = 4
-    page_size: int = 64 * 1024
-    offload_timeout_seconds: int = 3600
-    gc_delay_seconds: int = 600
-    offload_batch_bytes: int = 8 * MIB
+    block_size: int = INTS["block_size"].default
+    upload_concurrency: int = INTS["upload_concurrency"].default
+    page_size: int = INTS["page_size"].default
+    offload_timeout_seconds: int = INTS["offload_timeout_seconds"].default
+    gc_delay_seconds: int = INTS["gc_delay_seconds"].default
+    offload_batch_bytes: int = INTS["offload_batch_bytes"].default
 
     @property
     def database_url_safe(self) -> str:
@@ -77,15 +104,7 @@ class Settings:
             aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
             aws_session_token=env.get("AWS_SESSION_TOKEN") or None,
             aws_region=env.get("AWS_DEFAULT_REGION") or "us-east-1",
-            block_size=_block_size(env.get("TIERING_BLOCK_SIZE")),
-            upload_concurrency=_int(env.get("TIERING_UPLOAD_CONCURRENCY"), "TIERING_UPLOAD_CONCURRENCY", 4, 1, 64),
-            page_size=_page_size(env.get("TIERING_PAGE_SIZE")),
-            offload_timeout_seconds=_int(env.get("TIERING_OFFLOAD_TIMEOUT_SECONDS"), "TIERING_OFFLOAD_TIMEOUT_SECONDS",
-                                         3600, 1, MAX_SECONDS),
-            gc_delay_seconds=_int(env.get("TIERING_GC_DELAY_SECONDS"), "TIERING_GC_DELAY_SECONDS", 600, 0,
-                                  MAX_SECONDS),
-            offload_batch_bytes=_int(env.get("TIERING_OFFLOAD_BATCH_BYTES"), "TIERING_OFFLOAD_BATCH_BYTES", 8 * MIB, 0,
-                                     5 * 1024 * MIB),
+            **{name: _int(env.get(i.var), i.var, i.default, i.lo, i.hi, i.out_of_range) for name, i in INTS.items()},
         ).validated()
 
     def validated(self) -> "Settings":
@@ -182,24 +201,15 @@ def _prefix(prefix: str) -> str:
 
 
 def _int(raw: str | None, name: str, default: int, lo: int, hi: int, out_of_range: str | None = None) -> int:
-    """An integer setting in ASCII digits within [lo, hi]; the message names the variable, not the value."""
+    """An integer setting (model.parse_int's rule) within [lo, hi]; the message names the variable, not the
+    value."""
     if raw is None or raw == "":
         return default
-    if not ASCII_INT.fullmatch(raw):
-        raise ConfigError(f"{name} must be an integer in ASCII digits")
-    if len(raw.lstrip("-")) > 19 or not lo <= int(raw) <= hi:
-        raise ConfigError(out_of_range or f"{name} must be from {lo} to {hi}")
-    return int(raw)
-
-
-def _positive_int(raw: str | None, name: str, default: int) -> int:
-    return _int(raw, name, default, 1, INT64_MAX)
-
-
-def _block_size(raw: str | None) -> int:
-    # S3's part size limits; a block is also held in memory per upload slot
-    return _int(raw, "TIERING_BLOCK_SIZE", 64 * MIB, 5 * MIB, 5 * 1024 * MIB,
-                "TIERING_BLOCK_SIZE must be at least 5 MiB (S3's minimum part size) and at most 5 GiB (its largest)")
+    try:
+        return parse_int(raw, name, lo, hi)
+    except BadInt as exc:
+        raise ConfigError(f"{name} must be an integer in ASCII digits" if exc.reason == "syntax" else
+                          out_of_range or f"{name} must be from {lo} to {hi}") from None
 
 
 def _check_tier1_root(root: Path) -> None:
@@ -211,13 +221,3 @@ def _check_tier1_root(root: Path) -> None:
     if path.exists() and not path.is_dir():
         where = "" if path == root else " (a part of it)"
         raise ConfigError(f"TIERING_TIER1_ROOT{where} is a file, not a directory")
-
-
-def _page_size(raw: str | None) -> int:
-    # Small pages cost index bytes (about 12 per page) and CRC calls; 4 KiB keeps a 64 MiB block's page
-    # index under 200 KiB. Pages never cross blocks, so a page size above the block size acts as the block's.
-    value = _positive_int(raw, "TIERING_PAGE_SIZE", 64 * 1024)
-    if value < 4096:
-        raise ConfigError("TIERING_PAGE_SIZE must be at least 4096 bytes")
-    return value
-

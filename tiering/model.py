@@ -50,15 +50,28 @@ MAX_SECONDS = 100 * 365 * 86400  # durations: 100 years fits timedelta and Postg
 ASCII_INT = re.compile(r"-?[0-9]+")
 
 
+class BadInt(BadInput):
+    """parse_int's refusal. `reason`: "syntax" (not an integer in ASCII digits), "low" or "high" (outside the
+    bounds), so each edge (settings, CLI arguments, job arguments) phrases it its own way."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 def parse_int(text: object, what: str, lo: int, hi: int) -> int:
     """`text` as an integer in [lo, hi]: an optional '-' and ASCII digits, nothing else (no '+', no
-    spaces, no '_'). Raises BadInput naming `what`."""
+    spaces, no '_'). The one integer parser of every edge; raises BadInt naming `what`."""
     if not isinstance(text, str) or not ASCII_INT.fullmatch(text):
         shown = text[:40] if isinstance(text, str) else text
-        raise BadInput(f"{what} must be an integer in ASCII digits, got {shown!r}")
-    if len(text.lstrip("-")) > 19 or not lo <= int(text) <= hi:  # length first: int() of 10**6 digits is slow
-        raise BadInput(f"{what} must be between {lo} and {hi}, got {text[:40]}{'...' if len(text) > 40 else ''}")
-    return int(text)
+        raise BadInt(f"{what} must be an integer in ASCII digits, got {shown!r}", "syntax")
+    # length first: int() of 10**6 digits is slow, and more than 19 digits is beyond any bound (bigint)
+    value = int(text) if len(text.lstrip("-")) <= 19 else None
+    if value is None or not lo <= value <= hi:
+        high = not text.startswith("-") if value is None else value > hi
+        raise BadInt(f"{what} must be between {lo} and {hi}, got {text[:40]}{'...' if len(text) > 40 else ''}",
+                     "high" if high else "low")
+    return value
 
 
 _POSITION = re.compile(r"([0-9]{1,18}):([0-9]{1,18})")

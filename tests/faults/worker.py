@@ -183,10 +183,10 @@ def build_deps():
     from tiering.ops.context import Knobs
 
     s = Settings.from_env()
-    knobs = Knobs(block_size=s.block_size, upload_concurrency=s.upload_concurrency,
-                  offload_timeout=timedelta(seconds=float(os.environ.get("FAULT_OFFLOAD_TIMEOUT", "1"))),
-                  gc_delay=timedelta(seconds=float(os.environ.get("FAULT_GC_DELAY", "0"))),
-                  batch_small_bytes=int(os.environ.get("FAULT_BATCH_BYTES", "0")))
+    knobs = Knobs.from_settings(s,
+                                offload_timeout=timedelta(seconds=float(os.environ.get("FAULT_OFFLOAD_TIMEOUT", "1"))),
+                                gc_delay=timedelta(seconds=float(os.environ.get("FAULT_GC_DELAY", "0"))),
+                                batch_small_bytes=int(os.environ.get("FAULT_BATCH_BYTES", "0")))
     return clients.deps(s, knobs=knobs)
 
 

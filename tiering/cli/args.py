@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from tiering.errors import BadInput
-from tiering.model import ASCII_INT, INT64_MAX, MAX_SECONDS, Position, check_topic_name
+from tiering.model import INT64_MAX, MAX_SECONDS, BadInt, Position, check_topic_name, parse_int
 
 EXIT_BAD_INPUT = 2
 
@@ -23,17 +23,18 @@ class Parser(argparse.ArgumentParser):
 
 
 def _int(text: str, lo: int, hi: int) -> int:
-    """ASCII digits only (int() would take "١٠", "５" or "1\v"), within [lo, hi] (PostgreSQL's bigint at most)."""
+    """model.parse_int's rule (ASCII digits only: int() would take "١٠", "５" or "1\v"), within [lo, hi]
+    (PostgreSQL's bigint at most), phrased as argparse errors."""
     shown = text[:40] + ("..." if len(text) > 40 else "")
-    if not ASCII_INT.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"{shown!r} is not an integer (ASCII digits only)")
-    if len(text.lstrip("-")) > 19 or int(text) > hi:
-        raise argparse.ArgumentTypeError(f"{shown} is too large (at most {hi})")
-    value = int(text)
-    if value < lo:
-        raise argparse.ArgumentTypeError(f"{text} is not positive" if lo > 0 else
-                                         f"{text} is negative" + (" (use -1 to disable)" if lo < 0 else ""))
-    return value
+    try:
+        return parse_int(text, "the value", lo, hi)
+    except BadInt as exc:
+        if exc.reason == "syntax":
+            raise argparse.ArgumentTypeError(f"{shown!r} is not an integer (ASCII digits only)") from None
+        if exc.reason == "high":
+            raise argparse.ArgumentTypeError(f"{shown} is too large (at most {hi})") from None
+        raise argparse.ArgumentTypeError(f"{shown} is not positive" if lo > 0 else
+                                         f"{shown} is negative" + (" (use -1 to disable)" if lo < 0 else "")) from None
 
 
 def nonneg(text: str) -> int:

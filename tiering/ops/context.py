@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from tiering.config import Settings
+from tiering.config import INTS, Settings
 from tiering.metadata.repository import MetadataStore
 from tiering.model import MIB
 from tiering.tier1 import Tier1Store
@@ -13,26 +13,27 @@ from tiering.tier2.objects import Bucket
 
 @dataclass(frozen=True)
 class Knobs:
-    block_size: int = 64 * MIB
-    upload_concurrency: int = 4
-    page_size: int = 64 * 1024  # target bytes of a checksummed page (tiering/format/pages.py)
+    """What operations are tuned by. Those the settings give default to the settings' defaults (config.INTS,
+    the one place they are defined); `from_settings` maps them."""
+    block_size: int = INTS["block_size"].default
+    upload_concurrency: int = INTS["upload_concurrency"].default
+    page_size: int = INTS["page_size"].default  # target bytes of a checksummed page (tiering/format/pages.py)
     # Ledgers smaller than this, of one topic in one run, share one data and one index object
     # (tiering/ops/offload_batch.py), up to batch_max_bytes and batch_max_ledgers per batch; 0 disables.
-    batch_small_bytes: int = 8 * MIB
+    batch_small_bytes: int = INTS["offload_batch_bytes"].default
     batch_max_bytes: int = 256 * MIB
     batch_max_ledgers: int = 10_000
     # An OFFLOADING attempt older than this is presumed dead and taken over; its keys are collectable then.
-    offload_timeout: timedelta = timedelta(hours=1)
+    offload_timeout: timedelta = timedelta(seconds=INTS["offload_timeout_seconds"].default)
     # Objects merged away or trimmed stay this long so readers holding old metadata can finish.
-    gc_delay: timedelta = timedelta(minutes=10)
+    gc_delay: timedelta = timedelta(seconds=INTS["gc_delay_seconds"].default)
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides) -> Knobs:
-        """The knobs the settings give (the CLI and the Spark jobs build them here, the same way)."""
+        """The knobs the settings give (the CLI, the Spark jobs and the tests' workers build them here)."""
         return cls(**{"block_size": settings.block_size, "upload_concurrency": settings.upload_concurrency,
                       "page_size": settings.page_size, "batch_small_bytes": settings.offload_batch_bytes,
-                      "offload_timeout": settings.offload_timeout,
-                      "gc_delay": settings.gc_delay, **overrides})
+                      "offload_timeout": settings.offload_timeout, "gc_delay": settings.gc_delay, **overrides})
 
 
 @dataclass(frozen=True)
