@@ -60,6 +60,7 @@ from tiering.tier2.reader import check_stored_pages
 
 # offload uuids that are not UUIDs (keys allow [0-9A-Za-z_-]) get a stable name-based one
 _UUID_NS = _uuid.UUID("6f1d3c2e-8a43-4f0e-9d7c-2b6a5e1f0c11")
+_WINDOW = 1024 * 1024  # bytes read at once when walking the block headers of a shared object
 _LIST_FIELDS = ("topics_created", "topics", "ledgers_recovered", "already_known", "ignored", "errors",
                 "tier1_adopted", "tier1_sealed", "tier1_copies_recorded", "tier1_ignored", "unnamed_tier1_dirs")
 
@@ -409,8 +410,14 @@ def _merged_offsets(b: Bucket, key: str, size: int, indexes: list[OffloadIndex])
     object's blocks cannot be matched one to one with the indexes."""
     segments: list[tuple[int, list]] = []
     off = 0
+    buf, buf_at = b"", 0
     while off < size:
-        hdr = parse_block_header(get_range(b, key, off, HEADER_LEN), f"data object {key}", off)
+        if not buf_at <= off <= buf_at + len(buf) - HEADER_LEN:
+            # A run of small blocks (a batch of small ledgers) is read in one window instead of one GET per
+            # block; after a large block only its successor's header is fetched.
+            small = not segments or segments[-1][1][-1][2] < _WINDOW // 4
+            buf, buf_at = get_range(b, key, off, min(size - off, _WINDOW if small else HEADER_LEN)), off
+        hdr = parse_block_header(memoryview(buf)[off - buf_at:off - buf_at + HEADER_LEN], f"data object {key}", off)
         if off + hdr.block_len > size:
             return None
         if hdr.first_entry_id == 0:
