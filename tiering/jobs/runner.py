@@ -58,8 +58,14 @@ def _do_items(settings: Settings, work: Work, items: Iterable[dict],
                     out["bytes"] += nbytes
                     break
                 except ConditionalUpdateFailed:
-                    out["skipped"] += 1  # another worker holds or finished it
-                    break
+                    # A lost compare-and-set is "skipped" only when another worker holds or finished the item;
+                    # a lost attempt of our own (a commit GC's claim beat, a batch undone under us) is retried:
+                    # work() re-reads the current rows (done by another: skipped; free again: offloaded). Only
+                    # an item that lost every attempt is someone else's (issue 20: never a failure as skipped).
+                    if attempt == RETRIES:
+                        out["skipped"] += 1
+                    else:
+                        time.sleep(BACKOFF_SECONDS * 2 ** attempt)
                 except BadInput as exc:  # not transient: no retry
                     out["failed"] += 1
                     out["errors"].append(f"{item}: {exc}")

@@ -1,0 +1,54 @@
+"""The Spark jobs' item loop counts a lost compare-and-set as "skipped" only when every attempt lost it
+(another worker holds the item throughout); a lost attempt of the job's own is retried, and a retry that
+finds the item free does it (issue 20: a failure is never reported as skipped)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tiering.config import Settings
+from tiering.errors import ConditionalUpdateFailed, TieringError
+from tiering.jobs import runner
+
+SETTINGS = Settings(database_url="postgresql://u@127.0.0.1:9/d", bucket="bkt", tier1_root=Path("/nonexistent"),
+                    s3_endpoint_url="http://127.0.0.1:9", aws_access_key_id="k", aws_secret_access_key="s")
+
+
+@pytest.fixture(autouse=True)
+def no_backoff(monkeypatch):
+    monkeypatch.setattr(runner, "BACKOFF_SECONDS", 0)
+
+
+def run_items(outcomes: list):
+    """One item whose attempts raise or return `outcomes` in turn; returns the partition's counts."""
+    calls = iter(outcomes)
+
+    def work(_deps, _item):
+        out = next(calls)
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    [out] = list(runner._do_items(SETTINGS, work, [{"topic": "t", "ledger_id": 0}]))
+    return {k: out[k] for k in ("done", "skipped", "failed")}
+
+
+def lost():
+    return ConditionalUpdateFailed("ledger t/0", "SEALED", "OFFLOADING")
+
+
+def test_a_lost_attempt_that_succeeds_on_retry_is_done_not_skipped():
+    assert run_items([lost(), (100, False)]) == {"done": 1, "skipped": 0, "failed": 0}
+
+
+def test_an_item_found_finished_by_another_worker_on_retry_is_skipped():
+    assert run_items([lost(), (0, True)]) == {"done": 0, "skipped": 1, "failed": 0}
+
+
+def test_an_item_another_worker_holds_throughout_is_skipped():
+    assert run_items([lost(), lost(), lost()]) == {"done": 0, "skipped": 1, "failed": 0}
+
+
+def test_an_item_that_fails_after_losing_is_failed():
+    assert run_items([lost(), TieringError("x"), TieringError("x")]) == {"done": 0, "skipped": 0, "failed": 1}
