@@ -7,6 +7,8 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from tests.integration.test_cli import cli, read_data  # noqa: F401 - the fixture
+from tests.integration.test_export_recover import new_database  # noqa: F401  (extra databases)
+from tiering.metadata.repository import MetadataStore
 from tiering.workload import payload
 
 TABLES = "tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, tiering.attribute, tiering.job_run"
@@ -71,3 +73,31 @@ def test_an_open_ledger_file_is_sealed_and_a_tier1_only_topic_comes_back(cli, db
     assert cli("produce", "only/in tier 1", "--entries", "1", "--entry-size", "5").ok().stdout == "2:0\n"
     data = read_data(cli("read", "o", "--json"))
     assert data[(1, 1)] == payload("open", 1, 50) and data[(2, 0)] == payload("n", 0, 5) and len(data) == 7
+
+
+def test_a_file_being_written_fails_its_topic_and_a_foreign_copy_is_reported(deps, db, new_database):  # noqa: F811
+    from tests.integration.helpers import entries, produce
+    from tiering.model import LedgerState as S
+    from tiering.ops.offload import offload_many
+    from tiering.ops.recover import recover_from_bucket
+    from tiering.tier1 import LedgerWriter
+
+    produce(deps, "w", [entries("w", 3, 10)], open_tail=[b"x"])  # ledger 1 open
+    produce(deps, "f", [entries("f", 3, 10)])
+    offload_many(deps, deps.meta.list_ledgers("w", [S.SEALED]) + deps.meta.list_ledgers("f", [S.SEALED]))
+    path = deps.tier1.path("f", 0)  # f's tier-1 copy replaced by another ledger's bytes
+    path.unlink()
+    with LedgerWriter(path) as other:
+        other.append(b"not the offloaded ledger")
+        other.seal()
+    target = new_database()
+    with LedgerWriter(deps.tier1.path("w", 1), open_existing=True):  # a producer still writes ledger 1 of w
+        report = recover_from_bucket(target, deps.bucket, tier1=deps.tier1)
+    assert len(report.errors) == 1 and "'w'" in report.errors[0] and "stop its producer" in report.errors[0]
+    assert report.topics_created == ["f"]  # w: nothing committed, a rerun finishes it
+    assert report.tier1_copies_recorded == [] and report.tier1_ignored == [
+        ("f/0", "file holds 1 entries, 24 bytes; the offloaded copy 3, 30: left alone")]
+    assert [(led.state, led.tier1_present) for led in MetadataStore(target).list_ledgers("f")] == [(S.OFFLOADED, False)]
+    again = recover_from_bucket(target, deps.bucket, tier1=deps.tier1)  # the producer stopped
+    assert again.ok and again.topics_created == ["w"] and again.tier1_sealed == [("w", 1)]
+    assert MetadataStore(target).get_topic("w").next_ledger_id == 2

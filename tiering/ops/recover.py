@@ -279,12 +279,12 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
         name = parsed.topic if parsed else None
     if name is None:
         return  # a hashed segment with no valid index: nothing names the topic
+    report.topics.append(name)  # looked at (even if it fails below): the tier-1 pass must not take it again
     trimmed_before = read_trim_marker(b, name) if listed.has_marker else -1
     for lid in [lid for lid in chosen if lid < trimmed_before]:
         report.ignored.append((chosen.pop(lid).chunk.index_key,
                                f"ledger {lid} trimmed by retention (marker: before ledger {trimmed_before})"))
     scan = _scan_tier1(engine, tier1, name, chosen, trimmed_before, report)
-    report.topics.append(name)
     if chosen or scan.ledgers or scan.top >= 0:
         _commit_topic(engine, name, chosen, scan, policy, report)
 
