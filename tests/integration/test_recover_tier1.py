@@ -101,3 +101,10 @@ def test_a_file_being_written_fails_its_topic_and_a_foreign_copy_is_reported(dep
     again = recover_from_bucket(target, deps.bucket, tier1=deps.tier1)  # the producer stopped
     assert again.ok and again.topics_created == ["w"] and again.tier1_sealed == [("w", 1)]
     assert MetadataStore(target).get_topic("w").next_ledger_id == 2
+
+
+def test_recover_flags_refuse_bad_input_before_any_work(cli, db):
+    assert "at most 256" in cli("recover-from-bucket", "--concurrency", "257").one_line_error(2)
+    assert "contradict" in cli("recover-from-bucket", "--check-pages", "--skip-page-check").one_line_error(2)
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM tiering.topic")).scalar() == 0

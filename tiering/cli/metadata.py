@@ -32,9 +32,16 @@ def register(sub) -> None:
                      help="also download every data object and check its page CRC32Cs, so a corrupt copy is "
                           "not recovered (reads the whole bucket; off by default: reads check pages anyway)")
     rec.add_argument("--skip-page-check", action="store_true", help=argparse.SUPPRESS)  # the old default's opt-out
-    rec.add_argument("--concurrency", type=a.positive, default=16, metavar="N",
-                     help="index objects read at once (default 16)")
+    rec.add_argument("--concurrency", type=_concurrency, default=16, metavar="N",
+                     help="index objects read at once, 1 to 256 (default 16)")
     a.json_flag(rec)
+
+
+def _concurrency(text: str) -> int:
+    value = a.positive(text)
+    if value > 256:  # threads, each with an S3 connection
+        raise argparse.ArgumentTypeError(f"{value} is too many (at most 256)")
+    return value
 
 
 def _location(ctx: Context, url: str):
