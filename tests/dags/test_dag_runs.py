@@ -113,6 +113,23 @@ def test_gc_leaves_exactly_the_referenced_objects(airflow, deps):
     assert keys - refs <= _delayed_keys(deps)
 
 
+def test_gc_sweep_lists_the_prefix_from_its_cursor_and_keeps_young_objects(airflow, deps):
+    """The daily sweep DAG (issue 19): one pass over this small prefix in one run, the cursor row updated;
+    an unreferenced object younger than the 2 h grace is kept (a test in tests/integration/test_gc_sweep.py
+    shows one older than the grace deleted)."""
+    stray = "t/stray/young-orphan"
+    deps.bucket.s3.put_object(Bucket=deps.bucket.name, Key=stray, Body=b"young")
+    done, out = dags_test(airflow, "tiering_gc_sweep")
+    assert done.returncode == 0, out[-3000:]
+    assert last_job_run(deps, "gc_sweep") == ("SUCCEEDED", 0, 0)
+    with deps.meta.engine.connect() as conn:
+        cursor, passes, pages = conn.execute(text(
+            "SELECT cursor, passes_completed, pages_listed FROM tiering.gc_sweep")).one()
+    assert cursor == "" and passes == 1 and pages >= 1
+    assert stray in bucket_keys(deps)
+    deps.bucket.s3.delete_object(Bucket=deps.bucket.name, Key=stray)
+
+
 def _delayed_keys(deps):
     with deps.meta.engine.connect() as conn:
         return set(conn.execute(text("SELECT key FROM tiering.gc_task")).scalars())
