@@ -195,3 +195,37 @@ def test_gc_all_of_the_fault_tests_runs_a_whole_pass(deps, db, n):
         sweep_orphans(deps, orphan_grace=timedelta(hours=1), max_pages=1, page_keys=n)  # cursor mid-prefix
     report = gc_all(deps)
     assert sorted(report.orphans_deleted) == keys and bucket_keys(deps) == set()
+
+
+def test_the_grace_keeps_young_orphans_and_lets_old_ones_go(deps, db):
+    """Positive grace, real ages (RGW's LastModified): the orphan older than the grace is deleted, the one
+    written after it is kept. Ages here are seconds, not hours; the sleep makes the first one old."""
+    import time
+
+    [old] = _fill(deps, 1, "t/age/a-old-")
+    time.sleep(3.5)
+    [young] = _fill(deps, 1, "t/age/b-young-")
+    r = sweep_orphans(deps, orphan_grace=timedelta(seconds=2), max_pages=1, page_keys=1)
+    assert r.orphans_deleted == [old] and r.cursor == old and not r.pass_complete
+    r = sweep_orphans(deps, orphan_grace=timedelta(seconds=2), max_pages=1, page_keys=1)
+    assert r.orphans_deleted == [] and r.pass_complete
+    assert bucket_keys(deps) == {young}
+
+
+def test_a_cursor_moved_under_a_running_sweep_stops_it_as_taken(deps, db):
+    """The CAS behind the lock: if the cursor's version moves while a sweep works (a reset by hand, a lock
+    lost with its connection), the sweep stops at once and says so; its page's decision was still safe."""
+    _fill(deps, 6, "t/cas/")
+    deps.bucket.s3.meta.events.register("after-call.s3.ListObjectsV2", bump := lambda **kw: _bump(db))
+    try:
+        r = sweep_orphans(deps, orphan_grace=timedelta(hours=1), max_pages=5, page_keys=2)
+    finally:
+        deps.bucket.s3.meta.events.unregister("after-call.s3.ListObjectsV2", bump)
+    assert r.taken and r.pages == 1 and r.cursor == "" and not r.pass_complete
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT cursor, version FROM tiering.gc_sweep")).one() == ("t/cas/elsewhere", 1)
+
+
+def _bump(db) -> None:
+    with db.begin() as conn:
+        conn.execute(text("UPDATE tiering.gc_sweep SET cursor = 't/cas/elsewhere', version = version + 1"))
