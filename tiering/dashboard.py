@@ -23,7 +23,8 @@ STATEMENT_TIMEOUT_MS = 15_000
 # Server-side settings of every dashboard session (libpq `options`): a second lock on writes, in case a
 # statement ever ran outside the read-only transaction the engine opens.
 READ_ONLY_CONNECT_ARGS = {
-    "options": f"-c default_transaction_read_only=on -c statement_timeout={STATEMENT_TIMEOUT_MS}",
+    # jit off: the dashboard's statements are short; compiling one costs more than running it (~0.4 s)
+    "options": f"-c default_transaction_read_only=on -c statement_timeout={STATEMENT_TIMEOUT_MS} -c jit=off",
     "application_name": "tiering-dashboard",
     "connect_timeout": 5,
 }
@@ -67,21 +68,21 @@ def _limit(limit: int) -> int:
 # ---------------------------------------------------------------------------------------------- queries
 
 def topics(conn: Connection) -> dict:
-    """Every topic: its policy and how many ledgers it has in each state."""
+    """Every topic: its policy and how many ledgers it has in each state (from the maintained totals,
+    table `topic_usage`: one row per topic, whatever the store's history)."""
     return {"topics": _rows(conn, """
         SELECT t.name AS topic, t.offload_after_seconds, t.offload_threshold_bytes, t.deletion_lag_seconds,
                t.retention_seconds, t.retention_bytes, t.rollover_entries, t.rollover_bytes, t.next_ledger_id,
                t.created_at,
-               count(l.ledger_id) FILTER (WHERE l.state = 'OPEN')       AS open_ledgers,
-               count(l.ledger_id) FILTER (WHERE l.state = 'SEALED')     AS sealed_ledgers,
-               count(l.ledger_id) FILTER (WHERE l.state = 'OFFLOADING') AS offloading_ledgers,
-               count(l.ledger_id) FILTER (WHERE l.state = 'OFFLOADED')  AS offloaded_ledgers,
-               count(l.ledger_id) FILTER (WHERE l.state = 'DELETED')    AS deleted_ledgers,
-               coalesce(sum(l.entry_count) FILTER (WHERE l.state <> 'DELETED'), 0)::bigint AS entries,
-               coalesce(sum(l.size_bytes) FILTER (WHERE l.state <> 'DELETED'), 0)::bigint AS size_bytes
+               coalesce(u.open_ledgers, 0)       AS open_ledgers,
+               coalesce(u.sealed_ledgers, 0)     AS sealed_ledgers,
+               coalesce(u.offloading_ledgers, 0) AS offloading_ledgers,
+               coalesce(u.offloaded_ledgers, 0)  AS offloaded_ledgers,
+               coalesce(u.deleted_ledgers, 0)    AS deleted_ledgers,
+               coalesce(u.live_entries, 0)       AS entries,
+               coalesce(u.live_bytes, 0)         AS size_bytes
         FROM tiering.topic t
-        LEFT JOIN tiering.ledger l USING (topic_id)
-        GROUP BY t.topic_id
+        LEFT JOIN tiering.topic_usage u USING (topic_id)
         ORDER BY t.name""")}
 
 
@@ -162,6 +163,82 @@ def job_runs(conn: Connection, limit: int = 50) -> dict:
         FROM tiering.job_run ORDER BY run_id DESC LIMIT :limit""", limit=_limit(limit))}
 
 
+# The series reads only rows that can fall in its window, through indexes (migration 0003), so its cost
+# follows the window and the backlog, not the history:
+# - offloaded per bucket: one range scan of `offloaded_at` over the window (index ledger_series_offloaded);
+# - the backlog at each bucket end `at`: a ledger is in it while sealed_at <= at < end, with
+#   end = least(offloaded_at, deleted_at) (null: not yet). Every `at` is after the window start W, so a
+#   ledger with end <= W is in no bucket; the others are those not yet ended (partial index
+#   ledger_series_unended, as small as the backlog) and those offloaded or deleted after W (range scans).
+#   Each adds +1 at sealed_at and -1 at end; the backlog at a bucket end is the running sum of the events
+#   up to it, exactly the set the old per-bucket scan counted (tests/integration/test_dashboard_scale.py
+#   compares both);
+# - job runs started / ended per bucket: range scans of job_run's started_at / ended_at.
+# Every row lands in its bucket by date_bin (exact microseconds). An event at t counts from the first bucket
+# whose end is >= t: the bin of t - 1 us (timestamps have microsecond resolution), W's for t <= W. W, its end
+# and now are bound as values, so the planner sees the ranges it reads.
+_SERIES_SQL = """
+    WITH buckets AS (
+        SELECT i, CAST(:w AS timestamptz) + make_interval(secs => :step * i) AS bucket_start,
+               CAST(:w AS timestamptz) + make_interval(secs => :step * (i + 1)) AS bucket_end
+        FROM generate_series(0, :count - 1) AS i),
+    spans AS (
+        SELECT l.sealed_at, NULL::timestamptz AS end_at, l.size_bytes
+        FROM tiering.ledger l
+        WHERE l.offloaded_at IS NULL AND l.deleted_at IS NULL AND l.entry_count > 0 AND l.sealed_at <= :now
+        UNION ALL
+        SELECT l.sealed_at, least(l.offloaded_at, l.deleted_at), l.size_bytes
+        FROM tiering.ledger l
+        WHERE l.offloaded_at > :w AND l.entry_count > 0 AND l.sealed_at <= :now
+        UNION ALL
+        SELECT l.sealed_at, least(l.offloaded_at, l.deleted_at), l.size_bytes
+        FROM tiering.ledger l
+        WHERE l.deleted_at > :w AND (l.offloaded_at IS NULL OR l.offloaded_at <= :w)
+          AND l.entry_count > 0 AND l.sealed_at <= :now),
+    counts AS (
+        SELECT k, sum(ob) AS offloaded_bytes, sum(ol) AS offloaded_ledgers, sum(bb) AS backlog_bytes,
+               sum(bn) AS backlog_ledgers, sum(jr) AS job_runs, sum(jb) AS job_bytes
+        FROM (
+            SELECT date_bin(make_interval(secs => :step), l.offloaded_at, :w) AS k,
+                   l.size_bytes AS ob, 1 AS ol, 0 AS bb, 0 AS bn, 0 AS jr, 0 AS jb
+            FROM tiering.ledger l WHERE l.offloaded_at >= :w AND l.offloaded_at < :w_end
+            UNION ALL
+            SELECT greatest(date_bin(make_interval(secs => :step), e.at - interval '1 microsecond', :w),
+                            CAST(:w AS timestamptz)),
+                   0, 0, e.b, e.n, 0, 0
+            FROM spans s
+            CROSS JOIN LATERAL (VALUES (s.sealed_at, 1, s.size_bytes), (s.end_at, -1, -s.size_bytes)) AS e (at, n, b)
+            WHERE (s.end_at IS NULL OR (s.end_at > :w AND s.end_at > s.sealed_at)) AND e.at <= :now
+            UNION ALL
+            SELECT date_bin(make_interval(secs => :step), j.started_at, :w), 0, 0, 0, 0, 1, 0
+            FROM tiering.job_run j WHERE j.started_at >= :w AND j.started_at < :w_end
+            UNION ALL
+            SELECT date_bin(make_interval(secs => :step), j.ended_at, :w), 0, 0, 0, 0, 0, j.bytes
+            FROM tiering.job_run j WHERE j.ended_at >= :w AND j.ended_at < :w_end) AS x
+        GROUP BY k)
+    SELECT bk.bucket_start, bk.bucket_end,
+           coalesce(c.offloaded_bytes, 0)::bigint AS offloaded_bytes,
+           coalesce(c.offloaded_ledgers, 0)::bigint AS offloaded_ledgers,
+           (sum(coalesce(c.backlog_bytes, 0)) OVER upto)::bigint AS backlog_bytes,
+           (sum(coalesce(c.backlog_ledgers, 0)) OVER upto)::bigint AS backlog_ledgers,
+           coalesce(c.job_runs, 0)::bigint AS job_runs, coalesce(c.job_bytes, 0)::bigint AS job_bytes
+    FROM buckets bk
+    LEFT JOIN counts c ON c.k = bk.bucket_start
+    WINDOW upto AS (ORDER BY bk.i ROWS UNBOUNDED PRECEDING)
+    ORDER BY bk.i"""
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def series_window(now: dt.datetime, step: int, count: int) -> dict:
+    """The bound values of the series query: buckets of `step` seconds aligned on the epoch, the last one
+    holding `now` (a timestamptz from the database, microseconds exact)."""
+    now_us = (now - _EPOCH) // dt.timedelta(microseconds=1)
+    w_epoch = now_us // (step * 1_000_000) * step - step * (count - 1)
+    w = _EPOCH + dt.timedelta(seconds=w_epoch)
+    return {"now": now, "w": w, "w_end": w + dt.timedelta(seconds=step * count),
+            "step": step, "count": count}
+
+
 def series(conn: Connection, hours: int = 24, step_minutes: int = 60) -> dict:
     """Time buckets of `step_minutes` over the last `hours` (the last bucket holds now), oldest first:
 
@@ -174,36 +251,10 @@ def series(conn: Connection, hours: int = 24, step_minutes: int = 60) -> dict:
       reported (table `job_run`).
     """
     step = int(step_minutes) * 60
-    count = -(-int(hours) * 3600 // step)  # ceil
+    count = -(-int(hours) * 3600 // step) if step > 0 else 0  # ceil
     if step <= 0 or count <= 0 or count > MAX_SERIES_POINTS:
         raise ValueError(f"hours/step_minutes give {count} points; 1 to {MAX_SERIES_POINTS} allowed")
-    points = _rows(conn, """
-        WITH now_ AS (SELECT now() AS now),
-        buckets AS (
-            SELECT b AS bucket_start, b + make_interval(secs => :step) AS bucket_end,
-                   least(b + make_interval(secs => :step), n.now) AS at
-            FROM now_ n,
-                 generate_series(to_timestamp(floor(extract(epoch FROM n.now) / :step) * :step)
-                                   - make_interval(secs => :step * (:count - 1)),
-                                 n.now, make_interval(secs => :step)) AS b)
-        SELECT bk.bucket_start, bk.bucket_end,
-               coalesce(o.bytes, 0)::bigint AS offloaded_bytes, coalesce(o.ledgers, 0) AS offloaded_ledgers,
-               coalesce(bl.bytes, 0)::bigint AS backlog_bytes, coalesce(bl.ledgers, 0) AS backlog_ledgers,
-               coalesce(js.runs, 0) AS job_runs, coalesce(je.bytes, 0)::bigint AS job_bytes
-        FROM buckets bk
-        LEFT JOIN LATERAL (
-            SELECT sum(l.size_bytes) AS bytes, count(*) AS ledgers FROM tiering.ledger l
-            WHERE l.offloaded_at >= bk.bucket_start AND l.offloaded_at < bk.bucket_end) o ON true
-        LEFT JOIN LATERAL (
-            SELECT sum(l.size_bytes) AS bytes, count(*) AS ledgers FROM tiering.ledger l
-            WHERE l.entry_count > 0 AND l.sealed_at <= bk.at
-              AND (l.offloaded_at IS NULL OR l.offloaded_at > bk.at)
-              AND (l.deleted_at IS NULL OR l.deleted_at > bk.at)) bl ON true
-        LEFT JOIN LATERAL (
-            SELECT count(*) AS runs FROM tiering.job_run j
-            WHERE j.started_at >= bk.bucket_start AND j.started_at < bk.bucket_end) js ON true
-        LEFT JOIN LATERAL (
-            SELECT sum(j.bytes) AS bytes FROM tiering.job_run j
-            WHERE j.ended_at >= bk.bucket_start AND j.ended_at < bk.bucket_end) je ON true
-        ORDER BY bk.bucket_start""", step=step, count=count)
+    # now() is the transaction's start: the same instant for both statements
+    now = conn.execute(text("SELECT now()")).scalar_one()
+    points = _rows(conn, _SERIES_SQL, **series_window(now, step, count))
     return {"hours": int(hours), "step_seconds": step, "points": points}

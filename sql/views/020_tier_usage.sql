@@ -1,13 +1,12 @@
--- Bytes and ledgers per tier per topic (a ledger offloaded but still on tier 1 counts on both).
+-- Bytes and ledgers per tier per topic (a ledger offloaded but still on tier 1 counts on both). Read from
+-- the maintained totals (tiering.topic_usage, migration 0003): one row per topic, whatever the history.
 CREATE VIEW tiering.tier_usage AS
 SELECT t.name AS topic,
-       count(*) FILTER (WHERE l.tier1_present AND l.state <> 'DELETED')                  AS tier1_ledgers,
-       coalesce(sum(l.size_bytes) FILTER (WHERE l.tier1_present AND l.state <> 'DELETED'), 0) AS tier1_bytes,
-       count(*) FILTER (WHERE l.state = 'OFFLOADED')                                      AS tier2_ledgers,
-       coalesce(sum(l.size_bytes) FILTER (WHERE l.state = 'OFFLOADED'), 0)                AS tier2_bytes,
-       coalesce(sum(c.data_length) FILTER (WHERE l.state = 'OFFLOADED'), 0)               AS tier2_stored_bytes,
-       count(*) FILTER (WHERE l.state = 'DELETED')                                        AS deleted_ledgers
+       coalesce(u.tier1_ledgers, 0)      AS tier1_ledgers,
+       coalesce(u.tier1_bytes, 0)        AS tier1_bytes,
+       coalesce(u.tier2_ledgers, 0)      AS tier2_ledgers,
+       coalesce(u.tier2_bytes, 0)        AS tier2_bytes,
+       coalesce(u.tier2_stored_bytes, 0) AS tier2_stored_bytes,
+       coalesce(u.deleted_ledgers, 0)    AS deleted_ledgers
 FROM tiering.topic t
-LEFT JOIN tiering.ledger l USING (topic_id)
-LEFT JOIN tiering.chunk c USING (topic_id, ledger_id)
-GROUP BY t.name;
+LEFT JOIN tiering.topic_usage u USING (topic_id);
