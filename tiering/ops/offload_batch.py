@@ -1,13 +1,14 @@
-"""Offload a topic's small sealed ledgers together: one attempt, one data object, one index object, one
+"""One offload attempt of sealed ledgers of one topic: one ledger (offload_ledger in tiering/ops/offload.py) is a
+batch of one, a topic's small ledgers a batch of many. One attempt, one data object, one index object, one
 conditional transaction to begin and one to commit (tiering/tier2/offloader.py writes the objects).
 
-The same guarantees as one ledger's offload (tiering/ops/offload.py), for the batch as a whole: (1) one
-transaction moves every ledger SEALED (or a stale OFFLOADING) -> OFFLOADING(attempt) and queues the two keys,
-or none if any lost a race; (2) upload; (3) one transaction moves them all to OFFLOADED with their chunk rows
-(each pointing inside the shared objects) and dequeues the keys, only while every row still holds this
-attempt. A failure deletes the objects (unless the commit landed) and returns the ledgers still holding the
-attempt to SEALED; a process killed anywhere leaves queued keys for GC and OFFLOADING rows a later run takes
-over after the offload timeout.
+(1) one transaction moves every ledger SEALED (or an OFFLOADING attempt older than the offload timeout) ->
+OFFLOADING(attempt) and queues the two keys for GC (not before the offload timeout), or none if any lost a
+race; (2) the ledgers stream from tier 1 into the objects; (3) one transaction moves them all to OFFLOADED
+with their chunk rows (each pointing inside the shared objects) and dequeues the keys, only while every row
+still holds this attempt. A failure deletes the objects (unless the commit landed: a lost reply is not a
+failed commit) and returns the ledgers still holding the attempt to SEALED; a process killed anywhere leaves
+queued keys for GC and OFFLOADING rows a later run takes over after the offload timeout.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def batches(ledgers: Sequence[Ledger], small_bytes: int, max_bytes: int,
 
 
 def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None) -> list[Ledger]:
-    """Offload `leds` (one topic, in ledger order) as one batch; returns them OFFLOADED. Raises
+    """Offload `leds` (one topic) as one attempt; returns them OFFLOADED, in ledger order. Raises
     ConditionalUpdateFailed, changing nothing, if any is not SEALED (or a stale attempt) any more."""
     knobs, b = deps.knobs, deps.bucket
     leds = sorted(leds, key=lambda x: x.ledger_id)
@@ -80,14 +81,14 @@ def _sources(deps: Deps, leds: Sequence[Ledger]) -> Iterator:
 
 
 def _undo(deps: Deps, started: Sequence[Ledger], attempt: str, keys: tuple[str, str]) -> None:
-    """As offload's _undo, for the batch: nothing if the commit landed (a lost reply) or metadata cannot be
-    read; else delete the objects and return the ledgers still holding the attempt to SEALED."""
+    """Nothing if the commit landed (a lost reply) or metadata cannot be read (GC deletes the queued keys
+    only if unreferenced); else delete the objects and return the ledgers still holding the attempt to SEALED."""
     try:
         now = [deps.meta.get_ledger(led.topic, led.ledger_id) for led in started]
     except Exception as exc:
         # leave the keys queued; GC deletes them only if unreferenced
-        log.warning("batch offload attempt %s not undone (%s): its objects stay queued for GC", attempt,
-                    type(exc).__name__)
+        log.warning("offload of %s attempt %s not undone (%s): its objects stay queued for GC", _names(started),
+                    attempt, type(exc).__name__)
         return
     if any(n.state == LedgerState.OFFLOADED and n.offload_uuid == attempt for n in now):
         return
@@ -97,5 +98,11 @@ def _undo(deps: Deps, started: Sequence[Ledger], attempt: str, keys: tuple[str, 
         deps.meta.abort_offload_batch(mine, attempt, objects_deleted=not failed)
     except Exception as exc:
         # metadata gone: the attempt times out and is taken over
-        log.warning("batch offload attempt %s left OFFLOADING (%s): taken over after the offload timeout", attempt,
-                    type(exc).__name__)
+        log.warning("offload of %s attempt %s left OFFLOADING (%s): taken over after the offload timeout",
+                    _names(mine), attempt, type(exc).__name__)
+
+
+def _names(leds: Sequence[Ledger]) -> str:
+    """'t/0' or 't/0..t/7' for a log record (the ledgers, not the driver's message)."""
+    return f"{leds[0].topic}/{leds[0].ledger_id}" + (f"..{leds[-1].ledger_id}" if len(leds) > 1 else "") \
+        if leds else "no ledger"
