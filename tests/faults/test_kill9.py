@@ -98,6 +98,15 @@ def scene_gc(deps) -> Scene:
     return Scene({"k": exp}, {"k": {0, 1, 2}})
 
 
+def scene_sweep(deps) -> Scene:
+    exp = _small(deps, n=2)
+    _offload_all(deps, "k")
+    for i in range(3):  # orphans (in no queue, referenced by nothing) before and after the topic's keys
+        for where in ("a", "z"):
+            deps.bucket.s3.put_object(Bucket=deps.bucket.name, Key=f"t/{where}-stray-{i}", Body=b"stray")
+    return Scene({"k": exp}, {})
+
+
 # -- what the kill must have left behind (proof the process died where the case says), checked before the rerun
 def _states(deps):
     return [led.state for led in deps.meta.list_ledgers("k")]
@@ -182,6 +191,21 @@ def merged(deps):
     assert len(chunks) == 4 and len({c.data_key for c in chunks.values()}) == 1
 
 
+def sweep_page_deleted_cursor_not_moved(deps):
+    """The first page's orphans are gone, the cursor has not moved past them, the sweep's lock is free."""
+    from tiering.metadata import gc_sweep
+
+    assert {"t/a-stray-0", "t/a-stray-1"}.isdisjoint(bucket_keys(deps)) and "t/a-stray-2" in bucket_keys(deps)
+    with deps.meta.engine.connect() as conn:
+        assert conn.execute(text("SELECT cursor, version FROM tiering.gc_sweep")).one() == ("", 0)
+    with gc_sweep.exclusive(deps.meta.engine, deps.bucket.name, deps.bucket.prefix) as held:
+        assert held, "the killed sweep's lock outlived it"
+
+
+def swept(deps):
+    assert not {k for k in bucket_keys(deps) if "-stray-" in k}
+
+
 def nothing(_deps):
     pass
 
@@ -227,6 +251,8 @@ CASES = {
     "defrag@merged": Case("defrag", "step:merged", scene_defrag, merged_objects_unreferenced, merged),
     "defrag@committed": Case("defrag", "meta-after:replace_chunks", scene_defrag, merged_old_objects_left, merged),
     "gc@mid-batch": Case("gc", "s3:after:DeleteObjects", scene_gc, gc_batch_rolled_back, gc_batch=2),
+    "gc-sweep@page-deleted": Case("gc-sweep", "s3:after:DeleteObjects", scene_sweep,
+                                  sweep_page_deleted_cursor_not_moved, swept),
 }
 # Randomised points: the N-th S3 call (of the 6 an offload of three small ledgers makes), before it is sent
 # or after its reply arrived. Seeded, so a failure names a reproducible case.

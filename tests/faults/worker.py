@@ -2,7 +2,7 @@
 point, so the test can SIGKILL it exactly there.
 
     python -m tests.faults.worker OP        OP: offload | offload+delete-lagged | delete-lagged |
-                                                retention | defrag | gc
+                                                retention | defrag | gc | gc-sweep
 
 Settings come from the environment as in production (`Settings.from_env`: TIERING_DATABASE_URL,
 TIERING_BUCKET, TIERING_PREFIX, TIERING_TIER1_ROOT, TIERING_S3_ENDPOINT_URL, TIERING_BLOCK_SIZE,
@@ -31,7 +31,7 @@ from datetime import timedelta
 
 from tiering.model import LedgerState
 
-OPS = ("offload", "offload+delete-lagged", "delete-lagged", "retention", "defrag", "gc")
+OPS = ("offload", "offload+delete-lagged", "delete-lagged", "retention", "defrag", "gc", "gc-sweep")
 
 
 def say(line: str) -> None:
@@ -86,6 +86,11 @@ def run_op(deps, op: str, topics: list[str], hook=None, on_done=None, gc_batch: 
         r = run_gc(deps, batch=gc_batch, orphan_grace=timedelta(0))
         out["deleted"] = r.deleted
         out["failed"] = r.failed
+    elif op == "gc-sweep":  # pages of 2 keys: the kill lands between one page's deletes and its cursor move
+        from tiering.ops.gc import sweep_orphans
+
+        r = sweep_orphans(deps, orphan_grace=timedelta(0), page_keys=2)
+        out.update(deleted=r.orphans_deleted, failed=r.failed, taken=r.taken, pass_complete=r.pass_complete)
     elif op not in OPS:
         raise SystemExit(f"unknown op {op!r}; expected one of {', '.join(OPS)}")
     return out
