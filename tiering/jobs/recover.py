@@ -77,6 +77,8 @@ def _one(deps, item: dict, reads, check_pages: bool) -> RecoverReport:
             report.objects_listed, report.foreign_objects = n, foreign
         except TieringError as exc:
             report = RecoverReport(errors=[f"topic segment {item['segment']!r}: {exc}"])
+        except Exception as exc:  # noqa: BLE001 - e.g. the database went away: counted, reported, retried
+            report = RecoverReport(errors=[f"topic segment {item['segment']!r}: {type(exc).__name__}: {exc}"])
         if not report.errors or attempt == RETRIES:
             return report
         time.sleep(BACKOFF_SECONDS * 2 ** attempt)

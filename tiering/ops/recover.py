@@ -161,22 +161,29 @@ def recover_from_bucket(engine, bucket: Bucket, topic: str | None = None,
         with lock:
             report.merge(part)
 
+    listing = RecoverReport()  # counted by this thread only; merged at the end
     with ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="recover-read") as reads, \
             ThreadPoolExecutor(max(1, topic_concurrency), thread_name_prefix="recover-topic") as topics:
         pending: deque = deque()
-        for listed in _by_topic(bucket, prefix, report):
-            if only is not None and listed.segment != only:
-                continue
-            pending.append(topics.submit(one, listed))
+
+        def submit(listed: _Listed, name: str | None = None) -> None:
+            pending.append(topics.submit(one, listed, name))
             while len(pending) > 2 * topic_concurrency:  # bounded memory: a few topics' listings at a time
                 pending.popleft().result()
-        for f in pending:
-            f.result()
+
+        for listed in _by_topic(bucket, prefix, listing):
+            if only is None or listed.segment == only:
+                submit(listed)
+        while pending:
+            pending.popleft().result()
         if tier1 is not None:  # topics only tier 1 knows (never offloaded, or the bucket lost them)
             seen = {topic_dir_name(t) for t in report.topics}
             dirs = [topic_dir_name(topic)] if topic is not None else topic_dirs(tier1)
             for item in tier1_only_items(dirs, seen, report, topic):
-                one(_Listed(item["segment"]), item["topic"])
+                submit(_Listed(item["segment"]), item["topic"])
+            while pending:
+                pending.popleft().result()
+    report.merge(listing)
     return report
 
 
