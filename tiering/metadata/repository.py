@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from tiering.errors import ConditionalUpdateFailed, LedgerNotFound, TopicExists, TopicNotFound
+from tiering.metadata.planning import Planning
 from tiering.metadata.tables import chunk, gc_task, ledger, topic
 from tiering.model import Chunk, Ledger, LedgerState, Topic, TopicPolicy, check_topic_name
 
@@ -49,6 +50,7 @@ class MetadataStore:
 
     def __init__(self, engine: Engine):
         self.engine = engine
+        self.planning = Planning(engine)  # set-based planning queries (issue 19)
 
     # ---------------------------------------------------------------- topics
     def create_topic(self, name: str, policy: TopicPolicy = TopicPolicy()) -> Topic:

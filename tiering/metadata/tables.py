@@ -23,6 +23,7 @@ topic = Table(
     Column("next_ledger_id", BigInteger, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("version", BigInteger, nullable=False),
+    Column("trim_marker_written", BigInteger, nullable=False),  # 0004: retention's marker last in tier 2
 )
 
 ledger = Table(
@@ -57,6 +58,7 @@ chunk = Table(
     Column("last_entry_id", BigInteger, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("version", BigInteger, nullable=False),
+    Column("data_alone", Boolean, nullable=False),  # 0004: the data object holds this ledger only (triggers)
 )
 
 gc_task = Table(

@@ -19,7 +19,7 @@ from tiering import policy
 from tiering.errors import BadInput, ConditionalUpdateFailed, Tier2Error, TieringError
 from tiering.format.keys import data_key, index_key
 from tiering.model import Chunk, Ledger, LedgerState, Position
-from tiering.ops.context import Deps, select_topics
+from tiering.ops.context import Deps
 from tiering.tier2.objects import check_bucket, delete_keys
 from tiering.tier2.offloader import LedgerToUpload, StepHook, upload_ledger
 
@@ -92,7 +92,7 @@ def _undo(deps: Deps, started: Ledger, attempt: str, keys: tuple[str, str]) -> N
 
 
 def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
-                 on_done: Callable[[Ledger], None] | None = None) -> OffloadReport:
+                 on_done: Callable[[Ledger], None] | None = None, bucket_checked: bool = False) -> OffloadReport:
     """Offload each ledger, small ones of a topic in batches (one object pair each); a failing ledger or
     batch does not stop the others. A ledger another worker holds or finished meanwhile is skipped. Tier 2
     unreachable: `Tier2Error` before any metadata changes; unreachable after a ledger failed mid-run: the
@@ -100,7 +100,7 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
     from tiering.ops.offload_batch import batches, offload_batch
 
     report = OffloadReport()
-    if ledgers:
+    if ledgers and not bucket_checked:  # offload_by_topic checks once per run, not once per topic
         check_bucket(deps.bucket)  # tier 2 down: fail here, before any ledger's metadata changes
     knobs = deps.knobs
     groups, alone = batches(ledgers, knobs.batch_small_bytes, knobs.batch_max_bytes, knobs.batch_max_ledgers) \
@@ -188,28 +188,27 @@ def first_not_offloaded(deps: Deps, topic: str) -> Position:
 
 def plan_offload(deps: Deps, by: str, topic: str | None = None) -> list[Ledger]:
     """The ledgers a scheduled offload takes on: by age (offload-after) or by size (the tier-1 threshold,
-    Pulsar's rule), plus attempts older than the offload timeout, whose worker is presumed dead."""
+    Pulsar's rule), plus attempts older than the offload timeout, whose worker is presumed dead. Both read
+    candidate rows only (metadata/planning.py); by size stats the OPEN ledger of topics with candidates."""
     if by == "age":
         targets = deps.meta.offload_candidates_by_age(topic)
     elif by == "size":
-        topics = select_topics(deps.meta, topic)
-        targets = []
-        for t in topics:
-            if t.policy.offload_threshold_bytes < 0:
-                continue
-            ledgers = deps.meta.list_ledgers(t.name)
-            targets += policy.offload_by_size(ledgers, t.policy, _open_sizes(deps, ledgers))
+        if topic is not None:
+            deps.meta.get_topic(topic)  # an unknown topic fails, as before
+        topics = deps.meta.planning.size_topics(topic)
+        targets = deps.meta.planning.offload_by_size(topics, _open_sizes(deps, topics))
     else:
         raise BadInput(f"offload by {by!r}: expected 'age' or 'size'")
     return targets + _stale(deps, topic, lambda led: True)
 
 
-def _open_sizes(deps: Deps, ledgers: list[Ledger]) -> dict[int, int]:
+def _open_sizes(deps: Deps, topics) -> dict[tuple[int, int], int]:
+    """The live size of each OPEN ledger from its tier-1 file (metadata records sizes at seal time)."""
     sizes = {}
-    for led in ledgers:
-        if led.state == LedgerState.OPEN and deps.tier1.exists(led.topic, led.ledger_id):
-            with deps.tier1.reader(led.topic, led.ledger_id) as r:
-                sizes[led.ledger_id] = r.size_bytes
+    for t in topics:
+        if t.open_ledger_id is not None and deps.tier1.exists(t.name, t.open_ledger_id):
+            with deps.tier1.reader(t.name, t.open_ledger_id) as r:
+                sizes[(t.topic_id, t.open_ledger_id)] = r.size_bytes
     return sizes
 
 
@@ -231,8 +230,10 @@ def offload_by_topic(deps: Deps, ledgers: list[Ledger],
     for led in ledgers:
         by_topic.setdefault(led.topic, []).append(led)
     out = TopicsOffloadReport(planned=len(ledgers))
+    if ledgers:
+        check_bucket(deps.bucket)  # once per run (tier 2 down: Tier2Error before any metadata changes)
     for topic, leds in by_topic.items():
-        report = offload_many(deps, leds, on_done=on_done)
+        report = offload_many(deps, leds, on_done=on_done, bucket_checked=True)
         out.offloaded += [(topic, i) for i in report.offloaded]
         out.skipped += [(topic, i) for i in report.skipped]
         out.failed += [{"topic": topic, "ledger": i, "error": msg} for i, msg in report.failed.items()]
