@@ -59,7 +59,7 @@ from tiering.read import Entry as ReadEntry, ReadHandle  # noqa: E402
 from tiering.tier1 import Tier1Store  # noqa: E402
 from tiering.tier2 import reader as t2reader  # noqa: E402
 from tiering.tier2.objects import Bucket  # noqa: E402
-from tiering.tier2.offloader import LedgerToUpload, upload_ledger  # noqa: E402
+from tiering.tier2.offloader import LedgerToUpload, upload_ledgers  # noqa: E402
 from tiering.tier2.reader import ReaderCaches, tier2_opener  # noqa: E402
 from tiering.workload import payload  # noqa: E402
 
@@ -111,10 +111,12 @@ def bench_offload(env: Env, cases, entry_size: int) -> list[dict]:
                     attempt = str(uuid.uuid4())
                     b = env.deps.bucket
                     with env.deps.tier1.reader(led.topic, led.ledger_id) as rd:
-                        upload_ledger(b, LedgerToUpload(led.topic, led.ledger_id, led.entry_count, 0, attempt,
-                                                        data_key(b.prefix, led.topic, attempt, led.ledger_id),
-                                                        index_key(b.prefix, led.topic, attempt, led.ledger_id)),
-                                      rd.iter_entries(0, led.entry_count - 1), BLOCK_SIZE, CONCURRENCY)
+                        upload_ledgers(b, topic=led.topic, attempt=attempt,
+                                       data_key=data_key(b.prefix, led.topic, attempt, led.ledger_id),
+                                       index_key=index_key(b.prefix, led.topic, attempt, led.ledger_id),
+                                       sources=iter([(LedgerToUpload(led.ledger_id, led.entry_count, 0),
+                                                      rd.iter_entries(0, led.entry_count - 1))]),
+                                       block_size=BLOCK_SIZE, concurrency=CONCURRENCY)
                 s3_only.append(time.perf_counter() - t0)
 
             def run_peer():

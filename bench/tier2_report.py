@@ -19,14 +19,14 @@ def report(result: dict) -> str:
               "Ours: `offload_many` as the CLI and the job run it: ledgers under 8 MiB of a topic as one batch "
               "(one data and one index object), larger ones one after another (metadata transactions, multipart "
               "upload, CRC32C per part, index object with its page index). The 'without metadata' row is "
-              "`upload_ledger` per ledger (no batching). Peer: boto3 `upload_file` of the tier-1 file, one after another "
+              "`upload_ledgers` per ledger (no batching). Peer: boto3 `upload_file` of the tier-1 file, one after another "
               "(s3transfer classic, same part size and concurrency, CRC32C). For several ledgers also one "
               "s3transfer TransferManager given all files at once.", "",
               "| case | ours | peer | ratio |", "|---|---:|---:|---:|"]
         for r in result["offload"]:
             case = f"{r['ledgers']} x {r['ledger_mib']} MiB ({r['runs']} runs)"
             L.append(f"| {case} vs upload_file | {r['ours_mib_s']} | {r['s3transfer_mib_s']} | {r['ratio']:.2f} |")
-            L.append(f"| {case}, ours without metadata (`upload_ledger` only) vs upload_file | "
+            L.append(f"| {case}, ours without metadata (`upload_ledgers` only) vs upload_file | "
                      f"{r['ours_s3_only_mib_s']} | {r['s3transfer_mib_s']} | {r['ratio_s3_only']:.2f} |")
             if "s3transfer_tm_mib_s" in r:
                 L.append(f"| {case} vs TransferManager, all files at once | {r['ours_mib_s']} | "

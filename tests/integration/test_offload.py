@@ -222,9 +222,9 @@ def test_undo_that_cannot_read_metadata_leaves_a_warning(deps, monkeypatch, capl
             monkeypatch.setattr(deps.meta, "get_ledger", down)
             raise TieringError("injected failure")
 
-    with caplog.at_level(logging.WARNING, logger="tiering.ops.offload"), pytest.raises(TieringError):
-        offload_ledger(deps, led, hook)
-    [record] = [r for r in caplog.records if r.name == "tiering.ops.offload"]
+    with caplog.at_level(logging.WARNING, logger="tiering.ops.offload_batch"), pytest.raises(TieringError):
+        offload_ledger(deps, led, hook)  # a batch of one: its attempt is offload_batch's
+    [record] = [r for r in caplog.records if r.name == "tiering.ops.offload_batch"]
     message = record.getMessage()
     assert record.levelno == logging.WARNING and "not undone (OSError)" in message
     assert "t/0" in message and "secret-host" not in message

@@ -170,5 +170,5 @@ def test_offloader_failure_at_the_index_put_leaves_the_data_object_to_the_caller
     stub.add_client_error("put_object", "InternalError", "boom", 500)
     with pytest.raises(Tier2Error, match="S3 PUT of 't/topic/attempt-ledger-0-index' failed: InternalError"):
         upload_ledgers(b, topic="topic", attempt="attempt", data_key=KEY, index_key=KEY + "-index",
-                       sources=iter([(LedgerToUpload("topic", 0, 2, 0), [(0, b"x"), (1, b"y")])]),
+                       sources=iter([(LedgerToUpload(0, 2, 0), [(0, b"x"), (1, b"y")])]),
                        block_size=PART, concurrency=1)

@@ -4,12 +4,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
+from tiering.errors import BadInput, TieringError
 from tiering.jobs.runner import ledger_item, run, topic_arg
 from tiering.jobs.spec import position_arg
 from tiering.model import LedgerState
 from tiering.ops import offload
-from tiering.ops.offload_batch import batches, offload_batch
+from tiering.ops.offload_batch import batches
 from tiering.tier2.objects import check_bucket
 
 
@@ -49,25 +49,18 @@ def _items(deps, targets) -> list[dict]:
 
 
 def work(deps, item) -> tuple[int, bool]:
-    if "ledger_ids" in item:
-        leds = [deps.meta.get_ledger(item["topic"], i) for i in item["ledger_ids"]]
-        todo = [led for led in leds if led.state in (LedgerState.SEALED, LedgerState.OFFLOADING) and led.entry_count]
-        if len(todo) > 1:
-            try:
-                return sum(led.size_bytes for led in offload_batch(deps, todo)), False
-            except TieringError:
-                pass  # undone whole (one moved on since planning, or failed): each one alone below
-        nbytes = 0
-        for led in todo:
-            try:
-                nbytes += offload.offload_ledger(deps, deps.meta.get_ledger(led.topic, led.ledger_id)).size_bytes
-            except ConditionalUpdateFailed:
-                pass
-        return nbytes, nbytes == 0
-    led = deps.meta.get_ledger(item["topic"], item["ledger_id"])
-    if led.state not in (LedgerState.SEALED, LedgerState.OFFLOADING) or led.entry_count == 0:
+    """One item: a ledger, or a batch of a topic's small ledgers, offloaded by offload_many (a failed batch's
+    ledgers one by one; skipped only what another worker holds or finished). Any ledger failed: the item
+    fails (after all of them were tried), and its retry takes on what is still not offloaded."""
+    ids = item["ledger_ids"] if "ledger_ids" in item else [item["ledger_id"]]
+    leds = [deps.meta.get_ledger(item["topic"], i) for i in ids]
+    todo = [led for led in leds if led.state in (LedgerState.SEALED, LedgerState.OFFLOADING) and led.entry_count]
+    if not todo:
         return 0, True  # done or changed since planning
-    return offload.offload_ledger(deps, led).size_bytes, False
+    report = offload.offload_many(deps, todo)
+    if report.failed:
+        raise TieringError(f"{len(report.failed)} of {len(todo)} ledger(s) not offloaded; first: {report.first_error}")
+    return report.bytes, not report.offloaded
 
 
 def main(argv=None) -> int:

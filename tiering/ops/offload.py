@@ -1,31 +1,22 @@
-"""Offload sealed ledgers to tier 2 (PIP-17), crash- and race-safe.
+"""Offload sealed ledgers to tier 2 (PIP-17), crash- and race-safe: which ledgers (the plans), and running
+them (offload_many). Each attempt, of one ledger or of a batch of a topic's small ones, is
+tiering/ops/offload_batch.py's: one begin transaction, the upload, one commit transaction, undone on failure.
 
-For one ledger: (1) one transaction moves it SEALED -> OFFLOADING with a new attempt UUID and queues the
-attempt's two keys in gc_task (not before the offload timeout); (2) the ledger streams from tier 1 into a
-multipart upload, then the index object is written; (3) one transaction moves it to OFFLOADED only while the
-row still holds this attempt's UUID, writes its chunk row and dequeues the keys. Any failure aborts the
-upload, deletes what was written and returns the ledger to SEALED; a process killed anywhere leaves either
-a SEALED ledger, an OFFLOADING attempt that a later run takes over after the timeout, or an OFFLOADED one,
-and in every case objects nobody references are still queued for GC.
+A ledger is reported offloaded, skipped only when another worker holds or finished it (checked against its
+current row), or failed with its reason: a failure is never reported as skipped (issue 20).
 """
 from __future__ import annotations
 
-import logging
-import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
 from tiering import policy
 from tiering.errors import BadInput, ConditionalUpdateFailed, Tier2Error, TieringError
-from tiering.format.keys import data_key, index_key
-from tiering.model import Chunk, Ledger, LedgerState, Position
+from tiering.model import Ledger, LedgerState, Position
 from tiering.ops.context import Deps
-from tiering.tier2.objects import check_bucket, delete_keys
-from tiering.tier2.offloader import LedgerToUpload, StepHook, upload_ledger
-
-# What an operator should see of a swallowed cleanup failure (the exception's type only: messages of
-# database drivers may carry connection details).
-log = logging.getLogger(__name__)
+from tiering.ops.offload_batch import batches, offload_batch
+from tiering.tier2.multipart import StepHook
+from tiering.tier2.objects import check_bucket
 
 
 @dataclass
@@ -44,61 +35,22 @@ class OffloadReport:
 
 
 def offload_ledger(deps: Deps, led: Ledger, hook: StepHook = None) -> Ledger:
-    """Offload one ledger (SEALED, or OFFLOADING older than the offload timeout). Returns it OFFLOADED."""
+    """Offload one ledger (SEALED, or OFFLOADING older than the offload timeout): a batch of one. Returns it
+    OFFLOADED; ConditionalUpdateFailed, changing nothing, if it moved on since `led` was read."""
     if led.entry_count == 0:
         raise TieringError(f"ledger {led.topic}/{led.ledger_id} is empty: nothing to offload")
-    knobs, b = deps.knobs, deps.bucket
-    attempt = str(uuid.uuid4())
-    keys = (data_key(b.prefix, led.topic, attempt, led.ledger_id),
-            index_key(b.prefix, led.topic, attempt, led.ledger_id))
-    started = deps.meta.begin_offload(
-        led, attempt, keys, gc_delay=knobs.offload_timeout,
-        stale_after=knobs.offload_timeout if led.state == LedgerState.OFFLOADING else None)
-    try:
-        with deps.tier1.reader(led.topic, led.ledger_id) as reader:
-            uploaded = upload_ledger(
-                b, LedgerToUpload(led.topic, led.ledger_id, led.entry_count,
-                                  int(led.sealed_at.timestamp() * 1000), attempt, *keys),
-                reader.iter_entries(0, led.entry_count - 1), knobs.block_size, knobs.upload_concurrency, hook,
-                knobs.page_size)
-        chunk = Chunk(uploaded.data_key, 0, uploaded.data_length, uploaded.index_key, 0, uploaded.index_length,
-                      0, led.entry_count - 1)
-        return deps.meta.complete_offload(started, attempt, chunk)
-    except BaseException:
-        _undo(deps, started, attempt, keys)
-        raise
-
-
-def _undo(deps: Deps, started: Ledger, attempt: str, keys: tuple[str, str]) -> None:
-    """Delete the attempt's objects and return the ledger to SEALED, unless the commit did land (a lost
-    reply is not a failed commit) or we cannot tell — then GC's queue and reference check decide."""
-    try:
-        now = deps.meta.get_ledger(started.topic, started.ledger_id)
-    except Exception as exc:
-        # metadata unreachable: leave the keys queued; GC deletes them only if unreferenced
-        log.warning("offload of %s/%s attempt %s not undone (%s): its objects stay queued for GC",
-                    started.topic, started.ledger_id, attempt, type(exc).__name__)
-        return
-    if now.state == LedgerState.OFFLOADED and now.offload_uuid == attempt:
-        return
-    failed = delete_keys(deps.bucket, keys)
-    if now.state == LedgerState.OFFLOADING and now.offload_uuid == attempt:
-        try:
-            deps.meta.abort_offload(now, attempt, objects_deleted=not failed)
-        except Exception as exc:
-            # taken over meanwhile, or metadata gone: the attempt times out and is taken over
-            log.warning("offload of %s/%s attempt %s left OFFLOADING (%s): taken over after the offload timeout",
-                        started.topic, started.ledger_id, attempt, type(exc).__name__)
+    [done] = offload_batch(deps, [led], hook)
+    return done
 
 
 def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
                  on_done: Callable[[Ledger], None] | None = None, bucket_checked: bool = False) -> OffloadReport:
     """Offload each ledger, small ones of a topic in batches (one object pair each); a failing ledger or
-    batch does not stop the others. A ledger another worker holds or finished meanwhile is skipped. Tier 2
-    unreachable: `Tier2Error` before any metadata changes; unreachable after a ledger failed mid-run: the
-    rest are reported failed without being attempted."""
-    from tiering.ops.offload_batch import batches, offload_batch
-
+    batch does not stop the others. A batch undone whole (one of its ledgers failed or moved on) is retried
+    ledger by ledger. Skipped: only a ledger another worker holds or finished, by its current row; anything
+    else that did not offload is failed, with its reason. Tier 2 unreachable: `Tier2Error` before any
+    metadata changes; unreachable after a ledger or batch failed mid-run: the rest are reported failed
+    without being attempted."""
     report = OffloadReport()
     if ledgers and not bucket_checked:  # offload_by_topic checks once per run, not once per topic
         check_bucket(deps.bucket)  # tier 2 down: fail here, before any ledger's metadata changes
@@ -112,34 +64,62 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
         if on_done:
             on_done(done)
 
-    for group in groups:
+    def unreachable(failed: list[Ledger], exc: TieringError, rest: list[Ledger]) -> bool:
+        """Tier 2 went down: `failed` failed with `exc`, the rest would each change metadata and fail the
+        same way, so they are reported failed, not attempted."""
+        if not isinstance(exc, Tier2Error) or _reachable(deps):
+            return False
+        for led in failed:
+            report.merge_failure(led.ledger_id, exc)
+        for led in rest:
+            report.failed[led.ledger_id] = "not attempted: tier 2 became unreachable during the run"
+        return True
+
+    for i, group in enumerate(groups):
         try:
             for done in offload_batch(deps, group, hook):
                 finished(done)
-            continue
-        except TieringError:
-            # one of them moved on since listing, or failed (its tier-1 copy is gone, ...): the batch was
-            # undone whole, so each goes alone and only the culprit fails or is skipped
+        except TieringError as exc:
+            if unreachable(group, exc, [led for g in groups[i + 1:] for led in g] + alone):
+                return report
+            # undone whole: each goes alone, so only the culprit fails (_offload_current re-reads the rows the
+            # batch's begin and undo moved on)
             alone.extend(group)
     # the caller's order (a failed batch's ledgers go back to their places, not to the end)
     position = {(led.topic, led.ledger_id): i for i, led in enumerate(ledgers)}
     alone = sorted(alone, key=lambda x: position[(x.topic, x.ledger_id)])
-    for led in alone:
+    for i, led in enumerate(alone):
         try:
-            done = offload_ledger(deps, led, hook)
-        except ConditionalUpdateFailed:
-            report.skipped.append(led.ledger_id)
-            continue
+            done = _offload_current(deps, led, hook)
         except TieringError as exc:
-            report.merge_failure(led.ledger_id, exc)
-            if isinstance(exc, Tier2Error) and not _reachable(deps):
-                # tier 2 went down mid-run: the others would each change metadata and fail the same way
-                for rest in alone[alone.index(led) + 1:]:
-                    report.failed[rest.ledger_id] = "not attempted: tier 2 became unreachable during the run"
-                break
-            continue
-        finished(done)
+            if not unreachable([led], exc, alone[i + 1:]):
+                report.merge_failure(led.ledger_id, exc)
+                continue
+            break
+        if done is None:
+            report.skipped.append(led.ledger_id)
+        else:
+            finished(done)
     return report
+
+
+def _offload_current(deps: Deps, led: Ledger, hook: StepHook) -> Ledger | None:
+    """offload_ledger; on a lost compare-and-set, judged by the ledger's CURRENT row: another worker finished
+    (OFFLOADED), trimmed (DELETED) or holds it (an OFFLOADING attempt that is not stale) -> None, skipped;
+    otherwise the row read earlier was stale (a failed batch's undo, another worker's failed attempt, a
+    takeover) and the ledger is offloaded once more from the current row, whose failure is a failure."""
+    for retry in (False, True):
+        try:
+            return offload_ledger(deps, led, hook)
+        except ConditionalUpdateFailed:
+            now = deps.meta.get_ledger(led.topic, led.ledger_id)
+            if now.state in (LedgerState.OFFLOADED, LedgerState.DELETED) or \
+                    (retry and now.state == LedgerState.OFFLOADING):
+                return None
+            if retry:
+                raise
+            led = now
+    raise AssertionError("unreachable")
 
 
 def _reachable(deps: Deps) -> bool:

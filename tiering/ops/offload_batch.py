@@ -76,7 +76,7 @@ def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None) -> 
 def _sources(deps: Deps, leds: Sequence[Ledger]) -> Iterator:
     for led in leds:
         with deps.tier1.reader(led.topic, led.ledger_id) as reader:
-            yield (LedgerToUpload(led.topic, led.ledger_id, led.entry_count, int(led.sealed_at.timestamp() * 1000)),
+            yield (LedgerToUpload(led.ledger_id, led.entry_count, int(led.sealed_at.timestamp() * 1000)),
                    reader.iter_entries(0, led.entry_count - 1))
 
 

@@ -26,13 +26,9 @@ __all__ = ["LedgerToUpload", "BatchedLedger", "UploadedBatch", "StepHook", "uplo
 
 @dataclass(frozen=True)
 class LedgerToUpload:
-    topic: str  # TRANSITIONAL (issue 20): topic, attempt and keys go once ops/offload.py uses upload_ledgers
     ledger_id: int
     entry_count: int  # what metadata says: tier 1 must hold exactly this many
     sealed_time_ms: int
-    attempt: str = ""
-    data_key: str = ""
-    index_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,24 +91,6 @@ def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_
     put_bytes(b, index_key, bytes(index_body), md)
     step("index")
     return UploadedBatch(data_key, index_key, placed, data_length, up.parts)
-
-
-def upload_ledger(b: Bucket, ledger: LedgerToUpload, entries, block_size: int, concurrency: int,
-                  hook: StepHook = None, page_size: int = DEFAULT_PAGE_SIZE):
-    """TRANSITIONAL (issue 20): one ledger as a batch of one, until ops/offload.py calls upload_ledgers."""
-    done = upload_ledgers(b, topic=ledger.topic, attempt=ledger.attempt, data_key=ledger.data_key,
-                          index_key=ledger.index_key, sources=iter([(ledger, entries)]), block_size=block_size,
-                          concurrency=concurrency, page_size=page_size, hook=hook)
-    [one] = done.ledgers
-    return _Uploaded(done.data_key, done.index_key, done.data_length, one.index_length)
-
-
-@dataclass(frozen=True)
-class _Uploaded:
-    data_key: str
-    index_key: str
-    data_length: int
-    index_length: int
 
 
 class _Counting:
