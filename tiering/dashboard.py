@@ -2,6 +2,10 @@
 views in sql/views (`tier_usage`, `offload_backlog`, `lagged_copies`, `gc_queue`) and the tables they
 summarise, each returning plain JSON-ready values (ints, floats, strings, ISO timestamps).
 
+Each answer costs what it shows, not what the store has held: per-topic counts come from the maintained
+totals (`topic_usage`, migration 0003), the backlog, lagged copies and GC queue from partial indexes, job
+runs from the newest ones, the series from range scans over its window (see `_SERIES_SQL`).
+
 Every function takes an open `Connection` and only reads. `make_read_only_engine` builds the engine the
 dashboard uses: every transaction it starts is READ ONLY (psycopg2 session flag and the server-side
 `default_transaction_read_only`), REPEATABLE READ (one consistent snapshot per request) and bounded by a
@@ -87,9 +91,9 @@ def topics(conn: Connection) -> dict:
 
 
 def tier_usage(conn: Connection) -> dict:
-    """Bytes and ledgers per tier per topic (view `tier_usage`): a ledger offloaded whose tier-1 copy still
-    waits for its deletion lag counts on both tiers. `tier2_stored_bytes` is the bytes of its tier-2 data
-    objects (PIP-17 block headers and padding included)."""
+    """Bytes and ledgers per tier per topic (view `tier_usage`, over `topic_usage`): a ledger offloaded
+    whose tier-1 copy still waits for its deletion lag counts on both tiers. `tier2_stored_bytes` is the
+    bytes of its tier-2 data objects (PIP-17 block headers and padding included)."""
     rows = _rows(conn, """
         SELECT topic, tier1_ledgers, tier1_bytes::bigint AS tier1_bytes, tier2_ledgers,
                tier2_bytes::bigint AS tier2_bytes, tier2_stored_bytes::bigint AS tier2_stored_bytes,

@@ -28,7 +28,7 @@ WITH tp AS (
     FROM tiering.topic WHERE name LIKE 'syn-%'),
 g AS (
     SELECT g, g % :topics AS k, g / :topics AS j, (g * 7919 + 13) % 999 AS r
-    FROM generate_series(0, :ledgers - 1) AS g),
+    FROM generate_series(0::bigint, :ledgers - 1) AS g),
 t AS (
     SELECT tp.topic_id, g.j, g.r, g.g, g.j = :per_topic - 1 AS is_open,
            now() - make_interval(secs => (:per_topic - 2 - g.j) * :span + g.k * :span / :topics
