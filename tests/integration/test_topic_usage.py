@@ -6,6 +6,7 @@ tiering.recompute_topic_usage() repairs totals written past the triggers."""
 from __future__ import annotations
 
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -171,3 +172,17 @@ def test_truncate_leaves_no_stale_totals(deps, db):
     with db.begin() as conn:
         conn.execute(text("TRUNCATE tiering.ledger CASCADE"))
     assert by_name(db, "t")["live_bytes"] == 0 and len(assert_exact(db)) == 1
+
+
+def test_concurrent_offloads_of_the_same_topics_all_commit_with_exact_totals(deps, db):
+    """Writers of one topic wait for each other on its totals row (no deadlock: each transaction changes
+    one ledger's rows, or several in one statement) and every delta lands."""
+    for topic in ("c1", "c2"):
+        produce(deps, topic, [entries(f"{topic}-{i}", 2, 300) for i in range(8)], TopicPolicy(**BIG))
+    leds = [led for topic in ("c1", "c2") for led in deps.meta.list_ledgers(topic, [S.SEALED])]
+    with ThreadPoolExecutor(4) as pool:  # each worker offloads ledgers of both topics
+        reports = list(pool.map(lambda k: offload_many(deps, leds[k::4]), range(4)))
+    assert all(r.first_error is None for r in reports)
+    assert sum(len(r.offloaded) for r in reports) == 16
+    totals = assert_exact(db)
+    assert [t[COLUMNS.index("tier2_ledgers")] for t in totals.values()] == [8, 8]
