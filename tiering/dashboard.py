@@ -258,7 +258,7 @@ def series(conn: Connection, hours: int = 24, step_minutes: int = 60) -> dict:
     count = -(-int(hours) * 3600 // step) if step > 0 else 0  # ceil
     if step <= 0 or count <= 0 or count > MAX_SERIES_POINTS:
         raise ValueError(f"hours/step_minutes give {count} points; 1 to {MAX_SERIES_POINTS} allowed")
-    # now() is the transaction's start: the same instant for both statements
+    # the database's clock, bound into the query with the window it gives (constants the planner can use)
     now = conn.execute(text("SELECT now()")).scalar_one()
     points = _rows(conn, _SERIES_SQL, **series_window(now, step, count))
     return {"hours": int(hours), "step_seconds": step, "points": points}
