@@ -57,7 +57,7 @@ def work(deps, item) -> tuple[int, bool]:
     todo = [led for led in leds if led.state in (LedgerState.SEALED, LedgerState.OFFLOADING) and led.entry_count]
     if not todo:
         return 0, True  # done or changed since planning
-    report = offload.offload_many(deps, todo)
+    report = offload.offload_many(deps, todo, bucket_checked=True)  # plan() checked tier 2 once for the run
     if report.failed:
         raise TieringError(f"{len(report.failed)} of {len(todo)} ledger(s) not offloaded; first: {report.first_error}")
     return report.bytes, not report.offloaded
