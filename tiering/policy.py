@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from tiering.errors import BadInput
 from tiering.model import Chunk, Ledger, LedgerState, Position, TopicPolicy
@@ -123,26 +123,42 @@ def defrag_groups(ledgers: Sequence[Ledger], chunks: Mapping[int, Chunk], small_
     if small_bytes <= 0 or max_merged_bytes <= 0:
         raise BadInput("defrag thresholds must be positive")
     shared = _shared_keys(chunks)
-    groups: list[DefragGroup] = []
-    run: list[tuple[Ledger, Chunk]] = []
-
-    def close_run():
-        if len(run) >= min_group:
-            groups.append(DefragGroup(tuple(led for led, _ in run), tuple(c for _, c in run)))
-        run.clear()
-
+    candidates: list[tuple[Ledger, Chunk, bool]] = []
+    previous_small = False
     for led in sorted(ledgers, key=lambda x: x.ledger_id):
         ch = chunks.get(led.ledger_id)
         if led.state == S.DELETED or (led.state == S.SEALED and led.entry_count == 0):
             continue  # gaps of trimmed or empty ledgers do not break a run
         small = (led.state == S.OFFLOADED and ch is not None and ch.data_length < small_bytes
                  and ch.data_key not in shared)
-        if not small:
-            close_run()
-            continue
-        if run and sum(c.data_length for _, c in run) + ch.data_length > max_merged_bytes:
+        if small:
+            candidates.append((led, ch, previous_small))
+        previous_small = small
+    return defrag_runs(candidates, max_merged_bytes, min_group)
+
+
+def defrag_runs(candidates: Iterable[tuple[Ledger, Chunk, bool]], max_merged_bytes: int,
+                min_group: int = 2) -> list[DefragGroup]:
+    """Cut defrag's candidates, in order, into groups: (ledger, its small unshared chunk, whether the
+    previous ledger of its topic that is not a gap was a candidate too). A run breaks where that is false
+    and where the merged object would pass `max_merged_bytes`. The set-based planner (metadata/planning.py)
+    computes the same triples from candidate rows only."""
+    groups: list[DefragGroup] = []
+    run: list[tuple[Ledger, Chunk]] = []
+    run_bytes = 0
+
+    def close_run():
+        nonlocal run_bytes
+        if len(run) >= min_group:
+            groups.append(DefragGroup(tuple(led for led, _ in run), tuple(c for _, c in run)))
+        run.clear()
+        run_bytes = 0
+
+    for led, ch, joins_previous in candidates:
+        if not joins_previous or (run and run_bytes + ch.data_length > max_merged_bytes):
             close_run()
         run.append((led, ch))
+        run_bytes += ch.data_length
     close_run()
     return groups
 

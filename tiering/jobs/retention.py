@@ -13,7 +13,8 @@ def plan(deps, args) -> list[dict]:
 
 
 def work(deps, item) -> tuple[int, bool]:
-    doomed = plan_retention(deps, item["topic"])[item["topic"]]  # re-planned: the freshest view wins
+    # re-planned: the freshest view wins (nothing due any more: the marker and leftover copies still checked)
+    doomed = plan_retention(deps, item["topic"]).get(item["topic"], [])
     report = apply_retention(deps, item["topic"], doomed)
     return report.bytes, not report.deleted and not report.files_removed
 

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tiering import policy
-from tiering.errors import ConditionalUpdateFailed, CorruptObjectError, TieringError
+from tiering.errors import BadInput, ConditionalUpdateFailed, CorruptObjectError, TieringError
 from tiering.format.index import OffloadIndex, check_ledger_pages, decode_index
 from tiering.format.keys import data_key, index_key
 from tiering.format.metadata import user_metadata
 from tiering.model import MIB, Chunk
-from tiering.ops.context import Deps, select_topics
+from tiering.ops.context import Deps
 from tiering.tier2.multipart import MIN_PART_SIZE, MultipartUpload, StepHook
 from tiering.tier2.objects import check_bucket, delete_keys, prefetch_ranges, put_bytes
 
@@ -47,11 +47,14 @@ class DefragReport:
 
 def plan_defrag(deps: Deps, topic: str | None = None, small_bytes: int = 8 * MIB,
                 max_merged_bytes: int = 256 * MIB) -> list[policy.DefragGroup]:
-    topics = select_topics(deps.meta, topic)
-    groups = []
-    for t in topics:
-        groups += policy.defrag_groups(deps.meta.list_ledgers(t.name), deps.meta.chunks(t.name), small_bytes,
-                                       max_merged_bytes)
+    """policy.defrag_groups over every topic, from candidate rows only (metadata/planning.py: small chunks
+    alone in their object, found on a partial index, each with whether it continues the previous one's run)."""
+    if small_bytes <= 0 or max_merged_bytes <= 0:
+        raise BadInput("defrag thresholds must be positive")
+    if topic is not None:
+        deps.meta.get_topic(topic)  # an unknown topic fails here
+    candidates = deps.meta.planning.defrag_candidates(small_bytes, topic)
+    groups = policy.defrag_runs([(c.ledger, c.chunk, c.joins_previous) for c in candidates], max_merged_bytes)
     if groups:
         check_bucket(deps.bucket)  # tier 2 down: fail before queueing each group's merged keys for GC
     return groups

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tiering import policy
 from tiering.errors import ConditionalUpdateFailed, Tier2CopyMissing, TieringError
 from tiering.model import Ledger, LedgerState
 from tiering.ops.context import Deps, select_topics
@@ -32,15 +31,11 @@ class DeleteLaggedReport:
 
 
 def plan_delete_lagged(deps: Deps, topic: str | None = None) -> list[Ledger]:
-    now = deps.meta.now()
+    """Copies past their topic's deletion lag and copies retention left, in one statement on the partial
+    indexes (metadata/planning.py, policy.lagged_copies is its specification); tombstones are swept first."""
     topics = select_topics(deps.meta, topic)
-    out = []
-    for t in topics:
-        ledgers = deps.meta.list_ledgers(t.name)
-        sweep_tombstones(deps, t.name, ledgers)
-        out += policy.lagged_copies(ledgers, t.policy, now)
-        out += [led for led in ledgers if led.state == LedgerState.DELETED and led.tier1_present]
-    return out
+    sweep_tombstones(deps, [t.name for t in topics])
+    return deps.meta.planning.lagged_copies(topic)
 
 
 def delete_copy(deps: Deps, led: Ledger) -> bool:
@@ -76,11 +71,13 @@ def check_tier2_copy(deps: Deps, led: Ledger) -> None:
                                    f"needs {end}; tier-1 copy kept")
 
 
-def sweep_tombstones(deps: Deps, topic: str, ledgers: list[Ledger]) -> int:
+def sweep_tombstones(deps: Deps, topics: list[str]) -> int:
     """Remove tombstones left by a worker killed between recording a deletion and removing the renamed
-    file. Only those whose ledger no longer has a tier-1 copy in metadata: the others are mid-deletion."""
-    present = {led.ledger_id for led in ledgers if led.tier1_present}
-    return sum(deps.tier1.purge_retired(topic, lid) for lid in deps.tier1.retired_ids(topic) if lid not in present)
+    file. Only those whose ledger no longer has a tier-1 copy in metadata: the others are mid-deletion.
+    Tier 1 is listed first (a directory read per topic); metadata is asked about the tombstones found only."""
+    found = [(name, lid) for name in topics for lid in deps.tier1.retired_ids(name)]
+    present = deps.meta.planning.tier1_present(found)
+    return sum(deps.tier1.purge_retired(name, lid) for name, lid in found if (name, lid) not in present)
 
 
 def delete_lagged(deps: Deps, topic: str | None = None) -> DeleteLaggedReport:
