@@ -99,3 +99,22 @@ def test_defrag_skips_already_merged_objects_and_single_leftovers():
     ledgers = [L(i, S.OFFLOADED) for i in range(4)]
     chunks = {0: C(0, 10, "m"), 1: C(1, 10, "m"), 2: C(2, 10), 3: C(3, 500)}
     assert policy.defrag_groups(ledgers, chunks, 100, 1000) == []
+
+
+def test_defrag_runs_cut_where_the_previous_kept_ledger_was_not_a_candidate_and_at_the_size_limit():
+    """defrag_runs is what the set-based planner feeds: (ledger, chunk, joins_previous) triples."""
+    from tiering.policy import defrag_runs
+
+    now = datetime.now(timezone.utc)
+
+    def led(i):
+        return Ledger(1, "t", i, S.OFFLOADED, 1, 10, now, now, False, "u", None, now, None, 0)
+
+    def ch(i, n):
+        return Chunk(f"k{i}", 0, n, f"x{i}", 0, 5, 0, 0)
+
+    triples = [(led(0), ch(0, 10), False), (led(1), ch(1, 10), True), (led(2), ch(2, 10), False),
+               (led(3), ch(3, 10), True), (led(4), ch(4, 25), True), (led(5), ch(5, 1), True)]
+    groups = defrag_runs(triples, max_merged_bytes=30)
+    assert [[g.ledger_id for g in grp.ledgers] for grp in groups] == [[0, 1], [2, 3], [4, 5]]
+    assert defrag_runs(triples, max_merged_bytes=30, min_group=3) == []

@@ -1,6 +1,10 @@
 """Retention's trim marker in tier 2 (`{prefix}{topic}/_trimmed`, format/keys.py): ledgers below it were
 deleted on purpose, so recovery from the bucket alone does not bring them back. Written by retention, read
-by recovery; S3 errors mapped to `Tier2Error`."""
+by recovery; S3 errors mapped to `Tier2Error`.
+
+Retention calls `record_trim` only when the topic's trim point moved past the marker metadata last recorded
+(topic.trim_marker_written, ops/retention.py): an idle run makes no request here; a move costs a GET and a
+PUT (the GET keeps a marker that is further on in the bucket, e.g. after a recovery, from moving back)."""
 from __future__ import annotations
 
 import json
