@@ -82,7 +82,7 @@ class GcReport:
 
 @dataclass
 class SweepReport:
-    taken: bool = False  # another worker holds the sweep of this prefix: nothing was done
+    taken: bool = False  # another worker holds (or took) the sweep of this prefix: this run stopped
     started_from: str = ""  # the cursor this run resumed after ('' : a pass started)
     pages: int = 0
     objects_listed: int = 0
