@@ -1,0 +1,233 @@
+"""The `tiering` Spark data source (Spark 4's Python Data Source API): a topic across both tiers as rows
+`topic, ledger_id, entry_id, payload, tier, sealed_at, offloaded_at`.
+
+Settings: `register(spark)` resolves `Settings` on the driver (from the environment unless given) and binds
+them to the registered class, which Spark pickles to the planner and the executors, the way
+`tiering.jobs.runner` ships Settings in its closure. So no secret is ever an option: options show in plans
+and logs, the pickled class does not.
+
+Reading: each task reads one partition (a ledger, or a run of its pages) with the existing readers: tier 1
+through `LedgerReader` (every payload's CRC checked) when this worker sees the driver's tier-1 root (its
+marker token), tier 2 through `OffloadedLedger` (every page's CRC32C checked before any of its entries is
+returned) otherwise or when the copy is gone. Rows leave as Arrow batches of a bounded size: a ledger is
+never held in memory. A corrupt page fails the task with CorruptObjectError naming object, page and offset.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from tiering.config import Settings
+from tiering.errors import BadInput, DataLossError, LedgerStorageError, TieringError
+from tiering.model import LedgerState
+from tiering.spark.filters import Pushed, push
+from tiering.spark.plan import DEFAULT_SPLIT_BYTES, Part, plan, select_topics
+
+log = logging.getLogger("tiering.spark")
+SCHEMA = ("topic string, ledger_id long, entry_id long, payload binary, tier string, "
+          "sealed_at timestamp, offloaded_at timestamp")
+BATCH_ROWS = 4096
+BATCH_BYTES = 8 * 1024 * 1024
+_TRUE = {"true": True, "false": False}
+
+
+def _bool_option(options, name: str, default: bool) -> bool:
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    value = _TRUE.get(str(raw).strip().lower())
+    if value is None:
+        raise BadInput(f"option {name} is true or false, got {raw!r}")
+    return value
+
+
+def _int_option(options, name: str, default: int, lo: int) -> int:
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    text = str(raw).strip()
+    if not text.isascii() or not text.isdigit() or int(text) < lo:
+        raise BadInput(f"option {name} is a whole number >= {lo}, got {raw!r}")
+    return int(text)
+
+
+class TieringPartition(InputPartition):
+    def __init__(self, part: Part, token: str | None):
+        super().__init__(None)
+        self.part = part
+        self.token = token  # the driver's tier-1 root token (the read function is pickled before planning)
+
+
+# Clients per Python worker: Spark reuses its Python workers across tasks, so a boto3 client, an engine and
+# the index cache are built once per worker and settings, not once per partition.
+_CLIENTS: dict = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _clients(settings: Settings):
+    key = (settings.database_url, settings.bucket, settings.prefix, settings.s3_endpoint_url, str(settings.tier1_root))
+    with _CLIENTS_LOCK:
+        got = _CLIENTS.get(key)
+        if got is None:
+            from tiering import clients
+            from tiering.metadata.repository import MetadataStore
+            from tiering.tier1 import Tier1Store
+            from tiering.tier2.reader import READ_AHEAD, ReaderCaches
+
+            got = {"bucket": clients.bucket(settings), "tier1": Tier1Store(settings.tier1_root),
+                   "meta": MetadataStore(clients.engine(settings, pool_size=1)),
+                   "caches": ReaderCaches.new(),
+                   "pool": ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="tiering-spark-read")}
+            _CLIENTS[key] = got
+        return got
+
+
+class TieringReader(DataSourceReader):
+    def __init__(self, settings: Settings, options: dict):
+        self.settings = settings
+        self.options = options
+        self.pushed = Pushed()
+        self.payload = _bool_option(options, "payload", True)
+        self.skip_dataloss = _bool_option(options, "skipDataLoss", False)
+        self.split_bytes = _int_option(options, "splitBytes", DEFAULT_SPLIT_BYTES, 1)
+
+    def pushFilters(self, filters):
+        # Spark 4.1+: the filters not returned are the source's to apply (it applies them exactly).
+        return push(self.pushed, filters)
+
+    def partitions(self):
+        from tiering.tier1.marker import root_token
+
+        c = _clients(self.settings)
+        token = root_token(self.settings.tier1_root)
+        topics = select_topics(c["meta"], self.options)
+        parts, stats = plan(c["meta"], c["tier1"], topics, self.pushed, sees_tier1=token is not None,
+                            split_bytes=self.split_bytes, bucket=c["bucket"], index_cache=c["caches"].index)
+        self.stats = stats
+        if not parts:
+            return [InputPartition(None)]  # Spark needs one partition; read() yields nothing for it
+        return [TieringPartition(p, token) for p in parts]
+
+    def read(self, partition):
+        part = getattr(partition, "part", None)
+        if part is None:
+            return iter(())
+        return _batches(part, _rows(self, part, partition.token))
+
+
+def _sees_root(settings: Settings, token: str | None) -> tuple[bool, TieringError | None]:
+    """Whether this worker sees the driver's tier-1 root (and, when not, why)."""
+    from tiering.tier1.marker import check_root
+
+    if token is None:
+        return False, LedgerStorageError(f"the driver saw no tier-1 root at {settings.tier1_root}")
+    try:
+        check_root(settings.tier1_root, token)
+    except TieringError as exc:
+        return False, exc
+    return True, None
+
+
+def _rows(reader: TieringReader, part: Part, token: str | None) -> Iterator[tuple]:
+    """(entry_id, payload, tier) of the part's entries in order; the exact entry filter applied."""
+    led, first, last = part.led, part.first, part.last
+    values = reader.pushed.bound("entry_id").values
+    wanted = (lambda e: e in values) if values is not None else (lambda e: True)
+    if not reader.payload:
+        # No payload wanted: the ids are known from the metadata; no byte of the ledger is read (nor checked).
+        tier = "tier1" if led.tier1_present else "tier2" if part.chunk is not None else "none"
+        for e in range(first, last + 1):
+            if wanted(e):
+                yield e, None, tier
+        return
+    c = _clients(reader.settings)
+    next_id = first
+    sees, why_not = _sees_root(reader.settings, token)
+    if led.tier1_present and sees:
+        try:
+            t1 = c["tier1"].reader(led.topic, led.ledger_id)
+        except LedgerStorageError:
+            t1 = None  # deleted since the plan: tier 2 below
+        if t1 is not None:
+            with t1:  # an open descriptor keeps reading a copy unlinked meanwhile
+                for e, data in t1.iter_entries(first, last):
+                    if wanted(e):
+                        yield e, data, "tier1"
+                    next_id = e + 1
+            if next_id > last:
+                return
+    ch = part.chunk
+    if ch is None:
+        current = c["meta"].get_ledger(led.topic, led.ledger_id)
+        if current.state == LedgerState.DELETED:
+            return  # trimmed since the plan: absent rows, like a trimmed range
+        if current.state == LedgerState.OFFLOADED:
+            ch = c["meta"].get_chunk(current)
+    if ch is None:
+        if led.tier1_present and not sees:
+            raise LedgerStorageError(f"ledger {led.topic}/{led.ledger_id} is in tier 1 only and this worker "
+                                     f"cannot read it: {why_not}")
+        msg = (f"DATALOSS: ledger {led.topic}/{led.ledger_id} entries {next_id}..{last} are in no tier "
+               f"(state {led.state.value})")
+        if reader.skip_dataloss:
+            log.warning("%s: skipped (skipDataLoss=true)", msg)
+            return
+        raise DataLossError(msg + "; option skipDataLoss=true reads around it")
+    from tiering.tier2.reader import OffloadedLedger
+
+    t2 = OffloadedLedger(c["bucket"], led, ch, c["caches"], c["pool"])
+    for e, data in t2.iter_entries(next_id, last):
+        if wanted(e):
+            yield e, data, "tier2"
+
+
+def _batches(part: Part, rows: Iterator[tuple]) -> Iterator:
+    """Arrow batches of at most BATCH_ROWS rows or about BATCH_BYTES of payload (bounded memory)."""
+    import pyarrow as pa
+
+    led = part.led
+    ids: list[int] = []
+    payloads: list = []
+    tiers: list[str] = []
+    size = 0
+
+    def batch():
+        n = len(ids)
+        return pa.RecordBatch.from_arrays(
+            [pa.array([led.topic] * n, pa.string()), pa.array([led.ledger_id] * n, pa.int64()),
+             pa.array(ids, pa.int64()), pa.array(payloads, pa.binary()), pa.array(tiers, pa.string()),
+             pa.array([led.sealed_at] * n, pa.timestamp("us", tz="UTC")),
+             pa.array([led.offloaded_at] * n, pa.timestamp("us", tz="UTC"))],
+            names=["topic", "ledger_id", "entry_id", "payload", "tier", "sealed_at", "offloaded_at"])
+
+    for e, data, tier in rows:
+        ids.append(e)
+        payloads.append(data)
+        tiers.append(tier)
+        size += len(data) if data is not None else 0
+        if len(ids) >= BATCH_ROWS or size >= BATCH_BYTES:
+            yield batch()
+            ids, payloads, tiers, size = [], [], [], 0
+    if ids:
+        yield batch()
+
+
+class TieringDataSource(DataSource):
+    """`spark.read.format("tiering")`; registered by `tiering.spark.register`, which binds `_settings`."""
+    _settings: Settings | None = None
+
+    @classmethod
+    def name(cls) -> str:
+        return "tiering"
+
+    def schema(self):
+        return SCHEMA
+
+    def reader(self, schema):
+        if self._settings is None:
+            raise BadInput("the tiering source has no settings: register it with tiering.spark.register(spark)")
+        return TieringReader(self._settings, dict(self.options))
