@@ -99,3 +99,9 @@ def test_recover_is_manual_and_its_page_check_a_boolean_off_by_default(dagbag):
     for bad in ({"check_pages": "yes"}, {"check_pages": 1}):
         with pytest.raises(ParamValidationError):
             _with(dag.params, bad).validate()
+
+
+def test_only_the_scrub_is_created_paused(dagbag):
+    # it downloads the whole bucket: an operator turns it on (issue 21)
+    assert dagbag.dags["tiering_scrub"].is_paused_upon_creation is True
+    assert not any(d.is_paused_upon_creation for i, d in dagbag.dags.items() if i != "tiering_scrub")

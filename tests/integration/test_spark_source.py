@@ -194,3 +194,36 @@ def test_bad_options_are_refused(world, spark):
     with pytest.raises(Exception, match="skipDataLoss is true or false"):
         spark.read.format("tiering").option("topic", "mix").option("skipDataLoss", "yes").load().count()
 
+
+
+def _scrub_row(deps):
+    from sqlalchemy import text
+
+    with deps.meta.engine.connect() as conn:
+        return dict(conn.execute(text("SELECT * FROM tiering.job_run WHERE kind = 'scrub' "
+                                      "ORDER BY run_id DESC LIMIT 1")).one()._mapping)
+
+
+def test_scrub_records_every_topic_then_names_a_corrupt_one(world, spark, monkeypatch):
+    from tiering.jobs import scrub
+
+    deps, settings = world
+    for key, value in settings.to_env().items():
+        monkeypatch.setenv(key, value)
+    assert scrub.main([]) == 0
+    row = _scrub_row(deps)
+    expected = sum(len(read_handle(deps, t)[0]) for t in ("big", "mix", "pair"))
+    assert row["status"] == "SUCCEEDED" and row["items_done"] == 3 and row["details"]["entries"] == expected
+    ch = deps.meta.chunks("big")[0]
+    b = deps.bucket
+    original = b.s3.get_object(Bucket=b.name, Key=ch.data_key)["Body"].read()
+    spot = ch.data_offset + 100
+    b.s3.put_object(Bucket=b.name, Key=ch.data_key,
+                    Body=original[:spot] + bytes([original[spot] ^ 1]) + original[spot + 1:])
+    try:
+        assert scrub.main([]) == 1
+    finally:
+        b.s3.put_object(Bucket=b.name, Key=ch.data_key, Body=original)
+    row = _scrub_row(deps)
+    assert row["status"] == "FAILED" and row["items_failed"] == 1 and row["details"]["failed_topics"] == ["big"]
+    assert ch.data_key in row["error"]

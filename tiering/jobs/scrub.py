@@ -1,0 +1,119 @@
+"""Spark job: scrub every topic (or one) through the `tiering` data source: every entry of every ledger is
+read from the tier that holds it, every tier-2 page's CRC32C and every tier-1 payload's CRC checked, and
+the result recorded in one `job_run` row (kind `scrub`).
+
+One query reads all topics in parallel (a partition per ledger or run of pages). When it fails (a corrupt
+page names its object, page and offset; DATALOSS names the ledger), each topic is then scrubbed alone so
+the row says which topics are sound and which are not: a healthy run costs one query, a broken one a query
+per topic. DATALOSS is never skipped here: a scrub that skipped it would report loss as success.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tiering import clients
+from tiering.config import Settings
+from tiering.errors import TieringError
+
+APP = "tiering-scrub"
+
+
+def _first_line(exc: BaseException) -> str:
+    """The Python error inside a Spark failure (the line naming object, page and offset), else the first."""
+    text = str(exc)
+    for line in text.splitlines():
+        if "Error:" in line and ("tiering" in line or "DATALOSS" in line or "corrupt" in line):
+            return line.strip()[:1000]
+    return (text.splitlines() or [type(exc).__name__])[0][:1000]
+
+
+def scrub(spark, topics: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
+    """({topic: {entries, bytes, ledgers}}, {topic or "*": error}) of reading every entry of `topics`."""
+    from pyspark.sql import functions as F
+
+    def query(names: list[str]):
+        df = spark.read.format("tiering").option("topics", ",".join(names)).load()
+        return {r.topic: {"entries": r.entries, "bytes": int(r.bytes or 0), "ledgers": r.ledgers}
+                for r in df.groupBy("topic").agg(F.count("*").alias("entries"),
+                                                 F.sum(F.length("payload")).alias("bytes"),
+                                                 F.countDistinct("ledger_id").alias("ledgers")).collect()}
+
+    if not topics:
+        return {}, {}
+    try:
+        got = query(topics)
+        return {t: got.get(t, {"entries": 0, "bytes": 0, "ledgers": 0}) for t in topics}, {}
+    except Exception as exc:  # noqa: BLE001 - narrowed down per topic below
+        whole = _first_line(exc)
+    results, errors = {}, {}
+    for t in topics:
+        try:
+            results[t] = query([t]).get(t, {"entries": 0, "bytes": 0, "ledgers": 0})
+        except Exception as exc:  # noqa: BLE001 - recorded in job_run
+            errors[t] = _first_line(exc)
+    if not errors:  # the whole query failed yet each topic alone read: say so rather than succeed silently
+        errors["*"] = whole
+    return results, errors
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="tiering-scrub")
+    p.add_argument("--topic", help="scrub one topic (default: every topic)")
+    args = p.parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except TieringError as exc:
+        print(f"scrub: error: {exc}", file=sys.stderr)
+        return 2
+
+    from tiering.jobs.runner import outcome_lines, run_ref
+    from tiering.metadata.job_runs import JobOutcome, JobRuns
+    from tiering.metadata.repository import MetadataStore
+
+    engine = clients.engine(settings, pool_size=1)
+    runs = JobRuns(engine)
+    ref = run_ref("scrub")
+    run_id = runs.start("scrub", args.topic, ref)
+    outcome = JobOutcome()
+    try:
+        topics = [args.topic] if args.topic else [t.name for t in MetadataStore(engine).list_topics()]
+        outcome.details["planned"] = len(topics)
+        if topics:
+            from pyspark.sql import SparkSession
+
+            from tiering.spark import register
+
+            spark = (SparkSession.builder.appName(APP).config("spark.sql.session.timeZone", "UTC")
+                     .getOrCreate())
+            register(spark, settings)
+            results, errors = scrub(spark, topics)
+            outcome.items_done = len(results)
+            outcome.items_failed = len(errors) - (1 if "*" in errors else 0)
+            outcome.bytes = sum(r["bytes"] for r in results.values())
+            outcome.details.update(entries=sum(r["entries"] for r in results.values()),
+                                   ledgers=sum(r["ledgers"] for r in results.values()),
+                                   failed_topics=sorted(t for t in errors if t != "*"))
+            outcome.errors.extend(f"{t}: {e}" for t, e in errors.items())
+        else:
+            outcome.details["spark"] = "skipped"
+    except Exception as exc:  # noqa: BLE001 - recorded in job_run, then the job fails
+        outcome.errors.append(f"{type(exc).__name__}: {_first_line(exc)}")
+    finally:
+        runs.finish(run_id, outcome)
+        engine.dispose()
+    print(json.dumps({"job": "scrub", "run_id": run_id, "done": outcome.items_done, "failed": outcome.items_failed,
+                      "bytes": outcome.bytes, **outcome.details}, default=str))
+    status = "FAILED" if outcome.items_failed or outcome.errors else "SUCCEEDED"
+    for line in outcome_lines("scrub", {"status": status, "items_done": outcome.items_done,
+                                        "items_failed": outcome.items_failed, "bytes": outcome.bytes,
+                                        "details": outcome.details}):
+        print(line)
+    for err in outcome.errors[:20]:
+        print(f"scrub: error: {err}", file=sys.stderr)
+    return 1 if status == "FAILED" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
