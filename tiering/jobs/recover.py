@@ -28,6 +28,7 @@ from tiering.errors import TieringError
 from tiering.format.keys import encode_topic, parse_key
 from tiering.jobs.runner import BACKOFF_SECONDS, RETRIES, deps_from, outcome_lines, run_ref, topic_arg
 from tiering.jobs.spec import int_arg
+from tiering.metadata import gc_sweep
 from tiering.metadata.job_runs import JobOutcome, JobRuns
 from tiering.model import TopicPolicy
 from tiering.ops.recover import RecoverReport, list_segment, recover_topic, tier1_only_items
@@ -126,6 +127,27 @@ def _add(details: dict, part: dict) -> None:
     details["unknown"] = dict(list({**details.get("unknown", {}), **part["unknown"]}.items())[:SHOWN])
 
 
+def _run(deps, args, settings: Settings, outcome: JobOutcome) -> None:
+    """Plan on the driver, recover the topics on executors (the driver holds the sweep's lock meanwhile)."""
+    items, unnamed = _plan(deps, args)
+    outcome.details["planned"] = len(items)
+    names: list[str] = []
+    if items:
+        from pyspark import SparkConf, SparkContext
+
+        sc = SparkContext.getOrCreate(SparkConf().setAppName("tiering-recover"))
+        token = root_token(settings.tier1_root)
+        check, conc = args.check_pages, args.concurrency
+        parts = sc.parallelize(items, max(1, min(len(items), sc.defaultParallelism * 2))).mapPartitions(
+            lambda it: _partition(settings, it, token, check, conc)).collect()
+        for p in parts:
+            outcome.add(JobOutcome(p["done"], p["failed"], 0, p["errors"]))
+            _add(outcome.details, p)
+            names += p["topics"]
+    covered = {topic_dir_name(n) for n in names}
+    outcome.details["unnamed_tier1_dirs"] = [d for d in unnamed if d not in covered][:SHOWN]
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -139,23 +161,8 @@ def main(argv=None) -> int:
     run_id = runs.start("recover", args.topic, ref)
     outcome = JobOutcome(details={"pages_checked": args.check_pages})
     try:
-        items, unnamed = _plan(deps, args)
-        outcome.details["planned"] = len(items)
-        names: list[str] = []
-        if items:
-            from pyspark import SparkConf, SparkContext
-
-            sc = SparkContext.getOrCreate(SparkConf().setAppName("tiering-recover"))
-            token = root_token(settings.tier1_root)
-            check, conc = args.check_pages, args.concurrency
-            parts = sc.parallelize(items, max(1, min(len(items), sc.defaultParallelism * 2))).mapPartitions(
-                lambda it: _partition(settings, it, token, check, conc)).collect()
-            for p in parts:
-                outcome.add(JobOutcome(p["done"], p["failed"], 0, p["errors"]))
-                _add(outcome.details, p)
-                names += p["topics"]
-        covered = {topic_dir_name(n) for n in names}
-        outcome.details["unnamed_tier1_dirs"] = [d for d in unnamed if d not in covered][:SHOWN]
+        with gc_sweep.excluding_sweep(deps.meta.engine, deps.bucket.name, deps.bucket.prefix):
+            _run(deps, args, settings, outcome)
     except TieringError as exc:
         outcome.errors.append(str(exc))
     except Exception as exc:  # noqa: BLE001 - recorded in job_run, then the job fails

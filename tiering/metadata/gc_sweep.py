@@ -21,8 +21,8 @@ from sqlalchemy import BigInteger, Column, DateTime, Table, Text, func, literal,
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Engine
 
-from tiering.errors import ConditionalUpdateFailed
-from tiering.metadata.tables import metadata
+from tiering.errors import ConditionalUpdateFailed, TieringError
+from tiering.metadata.tables import chunk, metadata
 
 gc_sweep = Table(
     "gc_sweep", metadata,
@@ -65,6 +65,24 @@ def exclusive(engine: Engine, bucket: str, prefix: str) -> Iterator[bool]:
         yield bool(held)
     finally:
         conn.close()
+
+
+@contextmanager
+def excluding_sweep(engine: Engine, bucket: str, prefix: str) -> Iterator[None]:
+    """Held by recovery from the bucket for its whole run: recovery makes chunk rows reference objects that
+    are in no GC queue, so a sweep deciding a page meanwhile would take them for orphans. The sweep's own
+    lock is the guard: while either holds it, the other refuses to start."""
+    with exclusive(engine, bucket, prefix) as held:
+        if not held:
+            raise TieringError(f"an orphan sweep of {bucket}/{prefix} is running (tiering gc --sweep, DAG "
+                               "tiering_gc_sweep): recovery must not run beside it; rerun when it has ended")
+        yield
+
+
+def references_any(engine: Engine) -> bool:
+    """Whether any chunk row references a tier-2 object (one index probe)."""
+    with engine.connect() as conn:
+        return bool(conn.execute(select(select(chunk.c.topic_id).limit(1).exists())).scalar())
 
 
 def load(engine: Engine, bucket: str, prefix: str) -> SweepState:

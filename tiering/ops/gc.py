@@ -60,8 +60,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from tiering.errors import BadInput, ConditionalUpdateFailed
-from tiering.format.keys import is_trim_marker
+from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
+from tiering.format.keys import is_trim_marker, parse_key
 from tiering.metadata import gc_queue, gc_sweep
 from tiering.ops.context import Deps
 from tiering.ops.export_metadata import default_export_prefix
@@ -159,6 +159,7 @@ def sweep_orphans(deps: Deps, orphan_grace: timedelta | None = None, max_pages: 
         state = gc_sweep.load(engine, b.name, b.prefix)
         report.started_from = report.cursor = state.cursor
         report.passes_completed, report.last_pass_completed_at = state.passes_completed, state.last_pass_completed_at
+        refs_checked = False
         while report.pages < max_pages and not report.pass_complete:
             cutoff = datetime.now(timezone.utc) - grace
             page = list_page(b, state.cursor, page_keys)  # the listing first ...
@@ -168,6 +169,9 @@ def sweep_orphans(deps: Deps, orphan_grace: timedelta | None = None, max_pages: 
                    if not is_trim_marker(b.prefix, o["Key"]) and o["LastModified"] <= cutoff]
             keep = gc_queue.kept_in_one_snapshot(engine, old)  # ... then one snapshot taken after it
             orphans = [k for k in old if k not in keep]
+            if not refs_checked and any(parse_key(b.prefix, k) is not None for k in orphans):
+                _refuse_if_metadata_empty(engine, b)
+                refs_checked = True
             failed = set(delete_keys(b, orphans))
             report.orphans_deleted += [k for k in orphans if k not in failed]
             if failed:  # the cursor stays before this page: the next run lists and decides it again
@@ -183,3 +187,12 @@ def sweep_orphans(deps: Deps, orphan_grace: timedelta | None = None, max_pages: 
             report.passes_completed, report.last_pass_completed_at = state.passes_completed, state.last_pass_completed_at
     return report
 
+
+def _refuse_if_metadata_empty(engine, b) -> None:
+    """Ledger objects that no chunk row references, in a database whose chunk table is empty, are what a
+    lost database looks like (restored empty, before `recover-from-bucket`): every object would be an orphan.
+    The sweep refuses rather than delete the only copy of the store."""
+    if not gc_sweep.references_any(engine):
+        raise TieringError(f"refused: no chunk row references any object, yet {b.name}/{b.prefix} holds "
+                           "ledger objects; if the metadata was lost, run `tiering recover-from-bucket` first "
+                           "(the sweep would delete them all)")

@@ -49,6 +49,7 @@ from tiering.errors import CorruptObjectError, DataLossError, TieringError
 from tiering.format.block import HEADER_LEN, parse_block_header
 from tiering.format.index import INDEX_HEADER_LEN, OffloadIndex, decode_index
 from tiering.format.keys import INDEX_SUFFIX, ParsedKey, encode_topic, is_trim_marker, parse_key
+from tiering.metadata import gc_sweep
 from tiering.metadata.recovery import AdoptedLedger, RecoveredLedger, known_ledgers, restore_topic
 from tiering.model import Chunk, TopicPolicy
 from tiering.ops.recover_tier1 import Tier1Scan, scan_topic, topic_dirs, topic_of_dir
@@ -151,6 +152,12 @@ def recover_from_bucket(engine, bucket: Bucket, topic: str | None = None,
     without it each data object's existence and length are still checked (from the listing), every index
     is decoded and checked, and a bad page is still caught by every read (and by `tiering verify`), never
     served. Turn it on when the bucket itself is suspect."""
+    with gc_sweep.excluding_sweep(engine, bucket.name, bucket.prefix):
+        return _recover(engine, bucket, topic, policy, concurrency, check_pages, tier1, topic_concurrency)
+
+
+def _recover(engine, bucket: Bucket, topic: str | None, policy: TopicPolicy, concurrency: int,
+             check_pages: bool, tier1: Tier1Store | None, topic_concurrency: int) -> RecoverReport:
     report = RecoverReport(pages_checked=check_pages)
     lock = threading.Lock()
     only = encode_topic(topic) if topic is not None else None
