@@ -9,7 +9,6 @@ count for a ledger only tier 1 holds. Trimmed (DELETED) ledgers are counted, not
 """
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass, field
 
@@ -20,7 +19,6 @@ from tiering.spark.filters import Pushed
 from tiering.tier1 import Tier1Store
 from tiering.tier2.reader import IndexCache
 
-log = logging.getLogger("tiering.spark")
 S = LedgerState
 DEFAULT_SPLIT_BYTES = 64 * 1024 * 1024
 
@@ -135,7 +133,6 @@ def plan(meta: MetadataStore, tier1: Tier1Store, topics: list[str], pushed: Push
     entry_values = pushed.bound("entry_id").values
     parts: list[Part] = []
     if lrange is None or erange is None or not topics:
-        log.info(stats.line())
         return parts, stats
     # One transaction for every topic's rows: one instant of the metadata (REPEATABLE READ).
     with meta.engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
@@ -164,7 +161,6 @@ def plan(meta: MetadataStore, tier1: Tier1Store, topics: list[str], pushed: Push
                 tier = "tier1" if led.tier1_present else "tier2" if ch is not None else "none"
                 stats.by_tier[tier] = stats.by_tier.get(tier, 0) + 1
     stats.partitions = len(parts)
-    log.info(stats.line())
     return parts, stats
 
 

@@ -108,6 +108,7 @@ class TieringReader(DataSourceReader):
         parts, stats = plan(c["meta"], c["tier1"], topics, self.pushed, sees_tier1=token is not None,
                             split_bytes=self.split_bytes, bucket=c["bucket"], index_cache=c["caches"].index)
         self.stats = stats
+        _say(stats.line())
         if not parts:
             return [InputPartition(None)]  # Spark needs one partition; read() yields nothing for it
         return [TieringPartition(p, token) for p in parts]
@@ -117,6 +118,19 @@ class TieringReader(DataSourceReader):
         if part is None:
             return iter(())
         return _batches(part, _rows(self, part, partition.token))
+
+
+def _say(line: str) -> None:
+    """The plan's summary in the driver's log: Spark's planner worker has no logging set up, so the
+    `tiering.spark` logger gets a stderr handler at INFO there unless the application configured one."""
+    import sys
+
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    log.info(line)
 
 
 def _sees_root(settings: Settings, token: str | None) -> tuple[bool, TieringError | None]:
