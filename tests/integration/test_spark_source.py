@@ -20,6 +20,7 @@ from tiering.spark.plan import plan
 from tiering.tier2.reader import tier2_opener
 
 pyspark = pytest.importorskip("pyspark")
+JDBC_JAR = "/usr/share/java/postgresql.jar"  # ad-hoc SQL joins the metadata tables over JDBC
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,8 @@ def spark(world):
 
     session = (SparkSession.builder.master("local[2]").appName("test-spark-source")
                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.jars", JDBC_JAR).config("spark.driver.extraClassPath", JDBC_JAR).getOrCreate())
     register(session, world[1])
     yield session
     session.stop()
@@ -227,3 +229,25 @@ def test_scrub_records_every_topic_then_names_a_corrupt_one(world, spark, monkey
     row = _scrub_row(deps)
     assert row["status"] == "FAILED" and row["items_failed"] == 1 and row["details"]["failed_topics"] == ["big"]
     assert ch.data_key in row["error"]
+
+
+def test_ad_hoc_sql_joins_entries_with_the_metadata_tables(world, spark):
+    from tiering.spark.sql import views
+
+    deps, settings = world
+    views(spark, settings, "mix,pair")
+    got = {(r.topic, r.ledger_id): (r.state, r.n) for r in spark.sql(
+        "SELECT e.topic, e.ledger_id, l.state, count(*) AS n FROM entries e "
+        "JOIN topic t ON t.name = e.topic JOIN ledger l ON l.topic_id = t.topic_id AND l.ledger_id = e.ledger_id "
+        "GROUP BY e.topic, e.ledger_id, l.state").collect()}
+    expected = {}
+    for topic in ("mix", "pair"):
+        for (lid, _e) in read_handle(deps, topic)[0]:
+            state = deps.meta.get_ledger(topic, lid).state.value
+            n = expected.get((topic, lid), (state, 0))[1]
+            expected[(topic, lid)] = (state, n + 1)
+    assert got == expected
+    # find an entry by its content
+    data = read_handle(deps, "mix")[0][(2, 7)]
+    hits = spark.sql(f"SELECT ledger_id, entry_id FROM entries WHERE payload = X'{data.hex()}'").collect()
+    assert [(r.ledger_id, r.entry_id) for r in hits] == [(2, 7)]

@@ -22,7 +22,7 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from tiering.config import Settings
-from tiering.errors import BadInput, DataLossError, LedgerStorageError, TieringError
+from tiering.errors import BadInput, CorruptObjectError, DataLossError, LedgerStorageError, TieringError
 from tiering.model import LedgerState
 from tiering.spark.filters import Pushed, push
 from tiering.spark.plan import DEFAULT_SPLIT_BYTES, Part, plan, select_topics
@@ -193,10 +193,26 @@ def _rows(reader: TieringReader, part: Part, token: str | None) -> Iterator[tupl
         raise DataLossError(msg + "; option skipDataLoss=true reads around it")
     from tiering.tier2.reader import OffloadedLedger
 
-    t2 = OffloadedLedger(c["bucket"], led, ch, c["caches"], c["pool"])
-    for e, data in t2.iter_entries(next_id, last):
-        if wanted(e):
-            yield e, data, "tier2"
+    for attempt in range(2):
+        t2 = OffloadedLedger(c["bucket"], led, ch, c["caches"], c["pool"])
+        try:
+            for e, data in t2.iter_entries(next_id, last):
+                if wanted(e):
+                    yield e, data, "tier2"
+                next_id = e + 1
+            return
+        except CorruptObjectError:
+            raise  # the bytes are wrong: never read around them
+        except Exception:
+            # The plan's chunk row may be stale (defrag moved the ledger, GC collected the old object):
+            # once, re-read the row and go on from the next entry with the new one.
+            current = c["meta"].get_ledger(led.topic, led.ledger_id)
+            if current.state == LedgerState.DELETED:
+                return  # trimmed since the plan
+            fresh = c["meta"].get_chunk(current) if current.state == LedgerState.OFFLOADED else None
+            if attempt or fresh is None or fresh == ch:
+                raise
+            ch = fresh
 
 
 def _batches(part: Part, rows: Iterator[tuple]) -> Iterator:
