@@ -134,6 +134,8 @@ def test_filters_prune_ledgers_before_reading(world, spark):
     assert {k[0] for k in rows(df)} == {2, 3}
     df, n = planned(spark, "mix", "entry_id in (3, 5) and ledger_id = 1")
     assert n == 1 and sorted(rows(df)) == [(1, 3), (1, 5)]
+    packed = spark.read.format("tiering").option("topic", "mix").option("packBytes", str(MIB)).load()
+    assert packed.rdd.getNumPartitions() == 1 and rows(packed) == expected  # four small ledgers, one task
     df, n = planned(spark, "mix", "offloaded_at is null")
     assert {k[0] for k in rows(df)} == {3, 4}
     # the planner's own counts: the same filter pushed directly

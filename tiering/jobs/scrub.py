@@ -33,8 +33,10 @@ def scrub(spark, topics: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
     """({topic: {entries, bytes, ledgers}}, {topic or "*": error}) of reading every entry of `topics`."""
     from pyspark.sql import functions as F
 
-    def query(names: list[str]):
-        df = spark.read.format("tiering").option("topics", ",".join(names)).load()
+    def query(names: list[str] | None):
+        # one topic by name; all of them by a regex matching every name (a name may hold a comma)
+        src = spark.read.format("tiering")
+        df = (src.option("topic", names[0]) if names else src.option("topicRegex", ".*")).load()
         return {r.topic: {"entries": r.entries, "bytes": int(r.bytes or 0), "ledgers": r.ledgers}
                 for r in df.groupBy("topic").agg(F.count("*").alias("entries"),
                                                  F.sum(F.length("payload")).alias("bytes"),
@@ -43,7 +45,7 @@ def scrub(spark, topics: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
     if not topics:
         return {}, {}
     try:
-        got = query(topics)
+        got = query(topics if len(topics) == 1 else None)
         return {t: got.get(t, {"entries": 0, "bytes": 0, "ledgers": 0}) for t in topics}, {}
     except Exception as exc:  # noqa: BLE001 - narrowed down per topic below
         whole = _first_line(exc)

@@ -56,10 +56,25 @@ def _int_option(options, name: str, default: int, lo: int) -> int:
 
 
 class TieringPartition(InputPartition):
-    def __init__(self, part: Part, token: str | None):
+    def __init__(self, parts: list[Part], token: str | None):
         super().__init__(None)
-        self.part = part
+        self.parts = parts  # one part, or several small ledgers packed together (option packBytes)
         self.token = token  # the driver's tier-1 root token (the read function is pickled before planning)
+
+
+def pack(parts: list[Part], pack_bytes: int, max_parts: int = 1000) -> list[list[Part]]:
+    """Consecutive parts grouped while their bytes stay within `pack_bytes` (0: one part per partition):
+    thousands of small ledgers would otherwise be thousands of tasks of a few milliseconds each."""
+    groups: list[list[Part]] = []
+    size = 0
+    for p in parts:
+        if groups and pack_bytes and size + p.nbytes <= pack_bytes and len(groups[-1]) < max_parts:
+            groups[-1].append(p)
+            size += p.nbytes
+        else:
+            groups.append([p])
+            size = p.nbytes
+    return groups
 
 
 # Clients per Python worker: Spark reuses its Python workers across tasks, so a boto3 client, an engine and
@@ -94,6 +109,7 @@ class TieringReader(DataSourceReader):
         self.payload = _bool_option(options, "payload", True)
         self.skip_dataloss = _bool_option(options, "skipDataLoss", False)
         self.split_bytes = _int_option(options, "splitBytes", DEFAULT_SPLIT_BYTES, 1)
+        self.pack_bytes = _int_option(options, "packBytes", 0, 0)
 
     def pushFilters(self, filters):
         # Spark 4.1+: the filters not returned are the source's to apply (it applies them exactly).
@@ -111,13 +127,15 @@ class TieringReader(DataSourceReader):
         _say(stats.line())
         if not parts:
             return [InputPartition(None)]  # Spark needs one partition; read() yields nothing for it
-        return [TieringPartition(p, token) for p in parts]
+        groups = pack(parts, self.pack_bytes)
+        if len(groups) != len(parts):
+            _say(f"tiering source plan: {len(parts)} part(s) packed into {len(groups)} partition(s) of at most "
+                 f"{self.pack_bytes} bytes")
+        return [TieringPartition(g, token) for g in groups]
 
     def read(self, partition):
-        part = getattr(partition, "part", None)
-        if part is None:
-            return iter(())
-        return _batches(part, _rows(self, part, partition.token))
+        for part in getattr(partition, "parts", None) or ():
+            yield from _batches(part, _rows(self, part, partition.token))
 
 
 def _say(line: str) -> None:
