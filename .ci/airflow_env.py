@@ -4,6 +4,13 @@ and `spark_default` built from the tiering settings.
 
     eval "$(python .ci/airflow_env.py HOME_DIR LOCAL_DIR)"   # export lines (make up / make demo)
     python .ci/airflow_env.py --connections FILE             # the connections as `airflow connections import` JSON
+    python .ci/airflow_env.py --metastore-url                # airflow.cfg's sql_alchemy_conn_cmd
+    python .ci/airflow_env.py --create-metastore             # CREATE DATABASE when missing (make up)
+
+Airflow's metastore is a PostgreSQL database of its own (TIERING_AIRFLOW_DATABASE, default `airflow`) on
+the server of TIERING_DATABASE_URL (or TIERING_AIRFLOW_DATABASE_URL, a whole URL): never the database of
+the `tiering` schema. SQLite is left only to callers that pass no metastore (an API server alone or
+`airflow dags test`: no scheduler, so no concurrent writers).
 
 `make up` puts the connections in Airflow's metastore (Admin > Connections, editable, secrets masked);
 `airflow_env()` can also give them as AIRFLOW_CONN_* (the `airflow dags test` fixtures use that).
@@ -32,6 +39,46 @@ SHARED_SECRETS = {  # file name -> the Airflow option that reads it (through its
     "api_secret_key": "AIRFLOW__API__SECRET_KEY_CMD",
     "fernet_key": "AIRFLOW__CORE__FERNET_KEY_CMD",  # encrypts connection passwords in the metastore
 }
+
+
+AIRFLOW_DB_VAR = "TIERING_AIRFLOW_DATABASE"
+DEFAULT_AIRFLOW_DB = "airflow"
+
+
+def metastore_url(env: dict[str, str]) -> str:
+    """Airflow's metastore: TIERING_AIRFLOW_DATABASE_URL, else database TIERING_AIRFLOW_DATABASE (default
+    `airflow`) on the server of TIERING_DATABASE_URL, with psycopg2 (Airflow derives asyncpg from it)."""
+    from sqlalchemy.engine import make_url
+
+    raw = env.get("TIERING_AIRFLOW_DATABASE_URL") or env["TIERING_DATABASE_URL"]
+    url = make_url(raw.replace("postgresql://", "postgresql+psycopg2://", 1))
+    if not env.get("TIERING_AIRFLOW_DATABASE_URL"):
+        tiering_db = url.database
+        url = url.set(database=env.get(AIRFLOW_DB_VAR) or DEFAULT_AIRFLOW_DB)
+        if url.database == tiering_db:
+            raise SystemExit(f"{AIRFLOW_DB_VAR}={url.database!r} is the tiering metadata's database: "
+                             "Airflow's metastore needs a database of its own")
+    if not url.drivername.startswith("postgresql"):
+        raise SystemExit(f"Airflow's metastore must be PostgreSQL, got {url.drivername}")
+    return url.render_as_string(hide_password=False)
+
+
+def create_metastore(url: str) -> bool:
+    """CREATE DATABASE of the metastore when missing (on the server's `postgres` database); True if made."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    target = make_url(url)
+    admin = create_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            if conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :d"),
+                            {"d": target.database}).first():
+                return False
+            conn.execute(text(f'CREATE DATABASE "{target.database}"'))
+            return True
+    finally:
+        admin.dispose()
 
 
 def address(env: dict[str, str]) -> tuple[str, int]:
@@ -75,7 +122,10 @@ def connections(env: dict[str, str], spark_master: str = "local[2]") -> dict[str
 
 
 def airflow_env(env: dict[str, str], home: Path, spark_master: str = "local[2]", *,
-                conns_in_env: bool = True, secrets_dir: Path | None = None) -> dict[str, str]:
+                conns_in_env: bool = True, secrets_dir: Path | None = None,
+                metastore: str | None = None) -> dict[str, str]:
+    """The environment of Airflow's processes. `metastore`: its database URL (PostgreSQL, for anything with a
+    scheduler); None keeps a SQLite file in `home` (an API server alone, `airflow dags test`)."""
     host, port = address(env)
     venv_bin = str(Path(sys.executable).parent)
     out = {
@@ -89,6 +139,8 @@ def airflow_env(env: dict[str, str], home: Path, spark_master: str = "local[2]",
         "SPARK_LOCAL_IP": "127.0.0.1",
         "TIERING_TIER1_ROOT": env["TIERING_TIER1_ROOT"],
         "PYSPARK_PYTHON": sys.executable,
+        # in the environment, not in airflow.cfg: the URL may hold a password
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metastore or f"sqlite:///{home}/airflow.db",
     }
     if conns_in_env:
         for conn_id, conn in connections(env, spark_master).items():
@@ -106,9 +158,16 @@ def main(argv: list[str]) -> int:
         with os.fdopen(fd, "w") as f:
             json.dump(connections(dict(os.environ)), f, indent=1, sort_keys=True)
         return 0
+    if argv[:1] == ["--metastore-url"]:
+        sys.stdout.write(metastore_url(dict(os.environ)))  # no newline: Airflow takes the output as it is
+        return 0
+    if argv[:1] == ["--create-metastore"]:
+        create_metastore(metastore_url(dict(os.environ)))
+        return 0
     home = Path(argv[0] if argv else REPO / ".local" / "airflow")
     local = Path(argv[1]) if len(argv) > 1 else home.parent
-    env = airflow_env(dict(os.environ), home, conns_in_env=False, secrets_dir=local / "airflow-secrets")
+    env = airflow_env(dict(os.environ), home, conns_in_env=False, secrets_dir=local / "airflow-secrets",
+                      metastore=metastore_url(dict(os.environ)))
     for key, value in env.items():
         print(f"export {key}={shlex.quote(value)}")
     # connections now live in the metastore: a stale AIRFLOW_CONN_* would shadow them

@@ -6,8 +6,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LOCAL="${TIERING_LOCAL:-$ROOT/.local}"
 eval "$("$ROOT/.venv/bin/python" "$ROOT/.ci/airflow_env.py" "$LOCAL/airflow" "$LOCAL")"
 mkdir -p "$AIRFLOW_HOME"
-if [ ! -f "$AIRFLOW_HOME/.migrated" ] || [ "$ROOT/requirements.txt" -nt "$AIRFLOW_HOME/.migrated" ]; then
-  airflow db migrate >"$AIRFLOW_HOME/migrate.log" 2>&1 && touch "$AIRFLOW_HOME/.migrated"
+# The metastore: a PostgreSQL database of its own (.ci/airflow_env.py), created when missing, migrated when
+# new, when Airflow was upgraded or when it is another database than last time (.migrated names it).
+"$ROOT/.venv/bin/python" "$ROOT/.ci/airflow_env.py" --create-metastore
+METASTORE_ID="$("$ROOT/.venv/bin/python" -c 'import sys; from sqlalchemy.engine import make_url; u = make_url(sys.argv[1]); print(f"{u.host}:{u.port}/{u.database}")' "$AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")"
+if [ "$(cat "$AIRFLOW_HOME/.migrated" 2>/dev/null)" != "$METASTORE_ID" ] || [ "$ROOT/requirements.txt" -nt "$AIRFLOW_HOME/.migrated" ]; then
+  airflow db migrate >"$AIRFLOW_HOME/migrate.log" 2>&1 && echo "$METASTORE_ID" >"$AIRFLOW_HOME/.migrated" \
+    || { echo "airflow db migrate failed; see $AIRFLOW_HOME/migrate.log" >&2; return 1 2>/dev/null || exit 1; }
 fi
 airflow pools set tiering_spark 2 "tiering Spark jobs" >/dev/null 2>&1
 # The connections, from .local/env, into the metastore (Admin > Connections). Imported again only when

@@ -1,13 +1,34 @@
 #!/usr/bin/env bash
-# `make up`: Airflow (standalone: API server with the UI, scheduler, DAG processor, triggerer, LocalExecutor)
-# on $TIERING_AIRFLOW_ADDRESS (host:port, default 127.0.0.1:8080) with this repo's DAGs and plugins, the
-# secrets its processes share generated once under .local/airflow-secrets, the connections in its metastore.
+# `make up`: Airflow (API server with the UI, then scheduler and DAG processor; LocalExecutor; metastore in
+# PostgreSQL, .ci/airflow_env.sh) on $TIERING_AIRFLOW_ADDRESS (host:port, default 127.0.0.1:8080) with this
+# repo's DAGs and plugins, the secrets its processes share generated once under .local/airflow-secrets, the
+# connections in its metastore. The API server starts first and the scheduler only once it answers its
+# health check: a task started earlier could not reach the execution API ("Connection refused") and failed.
 # Idempotent: an Airflow whose process group is alive and answers on the address is reused. `make stop`
-# stops the whole process group.
+# (.ci/stop.sh) stops it gracefully: scheduler first (its running tasks finish), API server last.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 LOCAL="${TIERING_LOCAL:-$ROOT/.local}"
 PIDFILE="$LOCAL/airflow.pid"
+PIDS="$LOCAL/airflow-pids"  # one file per component, for .ci/stop.sh's order
+if [ "${1:-}" = --supervise ]; then
+  # The process group's leader (run under setsid below; the environment is already exported).
+  URL="${AIRFLOW__API__BASE_URL%/}"
+  healthy() { "$ROOT/.venv/bin/python" -c 'import json, sys, urllib.request
+h = json.load(urllib.request.urlopen(sys.argv[1] + "/api/v2/monitor/health", timeout=2))
+sys.exit(h["metadatabase"]["status"] != "healthy")' "$URL" 2>/dev/null; }
+  start() { local name=$1; shift; "$@" >"$AIRFLOW_HOME/$name.log" 2>&1 </dev/null & echo $! >"$PIDS/$name.pid"; }
+  mkdir -p "$PIDS"; rm -f "$PIDS"/*.pid
+  start api-server airflow api-server
+  for _ in $(seq 1 300); do healthy && break; kill -0 "$(cat "$PIDS/api-server.pid")" 2>/dev/null || exit 1; sleep 1; done
+  healthy || exit 1
+  echo "$(date -u +%FT%TZ) API server healthy: starting the scheduler and the DAG processor"
+  start scheduler airflow scheduler
+  start dag-processor airflow dag-processor
+  # no triggerer: no tiering task defers (add `airflow triggerer` here for deferrable operators)
+  wait
+  exit 0
+fi
 source "$ROOT/.ci/airflow_env.sh"
 URL="${AIRFLOW__API__BASE_URL%/}"
 answers() { "$ROOT/.venv/bin/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/api/v2/version", timeout=2)' "$URL" 2>/dev/null; }
@@ -21,17 +42,17 @@ if group_alive; then
   if answers || wait_up; then
     echo "Airflow is already up (process group $(cat "$PIDFILE"))"
   else
-    echo "Airflow (process group $(cat "$PIDFILE")) runs but does not answer on $URL; see $AIRFLOW_HOME/standalone.log, or make stop" >&2
+    echo "Airflow (process group $(cat "$PIDFILE")) runs but does not answer on $URL; see $AIRFLOW_HOME/api-server.log, or make stop" >&2
     exit 1
   fi
 elif answers; then
   echo "Something that is not this checkout's Airflow answers on $URL; set TIERING_AIRFLOW_ADDRESS=host:port" >&2
   exit 1
 else
-  # setsid: its own process group, so `make stop` reaches the scheduler and API server too
-  setsid airflow standalone >"$AIRFLOW_HOME/standalone.log" 2>&1 </dev/null &
+  # setsid: its own process group, so `make stop` reaches every component and task process
+  setsid bash "$ROOT/.ci/airflow_up.sh" --supervise >"$AIRFLOW_HOME/standalone.log" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
-  wait_up || { echo "Airflow did not come up on $URL; see $AIRFLOW_HOME/standalone.log" >&2; exit 1; }
+  wait_up || { echo "Airflow did not come up on $URL; see $AIRFLOW_HOME/api-server.log" >&2; exit 1; }
 fi
 PW="$(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["admin"])' "$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated" 2>/dev/null || echo '(see the generated passwords file)')"
 cat <<MSG

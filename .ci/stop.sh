@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Stop only what `make services` / `make up` started, by the PIDs recorded under .local/.
+# `stop.sh airflow` stops Airflow alone (the services keep running).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 LOCAL="${TIERING_LOCAL:-$ROOT/.local}"
@@ -17,7 +18,31 @@ stop_group() {  # name pidfile: TERM the process group (Airflow's children live 
   fi
   rm -f "$f"
 }
-stop_group airflow "$LOCAL/airflow.pid"
+stop_one() {  # component seconds: TERM one Airflow component and wait for it to exit, at most that long
+  local f="$LOCAL/airflow-pids/$1.pid" pid
+  [ -f "$f" ] || return 0
+  pid=$(cat "$f")
+  if kill -TERM "$pid" 2>/dev/null; then
+    for _ in $(seq 1 $(($2 * 5))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -0 "$pid" 2>/dev/null && echo "airflow $1 (pid $pid) still running after $2 s: killed with the group" >&2
+  fi
+  rm -f "$f"
+}
+stop_airflow() {
+  [ -f "$LOCAL/airflow.pid" ] && kill -0 -- "-$(cat "$LOCAL/airflow.pid")" 2>/dev/null || { stop_group airflow "$LOCAL/airflow.pid"; return 0; }
+  # Gracefully, in order. The scheduler first, alone: on SIGTERM it schedules nothing more and its
+  # LocalExecutor waits for the running tasks to finish (queued ones are handed back and re-queued by the
+  # next scheduler). They report their state through the API server, so it stops last. Past the bound
+  # (TIERING_AIRFLOW_STOP_SECONDS, default 180) the group is killed: a task killed so misses heartbeats and
+  # is retried after [scheduler] task_instance_heartbeat_timeout (DAGs' default_args: retries).
+  stop_one scheduler "${TIERING_AIRFLOW_STOP_SECONDS:-180}"
+  stop_one dag-processor 30
+  stop_one triggerer 30
+  stop_one api-server 30
+  stop_group airflow "$LOCAL/airflow.pid"
+}
+stop_airflow
+[ "${1:-}" = airflow ] && exit 0
 stop_group moto "$LOCAL/moto.pid"
 # Ceph: the gateway first, then the OSD, then the monitor (each its own session; TERM lets BlueStore close)
 for n in rgw osd mon; do stop_group "ceph $n" "$LOCAL/ceph/$n.pid"; done

@@ -1,8 +1,10 @@
-"""An Airflow home of the test run's own (SQLite), connections pointing at the run's database and bucket,
+"""An Airflow home of the test run's own (its metastore a PostgreSQL database of its own, created here and
+dropped at the end: `airflow_metastore`), connections pointing at the run's database and bucket,
 with a database password and the S3 secret (the endpoint's real one: RGW checks keys) that must never
 appear in any output."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -25,9 +27,29 @@ def _load_airflow_env():
     return module.airflow_env
 
 
+@contextlib.contextmanager
+def airflow_metastore(database_url: str):
+    """A PostgreSQL database for Airflow's metastore on the run's server, dropped on exit: never the
+    database of the `tiering` schema."""
+    from sqlalchemy import create_engine, text
+
+    server = make_url(database_url)
+    name = f"airflow_test_{secrets.token_hex(5)}"
+    admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield server.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
 def airflow_runner(home: Path, tier1: Path, database_url: str, run_bucket: str, s3_settings: dict,
-                   extra_env: dict | None = None, **airflow_env):
-    """A callable running `airflow ...` in its own home (SQLite), connections pointing at the run's database
+                   extra_env: dict | None = None, metastore: str | None = None, **airflow_env):
+    """A callable running `airflow ...` in its own home (metastore: a PostgreSQL URL, e.g. from
+    `airflow_metastore`; None: SQLite, for `airflow dags test` alone, which runs no scheduler), connections pointing at the run's database
     and bucket; `airflow_env` goes to .ci/airflow_env.py (e.g. `spark_master`), `extra_env` to every command. Settings reach tasks only
     through the connections, and the secrets to look for in any output are attached."""
     # PostgreSQL here trusts local connections, so a password is accepted and ignored: it lets the test
@@ -38,7 +60,7 @@ def airflow_runner(home: Path, tier1: Path, database_url: str, run_bucket: str, 
                     "AWS_ACCESS_KEY_ID": s3_settings["aws_access_key_id"],
                     "AWS_SECRET_ACCESS_KEY": s3_settings["aws_secret_access_key"],
                     "AWS_DEFAULT_REGION": s3_settings["region_name"], "PATH": os.environ["PATH"]}
-    env = {**os.environ, **_load_airflow_env()(settings_env, home, **airflow_env),
+    env = {**os.environ, **_load_airflow_env()(settings_env, home, metastore=metastore, **airflow_env),
            # one object pair per ledger, the layout these tests reason about (as tests/conftest.py's
            # settings); batched offload is tested in test_offload_batch.py and by the e2e test's defaults
            "TIERING_OFFLOAD_BATCH_BYTES": "0", **(extra_env or {})}
@@ -65,8 +87,9 @@ def airflow_runner(home: Path, tier1: Path, database_url: str, run_bucket: str, 
 @pytest.fixture(scope="session")
 def airflow(tmp_path_factory, database_url, run_bucket, s3_settings):
     """Run `airflow ...` with this environment; returns a callable giving CompletedProcess."""
-    return airflow_runner(tmp_path_factory.mktemp("airflow-home"), tmp_path_factory.mktemp("airflow-tier1"),
-                          database_url, run_bucket, s3_settings)
+    with airflow_metastore(database_url) as metastore:
+        yield airflow_runner(tmp_path_factory.mktemp("airflow-home"), tmp_path_factory.mktemp("airflow-tier1"),
+                             database_url, run_bucket, s3_settings, metastore=metastore)
 
 
 def dags_test(airflow, dag_id: str, conf: dict | None = None):

@@ -11,8 +11,10 @@ from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.python import ShortCircuitOperator
-from airflow.sdk import DAG, Param
+from airflow.sdk import (DAG, Asset, AssetOrTimeSchedule, ExceptionRetryPolicy, Param, RetryAction,
+                         RetryRule)
 from airflow.sdk.exceptions import AirflowFailException
+from airflow.timetables.trigger import CronTriggerTimetable
 
 from tiering.jobs.spec import JOBS, POSITION_PATTERN, TOPIC_MAX, TOPIC_PATTERN, JobSpec, RunParam, spark_submit_args
 
@@ -21,6 +23,49 @@ LOG4J = Path(__file__).resolve().parent / "log4j2.properties"  # Spark at WARN (
 POOL = "tiering_spark"
 OWNER = "tiering"
 log = logging.getLogger(__name__)
+# Data-aware scheduling: the Spark task of every DAG updates the Asset of its kind of work when it succeeds
+# (a run with nothing to do skips that task, so it updates nothing). A DAG in RUNS_ON also runs when that
+# Asset is updated, besides its own schedule (AssetOrTimeSchedule): deleting lagged tier-1 copies follows
+# every offload instead of waiting up to an hour (an early run whose copies are not due yet plans nothing
+# and skips Spark).
+WORK = {"tiering_offload_by_age": "offload", "tiering_offload_by_size": "offload",
+        "tiering_offload_prefix": "offload"}
+RUNS_ON = {"tiering_delete_lagged": "offload"}
+
+
+def work_asset(dag_id: str) -> Asset:
+    kind = WORK.get(dag_id) or JOBS[dag_id].kind
+    return Asset(name=f"tiering_{kind}", uri=f"tiering://work/{kind}", group="tiering")
+
+
+class RefusedInput(SystemExit):
+    """Bad input found by `plan`: the task fails once (RETRY_POLICY), its log ending at the sentence. A
+    SystemExit, because Airflow logs it as "Task exited" without a traceback (AirflowFailException is logged
+    with a dozen frames of Airflow's own)."""
+
+
+# bad input fails at once; anything else (the metastore or the API server away a moment) keeps its retries
+RETRY_POLICY = ExceptionRetryPolicy(rules=[RetryRule(exception=f"{__name__}.RefusedInput",
+                                                     action=RetryAction.FAIL, reason="bad input: not retried")])
+
+
+def _describe(dag_id: str, params: dict) -> str:
+    """The run's parameters as the trigger form names them (Topic 'orders', Position 12:0)."""
+    parts = []
+    for p in JOBS[dag_id].params:
+        value = params.get(p.name)
+        if value not in (None, "", False):
+            parts.append(f"{_form_field(p).schema.get('title', p.name).split(' (')[0]} {value!r}"
+                         if p.name != "check_pages" else "check every page")
+    if not parts and "topic" in JOBS[dag_id].param_names():
+        return "every topic"
+    return ", ".join(parts)
+
+
+def _planned(result) -> str:
+    if result.ledgers is None or result.ledgers == result.planned:
+        return f"{result.planned} item(s)"
+    return f"{result.ledgers} ledger(s) in {result.planned} batch(es)"
 
 
 def _run_ref(dag_id: str, context):
@@ -44,12 +89,14 @@ def plan_on_worker(dag_id: str, **context) -> bool:
                            lambda: deps_from(TieringHook().get_settings()), _run_ref(dag_id, context))
     except BadInput as exc:
         log.error("%s: refused: %s", dag_id, exc)
-        raise AirflowFailException(f"{dag_id}: {exc}") from None
+        raise RefusedInput(f"{dag_id}: {exc}") from None
+    what = _describe(dag_id, params) or "(no parameters)"
     if result.planned is None:
-        log.info("%s: %s: planned by the Spark job", dag_id, " ".join(result.args) or "(no arguments)")
+        log.info("%s: %s: planned by the Spark job", dag_id, what)
+    elif result.planned == 0:
+        log.info("%s: %s: nothing to do, Spark not started", dag_id, what)
     else:
-        log.info("%s: %s: %d item(s) to do%s", dag_id, " ".join(result.args) or "(no arguments)",
-                 result.planned, "" if result.planned else ": nothing to do, Spark not started")
+        log.info("%s: %s: %s to do", dag_id, what, _planned(result))
     return result.run_spark
 
 
@@ -162,8 +209,13 @@ def _form_field(param: RunParam) -> Param:
         return Param(None, type=["null", "string"], title="Topic (optional)", **topic_schema,
                      description="Limit this run to one topic, e.g. orders; leave empty for every topic.")
     if param.name == "position":
-        return Param(type="string", title="Position (ledger:entry)", pattern=POSITION_PATTERN,
-                     minLength=3, maxLength=37,
+        # The form does not check a pattern in the browser (Airflow 3.3 applies only min/maxLength to a
+        # text field), and the server's 400 is jsonschema's text with the failing schema: under allOf that
+        # schema is this small one, so the refusal quotes its sentence rather than the whole field.
+        return Param(type="string", title="Position (ledger:entry)", minLength=3, maxLength=37,
+                     allOf=[{"pattern": POSITION_PATTERN,
+                             "description": "A position is two whole numbers joined by a colon: ledger:entry, "
+                                            "e.g. 12:0."}],
                      description="Offload every sealed ledger before this position: two whole "
                                  "numbers, the ledger id and the entry id, joined by a colon, "
                                  "e.g. 12:0.")
@@ -187,21 +239,27 @@ def params_for(spec: JobSpec) -> dict:
 
 def build_dag(dag_id: str, doc_md: str | None = None) -> DAG:
     spec = JOBS[dag_id]
+    schedule = spec.schedule
+    if dag_id in RUNS_ON:  # its cron, or an update of the Asset it follows, whichever comes first
+        schedule = AssetOrTimeSchedule(timetable=CronTriggerTimetable(spec.schedule, timezone="UTC"),
+                                       assets=work_asset(next(k for k, v in WORK.items() if v == RUNS_ON[dag_id])))
     with DAG(
         dag_id=dag_id,
         description=spec.summary,
         doc_md=doc_md or spec.summary,
-        schedule=spec.schedule,
+        schedule=schedule,
         start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
         catchup=False,
         max_active_runs=1,
         tags=["tiering", *spec.tags],
         params=params_for(spec),
-        # retries are for transient failures of the Spark task; bad input fails in `plan`, once
-        default_args={"owner": OWNER, "retries": 1, "retry_delay": timedelta(seconds=30),
+        # retries are for transient failures (Spark, the metastore, an Airflow restart: a task killed past
+        # `make stop`'s bound is retried after its heartbeat times out); bad input fails in `plan`, once
+        default_args={"owner": OWNER, "retries": 2, "retry_delay": timedelta(seconds=60),
                       "execution_timeout": task_timeout()},
     ) as dag:
-        plan = ShortCircuitOperator(task_id="plan", python_callable=plan_on_worker, op_args=[dag_id])
+        plan = ShortCircuitOperator(task_id="plan", python_callable=plan_on_worker, op_args=[dag_id],
+                                    retry_policy=RETRY_POLICY)
         plan >> TieringSparkSubmitOperator(
             task_id=spec.application.removesuffix(".py"),
             job=dag_id,
@@ -213,5 +271,6 @@ def build_dag(dag_id: str, doc_md: str | None = None) -> DAG:
                   "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J.as_uri()}",
                   **({"spark.driver.extraClassPath": JDBC_JAR} if spec.needs_jdbc else {})},
             jars=JDBC_JAR if spec.needs_jdbc else None,
+            outlets=[work_asset(dag_id)],
         )
     return dag

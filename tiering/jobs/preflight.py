@@ -14,6 +14,7 @@ import importlib
 from dataclasses import dataclass
 
 from tiering.errors import BadInput
+from tiering.jobs.runner import planned_ledgers
 from tiering.jobs.spec import JOBS, spark_submit_args
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
 
@@ -21,6 +22,7 @@ from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
 class Preflight:
     args: list[str]  # the job's arguments, validated
     planned: int | None  # items the job would take now; None: not planned here (the job always runs)
+    ledgers: int | None = None  # ledgers in those items, when they are batches of ledgers (offload)
 
     @property
     def run_spark(self) -> bool:
@@ -40,12 +42,14 @@ def job_args(dag_id: str, params: dict) -> list[str]:
                              dest=params.get("dest") or None, check_pages=params.get("check_pages"))
 
 
-def plan_count(dag_id: str, args: list[str], deps) -> int | None:
+def plan_count(dag_id: str, args: list[str], deps) -> tuple[int | None, int | None]:
+    """(items, ledgers in them) of the job's plan now; (None, None) when it is not planned here."""
     spec = JOBS[dag_id]
     if not spec.planned_before_spark:  # GC, retention and the export always run (JobSpec)
-        return None
+        return None, None
     module = importlib.import_module(spec.module)
-    return len(module.plan(deps, module.build_parser().parse_args(args)))
+    items = module.plan(deps, module.build_parser().parse_args(args))
+    return len(items), planned_ledgers(items)
 
 
 def preflight(dag_id: str, conf: dict | None, params: dict, allowed: set[str], deps_factory, ref: RunRef) -> Preflight:
@@ -59,14 +63,14 @@ def preflight(dag_id: str, conf: dict | None, params: dict, allowed: set[str], d
         try:
             check_conf(dag_id, conf, allowed)
             args = job_args(dag_id, params)
-            planned = plan_count(dag_id, args, deps)
+            planned, ledgers = plan_count(dag_id, args, deps)
         except BadInput as exc:
             JobRuns(deps.meta.engine).record(job, topic, ref, JobOutcome(errors=[f"bad input: {exc}"],
                                                                          details={"planned": 0}))
             raise
         if planned == 0:
             JobRuns(deps.meta.engine).record(job, topic, ref, JobOutcome(details={"planned": 0, "spark": "skipped"}))
-        return Preflight(args, planned)
+        return Preflight(args, planned, ledgers)
     finally:
         if deps is not None:
             deps.meta.engine.dispose()

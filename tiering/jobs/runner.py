@@ -91,10 +91,25 @@ def run_ref(kind: str, environ=None) -> RunRef:
                   try_number=int(try_number) if try_number.isascii() and try_number.isdigit() else None)
 
 
+def planned_ledgers(items: list) -> int | None:
+    """Ledgers in a plan's items (a batch item holds several: offload), None when its items are not ledgers."""
+    if not all(isinstance(i, dict) and ("ledger_id" in i or "ledger_ids" in i) for i in items):
+        return None
+    return sum(len(i["ledger_ids"]) if "ledger_ids" in i else 1 for i in items)
+
+
+def planned_text(planned, ledgers) -> str:
+    """"3 ledger(s) in 1 batch(es)" where items are batches of ledgers, else the item count."""
+    if ledgers is None or planned in (None, "?") or ledgers == planned:
+        return f"{planned}"
+    return f"{planned} ({ledgers} ledger(s) in {planned} batch(es))"
+
+
 def outcome_lines(kind: str, row: dict) -> list[str]:
     """A job_run row as the few lines a task log shows: planned, done, skipped, failed, bytes."""
     details = row.get("details") or {}
-    lines = [f"{kind}: {row['status']}: planned {details.get('planned', '?')}, done {row['items_done']}, "
+    planned = planned_text(details.get("planned", "?"), details.get("planned_ledgers"))
+    lines = [f"{kind}: {row['status']}: planned {planned}, done {row['items_done']}, "
              f"skipped {details.get('skipped', 0)}, failed {row['items_failed']}, {_size(row['bytes'])}"]
     if details.get("spark") == "skipped":
         lines.append(f"{kind}: nothing to do: Spark not started")
@@ -129,6 +144,8 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
     try:
         items = plan(deps, args)
         outcome.details["planned"] = len(items)
+        if (ledgers := planned_ledgers(items)) is not None and ledgers != len(items):
+            outcome.details["planned_ledgers"] = ledgers
         if items:
             from pyspark import SparkConf, SparkContext
 
@@ -156,8 +173,9 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
     row = {"status": "FAILED" if outcome.items_failed or outcome.errors else "SUCCEEDED",
            "items_done": outcome.items_done, "items_failed": outcome.items_failed, "bytes": outcome.bytes,
            "details": outcome.details}
-    for line in outcome_lines(ref.kind, row):
-        print(line)
+    if ref.dag_id is None:  # under Airflow the operator logs these lines from the job_run row, once
+        for line in outcome_lines(ref.kind, row):
+            print(line)
     for err in outcome.errors[:20]:
         print(f"{ref.kind}: error: {err}", file=sys.stderr)
     return 1 if outcome.items_failed or outcome.errors else 0
