@@ -17,7 +17,7 @@ retention size on topic_id % 3 == 1 (a quarter above the live bytes); the rest u
 The load runs with `session_replication_role = replica` inside its transaction: the per-row deferred
 ledger/chunk consistency triggers (and FK triggers) would otherwise cost minutes at 1M rows; the rows are
 consistent by construction. Afterwards every `tiering.recompute*()` function (maintained totals added by
-later migrations) is called, then VACUUM ANALYZE.
+later migrations) is called in the same transaction (triggers still off), then VACUUM ANALYZE.
 """
 from __future__ import annotations
 
@@ -154,8 +154,9 @@ def load_metadata(url: str, topics: int, ledgers_per_topic: int, prefix: str) ->
             conn.execute(text(_GC_TASKS), params)
             conn.execute(text(_JOB_RUNS), params)
             conn.execute(text("SELECT setval('tiering.topic_topic_id_seq', :topics)"), params)
-        recomputed = []
-        with engine.begin() as conn:
+            # still without the per-row triggers: a recompute that UPDATEs a million chunk rows would
+            # otherwise queue a million deferred consistency checks (over 10 minutes here)
+            recomputed = []
             fns = conn.execute(text(
                 "SELECT p.proname FROM pg_proc p JOIN pg_namespace ns ON ns.oid = p.pronamespace "
                 "WHERE ns.nspname = 'tiering' AND p.proname LIKE 'recompute%' AND p.pronargs = 0 "
