@@ -245,6 +245,7 @@ class MetadataStore:
         """abort_offload for the ledgers of one attempt still holding it (others were taken over: left
         alone); returns how many went back to SEALED."""
         with self.engine.begin() as conn:
+            self._lock_rows(conn, leds)
             back = 0
             for led in leds:
                 try:
@@ -267,6 +268,7 @@ class MetadataStore:
         for GC (GC skips keys another chunk still references), all in one transaction."""
         out = []
         with self.engine.begin() as conn:
+            self._lock_rows(conn, leds, chunks=True)
             for led in leds:
                 # RETURNING: the keys of the chunk row as deleted, even if defrag switched it just before
                 gone = conn.execute(delete(chunk).where(chunk.c.topic_id == led.topic_id,
@@ -284,6 +286,7 @@ class MetadataStore:
         """Defrag: switch each ledger's chunk from old to new if it is still `old` (version compare),
         dequeue the merged objects' keys (queued under `attempt`) and queue the old keys, atomically."""
         with self.engine.begin() as conn:
+            self._lock_rows(conn, [led for led, _, _ in moves], ledgers=False, chunks=True)
             old_keys = set()
             for led, old, new in moves:
                 res = conn.execute(
@@ -321,6 +324,23 @@ class MetadataStore:
                 (chunk.c.data_key == key) | (chunk.c.index_key == key))).scalar_one()
 
     # ---------------------------------------------------------------- helpers
+    def _lock_rows(self, conn: Connection, leds: Sequence[Ledger], ledgers: bool = True,
+                   chunks: bool = False) -> None:
+        """Lock every ledger (and chunk) row a multi-statement transaction is about to change, in ONE
+        statement each, before its first change. The topic_usage triggers (migration 0003) lock the topic's
+        totals row at the end of each changing statement; a transaction that took that lock and then waited
+        for a ledger row a single-statement writer holds (which waits for the totals row in turn) would
+        deadlock. Taking every row lock first means a transaction holding a totals row never waits for a
+        ledger or chunk row again. FOR UPDATE waits; the compare-and-set that follows still decides."""
+        pairs = sorted({(led.topic_id, led.ledger_id) for led in leds})
+        if not pairs:
+            return
+        for table, wanted in ((ledger, ledgers), (chunk, chunks)):
+            if wanted:
+                key = tuple_(table.c.topic_id, table.c.ledger_id)
+                conn.execute(select(table.c.ledger_id).where(key.in_(pairs))
+                             .order_by(table.c.topic_id, table.c.ledger_id).with_for_update()).all()
+
     def _enqueue(self, conn: Connection, keys: Iterable[str], reason: str, owner: str | None,
                  delay: timedelta) -> None:
         rows = [{"key": k, "reason": reason, "owner_uuid": owner,

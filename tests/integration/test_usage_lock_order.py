@@ -1,0 +1,81 @@
+"""The topic_usage triggers lock a topic's totals row at the end of each changing statement. A transaction
+of several statements (retention's delete_ledgers, defrag's replace_chunks, a batch's undo) must therefore
+take its row locks before its first change, or it deadlocks with a one-statement writer of the same topic:
+the multi-statement one holds the totals row and waits for a ledger row, the other holds that ledger row and
+waits for the totals row. PostgreSQL."""
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import event, text
+
+from tests.integration.helpers import entries, produce
+from tiering.errors import ConditionalUpdateFailed
+from tiering.model import LedgerState as S
+from tiering.ops.offload import offload_many
+
+
+def _waiting_on_lock(engine, marker: str) -> bool:
+    with engine.connect() as conn:
+        return bool(conn.execute(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE :m"),
+            {"m": f"%{marker}%"}).scalar())
+
+
+def test_retention_and_a_one_statement_writer_of_the_same_topic_do_not_deadlock(deps, db):
+    produce(deps, "dl", [entries(f"dl{i}", 2, 50) for i in range(2)])
+    assert offload_many(deps, deps.meta.list_ledgers("dl", [S.SEALED])).failed == {}
+    first, second = deps.meta.list_ledgers("dl", [S.OFFLOADED])
+
+    paused, go = threading.Event(), threading.Event()
+    retention_thread = []
+
+    def after(conn, cursor, statement, *_a, **_kw):
+        # pause retention's transaction right after its first change (the first chunk row deleted)
+        if threading.get_ident() in retention_thread and statement.startswith("DELETE FROM tiering.chunk") \
+                and not paused.is_set():
+            paused.set()
+            go.wait(30)
+
+    event.listen(db, "after_cursor_execute", after)
+    outcome = {}
+
+    def retention():
+        retention_thread.append(threading.get_ident())
+        try:
+            deps.meta.delete_ledgers([first, second], "retention", timedelta(0))
+            outcome["retention"] = "done"
+        except ConditionalUpdateFailed:
+            outcome["retention"] = "lost its compare-and-set"
+        except Exception as exc:  # noqa: BLE001 - the deadlock this test is about
+            outcome["retention"] = f"{type(exc).__name__}: {exc}"
+
+    t = threading.Thread(target=retention)
+    t.start()
+    try:
+        assert paused.wait(30)
+        # a one-statement writer of the second ledger (delete-lagged's mark), in a transaction of its own
+        writer = db.connect()
+        tx = writer.begin()
+        marker = "usage-lock-order-test"
+        w = threading.Thread(target=lambda: writer.execute(text(
+            f"UPDATE tiering.ledger /* {marker} */ SET tier1_present = false, tier1_deleted_at = now(), "
+            "version = version + 1 WHERE topic_id = :t AND ledger_id = :l"),
+            {"t": second.topic_id, "l": second.ledger_id}))
+        w.start()
+        deadline = time.monotonic() + 30
+        while not _waiting_on_lock(db, marker) and w.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        go.set()  # retention goes on to the second ledger while the writer waits
+        w.join(30)
+        t.join(30)
+        tx.commit()
+        writer.close()
+    finally:
+        go.set()
+        event.remove(db, "after_cursor_execute", after)
+    # retention either finished first or lost its compare-and-set to the writer: never a deadlock
+    assert outcome["retention"] in ("done", "lost its compare-and-set"), outcome
