@@ -9,6 +9,8 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v psql >/dev/null 2>&1 || need+=(postgresql-client)
 # the dashboard's browser test: headless Chromium from Debian (no browser downloads) and a font
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# the metrics test scrapes the dashboard with a real Prometheus server (started by the test, never a service)
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 # the local S3 endpoint: Ceph's RADOS Gateway on a private single-node cluster (.ci/ceph.sh), unless the
 # moto fallback is asked for or an external endpoint is configured

@@ -9,30 +9,41 @@ plugins/tiering_plugin.py): a read-only JSON API over the metadata views and one
     /tiering/api/gc-queue           GC queue by state and reason, due count, next tasks (view tiering.gc_queue)
     /tiering/api/job-runs?limit=50  recent pipeline runs (table tiering.job_run)
     /tiering/api/series?hours=24&step_minutes=60   offloaded bytes and backlog over time
+    /tiering/metrics                Prometheus metrics (text exposition format; tiering/metrics.py)
 
 Only GET routes exist. The database is reached through the Airflow connection `tiering_metadata` with an
 engine built on the first request and cached (nothing connects at import); every transaction is read-only.
 An unreachable database or a missing connection answers 503 with a one-line message and no secrets. The API
 requires an Airflow login (the UI's session cookie or an API bearer token), like Airflow's own API.
+
+/metrics is for Prometheus, which cannot log in to Airflow (its tokens expire): when the environment names a
+token file (TIERING_METRICS_TOKEN_FILE, read on each scrape so it can be rotated), a request bearing that
+token is let in (compared in constant time); an Airflow login is accepted too. Without the setting, /metrics
+wants an Airflow login like the API.
 """
 from __future__ import annotations
 
+import hmac
 import html
 import logging
+import os
 import threading
 from importlib import resources
 from typing import Callable
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from tiering import dashboard as queries
+from tiering.metrics import TieringCollector
 
 log = logging.getLogger(__name__)
 
 CONN_ID = "tiering_metadata"
+METRICS_TOKEN_FILE_VAR = "TIERING_METRICS_TOKEN_FILE"
 EngineFactory = Callable[[], Engine]
 _STATIC = resources.files(__package__) / "static"
 _SECURITY_HEADERS = {
@@ -122,14 +133,48 @@ async def require_login(request: Request) -> None:
     request.state.tiering_user = await resolve_user_from_token(token)
 
 
+def _metrics_token(path: str) -> bytes:
+    """The token in `path` (surrounding whitespace dropped). Unreadable or empty: no request matches it."""
+    try:
+        with open(path, "rb") as f:
+            token = f.read().strip()
+    except OSError as exc:
+        log.warning("tiering metrics: cannot read %s: %s", METRICS_TOKEN_FILE_VAR, type(exc).__name__)
+        return b""
+    return token
+
+
+def metrics_guard(token_file: str | None, login_required: bool):
+    """The check in front of /metrics: the bearer token of `token_file`, else an Airflow login."""
+    async def guard(request: Request) -> None:
+        if token_file:
+            scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+            token = _metrics_token(token_file)
+            given = credentials.strip().encode()
+            # constant time: the comparison does not tell how much of a guess was right
+            if token and scheme.lower() == "bearer" and hmac.compare_digest(given, token):
+                return
+        if login_required:
+            await require_login(request)
+        elif token_file:
+            raise HTTPException(401, "a bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+    return guard
+
+
 def _static(name: str) -> str:
     return (_STATIC / name).read_text(encoding="utf-8")
 
 
-def create_app(engine_factory: EngineFactory | None = None, *, login_required: bool = True) -> FastAPI:
+def create_app(engine_factory: EngineFactory | None = None, *, login_required: bool = True,
+               metrics_token_file: str | None = None) -> FastAPI:
     """The dashboard app. `engine_factory` returns the engine (default: from the Airflow connection
-    `tiering_metadata`); it is called on the first request that needs the database, not here."""
+    `tiering_metadata`); it is called on the first request that needs the database, not here.
+    `metrics_token_file` (default: $TIERING_METRICS_TOKEN_FILE) holds the bearer token /metrics accepts."""
     engine = _LazyEngine(engine_factory or default_engine_factory)
+    if metrics_token_file is None:
+        metrics_token_file = os.environ.get(METRICS_TOKEN_FILE_VAR) or None
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TieringCollector(engine.get))
     guard = [Depends(require_login)] if login_required else []
     app = FastAPI(title="Tiering dashboard", description=__doc__, docs_url=None, redoc_url=None,
                   openapi_url="/api/openapi.json")
@@ -199,5 +244,15 @@ def create_app(engine_factory: EngineFactory | None = None, *, login_required: b
             return JSONResponse({"detail": f"at most {queries.MAX_SERIES_POINTS} points: raise step_minutes"},
                                 status_code=422)
         return read(queries.series, hours, step_minutes)
+
+    # -- Prometheus --
+    @app.get("/metrics", include_in_schema=False,
+             dependencies=[Depends(metrics_guard(metrics_token_file, login_required))])
+    def metrics() -> Response:
+        try:
+            body = generate_latest(registry)
+        except SQLAlchemyError as exc:
+            raise _database_error(exc) from None
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app
