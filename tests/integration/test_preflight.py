@@ -78,3 +78,14 @@ def test_gc_skips_spark_when_nothing_is_due_and_runs_when_a_key_is(deps):
     assert go(deps, "tiering_gc", {}, set(), run="scheduled__2").planned == 1
     deps.bucket.s3.create_multipart_upload(Bucket=deps.bucket.name, Key="t/upload")
     assert plan_gc(deps) == (1, 0) and plan_gc(deps, orphan_grace=timedelta(0)) == (1, 1)  # stale once old
+
+
+def test_retention_skips_spark_when_no_topic_is_due_and_runs_when_one_is(deps):
+    """Issue 19: retention's plan names only topics with work (ledgers due, a trim marker behind, a trimmed
+    ledger's tier-1 copy left), so an idle hourly run starts no Spark."""
+    produce(deps, "keep", [entries(f"k{i}", 3, 10) for i in range(3)], TopicPolicy(retention_bytes=10**9, **BIG))
+    idle = go(deps, "tiering_retention", {}, {"topic"}, run="scheduled__1")
+    assert idle.planned == 0 and not idle.run_spark
+    assert [(r["kind"], r["details"]) for r in rows(deps)] == [("retention", {"planned": 0, "spark": "skipped"})]
+    produce(deps, "trim", [entries(f"t{i}", 3, 10) for i in range(3)], TopicPolicy(retention_bytes=1, **BIG))
+    assert go(deps, "tiering_retention", {}, {"topic"}, run="scheduled__2").planned == 1

@@ -19,10 +19,14 @@ def work(deps, item) -> tuple[int, bool]:
     return report.bytes, not report.deleted and not report.files_removed
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tiering-retention")
     topic_arg(p)
-    return run("retention", argv, p, plan, work)
+    return p
+
+
+def main(argv=None) -> int:
+    return run("retention", argv, build_parser(), plan, work)
 
 
 if __name__ == "__main__":

@@ -101,8 +101,9 @@ class JobSpec:
 # The DAGs whose plan() is the whole decision, read from metadata (and tier-1 sizes for by-size) have
 # planned_before_spark; so has GC, whose plan is a count of due queue rows and a listing of stale multipart
 # uploads (its cost follows the queue; the orphan sweep, which must list the bucket, is tiering_gc_sweep).
-# The sweep (its plan cannot know about orphans without the listing that is its work), retention (it also
-# finishes trims interrupted by a crash) and the export always run.
+# So has retention: its plan names the topics with ledgers due, a trim marker behind the trim point or a
+# trimmed ledger's tier-1 copy left (a trim interrupted by a crash), so an idle hour starts no Spark. The
+# sweep (its plan cannot know about orphans without the listing that is its work) and the export always run.
 JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
     JobSpec("tiering_offload_by_age", "*/15 * * * *", "offload.py",
             "Offload sealed ledgers older than their topic's offload-after.", ("--by=age",), ("offload",),
@@ -119,7 +120,8 @@ JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
             "Delete tier-1 copies of ledgers offloaded longer ago than the deletion lag.", (), ("tier1",),
             planned_before_spark=True),
     JobSpec("tiering_retention", "@hourly", "retention.py",
-            "Truncate topic heads by retention time and size; their objects go to GC.", (), ("retention",)),
+            "Truncate topic heads by retention time and size; their objects go to GC.", (), ("retention",),
+            planned_before_spark=True),
     JobSpec("tiering_defrag", "@daily", "defrag.py", "Merge runs of small tier-2 objects.", (), ("tier2",),
             planned_before_spark=True),
     # GC works on the whole bucket prefix: a topic filter would be ignored
