@@ -17,7 +17,8 @@ if [ "${1:-}" = --supervise ]; then
   healthy() { "$ROOT/.venv/bin/python" -c 'import json, sys, urllib.request
 h = json.load(urllib.request.urlopen(sys.argv[1] + "/api/v2/monitor/health", timeout=2))
 sys.exit(h["metadatabase"]["status"] != "healthy")' "$URL" 2>/dev/null; }
-  start() { local name=$1; shift; "$@" >"$AIRFLOW_HOME/$name.log" 2>&1 </dev/null & echo $! >"$PIDS/$name.pid"; }
+  # appended: the logs of earlier starts stay (a restart must not hide what happened before it)
+  start() { local name=$1; shift; "$@" >>"$AIRFLOW_HOME/$name.log" 2>&1 </dev/null & echo $! >"$PIDS/$name.pid"; }
   mkdir -p "$PIDS"; rm -f "$PIDS"/*.pid
   start api-server airflow api-server
   for _ in $(seq 1 300); do healthy && break; kill -0 "$(cat "$PIDS/api-server.pid")" 2>/dev/null || exit 1; sleep 1; done
@@ -50,7 +51,7 @@ elif answers; then
   exit 1
 else
   # setsid: its own process group, so `make stop` reaches every component and task process
-  setsid bash "$ROOT/.ci/airflow_up.sh" --supervise >"$AIRFLOW_HOME/standalone.log" 2>&1 </dev/null &
+  setsid bash "$ROOT/.ci/airflow_up.sh" --supervise >>"$AIRFLOW_HOME/standalone.log" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
   wait_up || { echo "Airflow did not come up on $URL; see $AIRFLOW_HOME/api-server.log" >&2; exit 1; }
 fi

@@ -1,5 +1,5 @@
-"""Airflow the way `make up` runs it: `.ci/airflow_up.sh` (standalone: scheduler, API server, DAG processor,
-LocalExecutor) with a home, a database and a free port of its own. A run triggered over REST and a scheduled
+"""Airflow the way `make up` runs it: `.ci/airflow_up.sh` (API server, then scheduler and DAG processor,
+LocalExecutor; metastore in PostgreSQL) with a home, a metastore database and a free port of its own. A run triggered over REST and a scheduled
 run both SUCCEED through the scheduler, the executor and the execution API (`airflow dags test` bypasses all
 three, which is how every run of `make up` could fail unseen), each with its job_run row pointing back at
 it; a bad trigger is refused with HTTP 400; a conf key the DAG does not take fails the run once, without a
@@ -26,6 +26,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from tests.conftest import empty_world
+from tests.dags.conftest import airflow_metastore
 from tests.integration.helpers import entries, make_deps, produce
 from tiering.model import LedgerState as S, TopicPolicy
 
@@ -80,6 +81,8 @@ def up(tmp_path_factory, database_url, run_bucket, s3_settings):
            "AWS_SECRET_ACCESS_KEY": s3_settings["aws_secret_access_key"],
            "AWS_DEFAULT_REGION": s3_settings["region_name"],
            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True", "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5"}
+    metastore_cm = airflow_metastore(database_url)  # dropped after the stop below
+    env["TIERING_AIRFLOW_DATABASE_URL"] = metastore_cm.__enter__()
     for name in list(env):  # nothing of the developer's own Airflow: this one is configured by the script
         if name.startswith(("AIRFLOW_CONN_", "AIRFLOW__API", "AIRFLOW_HOME")):
             env.pop(name)
@@ -98,7 +101,8 @@ def up(tmp_path_factory, database_url, run_bucket, s3_settings):
     try:
         yield u
     finally:
-        script("stop.sh", timeout=120)
+        script("stop.sh", timeout=400)
+        metastore_cm.__exit__(None, None, None)
 
 
 def _token(u) -> str:
@@ -145,6 +149,11 @@ def test_make_up_runs_scheduled_and_triggered_dags_to_success(up, engine, s3_cli
     assert all(p.stat().st_mode & 0o077 == 0 for p in secrets_dir.iterdir())
     pgid = int((up.local / "airflow.pid").read_text())
     assert up.url in up.first.stdout
+    conn = subprocess.run([str(REPO / ".venv/bin/airflow"), "config", "get-value", "database", "sql_alchemy_conn"],
+                          env={**up.env, "AIRFLOW_HOME": str(up.home), "AIRFLOW_CONFIG": str(REPO / "airflow.cfg"),
+                               "TIERING_REPO": str(REPO)}, capture_output=True, text=True, timeout=120)
+    assert conn.stdout.startswith("postgresql") and conn.stdout.rstrip().endswith(
+        make_url(up.env["TIERING_AIRFLOW_DATABASE_URL"]).database), conn.stdout + conn.stderr
 
     again = up.script("airflow_up.sh")  # idempotent: finds the running one, starts no second standalone
     assert again.returncode == 0 and "already up" in again.stdout, again.stdout + again.stderr
@@ -226,7 +235,7 @@ def test_make_up_runs_scheduled_and_triggered_dags_to_success(up, engine, s3_cli
     logs = "".join(p.read_text(errors="replace") for p in up.home.rglob("*.log"))
     assert DB_PASSWORD not in logs
 
-    stop = up.script("stop.sh", timeout=120)
+    stop = up.script("stop.sh", timeout=400)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     deadline = time.monotonic() + 15  # killed processes are reaped by init, not by us
     while _group_alive(pgid) and time.monotonic() < deadline:

@@ -1,0 +1,123 @@
+"""Airflow as a team runs it (issue 25), started as `make up` starts it (the `up` fixture of
+test_airflow_up.py: .ci/airflow_up.sh with a metastore database, a home and a port of its own):
+
+- 40 REST triggers of tiering_offload_prefix, 16 at a time, half with a bad position: every bad one is
+  refused with 400, every good one accepted with 200 and its run reaches a final state; no 5xx, and no
+  "database is locked" anywhere in Airflow's logs (SQLite's failure under concurrent writers). The good runs
+  target a topic with nothing before the position, so `plan` skips Spark: the test costs plan tasks only.
+- `.ci/stop.sh` while scheduled runs are running, then `.ci/airflow_up.sh`: no run is left FAILED and no
+  task failed for want of the API server ("Connection refused").
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.conftest import empty_world
+from tests.e2e.test_airflow_up import _http, _token, _wait_dags, up  # noqa: F401 - `up` is the fixture
+from tests.integration.helpers import make_deps, produce
+from tiering.model import TopicPolicy
+
+pytestmark = pytest.mark.slow
+BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
+FINAL = ("success", "failed")
+
+
+def _unpause(u, token, dag_ids):
+    for dag_id in dag_ids:
+        status, body = _http(f"{u.url}/api/v2/dags/{dag_id}", token=token, data={"is_paused": False},
+                             method="PATCH")
+        assert status == 200, body
+
+
+def _runs(u, token, dag_id) -> list[dict]:
+    status, body = _http(f"{u.url}/api/v2/dags/{dag_id}/dagRuns?limit=100", token=token)
+    assert status == 200, body
+    return body["dag_runs"]
+
+
+def _logs(u) -> str:
+    return "".join(p.read_text(errors="replace") for p in u.home.rglob("*.log"))
+
+
+def test_forty_concurrent_triggers_half_bad(up, engine, s3_client, run_bucket):
+    assert up.first.returncode == 0, up.first.stdout[-2000:] + up.first.stderr[-3000:]
+    token = _token(up)
+    deps = make_deps(engine, s3_client, run_bucket, up.local / "tier1")
+    empty_world(engine, s3_client, run_bucket)
+    produce(deps, "quiet", [[b"a"]], TopicPolicy(**BIG), open_tail=[b"b"])  # nothing before 0:0
+    dag = "tiering_offload_prefix"
+    _wait_dags(up, token, [dag])
+    _unpause(up, token, [dag])
+
+    def trigger(i):
+        conf = {"topic": "quiet", "position": "0:0" if i % 2 else f"ledger-{i}"}
+        status, body = _http(f"{up.url}/api/v2/dags/{dag}/dagRuns", token=token,
+                             data={"logical_date": None, "conf": conf}, timeout=120)
+        return i % 2 == 1, status, body
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(trigger, range(40)))
+    statuses = [(good, status) for good, status, _ in results]
+    assert not [r for r in results if r[1] >= 500], [r for r in results if r[1] >= 500][:3]
+    assert all(status == 400 for good, status in statuses if not good), statuses
+    assert all(status == 200 for good, status in statuses if good), statuses
+    bad = next(body for good, status, body in results if not good)
+    assert "two whole numbers joined by a colon" in str(bad), bad  # the rule, in the refusal
+
+    run_ids = {body["dag_run_id"] for good, _, body in results if good}
+    assert len(run_ids) == 20
+    deadline = time.monotonic() + 900  # max_active_runs=1: the 20 plan tasks run one after the other
+    states = {}
+    while time.monotonic() < deadline:
+        states = {r["dag_run_id"]: r["state"] for r in _runs(up, token, dag) if r["dag_run_id"] in run_ids}
+        if len(states) == 20 and all(s in FINAL for s in states.values()):
+            break
+        time.sleep(5)
+    assert sorted(states.values()) == ["success"] * 20, states
+    logs = _logs(up)
+    assert "database is locked" not in logs
+    assert "nothing to do, Spark not started" in logs and "Topic 'quiet', Position '0:0'" in logs
+
+
+def test_stop_during_scheduled_runs_then_up_loses_nothing(up, engine, s3_client, run_bucket):
+    assert up.first.returncode == 0, up.first.stdout[-2000:] + up.first.stderr[-3000:]
+    token = _token(up)
+    dags = ["tiering_offload_by_age", "tiering_delete_lagged", "tiering_defrag", "tiering_gc"]
+    _wait_dags(up, token, dags)
+    _unpause(up, token, dags)  # each gets its scheduled run for the last interval at once
+    deadline = time.monotonic() + 180
+    running = []
+    while not running and time.monotonic() < deadline:
+        for dag_id in dags:
+            for run in _runs(up, token, dag_id):
+                if run["run_type"] == "scheduled" and run["state"] == "running":
+                    _, tis = _http(f"{up.url}/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}/taskInstances",
+                                   token=token)
+                    if any(t["state"] in ("running", "queued") for t in tis["task_instances"]):
+                        running.append((dag_id, run["dag_run_id"]))
+        time.sleep(0.5)
+    assert running, "no scheduled run had a task running or queued"
+
+    stop = up.script("stop.sh", timeout=400)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    again = up.script("airflow_up.sh")
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    token = _token(up)
+
+    deadline = time.monotonic() + 600
+    scheduled = {}
+    while time.monotonic() < deadline:
+        scheduled = {(d, r["dag_run_id"]): r["state"] for d in dags for r in _runs(up, token, d)
+                     if r["run_type"] == "scheduled"}
+        if all(s in FINAL for s in scheduled.values()):
+            break
+        time.sleep(5)
+    assert all(scheduled.get(key) == "success" for key in running), (running, scheduled)
+    assert "failed" not in scheduled.values(), scheduled
+    logs = _logs(up)
+    assert "Connection refused" not in logs
+    # the API server answered before the scheduler started, after the restart too
+    assert (up.home / "standalone.log").read_text().count("API server healthy") == 2
