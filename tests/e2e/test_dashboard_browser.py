@@ -1,9 +1,10 @@
 """The tiering dashboard in a real browser, served by a real Airflow API server with this repo's airflow.cfg
 and plugins: headless Chromium (driven over the DevTools protocol) logs in with an Airflow token, renders
 /tiering/, and the charts it drew carry the numbers the metadata database holds. The page is also reached
-the way users reach it: from Airflow's navigation (the plugin's external view).
+the way users reach it: from Airflow's navigation (the plugin's external view), where a run link clicked inside
+the UI's sandboxed frame lands on that DAG run in the UI.
 
-Screenshots go to tests/artifacts/ (dashboard.png, dashboard_in_airflow.png)."""
+Screenshots go to tests/artifacts/ (dashboard.png, dashboard_in_airflow.png, dashboard_run_link_in_airflow.png)."""
 from __future__ import annotations
 
 import importlib.util
@@ -245,8 +246,9 @@ def airflow_server(tmp_path_factory, database_url, run_bucket, s3_settings):
                  "AWS_ACCESS_KEY_ID", "TIERING_PREFIX"):
         env.pop(name, None)
     airflow_bin = Path(sys.executable).parent / "airflow"
-    script = (f'"{airflow_bin}" db migrate && exec "{airflow_bin}" api-server --port {port} --host 127.0.0.1 '
-              f'--workers 1 --apps core')
+    # reserialize: the DAGs in the metastore, so the test can create the DAG run the dashboard links to
+    script = (f'"{airflow_bin}" db migrate && "{airflow_bin}" dags reserialize && '
+              f'exec "{airflow_bin}" api-server --port {port} --host 127.0.0.1 --workers 1 --apps core')
     log = home / "airflow.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(["bash", "-c", script], env=env, cwd=home, stdout=out, stderr=subprocess.STDOUT,
@@ -298,6 +300,8 @@ def world(db, s3_client, bucket, tier1_root):
     produce(deps, "clicks", [entries("c0", 4, 300), entries("c1", 6, 300)], TopicPolicy(deletion_lag_seconds=0, **BIG))
     produce(deps, ODD, [entries("x", 3, 111)], TopicPolicy(**BIG))
     runs = JobRuns(db)
+    failed = runs.start("offload", "nosuch", RunRef("offload_prefix", "tiering_offload_prefix", "manual__x", 1))
+    runs.finish(failed, JobOutcome(items_failed=1, errors=[LONG_ERROR]))
     run_id = runs.start("offload", None, RunRef("offload_by_age", "tiering_offload_by_age", AIRFLOW_RUN, 2))
     orders, clicks = deps.meta.list_ledgers("orders"), deps.meta.list_ledgers("clicks")
     report = offload_many(deps, [orders[0], orders[1], clicks[0]])
@@ -308,7 +312,8 @@ def world(db, s3_client, bucket, tier1_root):
     return {"offloaded_bytes": report.bytes}
 
 
-AIRFLOW_RUN = "scheduled__2026-11-22T10:00:00+00:00"
+AIRFLOW_RUN = "manual__2026-11-22T10:00:00+00:00"  # created through the REST API: a manual id
+LONG_ERROR = "bad input: topic 'nosuch' does not exist; create it with `tiering topics create nosuch` " + "x" * 200
 
 
 # ---------------------------------------------------------------------------------------------- the test
@@ -399,7 +404,13 @@ def test_dashboard_renders_the_databases_numbers_in_a_browser(airflow_server, wo
     assert tables["gc-table"] == [["PENDING", "retention", "3", "3", "0", "0", tables["gc-table"][0][6]]]
     # kind, the Airflow run (linked) or "by hand", status, bytes
     assert [(r[1], r[2], r[4]) for r in tables["runs-table"]] == [
-        ("gc", "by hand", "RUNNING"), ("offload by age", f"{AIRFLOW_RUN} (try 2)", "SUCCEEDED")]
+        ("gc", "by hand", "RUNNING"), ("offload by age", f"{AIRFLOW_RUN} (try 2)", "SUCCEEDED"),
+        ("offload prefix", "manual__x", "FAILED")]
+    # an error cell is cut by the layout; its tooltip holds the whole text
+    error_cell = json.loads(browser.evaluate("""(() => { const td = document.querySelector(
+        '#runs-table tbody tr:nth-child(3) td.error-text'); return JSON.stringify(
+        {text: td.textContent, title: td.title, cut: td.scrollWidth > td.clientWidth}); })()"""))
+    assert error_cell == {"text": LONG_ERROR, "title": LONG_ERROR, "cut": True}
     assert tables["runs-table"][1][9] == format_bytes(21_200)
     link = browser.evaluate("document.querySelector('#runs-table tbody tr:nth-child(2) a').href")
     assert link == f"{server.url}/dags/tiering_offload_by_age/runs/{urllib.parse.quote(AIRFLOW_RUN, safe='')}"
@@ -428,6 +439,25 @@ def test_dashboard_renders_the_databases_numbers_in_a_browser(airflow_server, wo
             && f.getAttribute('src'); })()""", timeout=40)
     assert src.rstrip("/").endswith("/tiering")
     browser.screenshot(ARTIFACTS / "dashboard_in_airflow.png")
+
+    # Inside the UI's sandboxed frame (no allow-top-navigation), a run link lands on that run in the UI.
+    status, created = _http(f"{server.url}/api/v2/dags/tiering_offload_by_age/dagRuns", token=server.token(),
+                            data={"dag_run_id": AIRFLOW_RUN, "logical_date": "2026-11-22T10:00:00Z"}, timeout=30)
+    assert status == 200, created
+    assert browser.evaluate("document.querySelector('iframe').getAttribute('sandbox')") == \
+        "allow-scripts allow-same-origin allow-forms allow-downloads"
+    events_before = len(browser.events)
+    browser.evaluate("""document.querySelector('iframe').contentDocument
+        .querySelector('#runs-table tbody tr:nth-child(2) a').click()""")
+    run_path = f"/dags/tiering_offload_by_age/runs/{urllib.parse.quote(AIRFLOW_RUN, safe='')}"
+    landed = browser.wait_for(f"""(() => {{ const p = decodeURIComponent(location.pathname);
+        return p === {json.dumps(urllib.parse.unquote(run_path))} && !document.querySelector('iframe')
+            && document.body.innerText.includes({json.dumps(AIRFLOW_RUN)}) && location.href; }})()""", timeout=40)
+    print(f"the run link landed on {landed}")
+    browser.screenshot(ARTIFACTS / "dashboard_run_link_in_airflow.png")
+    refused = [e for e in browser.events[events_before:] if e["method"] == "Log.entryAdded"
+               and "Unsafe attempt to initiate navigation" in e["params"]["entry"].get("text", "")]
+    assert refused == []
 
     # No secret reached the page, the API or the server's log.
     for blob in (dom, body, server.log.read_text(errors="replace")):

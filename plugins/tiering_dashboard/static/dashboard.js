@@ -204,7 +204,9 @@
     const head = h("tr", {}, ...columns.map(([label, , cls]) => h("th", { class: cls, text: label })));
     const body = rows.map((row) => h("tr", {}, ...columns.map(([, value, cls]) => {
       const v = value(row);
-      return v instanceof Node ? h("td", { class: cls }, v) : h("td", { class: cls, text: v, title: cls === "ellipsis" ? v : null });
+      // a cell that may be cut (class ellipsis, e.g. the run's error) carries its full text as a tooltip
+      const cut = typeof cls === "string" && cls.split(" ").includes("ellipsis") && v !== "";
+      return v instanceof Node ? h("td", { class: cls }, v) : h("td", { class: cls, text: v, title: cut ? v : null });
     })));
     replace(id, h("table", {}, h("thead", {}, head), h("tbody", {}, ...body)));
   }
@@ -260,7 +262,51 @@
     if (!r.dag_id || !r.dag_run_id) return "by hand";
     const href = new URL(`dags/${encodeURIComponent(r.dag_id)}/runs/${encodeURIComponent(r.dag_run_id)}`, AIRFLOW_ROOT);
     const label = `${r.dag_run_id}${r.try_number > 1 ? ` (try ${r.try_number})` : ""}`;
-    return h("a", { href: href.href, target: "_top", title: `${r.dag_id} / ${r.dag_run_id}`, text: label });
+    return topLink({ href: href.href, title: `${r.dag_id} / ${r.dag_run_id}`, text: label, "data-ui-route": "1" });
+  }
+
+  // Links into Airflow's UI. The UI shows this page in an iframe sandboxed without allow-top-navigation, so
+  // the frame may not navigate the UI's window (target=_top is refused). The frame is same-origin
+  // (allow-same-origin), so the link acts in the UI's window instead: a UI route (a DAG run) is pushed on
+  // the UI's history and announced with popstate, which the UI's router follows without a reload; a server
+  // route (the login) is followed by a link made in the UI's own document, a navigation of the UI's window
+  // by itself, which its sandbox (none) allows. Standalone (/tiering/), the link is an ordinary _top link.
+  function framingWindow() {
+    try {
+      return window.top !== window && window.top.location.origin === window.location.origin ? window.top : null;
+    } catch (_) {
+      return null;  // framed by another origin: leave the link to the browser
+    }
+  }
+  function openInUi(ui, href, uiRoute) {
+    const url = new URL(href, window.location.href);
+    if (uiRoute) {
+      try {
+        const idx = ui.history.state && Number.isInteger(ui.history.state.idx) ? ui.history.state.idx + 1 : null;
+        // the state React Router's history keeps (usr, key, idx), so Back returns to the dashboard
+        ui.history.pushState({ usr: null, key: Math.random().toString(36).slice(2, 10), idx }, "",
+          url.pathname + url.search + url.hash);
+        ui.dispatchEvent(new ui.PopStateEvent("popstate", { state: ui.history.state }));
+        return;
+      } catch (_) { /* fall back to a full navigation of the UI's window */ }
+    }
+    const link = ui.document.createElement("a");
+    link.href = url.href;
+    link.hidden = true;
+    ui.document.body.append(link);
+    link.click();
+    link.remove();
+  }
+  function topLink(attrs) {
+    const a = h("a", { ...attrs, target: "_top" });
+    a.addEventListener("click", (event) => {
+      const ui = framingWindow();
+      if (!ui || event.defaultPrevented || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey
+          || event.altKey) return;
+      event.preventDefault();
+      openInUi(ui, a.href, a.dataset.uiRoute === "1");
+    });
+    return a;
   }
 
   // ------------------------------------------------------------------ refresh loop
@@ -276,7 +322,7 @@
       try { here = window.top.location.href; } catch (_) { /* not same-origin: the dashboard's own URL */ }
       const login = new URL(`api/v2/auth/login?next=${encodeURIComponent(here)}`, AIRFLOW_ROOT);
       box.append("Log in to Airflow to see the tiering dashboard: ",
-        h("a", { href: login.href, target: "_top", text: "log in" }), ".");
+        topLink({ href: login.href, text: "log in" }), ".");
     } else {
       box.append(`Cannot load the dashboard: ${error.message}`);
     }
