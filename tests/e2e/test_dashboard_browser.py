@@ -42,6 +42,7 @@ DB_PASSWORD = f"pw-{secrets.token_hex(6)}"
 S3_SECRET = os.environ.get("AWS_SECRET_ACCESS_KEY") or f"s3cr3t-{secrets.token_hex(6)}"  # RGW checks keys
 BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
 ODD = '<b>odd</b> & "quoted" topic ✓'
+METRICS_TOKEN = f"metrics-{secrets.token_hex(16)}"
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -239,8 +240,10 @@ def airflow_server(tmp_path_factory, database_url, run_bucket, s3_settings):
                     "AWS_ACCESS_KEY_ID": s3_settings["aws_access_key_id"], "AWS_SECRET_ACCESS_KEY": S3_SECRET,
                     "AWS_DEFAULT_REGION": s3_settings["region_name"], "PATH": os.environ["PATH"],
                     "TIERING_AIRFLOW_ADDRESS": f"127.0.0.1:{port}"}  # host, port and base_url
+    (home / "metrics.token").write_text(METRICS_TOKEN + "\n")
     env = {**os.environ, **_load_airflow_env()(settings_env, home), "AIRFLOW__API__WORKERS": "1",
-           "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(48)}
+           "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(48),
+           "TIERING_METRICS_TOKEN_FILE": str(home / "metrics.token")}
     # The dashboard must find its database through the connection, not through variables it inherits.
     for name in ("TIERING_DATABASE_URL", "TIERING_BUCKET", "TIERING_S3_ENDPOINT_URL", "AWS_SECRET_ACCESS_KEY",
                  "AWS_ACCESS_KEY_ID", "TIERING_PREFIX"):
@@ -351,6 +354,15 @@ def test_dashboard_renders_the_databases_numbers_in_a_browser(airflow_server, wo
         urllib.request.urlopen(req, timeout=10)
     assert refused.value.code == 405
 
+    # Prometheus' endpoint: its bearer token (TIERING_METRICS_TOKEN_FILE) or an Airflow login, nothing else.
+    assert _http(f"{base}metrics")[0] in (401, 403)  # what Airflow's login check answers
+    assert _http(f"{base}metrics", token="not-the-token")[0] in (401, 403)
+    for token in (METRICS_TOKEN, server.token()):
+        status, metrics = _http(f"{base}metrics", token=token)
+        assert status == 200, metrics
+        assert 'tiering_offload_backlog_bytes{topic="orders"} 10000.0' in metrics.splitlines()
+        assert 'tiering_tier_bytes{tier="1",topic="clicks"} 3000.0' in metrics.splitlines()
+
     # Logged out, the page says so and links to Airflow.
     browser.navigate(base)
     assert browser.wait_for("document.body && document.body.dataset.state === 'error'")
@@ -458,6 +470,33 @@ def test_dashboard_renders_the_databases_numbers_in_a_browser(airflow_server, wo
     refused = [e for e in browser.events[events_before:] if e["method"] == "Log.entryAdded"
                and "Unsafe attempt to initiate navigation" in e["params"]["entry"].get("text", "")]
     assert refused == []
+
+    # ... and so does the log-in link: the frame's API answering 401 (stubbed in the frame, the UI keeps its
+    # login), the link shown in the frame navigates the UI's window to Airflow's login, back to this page.
+    browser.navigate(f"{server.url}/plugin/{view['url_route']}")
+    browser.wait_for("""(() => { const f = document.querySelector('iframe');
+        return f && f.contentDocument && f.contentDocument.body && f.contentDocument.body.dataset.state === 'ready'; })()""",
+                     timeout=40)
+    top_frame = browser.call("Page.getFrameTree")["frameTree"]["frame"]["id"]
+    here = browser.evaluate("location.href")
+    events_before = len(browser.events)
+    browser.evaluate("""(() => { const w = document.querySelector('iframe').contentWindow;
+        w.fetch = () => Promise.resolve(new w.Response('{"detail": "Not authenticated"}', {status: 401}));
+        w.document.getElementById('refresh').click(); })()""")
+    browser.wait_for("""(() => { const a = document.querySelector('iframe').contentDocument.querySelector('#error a');
+        return a && a.click() === undefined; })()""", timeout=20)
+    login = f"{server.url}/api/v2/auth/login?next={urllib.parse.quote(here, safe='')}"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not any(
+            e["method"] == "Network.requestWillBeSent" and e["params"].get("frameId") == top_frame
+            and e["params"].get("type") == "Document" and e["params"]["request"]["url"] == login
+            for e in browser.events[events_before:]):
+        browser.evaluate("1")  # reads the events that arrived meanwhile
+        time.sleep(0.2)
+    assert any(e["method"] == "Network.requestWillBeSent" and e["params"].get("frameId") == top_frame
+               and e["params"]["request"]["url"] == login for e in browser.events[events_before:]), login
+    assert not [e for e in browser.events[events_before:] if e["method"] == "Log.entryAdded"
+                and "Unsafe attempt to initiate navigation" in e["params"]["entry"].get("text", "")]
 
     # No secret reached the page, the API or the server's log.
     for blob in (dom, body, server.log.read_text(errors="replace")):
