@@ -232,6 +232,18 @@ def test_make_up_runs_scheduled_and_triggered_dags_to_success(up, engine, s3_cli
     row = _job_run(engine, "tiering_delete_lagged", typo["dag_run_id"])
     assert row["status"] == "FAILED" and "does not take 'typo_param'" in row["error"], row
 
+    # the run view: the refusal ends at the sentence (no traceback), the plan log counts ledgers and batches
+    # in the form's words, the offload log has its outcome line once
+    plan_log = _task_log(up, "tiering_delete_lagged", typo["dag_run_id"], "plan")
+    assert "does not take 'typo_param'" in plan_log and "Traceback" not in plan_log
+    assert "error_detail" not in plan_log, plan_log[-2000:]
+    plan_log = _task_log(up, "tiering_offload_prefix", triggered["dag_run_id"], "plan")
+    assert "Topic 'manual', Position '2:0': 2 ledger(s) in 1 batch(es) to do" in plan_log, plan_log[-3000:]
+    assert "--prefix" not in plan_log
+    offload_log = _task_log(up, "tiering_offload_prefix", triggered["dag_run_id"], "offload")
+    assert offload_log.count("offload_prefix: SUCCEEDED: planned 1 (2 ledger(s) in 1 batch(es))") == 1, \
+        offload_log[-3000:]
+
     logs = "".join(p.read_text(errors="replace") for p in up.home.rglob("*.log"))
     assert DB_PASSWORD not in logs
 
@@ -242,6 +254,12 @@ def test_make_up_runs_scheduled_and_triggered_dags_to_success(up, engine, s3_cli
         time.sleep(0.2)
     assert not _group_alive(pgid), subprocess.run(["ps", "-o", "pid,stat,cmd", "-g", str(pgid)],
                                                   capture_output=True, text=True).stdout
+
+
+def _task_log(u, dag_id, run_id, task_id) -> str:
+    paths = list(u.home.joinpath("logs").glob(f"dag_id={dag_id}/run_id={run_id}/task_id={task_id}/*.log"))
+    assert paths, (dag_id, run_id, task_id)
+    return "".join(p.read_text(errors="replace") for p in sorted(paths))
 
 
 def _task_log_tail(u) -> str:
