@@ -28,6 +28,26 @@ stop_one() {  # component seconds: TERM one Airflow component and wait for it to
   fi
   rm -f "$f"
 }
+tasks_running() {  # a LocalExecutor task process ("airflow worker -- <ti id>") left in the group
+  pgrep -g "$(cat "$LOCAL/airflow.pid")" -f '^airflow worker -- [0-9a-f]{8}-' >/dev/null 2>&1
+}
+stop_scheduler() {  # seconds: TERM, wait for its tasks; TERM again once none runs (see below)
+  local f="$LOCAL/airflow-pids/scheduler.pid" pid idle=0 resent=0
+  [ -f "$f" ] || return 0
+  pid=$(cat "$f")
+  kill -TERM "$pid" 2>/dev/null || { rm -f "$f"; return 0; }
+  for _ in $(seq 1 $(($1 * 5))); do
+    kill -0 "$pid" 2>/dev/null || break
+    if tasks_running; then idle=0; else idle=$((idle + 1)); fi
+    # Seen: a scheduler that logged "Exiting gracefully" and then waited, no task left, until signalled
+    # again (Airflow: "Signal again if you don't want to wait"). With no task running there is nothing to
+    # lose: after 5 s idle, TERM it again.
+    if [ "$idle" -ge 25 ] && [ "$resent" -lt 3 ]; then kill -TERM "$pid" 2>/dev/null; resent=$((resent + 1)); idle=0; fi
+    sleep 0.2
+  done
+  kill -0 "$pid" 2>/dev/null && echo "airflow scheduler (pid $pid) still running after $1 s: killed with the group" >&2
+  rm -f "$f"
+}
 stop_airflow() {
   [ -f "$LOCAL/airflow.pid" ] && kill -0 -- "-$(cat "$LOCAL/airflow.pid")" 2>/dev/null || { stop_group airflow "$LOCAL/airflow.pid"; return 0; }
   # Gracefully, in order. The scheduler first, alone: on SIGTERM it schedules nothing more and its
@@ -35,7 +55,7 @@ stop_airflow() {
   # next scheduler). They report their state through the API server, so it stops last. Past the bound
   # (TIERING_AIRFLOW_STOP_SECONDS, default 180) the group is killed: a task killed so misses heartbeats and
   # is retried after [scheduler] task_instance_heartbeat_timeout (DAGs' default_args: retries).
-  stop_one scheduler "${TIERING_AIRFLOW_STOP_SECONDS:-180}"
+  stop_scheduler "${TIERING_AIRFLOW_STOP_SECONDS:-180}"
   stop_one dag-processor 30
   stop_one triggerer 30
   stop_one api-server 30
