@@ -28,8 +28,8 @@ stop_one() {  # component seconds: TERM one Airflow component and wait for it to
   fi
   rm -f "$f"
 }
-tasks_running() {  # a LocalExecutor task process ("airflow worker -- <ti id>") left in the group
-  pgrep -g "$(cat "$LOCAL/airflow.pid")" -f '^airflow worker -- [0-9a-f]{8}-' >/dev/null 2>&1
+tasks_running() {  # a task left in the group: its process, or a LocalExecutor worker still holding it
+  pgrep -g "$(cat "$LOCAL/airflow.pid")" -f '^airflow worker -- (LocalExecutor: )?[0-9a-f]{8}-' >/dev/null 2>&1
 }
 stop_scheduler() {  # seconds: TERM, wait for its tasks; TERM again once none runs (see below)
   local f="$LOCAL/airflow-pids/scheduler.pid" pid idle=0 resent=0
