@@ -46,14 +46,16 @@ REF_BEFORE=$(psql "$TIERING_DATABASE_URL" -Atc "$REFS_SQL")
 run_dag tiering_defrag
 run_dag tiering_retention
 run_dag tiering_gc
+run_dag tiering_gc_sweep
 REF_AFTER=$(psql "$TIERING_DATABASE_URL" -Atc "$REFS_SQL")
 run_dag tiering_metadata_export
+run_dag tiering_scrub "{\"topic\": \"$T_SMALL\"}"
 
 step "4/6 after"
 sql "select * from tiering.tier_usage where topic like '%-$RUN' order by topic"
 echo "tier-2 objects referenced by metadata: $REF_BEFORE before defrag, $REF_AFTER after; the merged-away ones"
 echo "stay in the GC queue for their delay (10 min) so readers holding old metadata finish, then GC deletes them:"
-sql "select job, status, items_done, items_failed, bytes, ended_at - started_at as took from tiering.job_run order by run_id desc limit 8"
+sql "select job, status, items_done, items_failed, bytes, ended_at - started_at as took from tiering.job_run order by run_id desc limit 10"
 sql "select reason, count(*), min(not_before) as first_due from tiering.gc_queue group by reason"
 
 step "5/6 read ranges across tiers and verify byte for byte"
