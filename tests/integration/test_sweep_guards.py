@@ -48,9 +48,14 @@ def test_recovery_refuses_to_start_while_a_sweep_runs(deps, db, offloaded):
     assert deps.meta.list_topics() == []  # nothing recovered, nothing half-written
 
 
-def test_a_sweep_started_during_recovery_is_taken_and_deletes_nothing(deps, db, offloaded):
+def test_a_sweep_started_during_recovery_fails_and_deletes_nothing(deps, db, offloaded):
+    """Not "taken by another worker" (exit 0): no sweep did the work, so the run fails with the reason."""
     empty_tables(db)
     with gc_sweep.excluding_sweep(db, deps.bucket.name, deps.bucket.prefix):
-        r = sweep_orphans(deps, orphan_grace=timedelta(0))
-        assert r.taken and r.orphans_deleted == [] and r.pages == 0
+        with pytest.raises(TieringError, match="recovery from the bucket is running"):
+            sweep_orphans(deps, orphan_grace=timedelta(0))
+    assert bucket_keys(deps) == offloaded
+    # recovery over: the sweep runs (and, the metadata still empty, refuses to delete the store)
+    with pytest.raises(TieringError, match="recover-from-bucket"):
+        sweep_orphans(deps, orphan_grace=timedelta(0))
     assert bucket_keys(deps) == offloaded

@@ -40,6 +40,7 @@ gc_sweep = Table(
 
 # Two-key advisory locks (class, object) live apart from job_run's one-key locks (metadata/job_runs.py).
 LOCK_CLASS = 0x67637377  # "gcsw"
+RECOVERY_CLASS = 0x72637672  # "rcvr": held by recovery beside the sweep's lock, so a sweep can tell who has it
 
 
 @dataclass(frozen=True)
@@ -53,16 +54,31 @@ class SweepState:
     passes_completed: int
 
 
+def _try_lock(conn, lock_class: int, bucket: str, prefix: str) -> bool:
+    return bool(conn.execute(select(func.pg_try_advisory_lock(
+        literal(lock_class), func.hashtext(literal(bucket) + "/" + literal(prefix))))).scalar_one())
+
+
 @contextmanager
-def exclusive(engine: Engine, bucket: str, prefix: str) -> Iterator[bool]:
+def exclusive(engine: Engine, bucket: str, prefix: str, recovery: bool = False) -> Iterator[bool]:
     """Yields True while this process holds the sweep of (bucket, prefix), False when another session does.
     The lock is released when the block ends (the pool's check-in drops it, metadata/db.py) or when the
-    process dies (its connection closes)."""
+    process dies (its connection closes). `recovery`: also hold recovery's lock (see recovery_running)."""
     conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
     try:
-        held = conn.execute(select(func.pg_try_advisory_lock(
-            literal(LOCK_CLASS), func.hashtext(literal(bucket) + "/" + literal(prefix))))).scalar_one()
-        yield bool(held)
+        held = _try_lock(conn, LOCK_CLASS, bucket, prefix)
+        if held and recovery:
+            _try_lock(conn, RECOVERY_CLASS, bucket, prefix)
+        yield held
+    finally:
+        conn.close()
+
+
+def recovery_running(engine: Engine, bucket: str, prefix: str) -> bool:
+    """Whether a recovery holds the sweep's lock (rather than another sweep): its second lock is taken."""
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        return not _try_lock(conn, RECOVERY_CLASS, bucket, prefix)  # a lock got here goes with the connection
     finally:
         conn.close()
 
@@ -72,7 +88,7 @@ def excluding_sweep(engine: Engine, bucket: str, prefix: str) -> Iterator[None]:
     """Held by recovery from the bucket for its whole run: recovery makes chunk rows reference objects that
     are in no GC queue, so a sweep deciding a page meanwhile would take them for orphans. The sweep's own
     lock is the guard: while either holds it, the other refuses to start."""
-    with exclusive(engine, bucket, prefix) as held:
+    with exclusive(engine, bucket, prefix, recovery=True) as held:
         if not held:
             raise TieringError(f"an orphan sweep of {bucket}/{prefix} is running (tiering gc --sweep, DAG "
                                "tiering_gc_sweep): recovery must not run beside it; rerun when it has ended")

@@ -154,6 +154,10 @@ def sweep_orphans(deps: Deps, orphan_grace: timedelta | None = None, max_pages: 
     report = SweepReport()
     with gc_sweep.exclusive(engine, b.name, b.prefix) as held:
         if not held:
+            if gc_sweep.recovery_running(engine, b.name, b.prefix):
+                # not another sweep's work: this run's work is not done, so it is not a success
+                raise TieringError(f"the orphan sweep of {b.name}/{b.prefix} did not run: recovery from the "
+                                   "bucket is running; the next run sweeps")
             report.taken = True
             return report
         state = gc_sweep.load(engine, b.name, b.prefix)
