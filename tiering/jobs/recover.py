@@ -17,19 +17,17 @@ topic turns out to own it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 from tiering.config import Settings
 from tiering.errors import TieringError
 from tiering.format.keys import encode_topic, parse_key
-from tiering.jobs.runner import BACKOFF_SECONDS, RETRIES, deps_from, outcome_lines, run_ref, topic_arg
+from tiering.jobs.runner import BACKOFF_SECONDS, RETRIES, deps_from, load_settings, recorded, run_ref, topic_arg
 from tiering.jobs.spec import int_arg
 from tiering.metadata import gc_sweep
-from tiering.metadata.job_runs import JobOutcome, JobRuns
+from tiering.metadata.job_runs import JobOutcome
 from tiering.model import TopicPolicy
 from tiering.ops.recover import RecoverReport, list_segment, recover_topic, tier1_only_items
 from tiering.ops.recover_tier1 import topic_dirs
@@ -150,37 +148,17 @@ def _run(deps, args, settings: Settings, outcome: JobOutcome) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        settings = Settings.from_env()
-    except TieringError as exc:
-        print(f"recover: error: {exc}", file=sys.stderr)
+    settings = load_settings("recover")
+    if settings is None:
         return 2
     deps = deps_from(settings)
-    runs = JobRuns(deps.meta.engine)
-    ref = run_ref("recover")
-    run_id = runs.start("recover", args.topic, ref)
-    outcome = JobOutcome(details={"pages_checked": args.check_pages})
-    try:
+
+    def body(outcome: JobOutcome) -> None:
         with gc_sweep.excluding_sweep(deps.meta.engine, deps.bucket.name, deps.bucket.prefix):
             _run(deps, args, settings, outcome)
-    except TieringError as exc:
-        outcome.errors.append(str(exc))
-    except Exception as exc:  # noqa: BLE001 - recorded in job_run, then the job fails
-        outcome.errors.append(f"{type(exc).__name__}: {exc}")
-        traceback.print_exc(file=sys.stderr)
-    finally:
-        runs.finish(run_id, outcome)
-    failed = bool(outcome.items_failed or outcome.errors)
-    print(json.dumps({"job": "recover", "run_id": run_id, "done": outcome.items_done,
-                      "failed": outcome.items_failed, **outcome.details}, default=str))
-    if ref.dag_id is None:  # under Airflow the operator logs these lines from the job_run row, once
-        for line in outcome_lines(ref.kind, {"status": "FAILED" if failed else "SUCCEEDED", "bytes": 0,
-                                             "items_done": outcome.items_done, "items_failed": outcome.items_failed,
-                                             "details": outcome.details}):
-            print(line)
-    for err in outcome.errors[:SHOWN]:
-        print(f"{ref.kind}: error: {err}", file=sys.stderr)
-    return 1 if failed else 0
+
+    return recorded("recover", run_ref("recover"), args.topic, deps.meta.engine, body,
+                    JobOutcome(details={"pages_checked": args.check_pages}))
 
 
 if __name__ == "__main__":

@@ -124,6 +124,47 @@ def _size(n: int) -> str:
     return str(n)
 
 
+def load_settings(job: str) -> Settings | None:
+    """The settings from the environment; None after one line on stderr (the job then exits 2)."""
+    try:
+        return Settings.from_env()
+    except TieringError as exc:
+        print(f"{job}: error: {exc}", file=sys.stderr)
+        return None
+
+
+def recorded(job: str, ref: RunRef, topic: str | None, engine, body: Callable[[JobOutcome], None],
+             outcome: JobOutcome | None = None) -> int:
+    """Run `body(outcome)` as one job_run row: started first, finished with whatever the body recorded, also
+    when it raised (a TieringError by its sentence, anything else by type and message, its traceback on
+    stderr). Then the summary JSON on stdout, the outcome lines when run by hand (under Airflow the operator
+    logs them from the row, once) and the first errors on stderr. Exit 1 when an item failed or an error was
+    recorded, else 0. The jobs built on `run`, recovery and the scrub share it."""
+    runs = JobRuns(engine)
+    run_id = runs.start(job, topic, ref)
+    outcome = outcome if outcome is not None else JobOutcome()
+    try:
+        body(outcome)
+    except TieringError as exc:
+        outcome.errors.append(str(exc))
+    except Exception as exc:  # noqa: BLE001 - recorded in job_run, then the job fails
+        outcome.errors.append(f"{type(exc).__name__}: {exc}")
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        runs.finish(run_id, outcome)
+    failed = bool(outcome.items_failed or outcome.errors)
+    print(json.dumps({"job": job, "run_id": run_id, "done": outcome.items_done, "failed": outcome.items_failed,
+                      "bytes": outcome.bytes, **outcome.details}, default=str))
+    if ref.dag_id is None:
+        row = {"status": "FAILED" if failed else "SUCCEEDED", "items_done": outcome.items_done,
+               "items_failed": outcome.items_failed, "bytes": outcome.bytes, "details": outcome.details}
+        for line in outcome_lines(ref.kind, row):
+            print(line)
+    for err in outcome.errors[:20]:
+        print(f"{ref.kind}: error: {err}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
         plan: Callable[[Deps, argparse.Namespace], list[dict]], work: Work,
         finish: Callable[[Deps, argparse.Namespace, JobOutcome], None] | None = None, tier1: bool = True,
@@ -131,17 +172,12 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
     """Parse args, plan on the driver, run items on executors, record one job_run row. `tier1`: the job
     works on tier-1 files, so executors check they see the driver's root."""
     args = parser.parse_args(argv)
-    try:
-        settings = Settings.from_env()
-    except TieringError as exc:
-        print(f"{job}: error: {exc}", file=sys.stderr)
+    settings = load_settings(job)
+    if settings is None:
         return 2
     deps = deps_from(settings)
-    runs = JobRuns(deps.meta.engine)
-    ref = run_ref(kind(args) if kind else job)
-    run_id = runs.start(job, getattr(args, "topic", None) or getattr(args, "prefix", None), ref)
-    outcome = JobOutcome()
-    try:
+
+    def body(outcome: JobOutcome) -> None:
         items = plan(deps, args)
         outcome.details["planned"] = len(items)
         if (ledgers := planned_ledgers(items)) is not None and ledgers != len(items):
@@ -160,25 +196,9 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
                 outcome.details["skipped"] = outcome.details.get("skipped", 0) + p["skipped"]
         if finish is not None:
             finish(deps, args, outcome)
-    except TieringError as exc:
-        outcome.errors.append(str(exc))
-    except Exception as exc:  # noqa: BLE001 - recorded in job_run, then the job fails
-        outcome.errors.append(f"{type(exc).__name__}: {exc}")
-        traceback.print_exc(file=sys.stderr)
-    finally:
-        runs.finish(run_id, outcome)
-    summary = {"job": job, "run_id": run_id, "done": outcome.items_done, "failed": outcome.items_failed,
-               "bytes": outcome.bytes, **outcome.details}
-    print(json.dumps(summary, default=str))
-    row = {"status": "FAILED" if outcome.items_failed or outcome.errors else "SUCCEEDED",
-           "items_done": outcome.items_done, "items_failed": outcome.items_failed, "bytes": outcome.bytes,
-           "details": outcome.details}
-    if ref.dag_id is None:  # under Airflow the operator logs these lines from the job_run row, once
-        for line in outcome_lines(ref.kind, row):
-            print(line)
-    for err in outcome.errors[:20]:
-        print(f"{ref.kind}: error: {err}", file=sys.stderr)
-    return 1 if outcome.items_failed or outcome.errors else 0
+
+    topic = getattr(args, "topic", None) or getattr(args, "prefix", None)
+    return recorded(job, run_ref(kind(args) if kind else job), topic, deps.meta.engine, body)
 
 
 def ledger_item(led) -> dict:

@@ -10,12 +10,9 @@ per topic. DATALOSS is never skipped here: a scrub that skipped it would report 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from tiering import clients
-from tiering.config import Settings
-from tiering.errors import TieringError
 
 APP = "tiering-scrub"
 
@@ -64,25 +61,22 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="tiering-scrub")
     p.add_argument("--topic", help="scrub one topic (default: every topic)")
     args = p.parse_args(argv)
-    try:
-        settings = Settings.from_env()
-    except TieringError as exc:
-        print(f"scrub: error: {exc}", file=sys.stderr)
-        return 2
 
-    from tiering.jobs.runner import outcome_lines, run_ref
-    from tiering.metadata.job_runs import JobOutcome, JobRuns
+    from tiering.jobs.runner import load_settings, recorded, run_ref
     from tiering.metadata.repository import MetadataStore
 
+    settings = load_settings("scrub")
+    if settings is None:
+        return 2
     engine = clients.engine(settings, pool_size=1)
-    runs = JobRuns(engine)
-    ref = run_ref("scrub")
-    run_id = runs.start("scrub", args.topic, ref)
-    outcome = JobOutcome()
-    try:
-        topics = [args.topic] if args.topic else [t.name for t in MetadataStore(engine).list_topics()]
-        outcome.details["planned"] = len(topics)
-        if topics:
+
+    def body(outcome) -> None:
+        try:
+            topics = [args.topic] if args.topic else [t.name for t in MetadataStore(engine).list_topics()]
+            outcome.details["planned"] = len(topics)
+            if not topics:
+                outcome.details["spark"] = "skipped"
+                return
             from pyspark.sql import SparkSession
 
             from tiering.spark import register
@@ -98,23 +92,13 @@ def main(argv=None) -> int:
                                    ledgers=sum(r["ledgers"] for r in results.values()),
                                    failed_topics=sorted(t for t in errors if t != "*"))
             outcome.errors.extend(f"{t}: {e}" for t, e in errors.items())
-        else:
-            outcome.details["spark"] = "skipped"
-    except Exception as exc:  # noqa: BLE001 - recorded in job_run, then the job fails
-        outcome.errors.append(f"{type(exc).__name__}: {_first_line(exc)}")
+        except Exception as exc:  # noqa: BLE001 - a Spark failure's useful line, not its JVM trace
+            outcome.errors.append(f"{type(exc).__name__}: {_first_line(exc)}")
+
+    try:
+        return recorded("scrub", run_ref("scrub"), args.topic, engine, body)
     finally:
-        runs.finish(run_id, outcome)
         engine.dispose()
-    print(json.dumps({"job": "scrub", "run_id": run_id, "done": outcome.items_done, "failed": outcome.items_failed,
-                      "bytes": outcome.bytes, **outcome.details}, default=str))
-    status = "FAILED" if outcome.items_failed or outcome.errors else "SUCCEEDED"
-    for line in outcome_lines("scrub", {"status": status, "items_done": outcome.items_done,
-                                        "items_failed": outcome.items_failed, "bytes": outcome.bytes,
-                                        "details": outcome.details}):
-        print(line)
-    for err in outcome.errors[:20]:
-        print(f"scrub: error: {err}", file=sys.stderr)
-    return 1 if status == "FAILED" else 0
 
 
 if __name__ == "__main__":
