@@ -32,6 +32,8 @@ VARIABLES = {
     "TIERING_OFFLOAD_BATCH_BYTES": "sealed ledgers smaller than this, of one topic in one run, are offloaded "
                                    "together into one object pair (default 8 MiB; 0: one pair per ledger)",
     "TIERING_PAGE_SIZE": "target bytes of a checksummed page of entries in tier 2 (default 64 KiB; at least 4096)",
+    "TIERING_OFFLOAD_MAX_BYTES_PER_SECOND": "upload rate limit of one offload process; a Spark offload job splits it "
+                                           "across its tasks (default 0: unlimited)",
     "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY": "S3 credentials (else boto3's default chain)",
     "AWS_SESSION_TOKEN": "session token of temporary S3 credentials (optional)",
     "AWS_DEFAULT_REGION": "S3 region (default us-east-1)",
@@ -61,6 +63,7 @@ INTS: dict[str, IntSetting] = {  # Settings field -> its setting
     "offload_timeout_seconds": IntSetting("TIERING_OFFLOAD_TIMEOUT_SECONDS", 3600, 1, MAX_SECONDS),
     "gc_delay_seconds": IntSetting("TIERING_GC_DELAY_SECONDS", 600, 0, MAX_SECONDS),
     "offload_batch_bytes": IntSetting("TIERING_OFFLOAD_BATCH_BYTES", 8 * MIB, 0, 5 * 1024 * MIB),
+    "offload_max_bytes_per_second": IntSetting("TIERING_OFFLOAD_MAX_BYTES_PER_SECOND", 0, 0, INT64_MAX),
 }
 
 
@@ -81,6 +84,7 @@ class Settings:
     offload_timeout_seconds: int = INTS["offload_timeout_seconds"].default
     gc_delay_seconds: int = INTS["gc_delay_seconds"].default
     offload_batch_bytes: int = INTS["offload_batch_bytes"].default
+    offload_max_bytes_per_second: int = INTS["offload_max_bytes_per_second"].default
 
     @property
     def database_url_safe(self) -> str:
@@ -138,6 +142,7 @@ class Settings:
             "TIERING_OFFLOAD_TIMEOUT_SECONDS": str(self.offload_timeout_seconds),
             "TIERING_GC_DELAY_SECONDS": str(self.gc_delay_seconds),
             "TIERING_OFFLOAD_BATCH_BYTES": str(self.offload_batch_bytes),
+            "TIERING_OFFLOAD_MAX_BYTES_PER_SECOND": str(self.offload_max_bytes_per_second),
         }
         if self.s3_endpoint_url:
             env["TIERING_S3_ENDPOINT_URL"] = self.s3_endpoint_url
@@ -150,7 +155,7 @@ class Settings:
         return env
 
 
-def pyarrow_s3_filesystem(**kwargs):
+def pyarrow_s3_filesystem(settings: "Settings | None" = None, **kwargs):
     """pyarrow's S3 filesystem, sending checksums only when an operation requires one (as `tiering.clients.s3_client`).
 
     Its AWS C++ SDK otherwise uploads parts as `aws-chunked` with a trailing checksum and no Content-Length,

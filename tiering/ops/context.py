@@ -27,13 +27,16 @@ class Knobs:
     offload_timeout: timedelta = timedelta(seconds=INTS["offload_timeout_seconds"].default)
     # Objects merged away or trimmed stay this long so readers holding old metadata can finish.
     gc_delay: timedelta = timedelta(seconds=INTS["gc_delay_seconds"].default)
+    # Upload rate limit of this process in bytes per second (0: none); a Spark job gives each task its share.
+    max_bytes_per_second: int = INTS["offload_max_bytes_per_second"].default
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides) -> Knobs:
         """The knobs the settings give (the CLI, the Spark jobs and the tests' workers build them here)."""
         return cls(**{"block_size": settings.block_size, "upload_concurrency": settings.upload_concurrency,
                       "page_size": settings.page_size, "batch_small_bytes": settings.offload_batch_bytes,
-                      "offload_timeout": settings.offload_timeout, "gc_delay": settings.gc_delay, **overrides})
+                      "offload_timeout": settings.offload_timeout, "gc_delay": settings.gc_delay,
+                      "max_bytes_per_second": settings.offload_max_bytes_per_second, **overrides})
 
 
 @dataclass(frozen=True)

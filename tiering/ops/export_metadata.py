@@ -159,7 +159,7 @@ def filesystem_for(url: str, settings=None, *, endpoint_url: str | None = None, 
             ep = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
             kwargs.update(endpoint_override=ep.netloc, scheme=ep.scheme or "https")
         base = f"{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
-        return pyarrow_s3_filesystem(**kwargs), base
+        return pyarrow_s3_filesystem(settings, **kwargs), base
     if parts.scheme == "file":
         return pafs.LocalFileSystem(), parts.path.rstrip("/") or "/"
     if parts.scheme and len(parts.scheme) > 1:

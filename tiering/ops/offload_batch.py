@@ -64,7 +64,8 @@ def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None) -> 
     try:
         uploaded = upload_ledgers(b, topic=first.topic, attempt=attempt, data_key=keys[0], index_key=keys[1],
                                   sources=_sources(deps, started), block_size=knobs.block_size,
-                                  page_size=knobs.page_size, concurrency=knobs.upload_concurrency, hook=hook)
+                                  page_size=knobs.page_size, concurrency=knobs.upload_concurrency, hook=hook,
+                                  max_bytes_per_second=knobs.max_bytes_per_second)
         items = [(led, Chunk(keys[0], p.data_offset, p.data_length, keys[1], p.index_offset, p.index_length,
                              0, led.entry_count - 1)) for led, p in zip(started, uploaded.ledgers)]
         return deps.meta.complete_offload_batch(items, attempt)

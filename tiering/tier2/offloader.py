@@ -56,7 +56,7 @@ class UploadedBatch:
 def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_key: str,
                    sources: Iterator[tuple[LedgerToUpload, Iterable[tuple[int, bytes]]]], block_size: int,
                    concurrency: int, page_size: int = DEFAULT_PAGE_SIZE, part_size: int | None = None,
-                   hook: StepHook = None) -> UploadedBatch:
+                   hook: StepHook = None, max_bytes_per_second: int = 0) -> UploadedBatch:
     """Upload the ledgers `sources` yields, each with its entries (consumed before the next is asked for).
     Steps for the hook: the upload's ("initiated", "part", "completed"), then "index"."""
     step = hook or (lambda _name: None)
