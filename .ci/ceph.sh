@@ -7,6 +7,10 @@
 # own cluster; a recorded port taken by someone else meanwhile is replaced at restart. Each daemon runs in
 # the foreground (-f) under setsid with its PID in .local/ceph/<name>.pid so `make stop` stops exactly it.
 # Output: .local/ceph/s3.env with the endpoint and the generated S3 user's keys.
+# `ceph.sh tls-rgw` starts a SECOND gateway on the running cluster (same users and buckets) with an https
+# endpoint only, a self-signed CA generated under .local/ceph/tls/ and RGW's KMS `testing` backend (SSE-KMS
+# and SSE-C; RGW refuses both over plain http); it writes .local/ceph/tls/env. `ceph.sh tls-rgw-stop`
+# stops it. The first gateway is never restarted for it: its options apply to new starts only.
 # Facts behind the settings: ../shared/ENVIRONMENT.md ("Ceph RGW runs here", "RGW gotchas").
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -60,7 +64,7 @@ start() {  # name pidfile-name command...: start a daemon in its own session, re
 }
 stop_recorded() {
   local n pid
-  for n in rgw osd mon; do
+  for n in rgw-tls rgw osd mon; do
     if alive "$n"; then pid=$(cat "$CEPH/$n.pid"); kill -TERM "$pid"
       for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
       kill -KILL "$pid" 2>/dev/null || true; fi
@@ -130,8 +134,76 @@ rgw gc obj min wait = 60
 rgw gc processor period = 60
 rgw enable usage log = false
 debug rgw = 0
+# SSE-KMS with RGW's built-in `testing` key store (never for production: keys live in this file); RGW
+# refuses SSE over plain http (rgw crypt require ssl), so encryption is exercised on `ceph.sh tls-rgw`
+rgw crypt s3 kms backend = testing
+rgw crypt s3 kms encryption keys = testkey-1=$(kms_key)
 CONF
 }
+
+kms_key() {  # the KMS `testing` backend's key (base64 of 32 random bytes), generated once per checkout
+  [ -s "$CEPH/kms-testkey" ] || (umask 077; "$PY" -c 'import base64,os; print(base64.b64encode(os.urandom(32)).decode())' >"$CEPH/kms-testkey")
+  cat "$CEPH/kms-testkey"
+}
+
+# ---- the TLS gateway (`ceph.sh tls-rgw`) ------------------------------------------------------------
+TLS="$CEPH/tls"
+tls_certs() {  # a CA and a server certificate for 127.0.0.1/localhost signed by it, generated once
+  [ -s "$TLS/server.pem" ] && return 0
+  mkdir -p "$TLS"; chmod 755 "$TLS"
+  (umask 077
+   openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=tiering test CA" \
+     -keyout "$TLS/ca.key" -out "$TLS/ca.pem" 2>/dev/null
+   openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout "$TLS/server.key" \
+     -out "$TLS/server.csr" 2>/dev/null
+   printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >"$TLS/ext.cnf"
+   openssl x509 -req -in "$TLS/server.csr" -CA "$TLS/ca.pem" -CAkey "$TLS/ca.key" -CAcreateserial -days 3650 \
+     -extfile "$TLS/ext.cnf" -out "$TLS/server.pem" 2>/dev/null
+   rm -f "$TLS/server.csr" "$TLS/ext.cnf")
+  chmod 644 "$TLS/ca.pem" "$TLS/server.pem"
+}
+tls_rgw_ok() { "$PY" -c 'import ssl,sys,urllib.request,urllib.error
+try: urllib.request.urlopen(sys.argv[1], timeout=2, context=ssl.create_default_context(cafile=sys.argv[2]))
+except urllib.error.HTTPError: pass' "https://127.0.0.1:$1/" "$TLS/ca.pem" >/dev/null 2>&1; }
+tls_rgw() {
+  [ -f "$CEPH/ready" ] && alive mon && alive osd || { log "the cluster is not running: run make services first"; exit 1; }
+  if alive rgw-tls && [ -f "$TLS/port" ] && tls_rgw_ok "$(cat "$TLS/port")"; then return 0; fi
+  tls_certs
+  [ -s "$CEPH/rgw-tls.keyring" ] || cephc auth get-or-create client.rgw.tls mon 'allow rw' osd 'allow rwx' \
+    -o "$CEPH/rgw-tls.keyring" >/dev/null
+  mkdir -p "$CEPH/rgw-tls"
+  exec 9>/tmp/tiering-ceph-ports.lock; flock 9
+  local port; port=$(free_ports 1)
+  # options on the command line, not in ceph.conf: the conf stays the first gateway's
+  setsid radosgw -f -c "$CONF" -n client.rgw.tls --keyring "$CEPH/rgw-tls.keyring" --rgw-data "$CEPH/rgw-tls" \
+    --rgw-frontends "beast ssl_endpoint=127.0.0.1:$port ssl_certificate=$TLS/server.pem ssl_private_key=$TLS/server.key tcp_nodelay=1" \
+    --rgw-thread-pool-size 32 --rgw-crypt-s3-kms-backend testing \
+    --rgw-crypt-s3-kms-encryption-keys "testkey-1=$(kms_key)" --rgw-enable-usage-log false \
+    >>"$CEPH/log/rgw-tls.out" 2>&1 </dev/null 8>&- 9>&- &
+  echo $! >"$CEPH/rgw-tls.pid"
+  flock -u 9
+  echo "$port" >"$TLS/port"
+  wait_for "radosgw (tls)" 60 tls_rgw_ok "$port"
+  cat >"$TLS/env" <<ENV
+S3_URL=https://127.0.0.1:$port
+CA_BUNDLE=$TLS/ca.pem
+KMS_KEY_ID=testkey-1
+ENV
+  log "radosgw (tls, KMS testing backend) up on https://127.0.0.1:$port"
+}
+tls_rgw_stop() {
+  local pid
+  if alive rgw-tls; then pid=$(cat "$CEPH/rgw-tls.pid"); kill -TERM "$pid"
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true; fi
+  rm -f "$CEPH/rgw-tls.pid" "$TLS/env" "$TLS/port"
+}
+case "${1:-}" in
+  tls-rgw) tls_rgw; exit 0;;
+  tls-rgw-stop) tls_rgw_stop; exit 0;;
+  "") ;;
+  *) log "usage: ceph.sh [tls-rgw | tls-rgw-stop]"; exit 2;;
+esac
 
 read_ports() { read -r MON2_PORT MON1_PORT OSD_PORT_MIN OSD_PORT_MAX RGW_PORT <"$CEPH/ports"; }
 save_ports() { echo "$MON2_PORT $MON1_PORT $OSD_PORT_MIN $OSD_PORT_MAX $RGW_PORT" >"$CEPH/ports"; }

@@ -17,21 +17,11 @@ def engine(settings: Settings, **kwargs):
 
 
 def s3_client(settings: Settings, max_pool_connections: int = 32):
-    import boto3
-    from botocore.config import Config
+    """The boto3 client of tier 2, with the settings' CA bundle and server-side encryption (SSE-S3, SSE-KMS or
+    SSE-C) on every request that needs it: built in tiering.tier2.objects, which owns every S3 call."""
+    from tiering.tier2.objects import make_client
 
-    return boto3.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint_url,
-        aws_access_key_id=settings.aws_access_key_id,
-        aws_secret_access_key=settings.aws_secret_access_key,
-        aws_session_token=settings.aws_session_token,
-        region_name=settings.aws_region,
-        # checksums only when an operation requires them: older S3-compatible servers (Ceph RGW 16) neither
-        # return nor verify the newer flexible checksums, and the readers check every page themselves
-        config=Config(max_pool_connections=max_pool_connections, retries={"max_attempts": 5, "mode": "standard"},
-                      request_checksum_calculation="when_required", response_checksum_validation="when_required"),
-    )
+    return make_client(settings, max_pool_connections)
 
 
 def bucket(settings: Settings, client=None):

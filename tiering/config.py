@@ -34,6 +34,12 @@ VARIABLES = {
     "TIERING_PAGE_SIZE": "target bytes of a checksummed page of entries in tier 2 (default 64 KiB; at least 4096)",
     "TIERING_OFFLOAD_MAX_BYTES_PER_SECOND": "upload rate limit of one offload process; a Spark offload job splits it "
                                            "across its tasks (default 0: unlimited)",
+    "TIERING_S3_SSE": "server-side encryption of every object written: none (default), AES256 (SSE-S3) or aws:kms "
+                      "(SSE-KMS)",
+    "TIERING_S3_SSE_KMS_KEY_ID": "the KMS key id, ARN or alias for TIERING_S3_SSE=aws:kms (empty: the store's default key)",
+    "TIERING_S3_SSE_C_KEY_FILE": "file holding a 32-byte customer key (raw, or base64) for SSE-C: every write and read "
+                                 "sends it; never logged (exclusive with TIERING_S3_SSE)",
+    "TIERING_S3_CA_BUNDLE": "PEM file of the CA(s) that sign an https S3 endpoint's certificate (default: the system's)",
     "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY": "S3 credentials (else boto3's default chain)",
     "AWS_SESSION_TOKEN": "session token of temporary S3 credentials (optional)",
     "AWS_DEFAULT_REGION": "S3 region (default us-east-1)",
@@ -67,6 +73,33 @@ INTS: dict[str, IntSetting] = {  # Settings field -> its setting
 }
 
 
+SSE_MODES = ("none", "AES256", "aws:kms")
+SSE_C_KEY_BYTES = 32  # SSE-C is AES-256: S3 takes exactly a 256-bit key
+PG_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+
+
+@dataclass(frozen=True)
+class S3Encryption:
+    """What server-side encryption every S3 request asks for (`tiering.tier2.objects.install_encryption` adds
+    it to each request). `customer_key` (SSE-C) never shows in repr or messages; `setting` names the
+    variables an error should point at."""
+    mode: str = "none"  # none | AES256 | aws:kms | SSE-C
+    kms_key_id: str | None = None
+    customer_key: bytes | None = field(default=None, repr=False)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+    @property
+    def setting(self) -> str:
+        if self.mode == "SSE-C":
+            return "TIERING_S3_SSE_C_KEY_FILE"
+        if self.mode == "aws:kms":
+            return "TIERING_S3_SSE=aws:kms" + (" with TIERING_S3_SSE_KMS_KEY_ID" if self.kms_key_id else "")
+        return f"TIERING_S3_SSE={self.mode}"
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str = field(repr=False)
@@ -85,15 +118,30 @@ class Settings:
     gc_delay_seconds: int = INTS["gc_delay_seconds"].default
     offload_batch_bytes: int = INTS["offload_batch_bytes"].default
     offload_max_bytes_per_second: int = INTS["offload_max_bytes_per_second"].default
+    s3_sse: str = "none"
+    s3_sse_kms_key_id: str | None = None
+    s3_sse_c_key_file: Path | None = None
+    # the SSE-C key's bytes, read from s3_sse_c_key_file once (from_env); never in repr, env or messages
+    s3_sse_c_key: bytes | None = field(default=None, repr=False, compare=False)
+    s3_ca_bundle: Path | None = None
 
     @property
     def database_url_safe(self) -> str:
-        """The database URL with any password masked, for messages."""
+        """The database URL with any password masked (also libpq's `sslpassword`), for messages."""
         parts = urlsplit(self.database_url)
         if parts.password:
-            netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-            return parts._replace(netloc=netloc).geturl()
-        return self.database_url
+            parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@"))
+        if parts.query:
+            parts = parts._replace(query="&".join(
+                f"{k}=***" if k in ("password", "sslpassword") else (f"{k}={v}" if v or "=" in kv else k)
+                for kv in parts.query.split("&") for k, _, v in [kv.partition("=")]))
+        return parts.geturl()
+
+    @property
+    def s3_encryption(self) -> S3Encryption:
+        if self.s3_sse_c_key is not None:
+            return S3Encryption("SSE-C", customer_key=self.s3_sse_c_key)
+        return S3Encryption(self.s3_sse, self.s3_sse_kms_key_id if self.s3_sse == "aws:kms" else None)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -109,12 +157,37 @@ class Settings:
             aws_session_token=env.get("AWS_SESSION_TOKEN") or None,
             aws_region=env.get("AWS_DEFAULT_REGION") or "us-east-1",
             **{name: _int(env.get(i.var), i.var, i.default, i.lo, i.hi, i.out_of_range) for name, i in INTS.items()},
+            s3_sse=_sse(env.get("TIERING_S3_SSE")),
+            s3_sse_kms_key_id=(env.get("TIERING_S3_SSE_KMS_KEY_ID") or "").strip() or None,
+            s3_sse_c_key_file=_path(env.get("TIERING_S3_SSE_C_KEY_FILE")),
+            s3_ca_bundle=_path(env.get("TIERING_S3_CA_BUNDLE")),
         ).validated()
+
+    def __post_init__(self) -> None:
+        # The SSE-C key is read from its file once, where the settings are built: a Spark executor or a DAG
+        # task reads it where it runs, from the path `to_env` passes; the key itself never travels.
+        if self.s3_sse_c_key_file is None:
+            object.__setattr__(self, "s3_sse_c_key", None)
+        elif self.s3_sse_c_key is None:
+            object.__setattr__(self, "s3_sse_c_key", read_sse_c_key(self.s3_sse_c_key_file))
 
     def validated(self) -> "Settings":
         if not self.bucket or len(self.bucket) < 3:
             raise ConfigError("TIERING_BUCKET must be a bucket name of at least 3 characters")
         _check_tier1_root(self.tier1_root)
+        if self.s3_sse not in SSE_MODES:
+            raise ConfigError(f"TIERING_S3_SSE must be one of {', '.join(SSE_MODES)}")
+        if self.s3_sse_kms_key_id and self.s3_sse != "aws:kms":
+            raise ConfigError("TIERING_S3_SSE_KMS_KEY_ID is set but TIERING_S3_SSE is not aws:kms")
+        if self.s3_sse_c_key_file is not None and self.s3_sse != "none":
+            raise ConfigError("TIERING_S3_SSE_C_KEY_FILE (SSE-C) and TIERING_S3_SSE exclude each other: an object "
+                              "has one kind of server-side encryption")
+        if self.s3_ca_bundle is not None:
+            if not self.s3_ca_bundle.is_file():
+                raise ConfigError("TIERING_S3_CA_BUNDLE is not a readable file")
+            if not (self.s3_endpoint_url or "https://").startswith("https://"):
+                # a CA bundle says the operator expects TLS: never talk plain http instead
+                raise ConfigError("TIERING_S3_CA_BUNDLE is set but TIERING_S3_ENDPOINT_URL is not an https:// URL")
         return self
 
     @property
@@ -152,20 +225,71 @@ class Settings:
             env["AWS_SECRET_ACCESS_KEY"] = self.aws_secret_access_key
         if self.aws_session_token:
             env["AWS_SESSION_TOKEN"] = self.aws_session_token
+        if self.s3_sse != "none":
+            env["TIERING_S3_SSE"] = self.s3_sse
+        if self.s3_sse_kms_key_id:
+            env["TIERING_S3_SSE_KMS_KEY_ID"] = self.s3_sse_kms_key_id
+        if self.s3_sse_c_key_file is not None:  # the path only: the key is read where the job runs
+            env["TIERING_S3_SSE_C_KEY_FILE"] = str(self.s3_sse_c_key_file)
+        if self.s3_ca_bundle is not None:
+            env["TIERING_S3_CA_BUNDLE"] = str(self.s3_ca_bundle)
         return env
 
 
 def pyarrow_s3_filesystem(settings: "Settings | None" = None, **kwargs):
-    """pyarrow's S3 filesystem, sending checksums only when an operation requires one (as `tiering.clients.s3_client`).
+    """pyarrow's S3 filesystem, sending checksums only when an operation requires one (as `tiering.clients.s3_client`),
+    trusting `TIERING_S3_CA_BUNDLE` for an https endpoint.
 
     Its AWS C++ SDK otherwise uploads parts as `aws-chunked` with a trailing checksum and no Content-Length,
     which Ceph RGW 16 and other older S3-compatible servers refuse (HTTP 411 MissingContentLength). pyarrow
     has no option for it: the SDK reads this variable each time a filesystem is built, so it is set here,
-    in the one module that owns the process environment (also in Spark executors, which build their own)."""
+    in the one module that owns the process environment (also in Spark executors, which build their own).
+
+    Encryption: pyarrow 26's S3FileSystem sends no server-side encryption header at all (its C++ options
+    have an SSE-C key, its Python binding does not expose it; SSE-S3 and SSE-KMS are not there in either).
+    With `TIERING_S3_SSE` or an SSE-C key set, an export must not go through it: this refuses (one line
+    naming the setting) rather than write objects unencrypted; `tiering.tier2.arrowfs.s3_filesystem` is the
+    filesystem that writes through boto3 with the product's encryption."""
     import pyarrow.fs
 
+    if settings is not None and settings.s3_encryption.enabled:
+        raise ConfigError(f"{settings.s3_encryption.setting} is set, and pyarrow's S3 filesystem cannot send "
+                          f"server-side encryption: the export must write through tiering.tier2.arrowfs")
+    if settings is not None and settings.s3_ca_bundle is not None:
+        kwargs.setdefault("tls_ca_file_path", str(settings.s3_ca_bundle))
     os.environ["AWS_REQUEST_CHECKSUM_CALCULATION"] = "when_required"
     return pyarrow.fs.S3FileSystem(**kwargs)
+
+
+def read_sse_c_key(path: Path) -> bytes:
+    """The 32-byte SSE-C key from its file: the raw bytes, or their base64 (one line). Messages name the
+    variable, never the file's content."""
+    import base64
+    import binascii
+
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"TIERING_S3_SSE_C_KEY_FILE cannot be read ({type(exc).__name__})") from None
+    if len(raw) == SSE_C_KEY_BYTES:
+        return raw
+    try:
+        key = base64.b64decode(raw.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    if len(key) != SSE_C_KEY_BYTES:
+        raise ConfigError(f"TIERING_S3_SSE_C_KEY_FILE must hold a {SSE_C_KEY_BYTES}-byte key (raw, or base64 on one "
+                          f"line)")
+    return key
+
+
+def database_ssl_params(database_url: str) -> dict[str, str]:
+    """libpq's TLS parameters of the database URL (`?sslmode=verify-full&sslrootcert=...`), for the clients that
+    do not take the URL itself (Spark's JDBC reader: pgjdbc knows the same names)."""
+    from urllib.parse import parse_qsl
+
+    return {k: v for k, v in parse_qsl(urlsplit(database_url).query)
+            if k in ("sslmode", "sslrootcert", "sslcert", "sslkey")}
 
 
 def _required(env: Mapping[str, str], name: str) -> str:
@@ -183,9 +307,24 @@ def _database_url(url: str) -> str:
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError:
         raise ConfigError("TIERING_DATABASE_URL has a port that is not a number") from None
+    sslmode = database_ssl_params(url).get("sslmode")
+    if sslmode is not None and sslmode not in PG_SSLMODES:
+        raise ConfigError(f"TIERING_DATABASE_URL's sslmode must be one of {', '.join(PG_SSLMODES)}")
     if parts.scheme == "postgres":
         url = "postgresql" + url[len("postgres"):]
     return url
+
+
+def _sse(raw: str | None) -> str:
+    value = (raw or "").strip() or "none"
+    for mode in SSE_MODES:  # the AWS spellings, in any case
+        if value.lower() == mode.lower():
+            return mode
+    raise ConfigError(f"TIERING_S3_SSE must be one of {', '.join(SSE_MODES)}")
+
+
+def _path(raw: str | None) -> Path | None:
+    return Path(raw.strip()).expanduser() if raw and raw.strip() else None
 
 
 def _endpoint(url: str | None, name: str) -> str | None:

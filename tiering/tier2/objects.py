@@ -1,5 +1,6 @@
 """Small S3 operations shared by the offloader, defrag and GC, with errors mapped to `Tier2Error`
-(operation and key, never credentials)."""
+(operation and key, never credentials); the boto3 client of tier 2 (`make_client`) with the server-side
+encryption every request carries (`install_encryption`)."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,7 @@ from typing import Iterable, Iterator
 from botocore.exceptions import (BotoCoreError, ClientError, CredentialRetrievalError, NoCredentialsError,
                                  PartialCredentialsError)
 
+from tiering.config import S3Encryption, Settings
 from tiering.errors import DataLossError, Tier2Error
 
 
@@ -32,6 +34,131 @@ def error_code(exc: BaseException) -> str | None:
 # operator to TIERING_S3_ENDPOINT_URL (issue 20)
 _CREDENTIALS = (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)
 CREDENTIALS_HINT = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile or role boto3 finds)"
+
+
+def make_client(settings: Settings, max_pool_connections: int = 32):
+    """The boto3 S3 client of tier 2: the endpoint, credentials, CA bundle (`verify`) and encryption of the
+    settings. `tiering.clients.s3_client` and the export's filesystem (tier2/arrowfs.py) both build it here."""
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint_url,
+        aws_access_key_id=settings.aws_access_key_id,
+        aws_secret_access_key=settings.aws_secret_access_key,
+        aws_session_token=settings.aws_session_token,
+        region_name=settings.aws_region,
+        # None: boto3's default (certifi's CAs, or AWS_CA_BUNDLE); never False: TLS is verified or refused
+        verify=str(settings.s3_ca_bundle) if settings.s3_ca_bundle else None,
+        # checksums only when an operation requires them: older S3-compatible servers (Ceph RGW 16) neither
+        # return nor verify the newer flexible checksums, and the readers check every page themselves
+        config=Config(max_pool_connections=max_pool_connections, retries={"max_attempts": 5, "mode": "standard"},
+                      request_checksum_calculation="when_required", response_checksum_validation="when_required"),
+    )
+    # over https botocore sends a checksummed upload as `aws-chunked` with the checksum in a trailer and no
+    # Content-Length, which Ceph RGW 16 refuses (411 MissingContentLength); our bodies are bytes in memory
+    # (botocore wraps them in a BytesIO), so the checksum goes in a header as it does over http
+    for op in ("PutObject", "UploadPart"):
+        client.meta.events.register(f"before-call.s3.{op}", _checksum_in_header)
+    install_encryption(client, settings.s3_encryption, settings.s3_endpoint_url)
+    return client
+
+
+def _checksum_in_header(params, **_):
+    algorithm = params.get("context", {}).get("checksum", {}).get("request_algorithm")
+    body = params.get("body")
+    if isinstance(algorithm, dict) and algorithm.get("in") == "trailer" and (
+            isinstance(body, (bytes, bytearray)) or hasattr(body, "seekable") and body.seekable()):
+        algorithm["in"] = "header"
+
+
+# Which operations carry what (S3's API): the encryption of a new object is asked for where it is created
+# (PutObject, CreateMultipartUpload, CopyObject); an SSE-C key goes on every request that reads or writes the
+# object's bytes, and a copy also names the key of its source.
+_CREATES = ("PutObject", "CreateMultipartUpload", "CopyObject")
+_SSE_C = _CREATES + ("UploadPart", "UploadPartCopy", "CompleteMultipartUpload", "GetObject", "HeadObject")
+_SSE_C_SOURCE = ("CopyObject", "UploadPartCopy")
+_READS = ("GetObject", "HeadObject")
+_ENCRYPTION_CODES = {"InvalidRequest", "InvalidArgument", "InvalidEncryptionAlgorithmError", "AccessDenied", "400",
+                     "403", "NotImplemented"}
+
+
+def install_encryption(client, enc: S3Encryption, endpoint_url: str | None) -> None:
+    """Add the encryption parameters to every request of `client` that needs them (botocore's
+    before-parameter-build: each call site in tier2/ stays as it is), check that a write was encrypted, and
+    name the setting in errors that encryption causes (after-call: the one-line `Tier2Error` then says it).
+
+    A store that ignores the header (Ceph RGW 16 answers SSE-S3 `AES256` with 200 and stores the object
+    unencrypted) fails the write instead of leaving a plaintext object the operator believes encrypted."""
+    from botocore.exceptions import ClientError as _ClientError
+
+    plain_http = (endpoint_url or "https://").startswith("http://")
+
+    def add_parameters(params, model, context, **_):
+        op = model.name
+        if enc.mode == "SSE-C":
+            if op in _SSE_C:
+                params.setdefault("SSECustomerAlgorithm", "AES256")
+                params.setdefault("SSECustomerKey", enc.customer_key)
+            if op in _SSE_C_SOURCE:
+                params.setdefault("CopySourceSSECustomerAlgorithm", "AES256")
+                params.setdefault("CopySourceSSECustomerKey", enc.customer_key)
+        elif enc.enabled and op in _CREATES:
+            params.setdefault("ServerSideEncryption", enc.mode)
+            if enc.kms_key_id:
+                params.setdefault("SSEKMSKeyId", enc.kms_key_id)
+
+    def check_response(http_response, parsed, model, **_):
+        op = model.name
+        err = parsed.get("Error") if http_response.status_code >= 300 else None
+        if err is not None:
+            code = str(err.get("Code"))
+            hint = _encryption_hint(enc, op, code, str(err.get("Message") or ""), plain_http)
+            if hint:
+                err["Message"] = f"{err.get('Message') or ''} ({hint})".lstrip()
+            return
+        if enc.enabled and op in _CREATES:
+            applied = parsed.get("SSECustomerAlgorithm") if enc.mode == "SSE-C" else parsed.get("ServerSideEncryption")
+            if not applied:
+                if op == "CreateMultipartUpload" and parsed.get("UploadId"):
+                    try:  # no caller will ever know this upload: abort it here (GC's sweep is the net)
+                        client.abort_multipart_upload(Bucket=parsed["Bucket"], Key=parsed["Key"],
+                                                      UploadId=parsed["UploadId"])
+                    except Exception:  # noqa: BLE001 - best effort
+                        pass
+                raise _ClientError({"Error": {"Code": "ServerSideEncryptionNotApplied", "Message":
+                                              f"the store accepted the write without applying {enc.setting}; "
+                                              f"refusing to leave data unencrypted"}}, op)
+
+    if enc.enabled:
+        for op in _SSE_C if enc.mode == "SSE-C" else _CREATES:
+            # first: botocore's own handler on the same event base64-encodes the key and adds its MD5
+            client.meta.events.register_first(f"before-parameter-build.s3.{op}", add_parameters)
+    for op in set(_SSE_C):
+        client.meta.events.register(f"after-call.s3.{op}", check_response)
+
+
+def _encryption_hint(enc: S3Encryption, op: str, code: str, message: str, plain_http: bool) -> str | None:
+    """What to tell the operator when an error may come from encryption (None: it does not)."""
+    kms_error = code.startswith("KMS") or "kms" in message.lower()
+    if not (code in _ENCRYPTION_CODES or kms_error):
+        return None
+    if enc.enabled:
+        if plain_http and code in ("InvalidRequest", "400"):
+            return (f"{enc.setting}: the store refuses server-side encryption over plain http; use an https "
+                    f"TIERING_S3_ENDPOINT_URL")
+        if kms_error:
+            return f"{enc.setting}: the store could not use the KMS key"
+        if enc.mode == "SSE-C" and op in _READS + ("UploadPartCopy", "CopyObject") and code != "AccessDenied":
+            return f"{enc.setting}: the object was written with another key, or without SSE-C"
+        return f"refused with {enc.setting}"
+    if op in _READS and code in ("InvalidArgument", "InvalidRequest", "400"):
+        return "the object may be encrypted with a customer key (SSE-C): set TIERING_S3_SSE_C_KEY_FILE"
+    if op in _CREATES and code in ("AccessDenied", "403"):
+        return ("TIERING_S3_SSE is none: a bucket policy that requires server-side encryption refuses such writes; "
+                "set TIERING_S3_SSE or TIERING_S3_SSE_C_KEY_FILE")
+    return None
 
 
 def tier2_error(op: str, key: str, exc: BaseException) -> Tier2Error:
