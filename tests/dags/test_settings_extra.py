@@ -60,3 +60,66 @@ def test_timeouts_from_the_s3_connection_extra(tmp_path):
         # what spark-submit's environment gets
         assert got["env"] == {"TIERING_OFFLOAD_TIMEOUT_SECONDS": str(want["offload_timeout"]),
                               "TIERING_GC_DELAY_SECONDS": str(want["gc_delay"])}, (name, got)
+
+
+# Encryption and TLS (issue 23): the `tiering_s3` extra's sse / sse_kms_key_id / sse_c_key_file / ca_bundle
+# (or the Amazon provider's `verify`), the `tiering_metadata` extra's sslmode / sslrootcert.
+SECURITY_PROBE = """
+import json, os, sys
+from tiering.jobs.hook import TieringHook
+from tiering.errors import ConfigError
+out = []
+for s3_extra, pg_extra in json.loads(sys.argv[1]):
+    os.environ["AIRFLOW_CONN_TIERING_S3"] = json.dumps({"conn_type": "aws", "login": "AK", "password": "SK",
+                                                        "extra": {"bucket": "tiering", **s3_extra}})
+    os.environ["AIRFLOW_CONN_TIERING_METADATA"] = json.dumps({"conn_type": "postgres", "host": "db", "login": "u",
+                                                              "password": "pw", "schema": "tiering",
+                                                              "extra": pg_extra})
+    try:
+        s = TieringHook().get_settings()
+        out.append({"repr": repr(s), "enc": repr(s.s3_encryption), "env": s.to_env(), "url": s.database_url,
+                    "key": s.s3_sse_c_key.hex() if s.s3_sse_c_key else None})
+    except ConfigError as exc:
+        out.append({"error": str(exc)})
+print(json.dumps(out))
+"""
+
+
+def test_encryption_and_tls_from_the_connections_extra(tmp_path):
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    key = bytes(range(32))
+    (tmp_path / "sse-c.key").write_bytes(key)
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    ca, key_file = str(tmp_path / "ca.pem"), str(tmp_path / "sse-c.key")
+    https = {"endpoint_url": "https://s3.example:8443"}
+    cases = [
+        [{"sse": "aws:kms", "sse_kms_key_id": "testkey-1", **https, "ca_bundle": ca},
+         {"sslmode": "verify-full", "sslrootcert": ca}],
+        [{"sse_c_key_file": key_file, **https, "verify": ca}, {}],
+        [{"sse": "DES"}, {}],
+        [{"sse": "AES256", "sse_c_key_file": key_file}, {}],
+        [{"ca_bundle": ca, "endpoint_url": "http://s3.example"}, {}],
+        [{}, {"sslmode": "verify-everything"}],
+    ]
+    run_env = {"AIRFLOW_HOME": str(home), "PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(REPO),
+               "TIERING_TIER1_ROOT": str(tmp_path / "tier1"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+               "AIRFLOW__LOGGING__LOGGING_LEVEL": "ERROR"}
+    proc = subprocess.run([sys.executable, "-c", SECURITY_PROBE, json.dumps(cases)], env=run_env,
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kms, ssec, bad_sse, both, http_ca, bad_sslmode = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert kms["enc"] == "S3Encryption(mode='aws:kms', kms_key_id='testkey-1')", kms
+    assert {k: kms["env"][k] for k in ("TIERING_S3_SSE", "TIERING_S3_SSE_KMS_KEY_ID", "TIERING_S3_CA_BUNDLE")} == \
+        {"TIERING_S3_SSE": "aws:kms", "TIERING_S3_SSE_KMS_KEY_ID": "testkey-1", "TIERING_S3_CA_BUNDLE": ca}
+    # libpq's TLS settings reach the URL psycopg2 connects with (and so spark-submit's environment)
+    assert "sslmode=verify-full" in kms["url"] and f"sslrootcert={ca}" in kms["url"].replace("%2F", "/"), kms["url"]
+    assert kms["env"]["TIERING_DATABASE_URL"] == kms["url"]
+    # SSE-C: the key is read from the file; the environment a job gets carries the path, never the key
+    assert ssec["key"] == key.hex() and ssec["enc"] == "S3Encryption(mode='SSE-C', kms_key_id=None)"
+    assert ssec["env"]["TIERING_S3_SSE_C_KEY_FILE"] == key_file and ssec["env"]["TIERING_S3_CA_BUNDLE"] == ca
+    assert key.hex() not in json.dumps(ssec["env"]) and key.hex() not in ssec["repr"]
+    assert "TIERING_S3_SSE must be one of none, AES256, aws:kms" in bad_sse["error"]
+    assert "exclude each other" in both["error"]
+    assert "TIERING_S3_CA_BUNDLE is set but TIERING_S3_ENDPOINT_URL is not an https:// URL" in http_ca["error"]
+    assert "sslmode must be one of" in bad_sslmode["error"]

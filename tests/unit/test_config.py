@@ -48,3 +48,72 @@ def test_prefix_gets_a_trailing_slash():
 def test_to_env_round_trips():
     s = Settings.from_env({**BASE, "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b"})
     assert Settings.from_env(s.to_env()) == s
+
+
+# ---- encryption and TLS settings (issue 23) ------------------------------------------------------------
+def test_sse_c_key_comes_from_a_file_and_never_shows(tmp_path):
+    import base64
+
+    key = bytes(range(100, 132))
+    raw, b64 = tmp_path / "raw.key", tmp_path / "b64.key"
+    raw.write_bytes(key)
+    b64.write_text(base64.b64encode(key).decode() + "\n")
+    for path in (raw, b64):
+        s = Settings.from_env({**BASE, "TIERING_S3_SSE_C_KEY_FILE": str(path)})
+        assert s.s3_sse_c_key == key and s.s3_encryption.mode == "SSE-C"
+        for shown in (repr(s), repr(s.s3_encryption), str(s.to_env())):
+            assert key.hex() not in shown and base64.b64encode(key).decode() not in shown and str(key) not in shown
+        assert s.to_env()["TIERING_S3_SSE_C_KEY_FILE"] == str(path)  # the path travels, the key never
+        assert Settings.from_env(s.to_env()).s3_sse_c_key == key
+
+
+@pytest.mark.parametrize("content", [b"short", b"x" * 33, b"not base64 at all, and not 32 bytes!!"])
+def test_a_bad_sse_c_key_file_is_named_without_its_content(tmp_path, content):
+    path = tmp_path / "k"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match="TIERING_S3_SSE_C_KEY_FILE must hold a 32-byte key") as err:
+        Settings.from_env({**BASE, "TIERING_S3_SSE_C_KEY_FILE": str(path)})
+    assert content.decode() not in str(err.value)
+    with pytest.raises(ConfigError, match="TIERING_S3_SSE_C_KEY_FILE cannot be read"):
+        Settings.from_env({**BASE, "TIERING_S3_SSE_C_KEY_FILE": str(tmp_path / "missing")})
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"TIERING_S3_SSE": "aes"}, "TIERING_S3_SSE must be one of none, AES256, aws:kms"),
+    ({"TIERING_S3_SSE_KMS_KEY_ID": "k1"}, "TIERING_S3_SSE_KMS_KEY_ID is set but TIERING_S3_SSE is not aws:kms"),
+    ({"TIERING_S3_CA_BUNDLE": "/nonexistent/ca.pem"}, "TIERING_S3_CA_BUNDLE is not a readable file"),
+    ({"TIERING_DATABASE_URL": "postgresql://u:s3cret@db/t?sslmode=strict"}, "sslmode must be one of"),
+])
+def test_bad_encryption_and_tls_settings_are_named(env, message):
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env({**BASE, **env})
+
+
+def test_sse_modes_and_ca_bundle(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("pem")
+    s = Settings.from_env({**BASE, "TIERING_S3_SSE": "AWS:KMS", "TIERING_S3_SSE_KMS_KEY_ID": "alias/tiering",
+                           "TIERING_S3_ENDPOINT_URL": "https://rgw:8443", "TIERING_S3_CA_BUNDLE": str(ca)})
+    assert (s.s3_sse, s.s3_encryption.kms_key_id, s.s3_ca_bundle) == ("aws:kms", "alias/tiering", ca)
+    assert Settings.from_env(s.to_env()) == s
+    # a CA bundle means TLS is expected: an http endpoint with it is refused, never used in plain text
+    with pytest.raises(ConfigError, match="TIERING_S3_ENDPOINT_URL is not an https:// URL"):
+        Settings.from_env({**BASE, "TIERING_S3_ENDPOINT_URL": "http://rgw:8080", "TIERING_S3_CA_BUNDLE": str(ca)})
+
+
+def test_database_tls_parameters_are_kept_and_secrets_masked():
+    url = "postgresql://u:s3cret@db:5432/t?sslmode=verify-full&sslrootcert=/etc/ca.pem&sslpassword=keypass"
+    s = Settings.from_env({**BASE, "TIERING_DATABASE_URL": url})
+    assert s.database_url == url and Settings.from_env(s.to_env()).database_url == url
+    assert s.database_url_safe == "postgresql://u:***@db:5432/t?sslmode=verify-full&sslrootcert=/etc/ca.pem&sslpassword=***"
+    from tiering.config import database_ssl_params
+
+    assert database_ssl_params(url) == {"sslmode": "verify-full", "sslrootcert": "/etc/ca.pem"}
+
+
+def test_pyarrow_filesystem_refuses_encryption_it_cannot_send(tmp_path):
+    from tiering.config import pyarrow_s3_filesystem
+
+    s = Settings.from_env({**BASE, "TIERING_S3_SSE": "aws:kms"})
+    with pytest.raises(ConfigError, match="TIERING_S3_SSE=aws:kms is set, and pyarrow's S3 filesystem cannot"):
+        pyarrow_s3_filesystem(s, region="us-east-1")

@@ -17,6 +17,9 @@ from airflow.sdk import BaseHook
 from tiering.config import Settings
 from tiering.errors import ConfigError
 
+# libpq's TLS parameters, as the Postgres provider reads them from a connection's extra
+SSL_EXTRA = ("sslmode", "sslrootcert", "sslcert", "sslkey")
+
 
 class TieringHook(BaseHook):
     conn_name_attr = "metadata_conn_id"
@@ -30,12 +33,16 @@ class TieringHook(BaseHook):
 
     @staticmethod
     def database_url(conn) -> str:
-        """A SQLAlchemy URL from an Airflow postgres connection (credentials quoted; never log it)."""
+        """A SQLAlchemy URL from an Airflow postgres connection (credentials quoted; never log it). libpq's TLS
+        settings in the connection's extra (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`: the Postgres
+        provider's names) go into the URL's query, which psycopg2 passes to libpq as they are."""
         from sqlalchemy.engine import URL
 
+        extra = conn.extra_dejson or {}
+        query = {k: str(extra[k]) for k in SSL_EXTRA if extra.get(k) not in (None, "")}
         return URL.create(
             "postgresql+psycopg2", username=conn.login or None, password=conn.password or None,
-            host=conn.host or None, port=conn.port or None, database=conn.schema or None,
+            host=conn.host or None, port=conn.port or None, database=conn.schema or None, query=query,
         ).render_as_string(hide_password=False)
 
     def get_settings(self, environ: Mapping[str, str] | None = None) -> Settings:
@@ -50,9 +57,15 @@ class TieringHook(BaseHook):
             env["TIERING_S3_ENDPOINT_URL"] = extra["endpoint_url"]
         if extra.get("region_name"):
             env["AWS_DEFAULT_REGION"] = extra["region_name"]
+        if isinstance(extra.get("verify"), str) and extra["verify"]:
+            # the Amazon provider's botocore `verify`: a CA bundle path (True/False are not ours to honour:
+            # verification is never switched off)
+            env["TIERING_S3_CA_BUNDLE"] = extra["verify"]
         for key, var in (("bucket", "TIERING_BUCKET"), ("prefix", "TIERING_PREFIX"),
                          ("offload_timeout_seconds", "TIERING_OFFLOAD_TIMEOUT_SECONDS"),
-                         ("gc_delay_seconds", "TIERING_GC_DELAY_SECONDS")):
+                         ("gc_delay_seconds", "TIERING_GC_DELAY_SECONDS"),
+                         ("sse", "TIERING_S3_SSE"), ("sse_kms_key_id", "TIERING_S3_SSE_KMS_KEY_ID"),
+                         ("sse_c_key_file", "TIERING_S3_SSE_C_KEY_FILE"), ("ca_bundle", "TIERING_S3_CA_BUNDLE")):
             if extra.get(key) not in (None, ""):
                 env[var] = str(extra[key])
         return Settings.from_env(env)
