@@ -11,7 +11,7 @@ from itertools import islice
 from typing import Iterable, Iterator
 
 from botocore.exceptions import (BotoCoreError, ClientError, CredentialRetrievalError, NoCredentialsError,
-                                 PartialCredentialsError)
+                                 PartialCredentialsError, SSLError)
 
 from tiering.config import S3Encryption, Settings
 from tiering.errors import DataLossError, Tier2Error
@@ -34,6 +34,11 @@ def error_code(exc: BaseException) -> str | None:
 # operator to TIERING_S3_ENDPOINT_URL (issue 20)
 _CREDENTIALS = (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)
 CREDENTIALS_HINT = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile or role boto3 finds)"
+
+
+# a TLS handshake that failed: nothing was sent, and nothing is retried in plain text
+TLS_HINT = ("the S3 endpoint's TLS certificate could not be verified (SSLError): check TIERING_S3_CA_BUNDLE "
+            "and TIERING_S3_ENDPOINT_URL")
 
 
 def make_client(settings: Settings, max_pool_connections: int = 32):
@@ -168,6 +173,8 @@ def tier2_error(op: str, key: str, exc: BaseException) -> Tier2Error:
     if isinstance(exc, _CREDENTIALS):
         return Tier2Error(f"S3 {op} of {key!r} failed: no usable S3 credentials ({type(exc).__name__}): "
                           f"{CREDENTIALS_HINT}")
+    if isinstance(exc, SSLError):
+        return Tier2Error(f"S3 {op} of {key!r} failed: {TLS_HINT}")
     if isinstance(exc, BotoCoreError):
         return Tier2Error(f"S3 {op} of {key!r} failed: {type(exc).__name__}")
     return Tier2Error(f"S3 {op} of {key!r} failed: {type(exc).__name__}: {exc}")
@@ -218,6 +225,8 @@ def check_bucket(b: Bucket) -> None:
     except _CREDENTIALS as exc:
         raise Tier2Error(f"tier 2 is unavailable: no usable S3 credentials ({type(exc).__name__}): "
                          f"{CREDENTIALS_HINT}") from None
+    except SSLError:
+        raise Tier2Error(f"tier 2 is unreachable: {TLS_HINT}") from None
     except BotoCoreError as exc:
         raise Tier2Error(f"tier 2 is unreachable: the S3 endpoint did not answer ({type(exc).__name__}); "
                          f"check TIERING_S3_ENDPOINT_URL") from None
