@@ -6,7 +6,7 @@ its repr, and errors name the variable, never its value.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Mapping
@@ -190,6 +190,11 @@ class Settings:
                 raise ConfigError("TIERING_S3_CA_BUNDLE is set but TIERING_S3_ENDPOINT_URL is not an https:// URL")
         return self
 
+    def __reduce__(self):
+        # Pickled (the Spark data source carries its settings to executors): without the SSE-C key's bytes,
+        # which the executor reads from the same file when the settings are rebuilt there.
+        return (_settings, ({f.name: getattr(self, f.name) for f in fields(self) if f.name != "s3_sse_c_key"},))
+
     @property
     def offload_timeout(self) -> timedelta:
         return timedelta(seconds=self.offload_timeout_seconds)
@@ -234,6 +239,10 @@ class Settings:
         if self.s3_ca_bundle is not None:
             env["TIERING_S3_CA_BUNDLE"] = str(self.s3_ca_bundle)
         return env
+
+
+def _settings(values: dict) -> Settings:
+    return Settings(**values)
 
 
 def pyarrow_s3_filesystem(settings: "Settings | None" = None, **kwargs):

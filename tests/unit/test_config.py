@@ -117,3 +117,14 @@ def test_pyarrow_filesystem_refuses_encryption_it_cannot_send(tmp_path):
     s = Settings.from_env({**BASE, "TIERING_S3_SSE": "aws:kms"})
     with pytest.raises(ConfigError, match="TIERING_S3_SSE=aws:kms is set, and pyarrow's S3 filesystem cannot"):
         pyarrow_s3_filesystem(s, region="us-east-1")
+
+
+def test_pickled_settings_carry_the_key_file_not_the_key(tmp_path):
+    import pickle
+
+    key = bytes(range(7, 39))
+    (tmp_path / "k").write_bytes(key)
+    s = Settings.from_env({**BASE, "TIERING_S3_SSE_C_KEY_FILE": str(tmp_path / "k")})
+    blob = pickle.dumps(s)
+    assert key not in blob
+    assert pickle.loads(blob).s3_sse_c_key == key and pickle.loads(blob) == s  # read again where unpickled
