@@ -226,3 +226,17 @@ def test_encryption_refusals_are_one_line_naming_the_setting(database_url, tls_r
         with pytest.raises(Tier2Error, match=named) as err:
             put_bytes(Bucket(make_client(settings), enc_bucket, "t/"), "t/refused", b"x", {})
         assert "\n" not in str(err.value)
+    # a bucket policy that requires SSE (RGW 16 enforces it): refused without, accepted with TIERING_S3_SSE
+    import json
+
+    admin = make_client(Settings.from_env(base))
+    admin.put_bucket_policy(Bucket=enc_bucket, Policy=json.dumps({"Version": "2012-10-17", "Statement": [{
+        "Effect": "Deny", "Principal": "*", "Action": "s3:PutObject", "Resource": f"arn:aws:s3:::{enc_bucket}/*",
+        "Condition": {"Null": {"s3:x-amz-server-side-encryption": "true"}}}]}))
+    try:
+        with pytest.raises(Tier2Error, match="AccessDenied.*TIERING_S3_SSE is none: a bucket policy"):
+            put_bytes(Bucket(admin, enc_bucket, "t/"), "t/policy", b"x", {})
+        kms = Settings.from_env({**base, "TIERING_S3_SSE": "aws:kms", "TIERING_S3_SSE_KMS_KEY_ID": "testkey-1"})
+        put_bytes(Bucket(make_client(kms), enc_bucket, "t/"), "t/policy", b"x", {})
+    finally:
+        admin.delete_bucket_policy(Bucket=enc_bucket)

@@ -157,7 +157,8 @@ def _encryption_hint(enc: S3Encryption, op: str, code: str, message: str, plain_
             return f"{enc.setting}: the store could not use the KMS key"
         if enc.mode == "SSE-C" and op in _READS + ("UploadPartCopy", "CopyObject") and code != "AccessDenied":
             return f"{enc.setting}: the object was written with another key, or without SSE-C"
-        return f"refused with {enc.setting}"
+        return (f"refused with {enc.setting}: the bucket's policy may require another kind of server-side "
+                f"encryption, or the credentials lack access")
     if op in _READS and code in ("InvalidArgument", "InvalidRequest", "400"):
         return "the object may be encrypted with a customer key (SSE-C): set TIERING_S3_SSE_C_KEY_FILE"
     if op in _CREATES and code in ("AccessDenied", "403"):
