@@ -44,19 +44,25 @@ def _read_env(path: Path) -> dict:
     return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
+_GATEWAY: dict = {}  # one TLS gateway for the run, shared by this module and test_tls.py
+
+
 @pytest.fixture(scope="module")
-def tls_rgw():
-    """The TLS gateway: started for this module unless it runs already (then left running)."""
-    started = not (CEPH / "rgw-tls.pid").exists()
-    proc = subprocess.run(["bash", str(ROOT / ".ci" / "ceph.sh"), "tls-rgw"], capture_output=True, text=True,
-                          env={**os.environ, "PY": sys.executable}, timeout=120)
-    if proc.returncode != 0:
-        pytest.fail(f"ceph.sh tls-rgw failed: {proc.stderr[-500:]}", pytrace=False)
-    env = _read_env(CEPH / "tls" / "env")
-    yield {"url": env["S3_URL"], "ca": Path(env["CA_BUNDLE"]), "kms_key_id": env["KMS_KEY_ID"]}
-    if started:
-        subprocess.run(["bash", str(ROOT / ".ci" / "ceph.sh"), "tls-rgw-stop"], capture_output=True, timeout=60,
-                       env={**os.environ, "PY": sys.executable})
+def tls_rgw(request):
+    """The TLS gateway: started once per run unless it runs already (then left running); stopped at the end
+    of the run by whoever started it."""
+    if not _GATEWAY:
+        started = not (CEPH / "rgw-tls.pid").exists()
+        run = {"capture_output": True, "text": True, "env": {**os.environ, "PY": sys.executable}, "timeout": 120}
+        proc = subprocess.run(["bash", str(ROOT / ".ci" / "ceph.sh"), "tls-rgw"], **run)
+        if proc.returncode != 0:
+            pytest.fail(f"ceph.sh tls-rgw failed: {proc.stderr[-500:]}", pytrace=False)
+        if started:
+            request.config.add_cleanup(lambda: subprocess.run(["bash", str(ROOT / ".ci" / "ceph.sh"), "tls-rgw-stop"],
+                                                              **run))
+        env = _read_env(CEPH / "tls" / "env")
+        _GATEWAY.update(url=env["S3_URL"], ca=Path(env["CA_BUNDLE"]), kms_key_id=env["KMS_KEY_ID"])
+    return dict(_GATEWAY)
 
 
 @pytest.fixture(scope="module")
