@@ -134,10 +134,8 @@ rgw gc obj min wait = 60
 rgw gc processor period = 60
 rgw enable usage log = false
 debug rgw = 0
-# SSE-KMS with RGW's built-in `testing` key store (never for production: keys live in this file); RGW
-# refuses SSE over plain http (rgw crypt require ssl), so encryption is exercised on `ceph.sh tls-rgw`
-rgw crypt s3 kms backend = testing
-rgw crypt s3 kms encryption keys = testkey-1=$(kms_key)
+# No SSE here: RGW refuses SSE-KMS and SSE-C over plain http (rgw crypt require ssl = true, kept); the
+# https gateway of `ceph.sh tls-rgw` has the KMS backend
 CONF
 }
 
