@@ -65,7 +65,7 @@ stop_airflow
 [ "${1:-}" = airflow ] && exit 0
 stop_group moto "$LOCAL/moto.pid"
 # Ceph: the gateway first, then the OSD, then the monitor (each its own session; TERM lets BlueStore close)
-for n in rgw osd mon; do stop_group "ceph $n" "$LOCAL/ceph/$n.pid"; done
+for n in rgw-tls rgw osd mon; do stop_group "ceph $n" "$LOCAL/ceph/$n.pid"; done
 if [ -f "$LOCAL/pg.pid" ] && [ -f "$LOCAL/pg/data/PG_VERSION" ]; then
   PGBIN="$(dirname "$(ls /usr/lib/postgresql/*/bin/pg_ctl | sort -V | tail -n1)")"
   AS_PG=(); [ "$(id -u)" -eq 0 ] && AS_PG=(runuser -u postgres --)

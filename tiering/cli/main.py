@@ -67,11 +67,14 @@ def describe_failure(exc: Exception) -> str:
     if isinstance(exc, SQLAlchemyError):
         return f"metadata database error: {type(exc).__name__}"
     try:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, SSLError
 
         if isinstance(exc, ClientError):
             err = exc.response.get("Error", {})
             return f"S3 {exc.operation_name} failed: {err.get('Code')} {err.get('Message', '')}".strip()
+        if isinstance(exc, SSLError):
+            return ("S3's TLS certificate could not be verified (check TIERING_S3_CA_BUNDLE and "
+                    f"TIERING_S3_ENDPOINT_URL): {first(exc)}")
         if isinstance(exc, BotoCoreError):
             return f"S3 is unreachable or misconfigured (check TIERING_S3_ENDPOINT_URL): {first(exc)}"
     except ImportError:

@@ -13,7 +13,6 @@ import json
 import sys
 from datetime import datetime, timezone
 
-from sqlalchemy.engine import make_url
 
 from tiering import clients
 from tiering.config import Settings
@@ -26,10 +25,10 @@ def default_dest(settings: Settings, now: datetime) -> str:
 
 
 def jdbc_options(settings: Settings) -> dict[str, str]:
-    url = make_url(settings.database_url)
-    return {"url": f"jdbc:postgresql://{url.host or 'localhost'}:{url.port or 5432}/{url.database}",
-            "user": url.username or "", "password": url.password or "", "driver": "org.postgresql.Driver",
-            "fetchsize": "10000"}
+    from tiering.spark.sql import jdbc_url
+
+    url, user, password = jdbc_url(settings.database_url)
+    return {"url": url, "user": user, "password": password, "driver": "org.postgresql.Driver", "fetchsize": "10000"}
 
 
 def _write_partitions(settings: Settings, dest: str, table: str):

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from tiering.config import pyarrow_s3_filesystem
+from tiering.tier2.arrowfs import s3_filesystem as pyarrow_s3_filesystem
 from tiering.errors import BadInput, TieringError
 from tiering.metadata import export_rows as R
 from tiering.metadata.export_rows import jdbc_query, table_names  # re-exported: the Spark job uses them from here

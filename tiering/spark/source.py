@@ -84,7 +84,8 @@ _CLIENTS_LOCK = threading.Lock()
 
 
 def _clients(settings: Settings):
-    key = (settings.database_url, settings.bucket, settings.prefix, settings.s3_endpoint_url, str(settings.tier1_root))
+    key = (settings.database_url, settings.bucket, settings.prefix, settings.s3_endpoint_url, str(settings.tier1_root),
+           settings.s3_sse, settings.s3_sse_kms_key_id, str(settings.s3_sse_c_key_file), str(settings.s3_ca_bundle))
     with _CLIENTS_LOCK:
         got = _CLIENTS.get(key)
         if got is None:

@@ -22,8 +22,15 @@ def jdbc_url(database_url: str) -> tuple[str, str, str]:
     """(jdbc url, user, password) of the metadata database."""
     from sqlalchemy.engine import make_url
 
+    from urllib.parse import urlencode
+
+    from tiering.config import database_ssl_params
+
     url = make_url(database_url)
-    return (f"jdbc:postgresql://{url.host or 'localhost'}:{url.port or 5432}/{url.database}",
+    # libpq's TLS parameters carry over (pgjdbc knows sslmode/sslrootcert/sslcert/sslkey): without them pgjdbc's
+    # default sslmode=prefer would connect without checking the server's certificate
+    ssl = urlencode(database_ssl_params(database_url))
+    return (f"jdbc:postgresql://{url.host or 'localhost'}:{url.port or 5432}/{url.database}" + (f"?{ssl}" if ssl else ""),
             url.username or "", url.password or "")
 
 
