@@ -168,9 +168,11 @@ def recorded(job: str, ref: RunRef, topic: str | None, engine, body: Callable[[J
 def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
         plan: Callable[[Deps, argparse.Namespace], list[dict]], work: Work,
         finish: Callable[[Deps, argparse.Namespace, JobOutcome], None] | None = None, tier1: bool = True,
-        kind: Callable[[argparse.Namespace], str] | None = None) -> int:
+        kind: Callable[[argparse.Namespace], str] | None = None,
+        prepare: Callable[[Deps, argparse.Namespace, list[dict], int], list[dict]] | None = None) -> int:
     """Parse args, plan on the driver, run items on executors, record one job_run row. `tier1`: the job
-    works on tier-1 files, so executors check they see the driver's root."""
+    works on tier-1 files, so executors check they see the driver's root. `prepare(deps, args, items,
+    parallelism)` adjusts the items once Spark is up and its parallelism known (offload: the rate budget)."""
     args = parser.parse_args(argv)
     settings = load_settings(job)
     if settings is None:
@@ -188,6 +190,8 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
             # A bare SparkContext: these jobs use RDDs only, and a SparkSession costs ~4 s more to start.
             sc = SparkContext.getOrCreate(SparkConf().setAppName(f"tiering-{job}"))
             slices = max(1, min(len(items), sc.defaultParallelism * 2))
+            if prepare is not None:
+                items = prepare(deps, args, items, sc.defaultParallelism)
             token = root_token(settings.tier1_root) if tier1 else None
             parts = sc.parallelize(items, slices).mapPartitions(
                 lambda it: _do_items(settings, work, it, token)).collect()
