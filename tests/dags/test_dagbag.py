@@ -57,9 +57,9 @@ def test_offload_prefix_form_validates_the_position(dagbag):
     from airflow.sdk.exceptions import ParamValidationError
 
     params = dagbag.dags["tiering_offload_prefix"].params
-    assert set(params.keys()) == {"topic", "position"}
+    assert set(params.keys()) == {"topic", "position", "max_bytes_per_second"}
     params_ok = _with(params, {"topic": "orders", "position": "12:0"})
-    assert params_ok.validate() == {"topic": "orders", "position": "12:0"}
+    assert params_ok.validate() == {"topic": "orders", "position": "12:0", "max_bytes_per_second": None}
     for bad in ({"topic": "orders", "position": "12"}, {"topic": "", "position": "1:0"},
                 {"topic": "orders", "position": "1:0; drop"},
                 # issue 13: Unicode digits, a trailing newline (Python's `$` matches before it), control chars
@@ -68,6 +68,20 @@ def test_offload_prefix_form_validates_the_position(dagbag):
                 {"topic": "a\nb", "position": "1:0"}, {"topic": "orders\n", "position": "1:0"}):
         with pytest.raises(ParamValidationError):
             _with(params, bad).validate()
+
+
+def test_offload_dags_take_an_optional_upload_limit_and_only_they(dagbag):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    for dag_id, dag in dagbag.dags.items():
+        if not dag_id.startswith("tiering_offload_"):
+            assert "max_bytes_per_second" not in dag.params.keys(), dag_id
+            continue
+        base = {"topic": "orders", "position": "1:0"} if dag_id == "tiering_offload_prefix" else {}
+        assert _with(dag.params, {**base, "max_bytes_per_second": 8388608}).validate()["max_bytes_per_second"] == 8388608
+        for bad in (-1, "8M", 1.5):
+            with pytest.raises(ParamValidationError):
+                _with(dag.params, {**base, "max_bytes_per_second": bad}).validate()
 
 
 def test_scheduled_dags_take_an_optional_topic_only_where_the_job_uses_it(dagbag):

@@ -30,6 +30,10 @@ def test_every_dag_of_the_design_is_there():
     ("tiering_recover", {"check_pages": False}, []),
     ("tiering_recover", {"topic": "-x", "check_pages": True}, ["--topic=-x", "--check-pages"]),
     ("tiering_gc", {"check_pages": False}, []),  # false is "not asked for", whatever the job
+    # the offload DAGs' upload limit (issue 23); 0 is a value (unlimited for this run), not "absent"
+    ("tiering_offload_by_age", {"max_bytes_per_second": 8388608}, ["--by=age", "--max-bytes-per-second=8388608"]),
+    ("tiering_offload_prefix", {"topic": "t", "position": "1:0", "max_bytes_per_second": 0},
+     ["--prefix=t", "--position=1:0", "--max-bytes-per-second=0"]),
 ])
 def test_args(dag_id, kwargs, expected):
     assert spark_submit_args(dag_id, **kwargs) == expected
@@ -47,6 +51,11 @@ def test_args(dag_id, kwargs, expected):
     ("tiering_gc", {"check_pages": True}),
     ("tiering_recover", {"check_pages": "false"}),  # a string is not a switch: "false" would read as true
     ("tiering_recover", {"check_pages": 1}),
+    ("tiering_gc", {"max_bytes_per_second": 5}),
+    ("tiering_metadata_export", {"max_bytes_per_second": 0}),
+    ("tiering_offload_by_age", {"max_bytes_per_second": -1}),
+    ("tiering_offload_by_age", {"max_bytes_per_second": "8M"}),
+    ("tiering_offload_by_age", {"max_bytes_per_second": True}),
     ("nope", {}),
 ])
 def test_bad_args_are_refused(dag_id, kwargs):

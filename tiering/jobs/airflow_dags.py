@@ -16,7 +16,7 @@ from airflow.sdk import (DAG, Asset, AssetOrTimeSchedule, ExceptionRetryPolicy, 
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from tiering.jobs.spec import JOBS, POSITION_PATTERN, TOPIC_MAX, TOPIC_PATTERN, JobSpec, RunParam, spark_submit_args
+from tiering.jobs.spec import JOBS, POSITION_PATTERN, TOPIC_MAX, TOPIC_PATTERN, JobSpec, RunParam
 
 JDBC_JAR = "/usr/share/java/postgresql.jar"
 LOG4J = Path(__file__).resolve().parent / "log4j2.properties"  # Spark at WARN (TIERING_SPARK_LOG_LEVEL)
@@ -111,10 +111,9 @@ class TieringSparkSubmitOperator(SparkSubmitOperator):
         from tiering.jobs.hook import TieringHook
 
         params = context["params"]
-        self.application_args = spark_submit_args(self.job, topic=params.get("topic") or None,
-                                                  position=params.get("position") or None,
-                                                  dest=params.get("dest") or None,
-                                                  check_pages=params.get("check_pages"))
+        from tiering.jobs.preflight import job_args
+
+        self.application_args = job_args(self.job, params)
         settings = TieringHook().get_settings()
         self.prepare_submit(settings.to_env())
         ref = _run_ref(self.job, context)  # the job's job_run row carries the Airflow run it belongs to
@@ -229,6 +228,10 @@ def _form_field(param: RunParam) -> Param:
                      description="Also download every data object and check its page CRC32Cs, so a corrupt "
                                  "copy is not recovered; this reads the whole bucket. Off: objects' lengths "
                                  "and indexes are checked, pages when read, e.g. on for a suspect bucket.")
+    if param.name == "max_bytes_per_second":
+        return Param(None, type=["null", "integer"], title="Upload limit (bytes per second, optional)", minimum=0,
+                     description="Bound this run's upload rate, split across its Spark tasks, e.g. 8388608 for "
+                                 "8 MiB/s; 0: unlimited; empty: TIERING_OFFLOAD_MAX_BYTES_PER_SECOND.")
     raise ValueError(f"no form field for the run parameter {param.name!r}")
 
 

@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from tiering.errors import BadInput, TieringError
 from tiering.jobs.runner import ledger_item, run, topic_arg
-from tiering.jobs.spec import position_arg
+from tiering.jobs.spec import int_arg, position_arg
 from tiering.model import LedgerState
 from tiering.ops import offload
 from tiering.ops.offload_batch import batches
+from tiering.model import INT64_MAX
+from tiering.tier2 import throttle
 from tiering.tier2.objects import check_bucket
 
 
@@ -18,6 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", choices=["age", "size"])
     p.add_argument("--prefix", metavar="TOPIC", help="offloadPrefix: the topic")
     p.add_argument("--position", type=position_arg, metavar="L:E", help="offloadPrefix: offload every sealed ledger before it")
+    p.add_argument("--max-bytes-per-second", type=int_arg("--max-bytes-per-second", 0, INT64_MAX), default=None,
+                   metavar="N", help="upload limit of the whole job, split across its tasks (default: "
+                                     "TIERING_OFFLOAD_MAX_BYTES_PER_SECOND; 0: unlimited)")
     topic_arg(p)
     return p
 
@@ -48,10 +54,23 @@ def _items(deps, targets) -> list[dict]:
         [ledger_item(led) for led in alone]
 
 
+def share_budget(deps, args, items: list[dict], parallelism: int) -> list[dict]:
+    """The job-wide upload limit (--max-bytes-per-second, else TIERING_OFFLOAD_MAX_BYTES_PER_SECOND) split
+    across the tasks that run at once (the runner calls this on the driver once Spark is up): each item
+    carries its task's share, so the executors together stay under the limit."""
+    total = args.max_bytes_per_second if args.max_bytes_per_second is not None else deps.knobs.max_bytes_per_second
+    if total <= 0:
+        return items
+    share = throttle.split(total, min(len(items), parallelism))
+    return [{**item, "max_bytes_per_second": share} for item in items]
+
+
 def work(deps, item) -> tuple[int, bool]:
     """One item: a ledger, or a batch of a topic's small ledgers, offloaded by offload_many (a failed batch's
     ledgers one by one; skipped only what another worker holds or finished). Any ledger failed: the item
     fails (after all of them were tried), and its retry takes on what is still not offloaded."""
+    if "max_bytes_per_second" in item:  # this task's share of the job's limit (share_budget)
+        deps = replace(deps, knobs=replace(deps.knobs, max_bytes_per_second=item["max_bytes_per_second"]))
     ids = item["ledger_ids"] if "ledger_ids" in item else [item["ledger_id"]]
     leds = [deps.meta.get_ledger(item["topic"], i) for i in ids]
     todo = [led for led in leds if led.state in (LedgerState.SEALED, LedgerState.OFFLOADING) and led.entry_count]
@@ -64,7 +83,7 @@ def work(deps, item) -> tuple[int, bool]:
 
 
 def main(argv=None) -> int:
-    return run("offload", argv, build_parser(), plan, work, kind=kind)
+    return run("offload", argv, build_parser(), plan, work, kind=kind, prepare=share_budget)
 
 
 def kind(args) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tiering.errors import BadInput
-from tiering.model import TOPIC_MAX, Position, check_topic_name, parse_int
+from tiering.model import INT64_MAX, TOPIC_MAX, Position, check_topic_name, parse_int
 
 JOBS_DIR = Path(__file__).resolve().parent
 # Airflow's trigger form validates with these (JSON-schema patterns, which Airflow checks with Python's
@@ -58,14 +58,22 @@ def _check_switch(value: object) -> bool:
     return value
 
 
+def _check_rate(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT64_MAX:
+        raise BadInput(f"an upload limit is a whole number of bytes per second (0: unlimited), got {value!r}")
+    return str(value)
+
+
 CHECKS = {"topic": check_topic_name, "position": _check_position, "dest": lambda text: text,
-          "check_pages": _check_switch}
+          "check_pages": _check_switch, "max_bytes_per_second": _check_rate}
 NOUNS = {"topic": "topic", "position": "position", "dest": "destination",  # in "<dag> takes no <noun>"
-         "check_pages": "page check"}
+         "check_pages": "page check", "max_bytes_per_second": "upload limit"}
 SWITCHES = frozenset({"check_pages"})
 TOPIC = RunParam("topic", "--topic")
 DEST = RunParam("dest", "--dest")
 CHECK_PAGES = RunParam("check_pages", "--check-pages")
+# the offload job's rate budget for this run (split across its tasks; tiering/tier2/throttle.py)
+RATE = RunParam("max_bytes_per_second", "--max-bytes-per-second")
 
 
 @dataclass(frozen=True)
@@ -107,14 +115,15 @@ class JobSpec:
 JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
     JobSpec("tiering_offload_by_age", "*/15 * * * *", "offload.py",
             "Offload sealed ledgers older than their topic's offload-after.", ("--by=age",), ("offload",),
-            planned_before_spark=True),
+            params=(TOPIC, RATE), planned_before_spark=True),
     JobSpec("tiering_offload_by_size", "*/15 * * * *", "offload.py",
             "Offload the oldest ledgers while a topic's tier-1 tail exceeds its threshold.", ("--by=size",),
-            ("offload",), planned_before_spark=True),
+            ("offload",), params=(TOPIC, RATE), planned_before_spark=True),
     JobSpec("tiering_offload_prefix", None, "offload.py",
             "Pulsar's offloadPrefix: offload every sealed ledger before a position (manual, with a form).",
             (), ("offload", "manual"),
-            params=(RunParam("topic", "--prefix", required=True), RunParam("position", "--position", required=True)),
+            params=(RunParam("topic", "--prefix", required=True), RunParam("position", "--position", required=True),
+                    RATE),
             missing="offloadPrefix needs a topic and a position L:E", planned_before_spark=True),
     JobSpec("tiering_delete_lagged", "@hourly", "delete_lagged.py",
             "Delete tier-1 copies of ledgers offloaded longer ago than the deletion lag.", (), ("tier1",),
@@ -147,17 +156,20 @@ JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
 
 
 def spark_submit_args(dag_id: str, topic: str | None = None, position: str | None = None,
-                      dest: str | None = None, check_pages: bool | None = None) -> list[str]:
+                      dest: str | None = None, check_pages: bool | None = None,
+                      max_bytes_per_second: int | None = None) -> list[str]:
     """`application_args` of a job: its fixed flags plus the run's parameters (those its spec takes),
     validated. Required parameters are checked first, then a parameter the job does not take is refused."""
     spec = JOBS.get(dag_id)
     if spec is None:
         raise BadInput(f"unknown job {dag_id!r}")
-    given = {"topic": topic, "position": position, "dest": dest, "check_pages": check_pages}
+    given = {"topic": topic, "position": position, "dest": dest, "check_pages": check_pages,
+             "max_bytes_per_second": max_bytes_per_second}
     if any(p.required and not given[p.name] for p in spec.params):
         raise BadInput(spec.missing or f"{dag_id} needs {' and '.join(p.name for p in spec.params if p.required)}")
-    for name in ("position", "topic", "dest", "check_pages"):
-        if given[name] and name not in spec.param_names():
+    for name in ("position", "topic", "dest", "check_pages", "max_bytes_per_second"):
+        if given[name] is not None and given[name] != "" and given[name] is not False \
+                and name not in spec.param_names():
             raise BadInput(f"{dag_id} takes no {NOUNS[name]}")
     # validated in reverse form order: offloadPrefix reports a bad position before a bad topic, as it did
     values = {p.name: CHECKS[p.name](given[p.name]) for p in reversed(spec.params) if given[p.name] is not None

@@ -24,6 +24,8 @@ accepts a wrong one), so readers check page CRCs themselves.
 
 Hook: `hook(name)` at "initiated" (upload created), "part" (a part stored; from the part's thread) and
 "completed" (object complete), so fault tests can fail or kill the process exactly there.
+
+Limiter (tiering/tier2/throttle.py): each uploaded part, and the single PUT, first waits for its bytes.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from tiering.errors import BadInput
 from tiering.format.block import MIN_BLOCK_SIZE
 from tiering.tier2.objects import Bucket, completed_part, error_code, tier2_error
+from tiering.tier2.throttle import RateLimiter
 
 MAX_PARTS = 10_000  # S3's limit on parts of one multipart upload
 MIN_PART_SIZE = MIN_BLOCK_SIZE  # S3's minimum size of a part but the last
@@ -46,7 +49,7 @@ StepHook = Callable[[str], None] | None
 
 class MultipartUpload:
     def __init__(self, b: Bucket, *, key: str, metadata: dict[str, str], op: str, part_size: int = MIN_PART_SIZE,
-                 concurrency: int = 1, hook: StepHook = None):
+                 concurrency: int = 1, hook: StepHook = None, limiter: RateLimiter | None = None):
         if part_size < MIN_PART_SIZE:
             raise BadInput(f"part size {part_size} is below S3's 5 MiB minimum part size")
         if concurrency < 1:
@@ -54,6 +57,7 @@ class MultipartUpload:
         self.b, self.key, self.metadata, self.op = b, key, metadata, op
         self.part_size, self.concurrency = part_size, concurrency
         self._step = hook or (lambda _name: None)
+        self._limiter = limiter  # uploaded bytes (parts, the single PUT) wait for it; server-side copies do not
         self.upload_id: str | None = None
         self.size = 0  # bytes written or copied so far: the offset in the object of the next write
         self.parts = 0  # parts shipped (1 for a single PUT)
@@ -109,7 +113,9 @@ class MultipartUpload:
         """Complete the object: ONE PutObject if nothing was shipped yet, else the last part and
         CompleteMultipartUpload once every part is stored. Returns the object's length."""
         if self.upload_id is None and not self._done:
-            self.b.s3.put_object(Bucket=self.b.name, Key=self.key, Body=self._take_pending(), Metadata=self.metadata,
+            body = self._take_pending()
+            self._throttle(len(body))
+            self.b.s3.put_object(Bucket=self.b.name, Key=self.key, Body=body, Metadata=self.metadata,
                                  ChecksumAlgorithm="CRC32C")
             self.parts = 1
         else:
@@ -183,7 +189,12 @@ class MultipartUpload:
             n, part = f.result()  # a failed part raises here; __exit__ aborts
             self._done[n] = part
 
+    def _throttle(self, nbytes: int) -> None:
+        if self._limiter is not None:
+            self._limiter.acquire(nbytes)
+
     def _upload_part(self, n: int, body: bytes) -> tuple[int, dict]:
+        self._throttle(len(body))  # in the part's thread: the writer keeps packing while a part waits
         resp = self.b.s3.upload_part(Bucket=self.b.name, Key=self.key, UploadId=self.upload_id, PartNumber=n,
                                      Body=body, ChecksumAlgorithm="CRC32C")
         self._step("part")

@@ -19,6 +19,7 @@ from tiering.format.block import DEFAULT_PAGE_SIZE, pack_blocks
 from tiering.format.index import IndexEntry, block_pages, encode_index, page_index
 from tiering.format.metadata import LedgerOffloadMetadata, encode_metadata, user_metadata
 from tiering.tier2.multipart import MultipartUpload, StepHook
+from tiering.tier2 import throttle
 from tiering.tier2.objects import Bucket, put_bytes
 
 __all__ = ["LedgerToUpload", "BatchedLedger", "UploadedBatch", "StepHook", "upload_ledgers"]
@@ -58,12 +59,13 @@ def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_
                    concurrency: int, page_size: int = DEFAULT_PAGE_SIZE, part_size: int | None = None,
                    hook: StepHook = None, max_bytes_per_second: int = 0) -> UploadedBatch:
     """Upload the ledgers `sources` yields, each with its entries (consumed before the next is asked for).
-    Steps for the hook: the upload's ("initiated", "part", "completed"), then "index"."""
+    Steps for the hook: the upload's ("initiated", "part", "completed"), then "index". The data object's
+    bytes are paced by the process's limiter for `max_bytes_per_second` (0: none; tier2/throttle.py)."""
     step = hook or (lambda _name: None)
     md = user_metadata(topic)
     index_body, placed = bytearray(), []
     with MultipartUpload(b, key=data_key, metadata=md, op="upload", part_size=part_size or block_size,
-                         concurrency=concurrency, hook=step) as up:
+                         concurrency=concurrency, hook=step, limiter=throttle.shared(max_bytes_per_second)) as up:
         for spec, entries in sources:
             counted, start, blocks, pages = _Counting(entries), up.size, [], []
             for block in pack_blocks(counted, block_size, page_size):
