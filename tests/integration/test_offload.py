@@ -228,3 +228,32 @@ def test_undo_that_cannot_read_metadata_leaves_a_warning(deps, monkeypatch, capl
     message = record.getMessage()
     assert record.levelno == logging.WARNING and "not undone (OSError)" in message
     assert "t/0" in message and "secret-host" not in message
+
+
+def test_the_upload_limit_paces_every_byte_of_the_data_object_and_nothing_else(db, s3_client, bucket, tier1_root,
+                                                                              monkeypatch):
+    """Knobs.max_bytes_per_second reaches the process's limiter on the real upload path (parts and the single
+    PUT of a batch); its clock is injected, so nothing sleeps: the reservations say what was paced."""
+    from tests.unit.test_throttle import FakeClock
+    from tiering.tier2 import throttle
+    from tiering.tier2.throttle import RateLimiter
+
+    rate, clock = 4 * MIB, FakeClock()
+    asked: list[int] = []
+
+    class Recording(RateLimiter):
+        def acquire(self, nbytes):
+            asked.append(nbytes)
+            return super().acquire(nbytes)
+
+    monkeypatch.setitem(throttle._shared, rate, Recording(rate, clock=clock, sleep=clock.sleep))
+    paced = make_deps(db, s3_client, bucket, tier1_root, max_bytes_per_second=rate)
+    produce(paced, "t", [entries("big", 130, 100 * 1024), [b"small"]])
+    leds = paced.meta.list_ledgers("t")
+    for led in leds:
+        offload_ledger(paced, led)
+    data = sorted(o["Size"] for o in s3_client.list_objects_v2(Bucket=bucket, Prefix="t/").get("Contents", [])
+                  if not o["Key"].endswith("-index"))
+    assert sum(asked) == sum(data), (asked, data)  # every data byte paced once, index objects not
+    assert len(asked) == 3 + 1  # 13 MiB in three 5 MiB-block parts, the small ledger one PUT
+    assert clock.t - 1000.0 == pytest.approx(sum(data) / rate)  # and the pace is the rate's
