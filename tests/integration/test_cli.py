@@ -148,17 +148,17 @@ def test_topics_produce_seal_status_read(cli):
     assert sealed.ok().stdout == "sealed ledger 3 (2 entries)\n"
 
 
-def test_progress_is_shown_only_on_a_terminal(cli, deps):
+def _on_a_terminal(cli, *args: str) -> tuple[int, bytes, bytes]:
+    """Run `tiering ARGS` with stderr on a pseudo-terminal: (exit code, stdout, what the terminal showed)."""
     import fcntl
     import pty
     import struct
     import termios
 
-    deps.meta.create_topic("p", TopicPolicy(**BIG))
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "tiering", "produce", "p", "--entries", "2000", "--entry-size",
-                             "10"], stdout=subprocess.PIPE, stderr=slave, env=cli.env, cwd=cli.cwd)
+    proc = subprocess.Popen([sys.executable, "-m", "tiering", *args], stdout=subprocess.PIPE, stderr=slave,
+                            env=cli.env, cwd=cli.cwd)
     os.close(slave)
     shown = b""
     while True:
@@ -170,8 +170,20 @@ def test_progress_is_shown_only_on_a_terminal(cli, deps):
             break
         shown += data
     os.close(master)
-    assert proc.wait(timeout=60) == 0 and proc.stdout.read() == b"0:1999\n"
+    return proc.wait(timeout=60), proc.stdout.read(), shown
+
+
+def test_progress_is_shown_only_on_a_terminal(cli, deps):
+    deps.meta.create_topic("p", TopicPolicy(**BIG))
+    code, stdout, shown = _on_a_terminal(cli, "produce", "p", "--entries", "2000", "--entry-size", "10")
+    assert code == 0 and stdout == b"0:1999\n"
     assert b"produce" in shown and b"entry" in shown  # a tqdm bar on the terminal; none in pipes (see .ok())
+    cli("seal", "p").ok()
+    cli("produce", "p", "--entries", "1", "--entry-size", "10").ok()
+    # an offload counts bytes: the bar shows a rate and an ETA (issue 23)
+    code, stdout, shown = _on_a_terminal(cli, "offload-prefix", "p", "1:0")
+    assert code == 0 and b"offloaded 1 ledger(s)" in stdout, shown[-300:]
+    assert b"offload-prefix" in shown and b"B/s" in shown
 
 
 def test_offload_prefix_delete_lagged_truncate_and_read_back(cli, deps):

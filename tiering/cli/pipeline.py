@@ -79,9 +79,10 @@ def cmd_offload_prefix(ctx: Context, args, out: Output) -> int:
     from tiering.ops.offload import offload_prefix, plan_offload_prefix
 
     planned = plan_offload_prefix(ctx.deps, args.name, args.position)  # an unknown topic fails here
-    bar = progress_bar("offload-prefix", len(planned), "ledger")
-    report, first = offload_prefix(ctx.deps, args.name, args.position, on_done=lambda _led: bar.update(1),
-                                   planned=planned)
+    # bytes, so the bar shows the rate and an ETA (tqdm), as offload-by-* does
+    bar = progress_bar("offload-prefix", sum(led.size_bytes for led in planned), "B")
+    report, first = offload_prefix(ctx.deps, args.name, args.position,
+                                   on_done=lambda led: bar.update(led.size_bytes), planned=planned)
     bar.close()
     result = {"command": "offload-prefix", "topic": args.name, "position": str(args.position),
               "offloaded": report.offloaded, "skipped": report.skipped, "failed": report.failed,
