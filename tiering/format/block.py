@@ -10,7 +10,9 @@ import struct
 from dataclasses import dataclass
 from typing import Iterable, Iterator, NamedTuple, Sequence, Union
 
-from awscrt.checksums import crc32c
+# CRC32C of the `crc32c` package: hardware-accelerated, takes any buffer without copying, and releases the
+# GIL on large buffers (awscrt's holds it), so pages are checked while other threads fetch and parse
+from crc32c import crc32c
 
 from tiering.errors import BadInput, CorruptObjectError
 

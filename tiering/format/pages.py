@@ -14,11 +14,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-from awscrt.checksums import crc32c
-
 from tiering.errors import CorruptObjectError
 from tiering.format.block import (DEFAULT_PAGE_SIZE, ENTRY_HEADER_LEN, HEADER_LEN, PADDING, Buffer, EndOfEntries,
-                                  parse_block_header, read_entry_at)
+                                  crc32c, parse_block_header, read_entry_at)
 
 __all__ = ["DEFAULT_PAGE_SIZE", "PageIndex", "check_page", "iter_page", "page_crc", "pages_problem"]
 _ENTRY = struct.Struct(">iq")

@@ -191,17 +191,16 @@ class OffloadedLedger:
                         break
                     a, b_ = run
                     start, end = index.page_span(a)[0], index.page_span(b_)[1]
-                    pending.append((a, b_, start, self.pool.submit(get_range, self.b, self.ch.data_key,
-                                                                   base + start, end - start)))
+                    pending.append((a, b_, start, self.pool.submit(self._fetch_checked, index, a, b_, start, end,
+                                                                   where, base)))
                     self.requests += 1
                 if not pending:
                     return
                 a, b_, start, fut = pending.popleft()
                 data = memoryview(fut.result())
-                for p in range(a, b_ + 1):
+                for p in range(a, b_ + 1):  # every page of the run was checked by _fetch_checked
                     p_start, p_end = index.page_span(p)
                     page = data[p_start - start:p_end - start]
-                    check_page(pages, p, page, where, base + p_start)
                     p_first, p_last = pages.first_entries[p], pages.last_entry(p, index.entry_count)
                     for entry_id, payload in iter_page(page, 0, len(page), p_first, p_last,
                                                        block_start=p_start in starts, block_end=p_end in ends,
@@ -211,6 +210,17 @@ class OffloadedLedger:
         finally:
             for item in pending:
                 item[3].cancel()
+
+    def _fetch_checked(self, index: OffloadIndex, a: int, b_: int, start: int, end: int, where: str,
+                       base: int) -> bytes:
+        """Pages a..b_ ([start, end) of the ledger) in one ranged GET, each page's CRC32C checked here, in the
+        fetching thread (the CRC releases the GIL), while the reading thread parses the previous run."""
+        data = get_range(self.b, self.ch.data_key, base + start, end - start)
+        view = memoryview(data)
+        for p in range(a, b_ + 1):
+            p_start, p_end = index.page_span(p)
+            check_page(index.pages, p, view[p_start - start:p_end - start], where, base + p_start)
+        return data
 
     def _read_block(self, index: OffloadIndex, i: int, first: int, last: int) -> Iterator[tuple[int, bytes]]:
         entry = index.entries[i]
