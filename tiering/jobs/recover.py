@@ -133,7 +133,10 @@ def _run(deps, args, settings: Settings, outcome: JobOutcome) -> None:
     if items:
         from pyspark import SparkConf, SparkContext
 
+        from tiering.jobs.executors import wait_on
+
         sc = SparkContext.getOrCreate(SparkConf().setAppName("tiering-recover"))
+        wait_on(sc)
         token = root_token(settings.tier1_root)
         check, conc = args.check_pages, args.concurrency
         parts = sc.parallelize(items, max(1, min(len(items), sc.defaultParallelism * 2))).mapPartitions(

@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Iterator
 from tiering import clients
 from tiering.config import Settings
 from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
+from tiering.jobs.executors import wait_on
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
 from tiering.ops.context import Deps
 from tiering.tier1.marker import check_root, root_token
@@ -189,6 +190,7 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
 
             # A bare SparkContext: these jobs use RDDs only, and a SparkSession costs ~4 s more to start.
             sc = SparkContext.getOrCreate(SparkConf().setAppName(f"tiering-{job}"))
+            wait_on(sc)  # a cluster's executors that never register: fail with the cause, not at the timeout
             slices = max(1, min(len(items), sc.defaultParallelism * 2))
             if prepare is not None:
                 items = prepare(deps, args, items, sc.defaultParallelism)

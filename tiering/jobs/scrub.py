@@ -83,6 +83,9 @@ def main(argv=None) -> int:
 
             spark = (SparkSession.builder.appName(APP).config("spark.sql.session.timeZone", "UTC")
                      .getOrCreate())
+            from tiering.jobs.executors import wait_on
+
+            wait_on(spark.sparkContext)
             register(spark, settings)
             results, errors = scrub(spark, topics)
             outcome.items_done = len(results)

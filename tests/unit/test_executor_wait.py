@@ -1,0 +1,35 @@
+"""The driver's bounded wait for a cluster's first executor (tiering/jobs/executors.py, issue 24): on an
+injected clock, nothing sleeps."""
+from __future__ import annotations
+
+import pytest
+
+from tiering.errors import TieringError
+from tiering.jobs.executors import wait_for_executor
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += s
+
+
+def test_returns_as_soon_as_one_executor_registers():
+    clock = Clock()
+    seen = iter([0, 0, 0, 1])
+    wait_for_executor(lambda: next(seen), 120, "10.0.0.1:40000", "spark://m:7077", clock=clock, sleep=clock.sleep)
+    assert clock.t == pytest.approx(1.5)  # three polls of 0.5 s
+
+
+def test_executors_that_never_register_fail_with_the_cause_and_the_address():
+    clock = Clock()
+    with pytest.raises(TieringError) as err:
+        wait_for_executor(lambda: 0, 30, "127.0.0.1:40000", "spark://m:7077", clock=clock, sleep=clock.sleep)
+    msg = str(err.value)
+    assert "within 30 s" in msg and "127.0.0.1:40000" in msg and "spark.driver.host" in msg
+    assert 30 <= clock.t <= 31
