@@ -135,7 +135,7 @@ rgw gc processor period = 60
 rgw enable usage log = false
 debug rgw = 0
 # No SSE here: RGW refuses SSE-KMS and SSE-C over plain http (rgw crypt require ssl = true, kept); the
-# https gateway of `ceph.sh tls-rgw` has the KMS backend
+# https gateway of "ceph.sh tls-rgw" has the KMS backend
 CONF
 }
 
