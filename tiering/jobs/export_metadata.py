@@ -64,6 +64,9 @@ def main(argv=None) -> int:
     try:
         spark = (SparkSession.builder.appName("tiering-export-metadata")
                  .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+        from tiering.jobs.executors import wait_on
+
+        wait_on(spark.sparkContext)
         dest = args.dest or default_dest(settings, datetime.now(timezone.utc))
         fs, base = ex.filesystem_for(dest, settings)
         opts = jdbc_options(settings)
