@@ -281,3 +281,28 @@ def test_kill9_then_rerun_and_gc_converge(name, deps, db, worker_env):
     gc_all(deps)
     figures = check_invariants(deps, db, scene.expected, scene.trimmed)
     assert figures["leaked"] == 0 and figures["uploads"] == 0
+
+
+@pytest.mark.parametrize("point,scene", [("step:part", scene_offload_multipart),
+                                         ("meta-after:begin_offload_batch", scene_offload)])
+def test_a_killed_workers_attempt_is_taken_over_without_waiting_for_the_timeout(point, scene, deps, db, worker_env):
+    """Issue 24 item 5: the worker dies mid-attempt (as an executor lost with its node); with an offload
+    timeout of an hour, the next run plans its ledger at once (its attempt lock died with it) and offloads it."""
+    from dataclasses import replace
+    from datetime import timedelta
+
+    worker = start_worker("offload", worker_env, ["k"], point, FAULT_OFFLOAD_TIMEOUT="3600")
+    try:
+        scene = scene(deps)
+    except BaseException:
+        worker.kill()
+        raise
+    kill_at_point(worker, db)
+    assert S.OFFLOADING in {led.state for led in deps.meta.list_ledgers("k")}
+    hour = replace(deps, knobs=replace(deps.knobs, offload_timeout=timedelta(hours=1)))
+    report = run_op(hour, "offload", ["k"])
+    assert report["failed"] == {} and report["skipped"] == []
+    all_offloaded(deps)
+    gc_all(deps)
+    figures = check_invariants(deps, db, scene.expected)
+    assert figures["leaked"] == 0 and figures["uploads"] == 0

@@ -120,17 +120,46 @@ def test_abort_returns_to_sealed_and_keeps_or_drops_gc_keys(meta, db):
 def test_takeover_of_stale_attempt_and_old_attempt_cannot_commit(meta, db):
     meta.create_topic("t")
     led = _sealed(meta)
-    old = str(uuid.uuid4())
-    off = meta.begin_offload(led, old, ["old-d", "old-i"], GC_DELAY)
-    with pytest.raises(ConditionalUpdateFailed, match="older than"):
-        meta.begin_offload(off, str(uuid.uuid4()), ["x"], GC_DELAY, stale_after=timedelta(hours=1))
-    new = str(uuid.uuid4())
+    with meta.new_attempt() as old:  # its worker alive: its lock held
+        off = meta.begin_offload(led, old, ["old-d", "old-i"], GC_DELAY)
+        with pytest.raises(ConditionalUpdateFailed, match="older than"):
+            meta.begin_offload(off, str(uuid.uuid4()), ["x"], GC_DELAY, stale_after=timedelta(hours=1))
+        new = str(uuid.uuid4())
     taken = meta.begin_offload(off, new, ["new-d", "new-i"], GC_DELAY, stale_after=timedelta(0))
     assert taken.offload_uuid == new and taken.version == off.version + 1
     with pytest.raises(ConditionalUpdateFailed, match=f"with attempt {old}"):
         meta.complete_offload(taken, old, Chunk("old-d", 0, 1, "old-i", 0, 1, 0, 9))
     meta.complete_offload(taken, new, Chunk("new-d", 0, 1, "new-i", 0, 1, 0, 9))
     assert _gc_keys(db) == ["old-d", "old-i"]  # the dead attempt's objects are collected
+
+
+def test_an_attempt_whose_worker_died_is_taken_over_at_once(meta, db):
+    """Issue 24 item 5: an attempt's lock lives as long as its worker's connection; the offload timeout
+    (an hour here) is only the fallback for workers that may still be alive."""
+    meta.create_topic("t")
+    led = _sealed(meta)
+    hour = timedelta(hours=1)
+    worker = db.connect().execution_options(isolation_level="AUTOCOMMIT")  # the worker's own session
+    attempt = str(uuid.uuid4())
+    assert worker.execute(text("SELECT pg_try_advisory_lock(x'6f66666c'::int, hashtext(:a))"),
+                          {"a": attempt}).scalar()
+    off = meta.begin_offload(led, attempt, ["d", "i"], GC_DELAY)
+    assert meta.stale_offloads(hour) == []  # alive: neither planned nor taken over
+    with pytest.raises(ConditionalUpdateFailed, match="its worker alive"):
+        meta.begin_offload(off, str(uuid.uuid4()), ["x"], GC_DELAY, stale_after=hour)
+    worker.invalidate()  # the worker dies: its connection closes
+    worker.close()
+    assert [x.ledger_id for x in meta.stale_offloads(hour)] == [led.ledger_id]
+    with meta.new_attempt() as new:
+        taken = meta.begin_offload(off, new, ["d2", "i2"], GC_DELAY, stale_after=hour)
+        assert taken.offload_uuid == new
+        assert meta.stale_offloads(hour) == []  # the new attempt's worker (this process) is alive
+    # the planner's check takes no lock it keeps: a live attempt stays alive after being looked at
+    with meta.new_attempt() as a2:
+        meta.stale_offloads(hour)
+        with db.connect() as other:
+            assert not other.execute(text("SELECT pg_try_advisory_lock(x'6f66666c'::int, hashtext(:a))"),
+                                     {"a": a2}).scalar()
 
 
 def test_complete_fails_whole_when_gc_collected_a_key(meta, db):

@@ -62,3 +62,30 @@ def test_the_offload_jobs_batch_item_fails_only_the_ledger_whose_file_is_gone(de
     with pytest.raises(TieringError, match="ledger 1"):
         job.work(deps, items[0])
     assert [led.state for led in deps.meta.list_ledgers("j")] == [S.OFFLOADED, S.SEALED, S.OFFLOADED, S.OPEN]
+
+
+def test_the_offload_jobs_end_names_planned_ledgers_left_undone(deps, db):
+    """jobs/offload.py's `lost` (the runner's check at the run's end, issue 24): of the planned ledgers, one
+    still SEALED and one OFFLOADING whose worker is gone are named; one OFFLOADING under a live worker's lock
+    (another worker's) and one OFFLOADED are not."""
+    import uuid
+    from datetime import timedelta
+
+    from tiering.jobs import offload as job
+    from tiering.model import TopicPolicy
+    from tiering.ops.offload import offload_ledger
+
+    produce(deps, "e", [entries(f"e{i}", 2, 100) for i in range(4)],
+            TopicPolicy(rollover_entries=10**9, rollover_bytes=2**40), open_tail=[b"o"])
+    leds = deps.meta.list_ledgers("e")
+    offload_ledger(deps, leds[3])
+    dead = str(uuid.uuid4())
+    deps.meta.begin_offload(leds[1], dead, ["d1", "i1"], timedelta(hours=1))  # nobody holds its lock
+    with deps.meta.new_attempt() as alive:
+        deps.meta.begin_offload(leds[2], alive, ["d2", "i2"], timedelta(hours=1))
+        items = [{"topic": "e", "ledger_id": 0}, {"topic": "e", "ledger_ids": [1, 2, 3]},
+                 {"topic": "nope", "ledger_id": 0}]
+        lost = job.lost(deps, items)
+    assert len(lost) == 2, lost
+    assert lost[0].startswith("ledger e/0 is still SEALED")
+    assert lost[1].startswith(f"ledger e/1: its offload attempt {dead} lost its worker")

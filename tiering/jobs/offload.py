@@ -82,8 +82,24 @@ def work(deps, item) -> tuple[int, bool]:
     return report.bytes, not report.offloaded
 
 
+def lost(deps, items: list[dict]) -> list[str]:
+    """The planned ledgers of items no executor reported failed that are still not offloaded at the end of
+    the run: an attempt whose worker died (an executor lost with its node, its task's retry elsewhere then
+    finding the ledger OFFLOADED or still held) or a ledger another worker gave back. OFFLOADING under a live
+    attempt is another worker's: not counted. Reads the planned rows only, in one statement."""
+    pairs = [(i["topic"], lid) for i in items for lid in (i["ledger_ids"] if "ledger_ids" in i else [i["ledger_id"]])]
+    out = []
+    for led, gone in deps.meta.planning.unfinished_offloads(pairs):
+        if led.state == LedgerState.SEALED:
+            out.append(f"ledger {led.topic}/{led.ledger_id} is still SEALED after the run: not offloaded")
+        elif gone:
+            out.append(f"ledger {led.topic}/{led.ledger_id}: its offload attempt {led.offload_uuid} lost its worker "
+                       f"(an executor that died): left OFFLOADING, the next run takes it over at once")
+    return out
+
+
 def main(argv=None) -> int:
-    return run("offload", argv, build_parser(), plan, work, kind=kind, prepare=share_budget)
+    return run("offload", argv, build_parser(), plan, work, kind=kind, prepare=share_budget, check=lost)
 
 
 def kind(args) -> str:

@@ -26,6 +26,9 @@ BACKOFF_SECONDS = 1.0
 
 # work(deps, item) -> (bytes done, skipped?)  — raising means the item failed (retried first)
 Work = Callable[[Deps, dict], tuple[int, bool]]
+# check(deps, items) -> one sentence per piece of work the items planned that is not done although no
+# executor reported it failed (an executor lost mid-item whose task Spark retried elsewhere: issue 24)
+Check = Callable[[Deps, list[dict]], list[str]]
 
 
 def deps_from(settings: Settings, **knobs) -> Deps:
@@ -40,12 +43,13 @@ def _do_items(settings: Settings, work: Work, items: Iterable[dict],
               tier1_token: str | None = None) -> Iterator[dict]:
     """Runs on an executor: one set of clients per partition, after checking that this worker sees the
     driver's tier-1 root (jobs that touch tier 1 ship its token)."""
-    out = {"done": 0, "failed": 0, "skipped": 0, "bytes": 0, "errors": []}
+    out = {"done": 0, "failed": 0, "skipped": 0, "bytes": 0, "errors": [], "failed_items": []}
     try:
         check_root(settings.tier1_root, tier1_token)
     except TieringError as exc:
         items = list(items)
         out["failed"] = len(items)
+        out["failed_items"] = items
         out["errors"].append(f"{len(items)} item(s) not run: {exc}")
         yield out
         return
@@ -69,11 +73,13 @@ def _do_items(settings: Settings, work: Work, items: Iterable[dict],
                         time.sleep(BACKOFF_SECONDS * 2 ** attempt)
                 except BadInput as exc:  # not transient: no retry
                     out["failed"] += 1
+                    out["failed_items"].append(item)
                     out["errors"].append(f"{item}: {exc}")
                     break
                 except Exception as exc:  # noqa: BLE001 - counted, reported, retried
                     if attempt == RETRIES:
                         out["failed"] += 1
+                        out["failed_items"].append(item)
                         out["errors"].append(f"{item}: {type(exc).__name__}: {exc}")
                     else:
                         time.sleep(BACKOFF_SECONDS * 2 ** attempt)
@@ -170,10 +176,13 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
         plan: Callable[[Deps, argparse.Namespace], list[dict]], work: Work,
         finish: Callable[[Deps, argparse.Namespace, JobOutcome], None] | None = None, tier1: bool = True,
         kind: Callable[[argparse.Namespace], str] | None = None,
-        prepare: Callable[[Deps, argparse.Namespace, list[dict], int], list[dict]] | None = None) -> int:
+        prepare: Callable[[Deps, argparse.Namespace, list[dict], int], list[dict]] | None = None,
+        check: Check | None = None) -> int:
     """Parse args, plan on the driver, run items on executors, record one job_run row. `tier1`: the job
     works on tier-1 files, so executors check they see the driver's root. `prepare(deps, args, items,
-    parallelism)` adjusts the items once Spark is up and its parallelism known (offload: the rate budget)."""
+    parallelism)` adjusts the items once Spark is up and its parallelism known (offload: the rate budget).
+    `check(deps, items)`: after the items ran (or the Spark job failed), what the items not reported failed
+    left undone; each sentence is a failure of the run (a lost attempt is never a green run)."""
     args = parser.parse_args(argv)
     settings = load_settings(job)
     if settings is None:
@@ -195,16 +204,34 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
             if prepare is not None:
                 items = prepare(deps, args, items, sc.defaultParallelism)
             token = root_token(settings.tier1_root) if tier1 else None
-            parts = sc.parallelize(items, slices).mapPartitions(
-                lambda it: _do_items(settings, work, it, token)).collect()
+            try:
+                parts = sc.parallelize(items, slices).mapPartitions(
+                    lambda it: _do_items(settings, work, it, token)).collect()
+            except BaseException:
+                if check is not None:  # the job failed: name what it left undone, then fail with its cause
+                    _checked(deps, check, items, outcome)
+                raise
+            reported = []
             for p in parts:
                 outcome.add(JobOutcome(p["done"], p["failed"], p["bytes"], p["errors"]))
                 outcome.details["skipped"] = outcome.details.get("skipped", 0) + p["skipped"]
+                reported += p["failed_items"]
+            if check is not None:
+                failed = {json.dumps(i, sort_keys=True) for i in reported}
+                _checked(deps, check, [i for i in items if json.dumps(i, sort_keys=True) not in failed], outcome)
         if finish is not None:
             finish(deps, args, outcome)
 
     topic = getattr(args, "topic", None) or getattr(args, "prefix", None)
     return recorded(job, run_ref(kind(args) if kind else job), topic, deps.meta.engine, body)
+
+
+def _checked(deps: Deps, check: Check, items: list[dict], outcome: JobOutcome) -> None:
+    lost = check(deps, items)
+    outcome.items_failed += len(lost)
+    outcome.errors.extend(lost)
+    if lost:
+        outcome.details["lost"] = len(lost)
 
 
 def ledger_item(led) -> dict:

@@ -15,6 +15,7 @@ from typing import Sequence
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from tiering.metadata.attempt_locks import OFFLOAD_CLASS
 from tiering.model import Chunk, Ledger, LedgerState
 
 S = LedgerState
@@ -105,6 +106,28 @@ class Planning:
             topic_ids=[t.topic_id for t in topics], o_topic=[k[0] for k in keys], o_ledger=[k[1] for k in keys],
             o_size=[open_sizes[k] for k in keys])
         return [_ledger(r) for r in rows]
+
+    # ------------------------------------------------------------------------------- offload: the run's end
+    def unfinished_offloads(self, planned: Sequence[tuple[str, int]]) -> list[tuple[Ledger, bool]]:
+        """Of the (topic name, ledger id) pairs a run planned, the non-empty ones still SEALED or OFFLOADING,
+        each with whether its attempt's worker is gone (an OFFLOADING row nobody holds the lock of:
+        metadata/attempt_locks.py; False for SEALED). One statement in a transaction of its own, whose
+        lock checks end with it. The run's end reads what it planned, nothing else."""
+        if not planned:
+            return []
+        with self.engine.begin() as conn:
+            rows = conn.execute(text(f"""
+                SELECT {_LEDGER_COLS},
+                       CASE WHEN l.state = 'OFFLOADING'
+                            THEN pg_try_advisory_xact_lock({OFFLOAD_CLASS}, hashtext(l.offload_uuid::text))
+                            ELSE false END AS holder_gone
+                FROM unnest(CAST(:names AS text[]), CAST(:ids AS bigint[])) AS p (name, ledger_id)
+                JOIN tiering.topic t USING (name)
+                JOIN tiering.ledger l ON l.topic_id = t.topic_id AND l.ledger_id = p.ledger_id
+                WHERE l.state IN ('SEALED', 'OFFLOADING') AND l.entry_count > 0
+                ORDER BY name, l.ledger_id"""),
+                {"names": [p[0] for p in planned], "ids": [p[1] for p in planned]}).all()
+        return [(_ledger(r), bool(r.holder_gone)) for r in rows]
 
     # -------------------------------------------------------------------------------------- delete-lagged
     def lagged_copies(self, topic_name: str | None = None, now: datetime | None = None) -> list[Ledger]:

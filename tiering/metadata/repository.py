@@ -9,11 +9,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Iterable, Sequence
 
-from sqlalchemy import and_, delete, func, insert, select, tuple_, update
+from sqlalchemy import and_, delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from tiering.errors import ConditionalUpdateFailed, LedgerNotFound, TopicExists, TopicNotFound
+from tiering.metadata import attempt_locks
 from tiering.metadata.planning import Planning
 from tiering.metadata.tables import chunk, gc_task, ledger, topic
 from tiering.model import Chunk, Ledger, LedgerState, Topic, TopicPolicy, check_topic_name
@@ -147,13 +148,21 @@ class MetadataStore:
             return [_ledger_row(r) for r in c.execute(query)]
 
     def stale_offloads(self, older_than: timedelta, topic_name: str | None = None) -> list[Ledger]:
-        """OFFLOADING attempts started longer ago than `older_than` (their worker is presumed dead)."""
+        """OFFLOADING attempts a new attempt may take over: started longer ago than `older_than` (their worker
+        is presumed dead), or whose worker is known dead (nobody holds the attempt's lock:
+        metadata/attempt_locks.py). Reads the in-flight rows only (a partial index)."""
         query = _LEDGER_SELECT.where(ledger.c.state == S.OFFLOADING.value,
-                                     ledger.c.offload_started_at <= func.now() - older_than)
+                                     or_(ledger.c.offload_started_at <= func.now() - older_than,
+                                         attempt_locks.holder_gone_sql(ledger.c.offload_uuid)))
         if topic_name is not None:
             query = query.where(topic.c.name == check_topic_name(topic_name, existing=True))
-        with self.engine.connect() as c:
+        with self.engine.begin() as c:  # the locks the check takes end with this transaction
             return [_ledger_row(r) for r in c.execute(query.order_by(ledger.c.offload_started_at))]
+
+    def new_attempt(self):
+        """`with meta.new_attempt() as attempt:` a fresh offload attempt uuid whose lock this process holds
+        for the block (metadata/attempt_locks.py): while it runs, no other worker takes its ledgers over."""
+        return attempt_locks.new_attempt(self.engine)
 
     # ---------------------------------------------------------------- ledgers: transitions
     def open_ledger(self, topic_name: str) -> Ledger:
@@ -199,10 +208,14 @@ class MetadataStore:
                 for led in leds:
                     if led.state != S.OFFLOADING:
                         continue
-                    if led.offload_started_at is None or now - led.offload_started_at < stale_after:
-                        raise ConditionalUpdateFailed(
-                            f"ledger {led.topic}/{led.ledger_id}", f"SEALED or an attempt older than {stale_after}",
-                            f"attempt {led.offload_uuid} started {led.offload_started_at}")
+                    if led.offload_started_at is not None and now - led.offload_started_at >= stale_after:
+                        continue  # older than the timeout: presumed dead
+                    if led.offload_uuid is not None and attempt_locks.holder_gone(conn, led.offload_uuid):
+                        continue  # its worker is dead: its lock went with its connection
+                    raise ConditionalUpdateFailed(
+                        f"ledger {led.topic}/{led.ledger_id}",
+                        f"SEALED, an attempt older than {stale_after} or one whose worker is gone",
+                        f"attempt {led.offload_uuid} started {led.offload_started_at}, its worker alive")
                 # each row must still be at the version seen, so it is still in the state seen
                 allowed.add(S.OFFLOADING)
             out = self._cas_many(conn, leds, sorted(allowed, key=lambda x: x.value), state=S.OFFLOADING.value,

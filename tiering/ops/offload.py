@@ -105,9 +105,10 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
 
 def _offload_current(deps: Deps, led: Ledger, hook: StepHook) -> Ledger | None:
     """offload_ledger; on a lost compare-and-set, judged by the ledger's CURRENT row: another worker finished
-    (OFFLOADED), trimmed (DELETED) or holds it (an OFFLOADING attempt that is not stale) -> None, skipped;
-    otherwise the row read earlier was stale (a failed batch's undo, another worker's failed attempt, a
-    takeover) and the ledger is offloaded once more from the current row, whose failure is a failure."""
+    (OFFLOADED), trimmed (DELETED) or holds it (an OFFLOADING attempt whose worker is alive and not older
+    than the offload timeout) -> None, skipped; otherwise the row read earlier was stale (a failed batch's
+    undo, another worker's failed attempt, a takeover) or its attempt's worker is dead (a lost executor:
+    issue 24), and the ledger is offloaded once more from the current row, whose failure is a failure."""
     for retry in (False, True):
         try:
             return offload_ledger(deps, led, hook)
@@ -150,7 +151,8 @@ def plan_offload_prefix(deps: Deps, topic: str, position: Position) -> list[Ledg
 
 
 def _stale(deps: Deps, topic: str, keep: Callable[[Ledger], bool]) -> list[Ledger]:
-    """OFFLOADING attempts older than the timeout: their worker died; a new attempt takes them over."""
+    """OFFLOADING attempts whose worker is dead (its attempt lock is free) or presumed dead (older than the
+    timeout): a new attempt takes them over."""
     return [led for led in deps.meta.stale_offloads(deps.knobs.offload_timeout, topic) if keep(led)]
 
 
@@ -169,7 +171,8 @@ def first_not_offloaded(deps: Deps, topic: str) -> Position:
 def plan_offload(deps: Deps, by: str, topic: str | None = None) -> list[Ledger]:
     """The ledgers a scheduled offload takes on: by age (offload-after) or by size (the tier-1 threshold,
     Pulsar's rule), plus attempts older than the offload timeout, whose worker is presumed dead. Both read
-    candidate rows only (metadata/planning.py); by size stats the OPEN ledger of topics with candidates."""
+    candidate rows only (metadata/planning.py); by size stats the OPEN ledger of topics with candidates.
+    Attempts whose worker is known dead (metadata/attempt_locks.py) are taken over at once."""
     if by == "age":
         targets = deps.meta.offload_candidates_by_age(topic)
     elif by == "size":

@@ -8,12 +8,12 @@ race; (2) the ledgers stream from tier 1 into the objects; (3) one transaction m
 with their chunk rows (each pointing inside the shared objects) and dequeues the keys, only while every row
 still holds this attempt. A failure deletes the objects (unless the commit landed: a lost reply is not a
 failed commit) and returns the ledgers still holding the attempt to SEALED; a process killed anywhere leaves
-queued keys for GC and OFFLOADING rows a later run takes over after the offload timeout.
+queued keys for GC and OFFLOADING rows a later run takes over at once (the attempt's lock died with its
+worker: metadata/attempt_locks.py), or after the offload timeout when the worker may still be alive.
 """
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import Iterator, Sequence
 
 from tiering.format.keys import data_key, index_key
@@ -55,23 +55,25 @@ def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None) -> 
     knobs, b = deps.knobs, deps.bucket
     leds = sorted(leds, key=lambda x: x.ledger_id)
     first = leds[0]
-    attempt = str(uuid.uuid4())
-    # named after the first ledger, as defrag names merged objects: recovery reads them the same way
-    keys = (data_key(b.prefix, first.topic, attempt, first.ledger_id),
-            index_key(b.prefix, first.topic, attempt, first.ledger_id))
-    started = deps.meta.begin_offload_batch(leds, attempt, keys, gc_delay=knobs.offload_timeout,
-                                            stale_after=knobs.offload_timeout)
-    try:
-        uploaded = upload_ledgers(b, topic=first.topic, attempt=attempt, data_key=keys[0], index_key=keys[1],
-                                  sources=_sources(deps, started), block_size=knobs.block_size,
-                                  page_size=knobs.page_size, concurrency=knobs.upload_concurrency, hook=hook,
-                                  max_bytes_per_second=knobs.max_bytes_per_second)
-        items = [(led, Chunk(keys[0], p.data_offset, p.data_length, keys[1], p.index_offset, p.index_length,
-                             0, led.entry_count - 1)) for led, p in zip(started, uploaded.ledgers)]
-        return deps.meta.complete_offload_batch(items, attempt)
-    except BaseException:
-        _undo(deps, started, attempt, keys)
-        raise
+    # the attempt's lock, held until it committed or was undone: a worker that dies mid-attempt is known
+    # dead at once and its ledgers are taken over without waiting for the offload timeout (attempt_locks.py)
+    with deps.meta.new_attempt() as attempt:
+        # named after the first ledger, as defrag names merged objects: recovery reads them the same way
+        keys = (data_key(b.prefix, first.topic, attempt, first.ledger_id),
+                index_key(b.prefix, first.topic, attempt, first.ledger_id))
+        started = deps.meta.begin_offload_batch(leds, attempt, keys, gc_delay=knobs.offload_timeout,
+                                                stale_after=knobs.offload_timeout)
+        try:
+            uploaded = upload_ledgers(b, topic=first.topic, attempt=attempt, data_key=keys[0], index_key=keys[1],
+                                      sources=_sources(deps, started), block_size=knobs.block_size,
+                                      page_size=knobs.page_size, concurrency=knobs.upload_concurrency, hook=hook,
+                                      max_bytes_per_second=knobs.max_bytes_per_second)
+            items = [(led, Chunk(keys[0], p.data_offset, p.data_length, keys[1], p.index_offset, p.index_length,
+                                 0, led.entry_count - 1)) for led, p in zip(started, uploaded.ledgers)]
+            return deps.meta.complete_offload_batch(items, attempt)
+        except BaseException:
+            _undo(deps, started, attempt, keys)
+            raise
 
 
 def _sources(deps: Deps, leds: Sequence[Ledger]) -> Iterator:

@@ -1,0 +1,64 @@
+"""Which offload attempts still have a live worker (issue 24, item 5).
+
+An attempt's worker holds a PostgreSQL session advisory lock keyed on the attempt's uuid, on a connection of
+its own, from before the ledgers move to OFFLOADING(attempt) until the attempt committed or was undone. A
+worker that dies (kill -9, OOM, a Spark executor lost with its node) loses its connection and so the lock:
+PostgreSQL drops it as soon as the backend sees the connection close. So an OFFLOADING row whose lock
+nobody holds belongs to a dead worker and is taken over at once, not after the offload timeout.
+
+The offload timeout still applies on its own: a worker that is alive but frozen, or a machine that vanished
+without closing its TCP connections (PostgreSQL holds the lock until its keepalive gives up), is taken over
+when its attempt is older than the timeout, as before. Takeover is safe either way: every transition is a
+compare-and-set on the attempt, so a worker that was wrongly presumed dead loses its commit and cleans up.
+
+Locks are two-key (class, hashtext(uuid)), apart from job_run's one-key locks and the GC sweep's classes
+(metadata/gc_sweep.py). Two live attempts whose uuids hash alike cannot both hold the lock: the second
+draws a new uuid. A dead attempt that hashes like a live one only waits for the timeout, as before.
+"""
+from __future__ import annotations
+
+import uuid
+from contextlib import contextmanager
+from typing import Iterator
+
+from sqlalchemy import Text, cast, func, literal, select
+from sqlalchemy.dialects.postgresql import UUID
+from sqlalchemy.engine import Connection, Engine
+
+OFFLOAD_CLASS = 0x6f66666c  # "offl"
+_DRAWS = 8
+
+
+def _key(attempt_uuid_expr):
+    # the uuid's canonical text (lower case, hyphens) whatever form the caller passed
+    return func.hashtext(cast(cast(attempt_uuid_expr, UUID(as_uuid=False)), Text))
+
+
+@contextmanager
+def new_attempt(engine: Engine) -> Iterator[str]:
+    """A fresh attempt uuid whose lock this process holds until the block ends (the connection's check-in
+    releases it: metadata/db.py), or until the process dies."""
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        for _ in range(_DRAWS):
+            attempt = str(uuid.uuid4())
+            if conn.execute(select(func.pg_try_advisory_lock(literal(OFFLOAD_CLASS),
+                                                             _key(literal(attempt))))).scalar_one():
+                break
+        else:  # only if _DRAWS fresh uuids all hash like live attempts: something else holds the class
+            raise RuntimeError("no free offload attempt lock after several draws")
+        yield attempt
+    finally:
+        conn.close()
+
+
+def holder_gone(conn: Connection, attempt: str) -> bool:
+    """Whether no live worker holds `attempt` (inside the caller's transaction: the lock this takes is held
+    until it ends, so the attempt cannot come back to life meanwhile)."""
+    return bool(conn.execute(select(func.pg_try_advisory_xact_lock(literal(OFFLOAD_CLASS),
+                                                                   _key(literal(attempt))))).scalar_one())
+
+
+def holder_gone_sql(attempt_column):
+    """holder_gone as an SQL condition on a row's attempt column (evaluate it inside a transaction)."""
+    return func.pg_try_advisory_xact_lock(literal(OFFLOAD_CLASS), _key(attempt_column))
