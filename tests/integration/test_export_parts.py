@@ -11,7 +11,8 @@ from tiering.ops import export_metadata as ex
 
 def _parts(base):
     fs = pafs.LocalFileSystem()
-    parts = {t: [ex.write_part(fs, str(base), t, 0, ex.arrow_schema(t).empty_table())] for t in ex.table_names()}
+    parts = {t: [ex.write_part(fs, str(base), t, 0, ex.arrow_schema(t).empty_table(), "e1")]
+             for t in ex.table_names()}
     return fs, parts
 
 
@@ -21,7 +22,7 @@ def test_a_missing_part_fails_the_export_before_the_manifest(db, tmp_path):
     manifest = ex.build_manifest(db, parts)
     with pytest.raises(TieringError) as err:
         ex.write_manifest(fs, str(tmp_path), manifest)
-    assert "chunk/part-00000.parquet" in str(err.value) and "missing" in str(err.value)
+    assert "chunk/part-e1-00000.parquet" in str(err.value) and "missing" in str(err.value)
     assert not (tmp_path / ex.MANIFEST).exists()
 
 

@@ -150,7 +150,9 @@ def test_export_local_and_s3_then_import_gives_identical_tables(deps, db, new_da
     migrations_dir = __import__("pathlib").Path(__file__).resolve().parents[2] / "sql" / "migrations"
     assert [m["name"] for m in manifest.migrations] == sorted(p.name for p in migrations_dir.glob("*.sql"))
     assert len(manifest.tables["ledger"].files) > 1  # parts roll over
-    assert (local / "manifest.json").exists() and (local / "ledger" / "part-00000.parquet").exists()
+    first_ledger_part = local / manifest.tables["ledger"].files[0].path
+    assert first_ledger_part.name == f"part-{manifest.export_id}-00000.parquet"
+    assert (local / "manifest.json").exists() and first_ledger_part.exists()
     fs, base = s3fs("exports/2026-11-21")
     export_metadata(db, fs, base)
     assert read_manifest(fs, base).row_counts == manifest.row_counts
@@ -158,8 +160,7 @@ def test_export_local_and_s3_then_import_gives_identical_tables(deps, db, new_da
 
     # the files carry exact types: tz-aware UTC timestamps, uuids and state as strings, jsonb as JSON text
     ledgers = pq.read_table(local / "ledger").to_pylist()
-    assert pq.read_schema(local / "ledger" / "part-00000.parquet").equals(arrow_schema("ledger"),
-                                                                           check_metadata=False)
+    assert pq.read_schema(first_ledger_part).equals(arrow_schema("ledger"), check_metadata=False)
     assert {r["state"] for r in ledgers} == {"OPEN", "SEALED", "OFFLOADING", "OFFLOADED", "DELETED"}
     assert all(r["created_at"].utcoffset() == dt.timedelta(0) for r in ledgers)
     assert {str(uuid.UUID(r["offload_uuid"])) for r in ledgers if r["offload_uuid"]}
@@ -225,9 +226,9 @@ def test_import_refuses_incomplete_exports_and_other_migrations(deps, db, new_da
         import_metadata(target, fs, base)
 
     fs, base = filesystem_for(str(tmp_path / "e"))
-    export_metadata(db, fs, base)
-    fs.delete_file(f"{base}/chunk/part-00000.parquet")
-    with pytest.raises(BadInput, match="incomplete: chunk/part-00000.parquet is missing"):
+    chunk_part = export_metadata(db, fs, base).tables["chunk"].files[0].path
+    fs.delete_file(f"{base}/{chunk_part}")
+    with pytest.raises(BadInput, match=f"incomplete: {chunk_part} is missing"):
         import_metadata(target, fs, base)
     export_metadata(db, fs, base, overwrite=True)
     with target.begin() as conn:  # the target is at another schema version

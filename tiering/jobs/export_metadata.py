@@ -5,6 +5,12 @@ locally, `--packages org.postgresql:postgresql` on a cluster) and executors writ
 Consistency: the driver opens a REPEATABLE READ transaction and exports its snapshot; every JDBC session
 adopts it (`SET TRANSACTION SNAPSHOT` as the session's init statement), so all tables are read as of one
 instant even while the pipeline runs.
+
+The location (tiering/ops/export_location.py): a complete export there is refused unless `--overwrite`
+(its manifest then goes first); parts carry this export's id in their names and Parquet metadata, which
+the driver checks before the manifest; an executor that does not see a local destination writes nothing
+and says so; a failed run removes its parts. Airflow's retry of a failed run finds no manifest and exports
+again into the same location.
 """
 from __future__ import annotations
 
@@ -16,7 +22,9 @@ from datetime import datetime, timezone
 
 from tiering import clients
 from tiering.config import Settings
+from tiering.errors import TieringError
 from tiering.ops import export_metadata as ex
+from tiering.ops.export_location import claim, discard, new_export_id, release
 
 
 def default_dest(settings: Settings, now: datetime) -> str:
@@ -31,23 +39,40 @@ def jdbc_options(settings: Settings) -> dict[str, str]:
     return {"url": url, "user": user, "password": password, "driver": "org.postgresql.Driver", "fetchsize": "10000"}
 
 
-def _write_partitions(settings: Settings, dest: str, table: str):
+def _write_partitions(settings: Settings, dest: str, table: str, export_id: str):
     def write(batches):
+        import socket
+
         import pyarrow as pa
         from pyspark import TaskContext
 
+        from tiering.ops.export_location import ExportNotShared, check_shared
+
         fs, base = ex.filesystem_for(dest, settings)
+        try:
+            check_shared(fs, base, export_id, socket.gethostname())
+        except ExportNotShared as exc:  # reported to the driver, which fails the run with this sentence
+            yield pa.RecordBatch.from_pylist([{"path": None, "rows": -1, "error": str(exc)}], schema=_result_schema())
+            return
         batches = list(batches)  # one partition of a metadata table: bounded by Spark's partitioning
         data = pa.Table.from_batches(batches) if batches else ex.arrow_schema(table).empty_table()
         part_no = TaskContext.get().partitionId()
-        part = ex.write_part(fs, base, table, part_no, data)
-        yield pa.RecordBatch.from_pylist([{"path": part.path, "rows": part.rows}])
+        part = ex.write_part(fs, base, table, part_no, data, export_id)
+        yield pa.RecordBatch.from_pylist([{"path": part.path, "rows": part.rows, "error": None}], schema=_result_schema())
     return write
+
+
+def _result_schema():
+    import pyarrow as pa
+
+    return pa.schema([("path", pa.string()), ("rows", pa.int64()), ("error", pa.string())])
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="tiering-export-metadata")
     p.add_argument("--dest", help="s3://bucket/path or a local path")
+    p.add_argument("--overwrite", action="store_true", help="replace a complete export at DEST (its manifest "
+                                                             "is deleted first)")
     p.add_argument("--topic", help="ignored: an export is always of every table")
     args = p.parse_args(argv)
 
@@ -61,6 +86,7 @@ def main(argv=None) -> int:
     runs = JobRuns(engine)
     run_id = runs.start("export_metadata", None, run_ref("export_metadata"))
     outcome = JobOutcome()
+    claimed = None  # (fs, base, export id) once the location is this run's: a failure removes its parts
     try:
         spark = (SparkSession.builder.appName("tiering-export-metadata")
                  .config("spark.sql.session.timeZone", "UTC").getOrCreate())
@@ -69,6 +95,10 @@ def main(argv=None) -> int:
         wait_on(spark.sparkContext)
         dest = args.dest or default_dest(settings, datetime.now(timezone.utc))
         fs, base = ex.filesystem_for(dest, settings)
+        export_id = f"{run_id}-{new_export_id()[:8]}"
+        claim(fs, base, export_id, args.overwrite)
+        claimed = (fs, base, export_id)
+        outcome.details.update(dest=dest, export_id=export_id)
         opts = jdbc_options(settings)
         with engine.connect() as snap_conn:  # held open: the snapshot lives as long as its transaction
             snap_conn.exec_driver_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -78,14 +108,22 @@ def main(argv=None) -> int:
             for table in ex.table_names():
                 df = (spark.read.format("jdbc").options(**opts).option("query", ex.jdbc_query(table))
                       .option("sessionInitStatement", init).load())
-                written = df.mapInArrow(_write_partitions(settings, dest, table), "path string, rows long").collect()
+                written = df.mapInArrow(_write_partitions(settings, dest, table, export_id),
+                                        "path string, rows long, error string").collect()
+                refused = sorted({r["error"] for r in written if r["error"]})
+                if refused:
+                    raise TieringError(refused[0])
                 parts[table] = sorted((ex.PartFile(r["path"], r["rows"]) for r in written), key=lambda f: f.path)
                 outcome.items_done += sum(f.rows for f in parts[table])
-            manifest = ex.build_manifest(snap_conn, parts)
+            manifest = ex.build_manifest(snap_conn, parts, export_id=export_id)
         ex.write_manifest(fs, base, manifest)
-        outcome.details.update(dest=dest, tables={t: m.rows for t, m in manifest.tables.items()})
+        release(fs, base, export_id)
+        outcome.details.update(tables={t: m.rows for t, m in manifest.tables.items()})
     except Exception as exc:  # noqa: BLE001 - recorded, then the job fails
-        outcome.errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        outcome.errors.append(str(exc) if isinstance(exc, TieringError) else
+                              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        if claimed is not None:
+            outcome.details["parts_removed"] = discard(*claimed)
     finally:
         runs.finish(run_id, outcome)
     print(json.dumps({"job": "export_metadata", "run_id": run_id, "rows": outcome.items_done, **outcome.details}))

@@ -2,10 +2,10 @@
 
 Layout under a base path (local directory or `s3://bucket/prefix`):
 
-    {base}/topic/part-00000.parquet      one dataset per table, more parts when large
-    {base}/ledger/part-00000.parquet
+    {base}/topic/part-{id}-00000.parquet  one dataset per table, more parts when large; {id} the export's
+    {base}/ledger/part-{id}-00000.parquet id, also in each part's Parquet metadata (export_location.py)
     {base}/chunk/...  {base}/gc_task/...  {base}/attribute/...  {base}/job_run/...
-    {base}/manifest.json                 written LAST: without it the export is incomplete
+    {base}/manifest.json                  written LAST: without it the export is incomplete
 
 Types keep exact values: timestamps are `timestamp[us, tz=UTC]` (PostgreSQL's precision), bigints int64,
 `gc_task.attempts` int32, uuids and the ledger state as strings, `job_run.details` (jsonb) as its JSON text.
@@ -42,10 +42,11 @@ from tiering.tier2.arrowfs import s3_filesystem as pyarrow_s3_filesystem
 from tiering.errors import BadInput, TieringError
 from tiering.metadata import export_rows as R
 from tiering.metadata.export_rows import jdbc_query, table_names  # re-exported: the Spark job uses them from here
+from tiering.ops.export_location import (EXPORT_ID_KEY, MANIFEST, claim, discard, exists as _exists,
+                                         is_local as _is_local, join as _join, new_export_id, part_name, release)
 
 FORMAT = "tiering-metadata-export"
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 DEFAULT_BATCH_ROWS = 10_000
 DEFAULT_ROWS_PER_PART = 1_000_000
 
@@ -53,11 +54,15 @@ _UTC = _dt.timezone.utc
 
 
 # ----------------------------------------------------------------------------------------------- schema
-def arrow_schema(table: str) -> pa.Schema:
-    """The Arrow schema of one table's files: column order and nullability as in PostgreSQL."""
+def arrow_schema(table: str, export_id: str | None = None) -> pa.Schema:
+    """The Arrow schema of one table's files: column order and nullability as in PostgreSQL; the export's id
+    in its metadata when given (a part's proof that it is this export's)."""
     fields = [pa.field(c.name, c.arrow_type, nullable=c.nullable,
                        metadata={"pg_type": c.pg_kind} if c.pg_kind else None) for c in R.columns(table)]
-    return pa.schema(fields, metadata={"tiering.table": table, "tiering.format_version": str(FORMAT_VERSION)})
+    meta = {"tiering.table": table, "tiering.format_version": str(FORMAT_VERSION)}
+    if export_id is not None:
+        meta[EXPORT_ID_KEY] = export_id
+    return pa.schema(fields, metadata=meta)
 
 
 # ----------------------------------------------------------------------------------------------- rows
@@ -169,24 +174,6 @@ def filesystem_for(url: str, settings=None, *, endpoint_url: str | None = None, 
     return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(url))
 
 
-def _is_local(fs: pafs.FileSystem) -> bool:
-    return fs.type_name == "local"
-
-
-def _join(base: str, *names: str) -> str:
-    return "/".join([base.rstrip("/"), *names])
-
-
-def part_path(table: str, part_no: int) -> str:
-    """A part's path relative to the base path."""
-    R.table(table)
-    return f"{table}/part-{part_no:05d}.parquet"
-
-
-def _exists(fs: pafs.FileSystem, path: str) -> bool:
-    return fs.get_file_info(path).type != pafs.FileType.NotFound
-
-
 # ----------------------------------------------------------------------------------------------- manifest
 @dataclass(frozen=True)
 class PartFile:
@@ -208,6 +195,7 @@ class Manifest:
     tables: dict[str, TableManifest]
     sequences: dict[str, int | None] = field(default_factory=dict)  # "table.column" -> last value
     format: str = FORMAT
+    export_id: str | None = None  # every part's Parquet metadata names it (None: an export before issue 24)
 
     @property
     def row_counts(self) -> dict[str, int]:
@@ -230,7 +218,8 @@ class Manifest:
                       for name, t in d["tables"].items()}
             return cls(FORMAT_VERSION, str(d["exported_at"]),
                        [{"name": str(m["name"]), "checksum": str(m["checksum"])} for m in d["migrations"]],
-                       tables, {str(k): (None if v is None else int(v)) for k, v in d.get("sequences", {}).items()})
+                       tables, {str(k): (None if v is None else int(v)) for k, v in d.get("sequences", {}).items()},
+                       export_id=None if d.get("export_id") is None else str(d["export_id"]))
         except BadInput:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -238,7 +227,7 @@ class Manifest:
 
 
 def build_manifest(source, parts: Mapping[str, Sequence[PartFile]],
-                   exported_at: _dt.datetime | None = None) -> Manifest:
+                   exported_at: _dt.datetime | None = None, export_id: str | None = None) -> Manifest:
     """The manifest of an export whose parts were written (e.g. by Spark executors): migrations and
     sequences are read from the database now. Every table must have at least one part."""
     missing = [t for t in table_names() if not parts.get(t)]
@@ -248,19 +237,24 @@ def build_manifest(source, parts: Mapping[str, Sequence[PartFile]],
     facts = R.manifest_facts(source, exported_at)  # an engine, a connection or an export_rows.Snapshot
     return Manifest(FORMAT_VERSION, facts.exported_at.astimezone(_UTC).isoformat(), facts.migrations,
                     {t: TableManifest(sum(p.rows for p in parts[t]), list(parts[t])) for t in table_names()},
-                    facts.sequences)
+                    facts.sequences, export_id=export_id)
 
 
 def check_parts(fs: pafs.FileSystem, base_path: str, manifest: Manifest) -> None:
     """Every part the manifest names is at the base path, as this process sees it, with the rows it claims
-    (read from the Parquet footer). Executors on other machines write a local path on *their* disks: a
-    manifest over parts the driver cannot see would be an export that looks complete and is not."""
+    (read from the Parquet footer) and, when the manifest has an export id, that id in its metadata.
+    Executors on other machines write a local path on *their* disks: a manifest over parts the driver
+    cannot see would be an export that looks complete and is not; a stale part of an earlier export at the
+    same path, with the same row count, would pass for this export's rows."""
     for table, tm in manifest.tables.items():
         for part in tm.files:
             path = _join(base_path, part.path)
+            owner = None
             try:
                 with fs.open_input_file(path) as f:
-                    rows = pq.ParquetFile(f).metadata.num_rows
+                    meta = pq.ParquetFile(f).metadata
+                    rows = meta.num_rows
+                    owner = (meta.metadata or {}).get(EXPORT_ID_KEY.encode(), b"").decode() or None
             except FileNotFoundError:
                 rows = None
             except OSError as exc:
@@ -274,6 +268,9 @@ def check_parts(fs: pafs.FileSystem, base_path: str, manifest: Manifest) -> None
             if rows != part.rows:
                 raise TieringError(f"export part {path} has {rows} rows, its writer reported {part.rows}; "
                                    f"no manifest written")
+            if manifest.export_id is not None and owner != manifest.export_id:
+                raise TieringError(f"export part {path} belongs to export {owner or 'unknown'}, not to this one "
+                                   f"({manifest.export_id}); no manifest written")
 
 
 def write_manifest(fs: pafs.FileSystem, base_path: str, manifest: Manifest) -> str:
@@ -309,12 +306,13 @@ def read_manifest(fs: pafs.FileSystem, base_path: str) -> Manifest:
 
 
 # ----------------------------------------------------------------------------------------------- export
-def write_part(fs: pafs.FileSystem, base_path: str, table: str, part_no: int, data: pa.Table) -> PartFile:
+def write_part(fs: pafs.FileSystem, base_path: str, table: str, part_no: int, data: pa.Table,
+               export_id: str) -> PartFile:
     """Write one part file of a table (used by executors of the Spark job, and by export_metadata)."""
-    schema = arrow_schema(table)
+    schema = arrow_schema(table, export_id)
     if not data.schema.equals(schema, check_metadata=False):
         data = data.cast(schema)
-    rel = part_path(table, part_no)
+    rel = part_name(table, part_no, export_id)
     with _PartWriter(fs, base_path, table, rel, schema) as w:
         w.write(data)
     return PartFile(rel, data.num_rows)
@@ -347,48 +345,47 @@ def export_metadata(engine, fs: pafs.FileSystem, base_path: str, batch_rows: int
     """Write a consistent Parquet snapshot of the metadata tables under `base_path`; returns its manifest.
 
     Refuses (BadInput) to write over a complete export unless `overwrite`; then the old manifest is deleted
-    first, so a failure midway leaves a recognisably incomplete export, never a mixed one."""
+    first, so a failure midway leaves a recognisably incomplete export, never a mixed one; a failure removes
+    the parts this export wrote (export_location.py)."""
     if batch_rows < 1 or rows_per_part < 1:
         raise BadInput("batch_rows and rows_per_part must be positive")
-    manifest_path = _join(base_path, MANIFEST)
-    if _exists(fs, manifest_path):
-        if not overwrite:
-            raise BadInput(f"{base_path!r} already holds a complete export; choose a new location")
-        fs.delete_file(manifest_path)
-    if overwrite:  # stale parts of a larger earlier export must not linger next to ours
-        for t in table_names():
-            if _exists(fs, _join(base_path, t)):
-                fs.delete_dir_contents(_join(base_path, t), missing_dir_ok=True)
-
-    with R.snapshot(engine) as snap:
-        parts = {t: _export_table(snap, fs, base_path, t, batch_rows, rows_per_part) for t in table_names()}
-        manifest = build_manifest(snap, parts, snap.now)
-    write_manifest(fs, base_path, manifest)
+    export_id = new_export_id()
+    claim(fs, base_path, export_id, overwrite)
+    try:
+        with R.snapshot(engine) as snap:
+            parts = {t: _export_table(snap, fs, base_path, t, batch_rows, rows_per_part, export_id)
+                     for t in table_names()}
+            manifest = build_manifest(snap, parts, snap.now, export_id)
+        write_manifest(fs, base_path, manifest)
+    except BaseException:
+        discard(fs, base_path, export_id)
+        raise
+    release(fs, base_path, export_id)
     return manifest
 
 
 def _export_table(snap: R.Snapshot, fs: pafs.FileSystem, base_path: str, table: str, batch_rows: int,
-                  rows_per_part: int) -> list[PartFile]:
-    schema = arrow_schema(table)
+                  rows_per_part: int, export_id: str) -> list[PartFile]:
+    schema = arrow_schema(table, export_id)
     parts: list[PartFile] = []
     writer: _PartWriter | None = None
     try:
         for rows in snap.stream(table, batch_rows):
             while rows:
                 if writer is None:
-                    writer = _PartWriter(fs, base_path, table, part_path(table, len(parts)), schema)
+                    writer = _PartWriter(fs, base_path, table, part_name(table, len(parts), export_id), schema)
                 take = rows[:rows_per_part - writer.rows]
                 rows = rows[len(take):]
                 writer.write(rows_to_table(table, take))
                 if writer.rows >= rows_per_part:
                     writer.__exit__(None, None, None)
-                    parts.append(PartFile(part_path(table, len(parts)), writer.rows))
+                    parts.append(PartFile(part_name(table, len(parts), export_id), writer.rows))
                     writer = None
         if writer is None and not parts:  # an empty table still has one (empty) part with its schema
-            writer = _PartWriter(fs, base_path, table, part_path(table, 0), schema)
+            writer = _PartWriter(fs, base_path, table, part_name(table, 0, export_id), schema)
         if writer is not None:
             writer.__exit__(None, None, None)
-            parts.append(PartFile(part_path(table, len(parts)), writer.rows))
+            parts.append(PartFile(part_name(table, len(parts), export_id), writer.rows))
             writer = None
     finally:
         if writer is not None:
@@ -397,5 +394,5 @@ def _export_table(snap: R.Snapshot, fs: pafs.FileSystem, base_path: str, table: 
 
 
 __all__ = ["FORMAT_VERSION", "MANIFEST", "Manifest", "PartFile", "TableManifest", "arrow_schema", "build_manifest",
-           "export_metadata", "filesystem_for", "jdbc_query", "part_path", "read_manifest", "rows_to_table",
+           "export_metadata", "filesystem_for", "jdbc_query", "part_name", "read_manifest", "rows_to_table",
            "table_names", "write_manifest", "write_part"]

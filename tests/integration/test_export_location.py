@@ -1,0 +1,142 @@
+"""An export location holds one export that cannot lie (issue 24, items 1-3), for the library export and the
+Spark job (in this process, local[2], real PostgreSQL over JDBC, RGW): a complete export is refused or
+replaced with its manifest deleted first; a part of another export passes no check; a failed export leaves
+neither a manifest nor parts; an executor that does not see a local destination writes nothing."""
+from __future__ import annotations
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from tests.integration.helpers import entries, produce
+from tiering.errors import BadInput, TieringError
+from tiering.model import TopicPolicy
+from tiering.ops import export_location as loc
+from tiering.ops import export_metadata as ex
+
+JDBC_JAR = "/usr/share/java/postgresql.jar"
+
+
+def _files(fs, base) -> list[str]:
+    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    return sorted(i.path[len(base):].lstrip("/") for i in infos if i.type == pafs.FileType.File)
+
+
+@pytest.fixture
+def world(deps):
+    produce(deps, "x", [entries("x", 3, 100) for _ in range(2)], TopicPolicy(rollover_entries=10**9,
+                                                                             rollover_bytes=2**40))
+    return deps
+
+
+@pytest.fixture(params=["local", "s3"])
+def where(request, tmp_path, settings):
+    if request.param == "local":
+        return ex.filesystem_for(str(tmp_path / "exp"))
+    return ex.filesystem_for(f"s3://{settings.bucket}/exports/e1", settings)
+
+
+def test_a_complete_export_is_refused_then_replaced_manifest_first(world, db, where):
+    fs, base = where
+    first = ex.export_metadata(db, fs, base)
+    with pytest.raises(BadInput, match="already holds a complete export"):
+        ex.export_metadata(db, fs, base)
+    assert ex.read_manifest(fs, base).export_id == first.export_id  # refused: untouched
+    world.meta.create_topic("y")
+    second = ex.export_metadata(db, fs, base, overwrite=True)
+    assert second.export_id != first.export_id and ex.read_manifest(fs, base).row_counts["topic"] == 2
+    files = _files(fs, base)
+    assert files == sorted(["manifest.json"] + [p.path for t in second.tables.values() for p in t.files])
+    assert not any(first.export_id in f for f in files)  # the old parts went
+
+
+def test_a_part_of_another_export_passes_no_check(world, db, tmp_path):
+    fs, base = ex.filesystem_for(str(tmp_path / "exp"))
+    done = ex.export_metadata(db, fs, base)
+    # an older part at the same path, with the same row count, but written by another export
+    part = done.tables["topic"].files[0]
+    stale = ex.arrow_schema("topic", "someone-else").empty_table()
+    import pyarrow as pa
+
+    rows = pq.read_table(f"{base}/{part.path}").cast(ex.arrow_schema("topic", "someone-else"))
+    pq.write_table(pa.concat_tables([stale, rows]), f"{base}/{part.path}")
+    with pytest.raises(TieringError, match="belongs to export someone-else"):
+        ex.check_parts(fs, base, done)
+
+
+def test_a_failed_export_leaves_no_manifest_and_no_parts(world, db, where, monkeypatch):
+    fs, base = where
+    ex.export_metadata(db, fs, base)
+    real = ex._PartWriter.write
+    calls = []
+
+    def failing(self, data):
+        calls.append(1)
+        if len(calls) == 2:  # the second table with rows (ledger, after topic)
+            raise OSError("disk went away")
+        return real(self, data)
+
+    monkeypatch.setattr(ex._PartWriter, "write", failing)
+    with pytest.raises(OSError):
+        ex.export_metadata(db, fs, base, overwrite=True)
+    assert _files(fs, base) == []  # the old manifest went first, the new parts after the failure
+
+
+def test_leftovers_of_a_killed_export_are_removed_by_the_next(world, db, tmp_path):
+    fs, base = ex.filesystem_for(str(tmp_path / "exp"))
+    loc.claim(fs, base, "dead", overwrite=False)
+    ex.write_part(fs, base, "ledger", 0, ex.arrow_schema("ledger").empty_table(), "dead")
+    done = ex.export_metadata(db, fs, base)
+    assert not any("dead" in f for f in _files(fs, base)) and ex.read_manifest(fs, base).export_id == done.export_id
+
+
+def test_an_executor_without_the_drivers_marker_writes_nothing(tmp_path):
+    fs, base = ex.filesystem_for(str(tmp_path / "exp"))
+    with pytest.raises(loc.ExportNotShared, match="on node-2 is not the driver's"):
+        loc.check_shared(fs, base, "e9", "node-2")
+    loc.claim(fs, base, "e9", overwrite=False)
+    loc.check_shared(fs, base, "e9", "node-1")  # the driver's own disk: fine
+
+
+# ------------------------------------------------------------------------------------------- the Spark job
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("test-export-location")
+               .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
+               .config("spark.jars", JDBC_JAR).config("spark.driver.extraClassPath", JDBC_JAR).getOrCreate())
+    yield session
+    session.stop()
+
+
+def _job(settings, monkeypatch, *argv: str) -> int:
+    from tiering.jobs import export_metadata as job
+
+    for k, v in settings.to_env().items():
+        monkeypatch.setenv(k, v)
+    return job.main(list(argv))
+
+
+def test_the_spark_job_refuses_replaces_and_cleans_up(world, settings, spark, monkeypatch, capsys):
+    dest = f"s3://{settings.bucket}/exports/spark"
+    fs, base = ex.filesystem_for(dest, settings)
+    assert _job(settings, monkeypatch, "--dest", dest) == 0
+    first = ex.read_manifest(fs, base)
+    assert first.export_id and all(first.export_id in p.path for t in first.tables.values() for p in t.files)
+
+    assert _job(settings, monkeypatch, "--dest", dest) == 1  # Airflow's retry into a complete export
+    assert "already holds a complete export" in capsys.readouterr().err
+    assert ex.read_manifest(fs, base).export_id == first.export_id
+
+    def broken(*a, **k):
+        raise TieringError("the database went away before the manifest")
+
+    with monkeypatch.context() as m:
+        m.setattr(ex, "build_manifest", broken)
+        assert _job(settings, monkeypatch, "--dest", dest, "--overwrite") == 1
+    assert _files(fs, base) == []  # no manifest over new parts, no parts behind
+
+    assert _job(settings, monkeypatch, "--dest", dest) == 0  # the retry into the now empty location
+    again = ex.read_manifest(fs, base)
+    assert again.export_id != first.export_id and again.row_counts["ledger"] == 2
