@@ -191,9 +191,13 @@ class Settings:
         return self
 
     def __reduce__(self):
-        # Pickled (the Spark data source carries its settings to executors): without the SSE-C key's bytes,
-        # which the executor reads from the same file when the settings are rebuilt there.
-        return (_settings, ({f.name: getattr(self, f.name) for f in fields(self) if f.name != "s3_sse_c_key"},))
+        # Pickled into every Spark task closure (and the data source's class), which Spark sends to executors
+        # in plaintext unless the cluster encrypts its RPC (issue 24, item 4): so WITHOUT secrets. No database
+        # password, no AWS keys or session token, no SSE-C key bytes; where unpickled, each is resolved from
+        # that machine's own environment (`_settings`).
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _SECRET_FIELDS}
+        values["database_url"] = _without_password(self.database_url)
+        return (_settings, (values,))
 
     @property
     def offload_timeout(self) -> timedelta:
@@ -241,8 +245,39 @@ class Settings:
         return env
 
 
+# Settings fields that never travel in a pickle (the database URL travels without its password).
+_SECRET_FIELDS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token", "s3_sse_c_key")
+
+
 def _settings(values: dict) -> Settings:
-    return Settings(**values)
+    """Settings unpickled on an executor: the secrets come from where it runs. The database password from
+    the executor's own TIERING_DATABASE_URL when that names the same user, host, port and database (a local
+    master's executors share the driver's environment), else libpq's own sources (PGPASSWORD, PGPASSFILE,
+    ~/.pgpass); S3 credentials from boto3's chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a shared
+    credentials file or profile, an instance or container role); the SSE-C key from its file."""
+    url = _with_local_password(values["database_url"], os.environ.get("TIERING_DATABASE_URL"))
+    return Settings(**{**values, "database_url": url})
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{parts.username}@{host}" if parts.username is not None else host).geturl()
+
+
+def _with_local_password(url: str, local: str | None) -> str:
+    ours = urlsplit(url)
+    if ours.password is not None or not local:
+        return url
+    try:
+        theirs = urlsplit(local)
+        same = (theirs.hostname, theirs.port, theirs.username, theirs.path) == \
+            (ours.hostname, ours.port, ours.username, ours.path)
+    except ValueError:  # a malformed local setting: libpq's own sources, as without one
+        return url
+    return ours._replace(netloc=theirs.netloc).geturl() if same and theirs.password else url
 
 
 def pyarrow_s3_filesystem(settings: "Settings | None" = None, **kwargs):

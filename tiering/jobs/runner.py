@@ -88,6 +88,12 @@ def _do_items(settings: Settings, work: Work, items: Iterable[dict],
     yield out
 
 
+def executor_task(settings: Settings, work: Work, tier1_token: str | None) -> Callable[[Iterable[dict]], Iterator[dict]]:
+    """The function Spark pickles and ships to every executor with its closure: the settings travel without
+    their secrets (Settings.__reduce__), which each executor resolves where it runs (issue 24, item 4)."""
+    return lambda items: _do_items(settings, work, items, tier1_token)
+
+
 def run_ref(kind: str, environ=None) -> RunRef:
     """The run's kind, and the Airflow DAG, run and try the operator passes in the environment (absent when
     the job is started by hand)."""
@@ -205,8 +211,7 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
                 items = prepare(deps, args, items, sc.defaultParallelism)
             token = root_token(settings.tier1_root) if tier1 else None
             try:
-                parts = sc.parallelize(items, slices).mapPartitions(
-                    lambda it: _do_items(settings, work, it, token)).collect()
+                parts = sc.parallelize(items, slices).mapPartitions(executor_task(settings, work, token)).collect()
             except BaseException:
                 if check is not None:  # the job failed: name what it left undone, then fail with its cause
                     _checked(deps, check, items, outcome)
