@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
+from itertools import starmap
 from typing import Callable, Iterator, Protocol
 
 from tiering.errors import BadInput, DataLossError, LedgerStorageError
@@ -146,8 +148,8 @@ class ReadHandle:
         if chunk is None or self.open_tier2 is None:
             yield from self._dataloss(led, next_id, last)
             return
-        for entry_id, data in self.open_tier2(led, chunk).iter_entries(next_id, last):
-            yield Entry(led.ledger_id, entry_id, data)
+        # starmap: no Python frame per entry on this, the hottest loop of a catch-up read (issue 22)
+        yield from starmap(partial(Entry, led.ledger_id), self.open_tier2(led, chunk).iter_entries(next_id, last))
 
     def _dataloss(self, led: Ledger, first: int, last: int) -> Iterator[Gap]:
         gap = Gap(DATALOSS, Position(led.ledger_id, first), Position(led.ledger_id, last))

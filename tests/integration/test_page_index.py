@@ -14,7 +14,7 @@ from sqlalchemy import text
 from tests.integration.helpers import entries, produce
 from tests.integration.test_cli import cli  # noqa: F401  (the CLI fixture, shared)
 from tests.integration.test_export_recover import new_database  # noqa: F401  (extra databases)
-from tiering.errors import CorruptObjectError
+from tiering.errors import CorruptObjectError, DataLossError
 from tiering.format.block import HEADER_LEN
 from tiering.format.index import decode_index, encode_index
 from tiering.format.metadata import encode_metadata
@@ -186,3 +186,53 @@ def test_cold_random_read_is_at_most_two_requests_at_every_entry(deps, s3_settin
         assert e.data == bytes([entry_id % 251]) * sizes[entry_id]
         worst = max(worst, len(gets))
     assert worst <= 2
+
+
+def _counted(deps, s3_settings, bucket):
+    s3 = boto3.client("s3", **s3_settings, config=Config(max_pool_connections=8))
+    gets = []
+    s3.meta.events.register("before-send.s3.GetObject", lambda **kw: gets.append(1))
+    return dataclasses.replace(deps, bucket=Bucket(s3, bucket, deps.bucket.prefix)), gets
+
+
+def test_a_scan_is_one_streaming_get_and_every_range_reads_exactly(deps, s3_settings, bucket):
+    """Issue 22: a scan of many pages is ONE GET of its span (plus the index), read group by group; any
+    [first, last] inside the ledger returns exactly those entries, pages at both ends cut right."""
+    sizes = [50, 70 * 1024, 3000, 200 * 1024] * 10 + [ENTRY] * 45
+    produce(deps, "s", [[bytes([i % 251]) * n for i, n in enumerate(sizes)]])
+    [ch] = offload_all(deps, "s")
+    own, gets = _counted(deps, s3_settings, bucket)
+    n = len(sizes)
+    for first, last in [(0, n - 1), (1, n - 2), (3, 44), (41, 80), (n - 3, n - 1)]:
+        gets.clear()
+        handle = ReadHandle(own.meta, own.tier1, tier2_opener(own.bucket, ReaderCaches.new()))
+        got = [e for e in handle.read("s", Position(0, first), Position(0, last)) if isinstance(e, Entry)]
+        assert [e.entry_id for e in got] == list(range(first, last + 1))
+        assert all(e.data == bytes([e.entry_id % 251]) * sizes[e.entry_id] for e in got)
+        assert len(gets) == 2, (first, last, len(gets))  # the index and one streaming GET
+
+
+def test_a_scan_stopped_early_gives_its_thread_back(deps):
+    """A reader that stops after a few entries of a long scan: the streaming thread stops at the next group
+    and drops the GET, so the pool is free again (a shutdown returns) and nothing keeps reading."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    produce(deps, "e", [entries("e", 120, ENTRY)])  # ~12 MiB: far more than the read-ahead holds
+    offload_all(deps, "e")
+    pool = ThreadPoolExecutor(4)
+    it = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket, ReaderCaches.new(), pool)).read("e")
+    assert [next(it).entry_id for _ in range(3)] == [0, 1, 2]
+    it.close()
+    t0 = time.monotonic()
+    pool.shutdown(wait=True)
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_truncated_object_fails_a_scan_with_the_typed_error(deps):
+    produce(deps, "c", [entries("c", 60, ENTRY)])
+    [ch] = offload_all(deps, "c")
+    data = get(deps, ch.data_key)
+    put(deps, ch.data_key, data[:len(data) // 2])
+    with pytest.raises((CorruptObjectError, DataLossError)):
+        read_all(deps, "c")

@@ -210,6 +210,47 @@ def get_range(b: Bucket, key: str, start: int, length: int) -> bytes:
     return data
 
 
+class RangeStream:
+    """One GET of [start, start+length) of an object, read in consecutive pieces as the bytes arrive: a scan
+    at the speed of one streaming GET, with memory bounded by what the caller holds. Each `read(n)` returns
+    exactly n bytes or raises (a short body is CorruptObjectError, a broken connection Tier2Error, a
+    missing object DataLossError). `close()` drops the rest (the connection is discarded)."""
+
+    def __init__(self, b: Bucket, key: str, start: int, length: int):
+        self.key, self.start, self.left = key, start, length
+        try:
+            self._body = b.s3.get_object(Bucket=b.name, Key=key,
+                                         Range=f"bytes={start}-{start + length - 1}")["Body"] if length > 0 else None
+        except (ClientError, BotoCoreError) as exc:
+            if error_code(exc) in ("NoSuchKey", "404", "InvalidRange"):
+                raise DataLossError(f"tier-2 object {key!r} is missing or shorter than metadata says") from None
+            raise tier2_error("GET", key, exc) from None
+
+    def read(self, n: int) -> bytes:
+        if n <= 0:
+            return b""
+        if n > self.left:
+            raise ValueError(f"read of {n} bytes past the range's end ({self.left} left)")
+        try:
+            data = self._body.read(n)
+        except (BotoCoreError, OSError) as exc:  # the connection broke mid-body (urllib3's errors are OSErrors)
+            raise tier2_error("GET", self.key, exc) from None
+        if len(data) != n:
+            from tiering.errors import CorruptObjectError
+
+            raise CorruptObjectError("object", f"{self.key} from byte {self.start}",
+                                     f"the body ended {self.left - len(data)} bytes early (object shorter than "
+                                     f"metadata says)")
+        self.left -= n
+        self.start += n
+        return data
+
+    def close(self) -> None:
+        if self._body is not None:
+            self._body.close()
+            self._body = None
+
+
 def check_bucket(b: Bucket) -> None:
     """One HEAD of the bucket. Operations that change metadata before writing to tier 2 (offload) call it
     first: with the endpoint down or the bucket missing they fail once, cleanly, instead of bumping every

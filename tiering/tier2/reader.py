@@ -6,11 +6,15 @@ small (a cold random read costs one or two requests) and grow, with several in f
 a bounded cache of entry offsets lets a later read start near its entry instead of at the block's start.
 Every entry's framing and id are checked. Ledgers offloaded with a page index (all since it exists) are
 read in whole pages, each page's CRC32C checked before any of its entries is returned: a cold random read is
-two requests (index, page), a scan reads runs of pages ahead.
+two requests (index, page); a scan is ONE streaming GET of its whole span (issue 22: growing ranged GETs
+reached only ~0.85 of one stream on RGW even without parsing), read group by group (~1 MiB of whole pages)
+by a thread of the pool that checks each group's pages and hands it over through a queue of READ_AHEAD
+groups, while the reading thread parses the previous one; memory stays within that queue.
 """
 from __future__ import annotations
 
 import bisect
+import queue
 import threading
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -20,14 +24,16 @@ from typing import Iterator
 from tiering.errors import CorruptObjectError, EntryNotFound
 from tiering.format.block import HEADER_LEN, Entry, NeedMore, parse_block_header, read_entry_at
 from tiering.format.index import OffloadIndex, decode_index
-from tiering.format.pages import check_page, iter_page
+from tiering.format.pages import check_page, page_entries
 from tiering.model import Chunk, Ledger
-from tiering.tier2.objects import Bucket, get_range, prefetch_ranges
+from tiering.tier2.objects import Bucket, RangeStream, get_range, prefetch_ranges
 
 FIRST_RANGE = 64 * 1024
 MAX_RANGE = 4 * 1024 * 1024
 READ_AHEAD = 4
 CHECKPOINT_STRIDE = 64
+SCAN_GROUP = 1024 * 1024  # bytes of whole pages a scan's streaming GET hands over at a time
+_END = object()
 
 
 class IndexCache:
@@ -174,42 +180,83 @@ class OffloadedLedger:
 
     def _read_pages(self, index: OffloadIndex, first: int, last: int) -> Iterator[tuple[int, bytes]]:
         """Entries first..last, fetched in whole pages, each page's CRC32C checked before any of its entries
-        is returned. A point read is one GET of one page; a scan reads growing runs of pages ahead."""
+        is returned. A point read is one GET of one page; a scan is one streaming GET of its pages."""
         pages = index.pages
         lo, hi = pages.find(first), pages.find(last)
         starts = {e.block_offset for e in index.entries}
         ends = {e.block_offset for e in index.entries[1:]} | {index.data_object_len}
         where, base = f"data object {self.ch.data_key}", self.ch.data_offset
-        window = 1 if lo == hi else READ_AHEAD
-        pending: deque = deque()
-        runs = _page_runs(index, lo, hi)
+        if lo == hi:
+            start, end = index.page_span(lo)
+            groups = iter([(lo, hi, start, self._fetch_checked(index, lo, hi, start, end, where, base))])
+            self.requests += 1
+        else:
+            groups = self._scan(index, lo, hi, where, base)
+        for a, b_, start, data in groups:
+            for p in range(a, b_ + 1):  # every page of the group was checked before it was handed over
+                p_start, p_end = index.page_span(p)
+                p_first, p_last = pages.first_entries[p], pages.last_entry(p, index.entry_count)
+                entries = page_entries(data, p_start - start, p_end - start, p_first, p_last,
+                                       block_start=p_start in starts, block_end=p_end in ends, where=where,
+                                       base=base + start)
+                if p_first < first or p_last > last:  # the range's first or last page: only its part
+                    entries = entries[max(0, first - p_first):max(0, last - p_first + 1)]
+                yield from entries
+
+    def _scan(self, index: OffloadIndex, lo: int, hi: int, where: str, base: int) -> Iterator[tuple]:
+        """Pages lo..hi as checked groups (first page, last page, start offset, bytes), in order, from one
+        streaming GET read by a pool thread, at most READ_AHEAD groups ahead of the caller."""
+        groups = list(_page_runs(index, lo, hi, first=SCAN_GROUP, grow=False))
+        handoff: queue.Queue = queue.Queue(maxsize=READ_AHEAD)
+        stop = threading.Event()
+        self.requests += 1
+        self.pool.submit(self._stream_checked, index, groups, where, base, handoff, stop)
         try:
             while True:
-                while len(pending) < window:
-                    run = next(runs, None)
-                    if run is None:
-                        break
-                    a, b_ = run
-                    start, end = index.page_span(a)[0], index.page_span(b_)[1]
-                    pending.append((a, b_, start, self.pool.submit(self._fetch_checked, index, a, b_, start, end,
-                                                                   where, base)))
-                    self.requests += 1
-                if not pending:
+                item = handoff.get()
+                if item is _END:
                     return
-                a, b_, start, fut = pending.popleft()
-                data = memoryview(fut.result())
-                for p in range(a, b_ + 1):  # every page of the run was checked by _fetch_checked
-                    p_start, p_end = index.page_span(p)
-                    page = data[p_start - start:p_end - start]
-                    p_first, p_last = pages.first_entries[p], pages.last_entry(p, index.entry_count)
-                    for entry_id, payload in iter_page(page, 0, len(page), p_first, p_last,
-                                                       block_start=p_start in starts, block_end=p_end in ends,
-                                                       where=where, base=base + p_start):
-                        if first <= entry_id <= last:
-                            yield entry_id, bytes(payload)
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
         finally:
-            for item in pending:
-                item[3].cancel()
+            stop.set()  # the caller stopped early or failed: the streaming thread gives up the GET
+            while True:
+                try:
+                    handoff.get_nowait()
+                except queue.Empty:
+                    break
+
+    def _stream_checked(self, index: OffloadIndex, groups: list[tuple[int, int]], where: str, base: int,
+                        handoff: queue.Queue, stop: threading.Event) -> None:
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    handoff.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        start = index.page_span(groups[0][0])[0]
+        stream = None
+        try:
+            stream = RangeStream(self.b, self.ch.data_key, base + start, index.page_span(groups[-1][1])[1] - start)
+            for a, b_ in groups:
+                g_start, g_end = index.page_span(a)[0], index.page_span(b_)[1]
+                data = stream.read(g_end - g_start)
+                view = memoryview(data)
+                for p in range(a, b_ + 1):
+                    p_start, p_end = index.page_span(p)
+                    check_page(index.pages, p, view[p_start - g_start:p_end - g_start], where, base + p_start)
+                if not put((a, b_, g_start, data)):
+                    return
+            put(_END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the reading thread, which raises it
+            put(exc)
+        finally:
+            if stream is not None:
+                stream.close()
 
     def _fetch_checked(self, index: OffloadIndex, a: int, b_: int, start: int, end: int, where: str,
                        base: int) -> bytes:
@@ -285,9 +332,9 @@ class OffloadedLedger:
         return True
 
 
-def _page_runs(index: OffloadIndex, lo: int, hi: int, first: int = 1) -> Iterator[tuple[int, int]]:
-    """Pages lo..hi in runs of consecutive pages, one ranged GET each: the first run up to `first` bytes
-    (default one page: a random read needs no more), each next one twice as many bytes, up to MAX_RANGE."""
+def _page_runs(index: OffloadIndex, lo: int, hi: int, first: int = 1, grow: bool = True) -> Iterator[tuple[int, int]]:
+    """Pages lo..hi in runs of consecutive pages: the first run up to `first` bytes (at least one page),
+    each next one twice as many bytes, up to MAX_RANGE (`grow`), or every run up to `first` bytes."""
     target, p = first, lo
     while p <= hi:
         start = index.page_span(p)[0]
@@ -295,7 +342,8 @@ def _page_runs(index: OffloadIndex, lo: int, hi: int, first: int = 1) -> Iterato
         while q < hi and index.page_span(q + 1)[1] - start <= target:
             q += 1
         yield p, q
-        target = min(max(target, index.page_span(q)[1] - start) * 2, MAX_RANGE)
+        if grow:
+            target = min(max(target, index.page_span(q)[1] - start) * 2, MAX_RANGE)
         p = q + 1
 
 
