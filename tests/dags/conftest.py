@@ -63,7 +63,9 @@ def airflow_runner(home: Path, tier1: Path, database_url: str, run_bucket: str, 
     env = {**os.environ, **_load_airflow_env()(settings_env, home, metastore=metastore, **airflow_env),
            # one object pair per ledger, the layout these tests reason about (as tests/conftest.py's
            # settings); batched offload is tested in test_offload_batch.py and by the e2e test's defaults
-           "TIERING_OFFLOAD_BATCH_BYTES": "0", **(extra_env or {})}
+           "TIERING_OFFLOAD_BATCH_BYTES": "0",
+           # a failing task's retries still run (and are tested), without a minute's wait before each
+           "TIERING_TASK_RETRY_DELAY_SECONDS": "3", **(extra_env or {})}
     # The task must get settings from the connections, not from variables it inherits by accident.
     for name in ("TIERING_DATABASE_URL", "TIERING_BUCKET", "TIERING_S3_ENDPOINT_URL", "AWS_SECRET_ACCESS_KEY",
                  "AWS_ACCESS_KEY_ID", "TIERING_PREFIX"):

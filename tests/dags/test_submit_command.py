@@ -11,7 +11,7 @@ import zipfile
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from tiering.jobs.airflow_dags import TieringSparkSubmitOperator, task_timeout
+from tiering.jobs.airflow_dags import TieringSparkSubmitOperator, task_retry_delay, task_timeout
 from tiering.jobs.submit import py_files_archive
 
 DB_PASSWORD = "pw-Zq81secret"
@@ -131,3 +131,11 @@ def test_task_timeout_is_configurable_and_checked():
     for bad in ("0", "-1", "1.5", "٣", "99999"):
         with pytest.raises(ValueError):
             task_timeout({"TIERING_TASK_TIMEOUT_MINUTES": bad})
+
+
+def test_task_retry_delay_is_configurable_and_checked():
+    assert task_retry_delay({}).total_seconds() == 60
+    assert task_retry_delay({"TIERING_TASK_RETRY_DELAY_SECONDS": "0"}).total_seconds() == 0
+    for bad in ("-1", "1.5", "x", "86401", "٣"):
+        with pytest.raises(ValueError, match="TIERING_TASK_RETRY_DELAY_SECONDS"):
+            task_retry_delay({"TIERING_TASK_RETRY_DELAY_SECONDS": bad})

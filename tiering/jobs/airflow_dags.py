@@ -191,6 +191,17 @@ def task_timeout(environ=None) -> timedelta:
     return timedelta(minutes=int(raw))
 
 
+def task_retry_delay(environ=None) -> timedelta:
+    """retry_delay of every task: TIERING_TASK_RETRY_DELAY_SECONDS (default 60, 0 to 86400). Each task is
+    retried twice after a transient failure (Spark, the metastore, an Airflow restart)."""
+    import os
+
+    raw = (os.environ if environ is None else environ).get("TIERING_TASK_RETRY_DELAY_SECONDS", "") or "60"
+    if not raw.isascii() or not raw.isdigit() or not 0 <= int(raw) <= 86400:
+        raise ValueError("TIERING_TASK_RETRY_DELAY_SECONDS must be a whole number of seconds, 0 to 86400")
+    return timedelta(seconds=int(raw))
+
+
 def _env(name: str, default: str = "") -> str:
     import os
 
@@ -258,7 +269,7 @@ def build_dag(dag_id: str, doc_md: str | None = None) -> DAG:
         params=params_for(spec),
         # retries are for transient failures (Spark, the metastore, an Airflow restart: a task killed past
         # `make stop`'s bound is retried after its heartbeat times out); bad input fails in `plan`, once
-        default_args={"owner": OWNER, "retries": 2, "retry_delay": timedelta(seconds=60),
+        default_args={"owner": OWNER, "retries": 2, "retry_delay": task_retry_delay(),
                       "execution_timeout": task_timeout()},
     ) as dag:
         plan = ShortCircuitOperator(task_id="plan", python_callable=plan_on_worker, op_args=[dag_id],
