@@ -1,0 +1,170 @@
+"""The pipeline on a cluster whose second worker is another node (issue 24): its own network namespace and
+address, its own file system with the tier-1 root bind-mounted at the same path, PostgreSQL and RGW reached
+over the network (tests/cluster/netns.py). Through `airflow dags test`: offload, delete-lagged, retention and
+the metadata export with tasks on both nodes; an export to a path only the driver has fails and leaves
+nothing; the second node killed mid-offload never gives a green run with a ledger left behind, and the next
+run finishes without waiting for the offload timeout. Skipped, saying why, where namespaces cannot be made."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import netns
+from tests.cluster.conftest import cluster_dags_test
+from tests.conftest import empty_world
+from tests.dags.conftest import airflow_runner
+from tests.integration.helpers import entries, make_deps, produce
+from tiering.config import Settings
+from tiering.model import LedgerState as S, TopicPolicy
+
+pytestmark = pytest.mark.slow
+BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory, database_url, s3_settings):
+    node_fs = tmp_path_factory.mktemp("node-fs")  # on the second node: a tmpfs holding only the tier-1 root
+    root = node_fs / "tier1"
+    root.mkdir()
+    try:
+        nodes = netns.start(tmp_path_factory.mktemp("two-nodes"), root, database_url, s3_settings["endpoint_url"])
+    except netns.Unavailable as exc:
+        pytest.skip(f"no second node: network namespaces cannot be made here ({exc})")
+    try:
+        yield nodes
+    finally:
+        netns.stop(nodes)
+
+
+@pytest.fixture(scope="module")
+def airflow2(tmp_path_factory, two_nodes, database_url, run_bucket, s3_settings):
+    run = airflow_runner(tmp_path_factory.mktemp("airflow-two-nodes"), two_nodes.tier1_root, database_url, run_bucket,
+                         s3_settings, spark_master=two_nodes.master_url,
+                         extra_env={"SPARK_CONF_DIR": str(two_nodes.conf_dir)})
+    run.cluster = two_nodes
+    return run
+
+
+@pytest.fixture(scope="module")
+def deps(airflow2, engine, s3_client, run_bucket):
+    empty_world(engine, s3_client, run_bucket)
+    return make_deps(engine, s3_client, run_bucket, airflow2.tier1_root)
+
+
+def _hosts(airflow, dag_id, conf=None, ok=True):
+    done, out, apps = cluster_dags_test(airflow, dag_id, conf)
+    if ok:
+        assert done.returncode == 0, out[-3000:]
+    hosts = set()
+    for app in apps:
+        hosts |= set(netns.executor_hosts(app).values())
+    return done, out, hosts
+
+
+def _last_run(deps, job):
+    from sqlalchemy import text
+
+    with deps.meta.engine.connect() as conn:
+        return dict(conn.execute(text("SELECT * FROM tiering.job_run WHERE job = :j ORDER BY run_id DESC LIMIT 1"),
+                                 {"j": job}).one()._mapping)
+
+
+def test_both_nodes_run_the_pipeline(airflow2, two_nodes, deps, s3_client, run_bucket):
+    nodes = {two_nodes.host_ip, two_nodes.node_ip}
+    assert {w["host"] for w in two_nodes.status()["workers"] if w["state"] == "ALIVE"} == nodes
+    for t in range(4):
+        produce(deps, f"n{t}", [entries(f"n{t}{i}", 6, 2000) for i in range(3)],
+                TopicPolicy(offload_after_seconds=0, deletion_lag_seconds=0, **BIG), open_tail=[b"open"])
+    _, _, hosts = _hosts(airflow2, "tiering_offload_by_age")
+    assert hosts == nodes, f"tasks ran on {hosts}, expected both nodes"
+    assert all(led.state == S.OFFLOADED for t in range(4) for led in deps.meta.list_ledgers(f"n{t}")[:3])
+
+    _, _, hosts = _hosts(airflow2, "tiering_delete_lagged")
+    assert hosts <= nodes and hosts
+    assert not any(deps.tier1.exists(f"n{t}", i) for t in range(4) for i in range(3))  # deleted on either node
+
+    produce(deps, "ret", [entries(f"r{i}", 4, 250) for i in range(3)], TopicPolicy(retention_bytes=1000, **BIG),
+            open_tail=[b"o"])
+    _hosts(airflow2, "tiering_retention", {"topic": "ret"})
+    assert [led.state for led in deps.meta.list_ledgers("ret")] == [S.DELETED, S.DELETED, S.SEALED, S.OPEN]
+
+    from tiering.ops.export_metadata import filesystem_for, read_manifest
+
+    dest = f"s3://{run_bucket}/two-nodes-export"
+    _, _, hosts = _hosts(airflow2, "tiering_metadata_export", {"dest": dest})
+    assert hosts and hosts <= nodes, hosts  # one task per table: either node
+    settings = Settings.from_env({**os.environ, **airflow2.settings_env})
+    manifest = read_manifest(*filesystem_for(dest, settings))
+    assert manifest.row_counts["topic"] == 5 and manifest.export_id
+
+
+def test_an_export_to_a_path_only_the_driver_has_fails_and_leaves_nothing(airflow2, two_nodes, deps):
+    """Item 3: the second node does not see the driver's directory (its file system holds only the tier-1
+    root): its tasks write nothing there and say so; the driver removes what the first node wrote."""
+    dest = two_nodes.tier1_root.parent / "export"  # the driver's disk: an empty tmpfs on the second node
+    settings = Settings.from_env({**os.environ, **airflow2.settings_env})
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, **settings.to_env(), "PYSPARK_PYTHON": sys.executable, "SPARK_CONF_DIR": str(two_nodes.conf_dir),
+           "PATH": f"{bindir}:{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
+    # executors of 1.5 GiB fit only the second node: every task runs there
+    cmd = [str(bindir / "spark-submit"), "--master", two_nodes.master_url, "--conf", "spark.ui.enabled=false",
+           "--executor-memory", "1536m", "--conf", "spark.scheduler.minRegisteredResourcesRatio=0",
+           "--conf", "spark.executorEnv.PYTHONPATH=" + str(ROOT), "--jars", "/usr/share/java/postgresql.jar",
+           str(ROOT / "tiering" / "jobs" / "export_metadata.py"), "--dest", str(dest)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    row = _last_run(deps, "export_metadata")
+    assert row["status"] == "FAILED" and "is not the driver's (its marker is missing)" in row["error"], row["error"]
+    left = [p for p in dest.rglob("*") if p.is_file()] if dest.exists() else []
+    assert left == [], left  # no manifest, no parts, no marker
+
+
+def test_the_second_node_killed_mid_offload_is_never_a_green_run(airflow2, two_nodes, deps):
+    """Item 5: 120 ledgers offloaded at 384 KiB/s (about 20 s); the second node's worker, executor and Python
+    workers are killed once tasks run there. The run ends with every ledger OFFLOADED or FAILED naming the
+    ledgers left; the next run (offload timeout: an hour) offloads the rest at once."""
+    produce(deps, "kill", [entries(f"k{i}", 2, 32 * 1024) for i in range(120)],
+            TopicPolicy(offload_after_seconds=0, **BIG), open_tail=[b"o"])
+    killed = threading.Event()
+
+    def kill_when_busy():
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            with deps.meta.engine.connect() as conn:
+                from sqlalchemy import text
+
+                done = conn.execute(text("SELECT count(*) FROM tiering.ledger l JOIN tiering.topic t USING "
+                                         "(topic_id) WHERE t.name = 'kill' AND l.state IN ('OFFLOADING', "
+                                         "'OFFLOADED')")).scalar()
+            if done >= 20:  # both executors are at work by now (the scheduler waited for both)
+                two_nodes.kill_remote_worker()
+                killed.set()
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_when_busy, daemon=True)
+    killer.start()
+    done, out, _apps = cluster_dags_test(airflow2, "tiering_offload_by_age",
+                                         {"topic": "kill", "max_bytes_per_second": 384 * 1024})
+    killer.join(timeout=10)
+    assert killed.is_set(), "the run ended before the second node could be killed"
+    left = [led.ledger_id for led in deps.meta.list_ledgers("kill") if led.state not in (S.OFFLOADED, S.OPEN)]
+    row = _last_run(deps, "offload")
+    print(f"second node killed: exit {done.returncode}, {row['status']}, done {row['items_done']}, "
+          f"failed {row['items_failed']}, details {row['details']}, error {row['error']}")
+    if done.returncode == 0:
+        assert left == [] and row["status"] == "SUCCEEDED", (left, row)
+    else:
+        assert left and row["status"] == "FAILED", (left, row)
+        assert any(f"kill/{i}" in (row["error"] or "") + out for i in left), (row["error"], out[-2000:])
+
+    done, out, _apps = cluster_dags_test(airflow2, "tiering_offload_by_age", {"topic": "kill"})
+    assert done.returncode == 0, out[-3000:]
+    assert all(led.state == S.OFFLOADED for led in deps.meta.list_ledgers("kill")[:-1])
