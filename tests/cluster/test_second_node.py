@@ -103,6 +103,11 @@ def test_both_nodes_run_the_pipeline(airflow2, two_nodes, deps, s3_client, run_b
     settings = Settings.from_env({**os.environ, **airflow2.settings_env})
     manifest = read_manifest(*filesystem_for(dest, settings))
     assert manifest.row_counts["topic"] == 5 and manifest.export_id
+    # no secret in any event log, worker directory (executors' stdout/stderr, shipped files) or daemon log
+    for path in two_nodes.state_dir.rglob("*"):
+        if path.is_file() and path.stat().st_size < 64 * 1024 * 1024:
+            data = path.read_bytes()
+            assert not any(secret.encode() in data for secret in airflow2.secrets), f"a secret in {path}"
 
 
 def test_an_export_to_a_path_only_the_driver_has_fails_and_leaves_nothing(airflow2, two_nodes, deps):
