@@ -209,11 +209,10 @@ def entries_size(payload_lengths: Iterable[int]) -> int:
     return sum(ENTRY_HEADER_LEN + n for n in payload_lengths)
 
 
-def _append_padding(buf: bytearray, n: int) -> None:
-    while n > 0:
-        take = min(n, len(_PAD_CHUNK))
-        buf += _PAD_CHUNK[:take]
-        n -= take
+def _padding(n: int) -> list[bytes]:
+    """n bytes of padding, as pieces of at most len(_PAD_CHUNK) (shared, not copied)."""
+    full, rest = divmod(n, len(_PAD_CHUNK))
+    return [_PAD_CHUNK] * full + ([_PAD_CHUNK[:rest]] if rest else [])
 
 
 def build_pages(data: Buffer, starts: Sequence[tuple[int, int]]) -> tuple[tuple[int, int, int], ...]:
@@ -242,18 +241,24 @@ def pack_blocks(entries: Iterable[tuple[int, Buffer]], block_size: int = DEFAULT
         raise BadInput(f"page size must be a positive integer, got {page_size!r}")
     room = block_size - HEADER_LEN
     part_id, offset = 1, 0
-    cur: bytearray | None = None
-    cur_first = cur_count = 0
+    # The block being built is a list of pieces (frame headers, the payloads as given) joined once when it
+    # is finished: each payload byte is copied once, into the block's bytes (issue 22: a growing bytearray
+    # and its final copy cost two more copies). Pieces reference the caller's buffers until then.
+    cur: list | None = None
+    cur_len = cur_first = cur_count = 0
     page_starts: list[tuple[int, int]] = []
     expected: int | None = None
+    pack_entry = _ENTRY.pack
 
     def finish(pad: bool) -> Block:
         nonlocal part_id, offset, cur
+        length = HEADER_LEN + cur_len
+        tail = []
         if pad:
-            _append_padding(cur, block_size - len(cur))
-        cur[0:HEADER_LEN] = encode_block_header(len(cur), cur_first)
-        # bytes, and the builder dropped: a caller keeping blocks in flight holds one copy of each, not two
-        data, cur = bytes(cur), None
+            tail = _padding(block_size - length)
+            length = block_size
+        data = b"".join([encode_block_header(length, cur_first), *cur, *tail])
+        cur = None  # the pieces dropped: a caller keeping blocks in flight holds one copy of each
         block = Block(part_id, cur_first, cur_count, data, offset, build_pages(data, page_starts))
         part_id += 1
         offset += len(data)
@@ -272,21 +277,20 @@ def pack_blocks(entries: Iterable[tuple[int, Buffer]], block_size: int = DEFAULT
             raise BadInput(f"entry {entry_id} has {size} bytes; the format allows at most {_MAX_ENTRY_LEN}")
         expected = entry_id + 1
         framed = ENTRY_HEADER_LEN + size
-        if cur is not None and len(cur) + framed > block_size:
+        if cur is not None and HEADER_LEN + cur_len + framed > block_size:
             yield finish(pad=True)  # another entry follows, so this block is not the last: fill it up
-            cur = None
         if cur is None:
-            cur = bytearray(HEADER_LEN)  # header written at finish(), when block_len is known
+            cur, cur_len = [], 0  # the header is made at finish(), when block_len is known
             cur_first, cur_count = entry_id, 0
             page_starts = [(entry_id, 0)]
-        elif len(cur) + framed - page_starts[-1][1] > page_size:
-            page_starts.append((entry_id, len(cur)))
-        cur += _ENTRY.pack(size, entry_id)
-        cur += payload
+        elif HEADER_LEN + cur_len + framed - page_starts[-1][1] > page_size:
+            page_starts.append((entry_id, HEADER_LEN + cur_len))
+        cur.append(pack_entry(size, entry_id))
+        cur.append(payload)
+        cur_len += framed
         cur_count += 1
         if framed > room:
             # Oversized: it got a block of its own above; ship it unpadded so the next entry starts afresh.
             yield finish(pad=False)
-            cur = None
     if cur is not None:
         yield finish(pad=False)  # the last block is sized exactly

@@ -80,7 +80,7 @@ def _sources(deps: Deps, leds: Sequence[Ledger]) -> Iterator:
     for led in leds:
         with deps.tier1.reader(led.topic, led.ledger_id) as reader:
             yield (LedgerToUpload(led.ledger_id, led.entry_count, int(led.sealed_at.timestamp() * 1000)),
-                   reader.iter_entries(0, led.entry_count - 1))
+                   reader.iter_entry_views(0, led.entry_count - 1))  # copied once, into its block
 
 
 def _undo(deps: Deps, started: Sequence[Ledger], attempt: str, keys: tuple[str, str]) -> None:

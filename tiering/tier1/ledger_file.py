@@ -18,6 +18,7 @@ import fcntl
 import io
 import operator
 import os
+import zlib
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -364,6 +365,51 @@ class LedgerReader:
         return self._stream(first, last)
 
     iter_payloads_with_ids = iter_entries
+
+    def iter_entry_views(self, first: int = 0, last: int | None = None) -> Iterator[tuple[int, memoryview]]:
+        """iter_entries for a consumer that copies each payload before asking for the next (offload's block
+        packer): payloads are memoryviews into the chunks read (about 1 MiB each, by pread), so a payload is
+        copied once, into its block, not sliced out first; every frame's id and crc are checked the same way.
+        A view stays valid as long as it is referenced (each chunk is its own bytes object)."""
+        first = operator.index(first)
+        last = self._count - 1 if last is None else operator.index(last)
+        if first < 0 or last >= self._count or first > last + 1:
+            raise EntryNotFound(f"entries {first}..{last} are not in ledger file {self.path} "
+                                f"({self._count} entries)")
+        return self._views(first, last)
+
+    def _views(self, first: int, last: int) -> Iterator[tuple[int, memoryview]]:
+        if first > last:
+            return
+        fd, path = self._fd(), self.path
+        pos, end = self._offset(first), self._offset(last + 1)  # file offsets of the frames to read
+        buf, view, off = b"", memoryview(b""), 0  # buf holds the file's bytes from pos - off
+        unpack, crc32, frame_len = F.FRAME.unpack_from, zlib.crc32, F.FRAME.size
+        for i in range(first, last + 1):
+            if len(buf) - off < frame_len:
+                if end - pos < frame_len:
+                    raise F.corrupt(path, pos, f"entry {i} is missing: frames end early", "tier-1 ledger entry")
+                buf = buf[off:] + F.pread_exact(fd, min(max(F.CHUNK, frame_len), end - pos) - (len(buf) - off),
+                                                pos + len(buf) - off, path)
+                view, off = memoryview(buf), 0
+            plen, entry_id, crc = unpack(buf, off)
+            if entry_id != i:
+                raise F.corrupt(path, pos, f"frame holds entry {entry_id}, expected {i}", "tier-1 ledger entry")
+            size = frame_len + plen
+            if size > end - pos:
+                raise F.corrupt(path, pos, f"entry {i} of {plen} bytes overruns its frame", "tier-1 ledger entry")
+            if len(buf) - off < size:
+                have = len(buf) - off
+                buf = buf[off:] + F.pread_exact(fd, min(max(F.CHUNK, size), end - pos) - have, pos + have, path)
+                view, off = memoryview(buf), 0
+            payload = view[off + frame_len:off + size]
+            if crc32(payload, crc32(view[off:off + 12])) != crc:
+                raise F.corrupt(path, pos, f"entry {i} fails its crc check", "tier-1 ledger entry")
+            yield i, payload
+            off += size
+            pos += size
+        if pos != end:
+            raise F.corrupt(path, pos, f"{end - pos} unexpected bytes after entry {last}")
 
     def _stream(self, first: int, last: int) -> Iterator[tuple[int, bytes]]:
         if first > last:
