@@ -64,7 +64,7 @@ from tiering.tier2.reader import ReaderCaches, tier2_opener  # noqa: E402
 from tiering.workload import payload  # noqa: E402
 
 FULL = dict(
-    offload=[(1, 16, 5), (8, 16, 3), (64, 1, 3), (1, 256, 3)],  # (ledgers, MiB each, runs)
+    offload=[(1, 16, 5), (1, 64, 7), (8, 16, 3), (64, 1, 3), (1, 256, 3)],  # (ledgers, MiB each, runs)
     # The reader's memory is flat after the first blocks (see hwm_by_mib), so 256 MiB of the 1 GiB ledger
     # are read back (on moto, where each ranged GET copies the whole object, all of it takes >10 minutes).
     read_mib=64, read_runs=5, random_reads=40, rss_mib=1024, rss_read_mib=256)

@@ -44,7 +44,7 @@ def report(result: dict) -> str:
         s = result["sequential"]
         L += [f"## 2. Sequential catch-up read of a {s['ledger_mib']} MiB offloaded ledger (MiB/s of the "
               f"{s['object_mib']} MiB data object, {s['runs']} runs)", "",
-              "Ours: ReadHandle over `tier2_opener` (runs of whole pages growing from one 64 KiB page to 4 MiB, 4 in flight, every page's CRC32C checked). "
+              "Ours: ReadHandle over `tier2_opener` (a scan is one streaming GET read in ~1 MiB groups of whole pages by a pool thread that checks every page's CRC32C, up to 4 groups ahead of the parsing thread). "
               "Pulsar-style: one 1 MiB buffer, one ranged GET at a time, no read-ahead. Raw: one streaming GET of "
               "the whole object (`iter_chunks`), no parsing: the endpoint's ceiling.", "",
               "| case | ours | peer | ratio |", "|---|---:|---:|---:|",
