@@ -361,7 +361,7 @@ def bench_rss(env: Env, size_mib: int, read_mib: int | None, entry_size: int) ->
     topic, leds, paths = env.write_ledgers("rss", 1, size_mib * MIB, entry_size)
     led = leds[0]
     out = {"ledger_mib": size_mib, "bound_mib": mib(BLOCK_SIZE * (CONCURRENCY + 1)),
-           "reader_inflight_mib": mib(t2reader.READ_AHEAD * t2reader.MAX_RANGE), "server_rss_before": env.server_rss()}
+           "reader_inflight_mib": mib((t2reader.READ_AHEAD + 1) * t2reader.SCAN_GROUP), "server_rss_before": env.server_rss()}
     rows = {}
     rows["offload"] = run_child(env, "offload", topic=topic, ledger_id=led.ledger_id)
     out["server_rss_after_offload"] = env.server_rss()

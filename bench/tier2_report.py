@@ -78,8 +78,8 @@ def report(result: dict) -> str:
         c = x["children"]
         L += [f"## 4. Peak RSS, fresh process per row ({x['ledger_mib']} MiB ledger)", "",
               f"Bound for the offload: block size x (concurrency + 1) = {x['bound_mib']:.0f} MiB above the "
-              f"process's baseline (RSS after imports and setup). The reader keeps up to "
-              f"{x['reader_inflight_mib']:.0f} MiB of ranges in flight. Peak = VmHWM.", "",
+              f"process's baseline (RSS after imports and setup). The reader holds up to "
+              f"{x['reader_inflight_mib']:.0f} MiB of checked groups ahead of the parser. Peak = VmHWM.", "",
               "| case | ours: peak / growth (MiB) | peer: peak / growth (MiB) | ratio of growth |",
               "|---|---:|---:|---:|"]
         for ours, peer, label in (("offload", "upload_file", "offload vs s3transfer upload_file"),
