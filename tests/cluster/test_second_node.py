@@ -173,3 +173,25 @@ def test_the_second_node_killed_mid_offload_is_never_a_green_run(airflow2, two_n
     done, out, _apps = cluster_dags_test(airflow2, "tiering_offload_by_age", {"topic": "kill"})
     assert done.returncode == 0, out[-3000:]
     assert all(led.state == S.OFFLOADED for led in deps.meta.list_ledgers("kill")[:-1])
+
+
+def test_executors_of_the_second_node_that_cannot_reach_the_driver_are_reported(airflow2, two_nodes, deps):
+    """Item 6 (partial): the driver advertises 127.0.0.1, which the host's executor reaches and the second
+    node's does not. The job runs on the executor it has and records how many were missing, and where it
+    ran, in job_run.details (with spark.tiering.expectedExecutors = 2)."""
+    produce(deps, "half", [entries("h", 3, 100)], TopicPolicy(offload_after_seconds=0, **BIG), open_tail=[b"o"])
+    settings = Settings.from_env({**os.environ, **airflow2.settings_env})
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, **settings.to_env(), "PYSPARK_PYTHON": sys.executable, "SPARK_CONF_DIR": str(two_nodes.conf_dir),
+           "PATH": f"{bindir}:{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
+    cmd = [str(bindir / "spark-submit"), "--master", two_nodes.master_url, "--conf", "spark.ui.enabled=false",
+           "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+           "--conf", "spark.tiering.expectedExecutors=2", "--conf", "spark.tiering.executorWaitSeconds=20",
+           "--conf", "spark.executorEnv.PYTHONPATH=" + str(ROOT),
+           str(ROOT / "tiering" / "jobs" / "offload.py"), "--by=age", "--topic=half"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    details = _last_run(deps, "offload")["details"]
+    assert details["executors_missing"].startswith("only 1 of 2 expected executors registered")
+    assert details["executor_hosts"] == [two_nodes.host_ip], details  # the second node's never registered
+    assert [led.state for led in deps.meta.list_ledgers("half")] == [S.OFFLOADED, S.OPEN]

@@ -33,3 +33,19 @@ def test_executors_that_never_register_fail_with_the_cause_and_the_address():
     msg = str(err.value)
     assert "within 30 s" in msg and "127.0.0.1:40000" in msg and "spark.driver.host" in msg
     assert 30 <= clock.t <= 31
+
+
+def test_some_executors_missing_is_reported_not_fatal():
+    clock = Clock()
+    missing = wait_for_executor(lambda: 1, 20, "10.0.0.1:40000", "spark://m:7077", expected=2, clock=clock,
+                                sleep=clock.sleep)
+    assert missing.startswith("only 1 of 2 expected executors registered within 20 s on spark://m:7077")
+    assert "10.0.0.1:40000" in missing and 20 <= clock.t <= 21
+
+
+def test_all_expected_executors_return_at_once():
+    clock = Clock()
+    seen = iter([1, 2])
+    assert wait_for_executor(lambda: next(seen), 20, "a:1", "spark://m:7077", expected=2, clock=clock,
+                             sleep=clock.sleep) is None
+    assert clock.t == pytest.approx(0.5)

@@ -6,6 +6,11 @@ execution_timeout, and the job's row ends with whatever error the kill left ("Co
 The driver waits instead, at most `spark.tiering.executorWaitSeconds` (default 120 s; 0: no wait), for one
 executor to register, and otherwise fails with the cause and what to set. A local master has its executor in
 the driver: nothing to wait for.
+
+Some executors missing (a second node that cannot reach the driver while the first one can) does not stop a
+job that has executors to run on; it is reported: with `spark.tiering.expectedExecutors` = N the driver waits
+(within the same bound) for N, and otherwise goes on with those it has, returning a sentence the job records
+in `job_run.details.executors_missing` and prints; the jobs built on the runner record the executors' hosts.
 """
 from __future__ import annotations
 
@@ -15,16 +20,22 @@ from typing import Callable
 from tiering.errors import TieringError
 
 WAIT_CONF = "spark.tiering.executorWaitSeconds"
+EXPECTED_CONF = "spark.tiering.expectedExecutors"
 DEFAULT_WAIT_SECONDS = 120
 
 
 def wait_for_executor(executors: Callable[[], int], seconds: float, advertised: str, master: str, *,
-                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                      poll: float = 0.5) -> None:
-    """Return once `executors()` (registered executors, the driver not counted) is at least 1; raise
-    TieringError naming the advertised driver address after `seconds`."""
+                      expected: int = 1, clock: Callable[[], float] = time.monotonic,
+                      sleep: Callable[[float], None] = time.sleep, poll: float = 0.5) -> str | None:
+    """Return once `executors()` (registered executors, the driver not counted) is at least `expected`;
+    after `seconds`: raise TieringError naming the advertised driver address when none registered, else
+    return the sentence saying how many of the expected are missing."""
     deadline = clock() + seconds
-    while executors() < 1:
+    expected = max(1, expected)
+    while (have := executors()) < expected:
+        if clock() >= deadline and have >= 1:
+            return (f"only {have} of {expected} expected executors registered within {seconds:g} s on {master}: "
+                    f"the others probably cannot reach the driver at {advertised} (README, Running on a cluster)")
         if clock() >= deadline:
             raise TieringError(
                 f"no executor registered with the driver within {seconds:g} s on {master}: executors probably "
@@ -32,20 +43,42 @@ def wait_for_executor(executors: Callable[[], int], seconds: float, advertised: 
                 f"Airflow worker) to an address the Spark workers reach and open spark.driver.port and "
                 f"spark.blockManager.port (README, Running on a cluster); {WAIT_CONF} bounds this wait")
         sleep(poll)
+    return None
 
 
-def wait_on(sc) -> None:
-    """wait_for_executor for a live SparkContext (nothing on a local master)."""
+def wait_on(sc) -> str | None:
+    """wait_for_executor for a live SparkContext (nothing on a local master); the missing-executors
+    sentence, if any, is also printed on stderr."""
+    import sys
+
     conf = sc.getConf()
     master = conf.get("spark.master", "local")
     if master.startswith("local"):
-        return
+        return None
     try:
         seconds = float(conf.get(WAIT_CONF, str(DEFAULT_WAIT_SECONDS)))
+        expected = int(conf.get(EXPECTED_CONF, "1"))
     except ValueError:
-        raise TieringError(f"{WAIT_CONF} must be a number of seconds") from None
+        raise TieringError(f"{WAIT_CONF} must be a number of seconds and {EXPECTED_CONF} a whole number") from None
     if seconds <= 0:
-        return
+        return None
     advertised = f"{conf.get('spark.driver.host', '?')}:{conf.get('spark.driver.port', '?')}"
     # getExecutorMemoryStatus has one entry per block manager, the driver's included
-    wait_for_executor(lambda: sc._jsc.sc().getExecutorMemoryStatus().size() - 1, seconds, advertised, master)
+    missing = wait_for_executor(lambda: sc._jsc.sc().getExecutorMemoryStatus().size() - 1, seconds, advertised,
+                                master, expected=expected)
+    if missing:
+        print(f"warning: {missing}", file=sys.stderr)
+    return missing
+
+
+def executor_hosts(sc) -> list[str]:
+    """The hosts of the executors registered now (the driver's own block manager left out), for job_run."""
+    jsc = sc._jsc.sc()
+    driver = jsc.env().blockManager().blockManagerId().hostPort()  # the driver's own entry
+    keys = jsc.getExecutorMemoryStatus().keys().iterator()
+    hosts = set()
+    while keys.hasNext():
+        key = keys.next()
+        if key != driver:
+            hosts.add(key.rsplit(":", 1)[0])
+    return sorted(hosts)

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator
 from tiering import clients
 from tiering.config import Settings
 from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
-from tiering.jobs.executors import wait_on
+from tiering.jobs.executors import executor_hosts, wait_on
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
 from tiering.ops.context import Deps
 from tiering.tier1.marker import check_root, root_token
@@ -205,7 +205,10 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
 
             # A bare SparkContext: these jobs use RDDs only, and a SparkSession costs ~4 s more to start.
             sc = SparkContext.getOrCreate(SparkConf().setAppName(f"tiering-{job}"))
-            wait_on(sc)  # a cluster's executors that never register: fail with the cause, not at the timeout
+            # a cluster's executors that never register: fail with the cause, not at the timeout; some missing:
+            # recorded (spark.tiering.expectedExecutors)
+            if missing := wait_on(sc):
+                outcome.details["executors_missing"] = missing
             slices = max(1, min(len(items), sc.defaultParallelism * 2))
             if prepare is not None:
                 items = prepare(deps, args, items, sc.defaultParallelism)
@@ -216,6 +219,8 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
                 if check is not None:  # the job failed: name what it left undone, then fail with its cause
                     _checked(deps, check, items, outcome)
                 raise
+            if not sc.master.startswith("local"):
+                outcome.details["executor_hosts"] = executor_hosts(sc)
             reported = []
             for p in parts:
                 outcome.add(JobOutcome(p["done"], p["failed"], p["bytes"], p["errors"]))
