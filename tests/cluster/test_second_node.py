@@ -68,6 +68,20 @@ def _hosts(airflow, dag_id, conf=None, ok=True):
     return done, out, hosts
 
 
+def _submit(airflow, nodes, job: str, *args: str, conf: dict | None = None) -> subprocess.CompletedProcess:
+    """spark-submit of one job to the two-node cluster by hand (one try, no Airflow retries), settings in
+    its environment as the operator gives them."""
+    settings = Settings.from_env({**os.environ, **airflow.settings_env})
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, **settings.to_env(), "PYSPARK_PYTHON": sys.executable, "SPARK_CONF_DIR": str(nodes.conf_dir),
+           "PATH": f"{bindir}:{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
+    confs = [x for k, v in {"spark.ui.enabled": "false", "spark.executorEnv.PYTHONPATH": str(ROOT),
+                            **(conf or {})}.items() for x in ("--conf", f"{k}={v}")]
+    cmd = [str(bindir / "spark-submit"), "--master", nodes.master_url, *confs, str(ROOT / "tiering" / "jobs" / job),
+           *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
 def _last_run(deps, job):
     from sqlalchemy import text
 
@@ -114,16 +128,10 @@ def test_an_export_to_a_path_only_the_driver_has_fails_and_leaves_nothing(airflo
     """Item 3: the second node does not see the driver's directory (its file system holds only the tier-1
     root): its tasks write nothing there and say so; the driver removes what the first node wrote."""
     dest = two_nodes.tier1_root.parent / "export"  # the driver's disk: an empty tmpfs on the second node
-    settings = Settings.from_env({**os.environ, **airflow2.settings_env})
-    bindir = Path(sys.executable).parent
-    env = {**os.environ, **settings.to_env(), "PYSPARK_PYTHON": sys.executable, "SPARK_CONF_DIR": str(two_nodes.conf_dir),
-           "PATH": f"{bindir}:{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
     # executors of 1.5 GiB fit only the second node: every task runs there
-    cmd = [str(bindir / "spark-submit"), "--master", two_nodes.master_url, "--conf", "spark.ui.enabled=false",
-           "--executor-memory", "1536m", "--conf", "spark.scheduler.minRegisteredResourcesRatio=0",
-           "--conf", "spark.executorEnv.PYTHONPATH=" + str(ROOT), "--jars", "/usr/share/java/postgresql.jar",
-           str(ROOT / "tiering" / "jobs" / "export_metadata.py"), "--dest", str(dest)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    done = _submit(airflow2, two_nodes, "export_metadata.py", "--dest", str(dest),
+                   conf={"spark.executor.memory": "1536m", "spark.scheduler.minRegisteredResourcesRatio": "0",
+                         "spark.jars": "/usr/share/java/postgresql.jar"})
     assert done.returncode == 1, done.stderr[-3000:]
     row = _last_run(deps, "export_metadata")
     assert row["status"] == "FAILED" and "is not the driver's (its marker is missing)" in row["error"], row["error"]
@@ -180,16 +188,9 @@ def test_executors_of_the_second_node_that_cannot_reach_the_driver_are_reported(
     node's does not. The job runs on the executor it has and records how many were missing, and where it
     ran, in job_run.details (with spark.tiering.expectedExecutors = 2)."""
     produce(deps, "half", [entries("h", 3, 100)], TopicPolicy(offload_after_seconds=0, **BIG), open_tail=[b"o"])
-    settings = Settings.from_env({**os.environ, **airflow2.settings_env})
-    bindir = Path(sys.executable).parent
-    env = {**os.environ, **settings.to_env(), "PYSPARK_PYTHON": sys.executable, "SPARK_CONF_DIR": str(two_nodes.conf_dir),
-           "PATH": f"{bindir}:{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
-    cmd = [str(bindir / "spark-submit"), "--master", two_nodes.master_url, "--conf", "spark.ui.enabled=false",
-           "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-           "--conf", "spark.tiering.expectedExecutors=2", "--conf", "spark.tiering.executorWaitSeconds=20",
-           "--conf", "spark.executorEnv.PYTHONPATH=" + str(ROOT),
-           str(ROOT / "tiering" / "jobs" / "offload.py"), "--by=age", "--topic=half"]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    done = _submit(airflow2, two_nodes, "offload.py", "--by=age", "--topic=half",
+                   conf={"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+                         "spark.tiering.expectedExecutors": "2", "spark.tiering.executorWaitSeconds": "20"})
     assert done.returncode == 0, done.stderr[-3000:]
     details = _last_run(deps, "offload")["details"]
     assert details["executors_missing"].startswith("only 1 of 2 expected executors registered")

@@ -357,12 +357,16 @@ class LedgerReader:
 
         The range is checked now (EntryNotFound); an empty range is first == last + 1.
         """
+        return self._stream(*self._range(first, last))
+
+    def _range(self, first: int, last: int | None) -> tuple[int, int]:
+        """first..last checked (EntryNotFound); last defaults to the final entry."""
         first = operator.index(first)
         last = self._count - 1 if last is None else operator.index(last)
         if first < 0 or last >= self._count or first > last + 1:
             raise EntryNotFound(f"entries {first}..{last} are not in ledger file {self.path} "
                                 f"({self._count} entries)")
-        return self._stream(first, last)
+        return first, last
 
     iter_payloads_with_ids = iter_entries
 
@@ -371,12 +375,7 @@ class LedgerReader:
         packer): payloads are memoryviews into the chunks read (about 1 MiB each, by pread), so a payload is
         copied once, into its block, not sliced out first; every frame's id and crc are checked the same way.
         A view stays valid as long as it is referenced (each chunk is its own bytes object)."""
-        first = operator.index(first)
-        last = self._count - 1 if last is None else operator.index(last)
-        if first < 0 or last >= self._count or first > last + 1:
-            raise EntryNotFound(f"entries {first}..{last} are not in ledger file {self.path} "
-                                f"({self._count} entries)")
-        return self._views(first, last)
+        return self._views(*self._range(first, last))
 
     def _views(self, first: int, last: int) -> Iterator[tuple[int, memoryview]]:
         if first > last:
