@@ -6,6 +6,7 @@ nothing; the second node killed mid-offload never gives a green run with a ledge
 run finishes without waiting for the offload timeout. Skipped, saying why, where namespaces cannot be made."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -175,10 +176,14 @@ def test_the_second_node_killed_mid_offload_is_never_a_green_run(airflow2, two_n
 
     killer = threading.Thread(target=kill_when_busy, daemon=True)
     killer.start()
-    done, out, _apps = cluster_dags_test(airflow2, "tiering_offload_by_age",
-                                         {"topic": "kill", "max_bytes_per_second": 384 * 1024})
+    done, out, apps = cluster_dags_test(airflow2, "tiering_offload_by_age",
+                                        {"topic": "kill", "max_bytes_per_second": 384 * 1024})
     killer.join(timeout=10)
     assert killed.is_set(), "the run ended before the second node could be killed"
+    lost = [e for app in apps for e in map(json.loads, app.read_text().splitlines())
+            if e.get("Event") == "SparkListenerTaskEnd" and e["Task Info"]["Host"] == two_nodes.node_ip
+            and e.get("Task End Reason", {}).get("Reason") == "ExecutorLostFailure"]
+    assert lost, "the kill hit no task running on the second node"
     left = [led.ledger_id for led in deps.meta.list_ledgers("kill") if led.state not in (S.OFFLOADED, S.OPEN)]
     row = _last_run(deps, "offload")
     print(f"second node killed: exit {done.returncode}, {row['status']}, done {row['items_done']}, "
