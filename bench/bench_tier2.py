@@ -115,7 +115,7 @@ def bench_offload(env: Env, cases, entry_size: int) -> list[dict]:
                                        data_key=data_key(b.prefix, led.topic, attempt, led.ledger_id),
                                        index_key=index_key(b.prefix, led.topic, attempt, led.ledger_id),
                                        sources=iter([(LedgerToUpload(led.ledger_id, led.entry_count, 0),
-                                                      rd.iter_entry_views(0, led.entry_count - 1))]),
+                                                      rd.iter_entries(0, led.entry_count - 1))]),
                                        block_size=BLOCK_SIZE, concurrency=CONCURRENCY)
                 s3_only.append(time.perf_counter() - t0)
 
@@ -400,8 +400,6 @@ def main() -> int:
     ap.add_argument("--entry-size", type=int, default=4096, help="payload bytes per entry (default 4096)")
     ap.add_argument("--rss-mib", type=int, help="ledger size for case 4 (default 1024, quick 128)")
     ap.add_argument("--rss-read-mib", type=int, help="read back only this many MiB in case 4 (default: all)")
-    ap.add_argument("--offload", metavar="LxMxR[,...]",
-                    help="case 1's sizes: L ledgers of M MiB, R runs each (e.g. 1x64x7); default: the plan's")
     ap.add_argument("--private-moto", action="store_true",
                     help="start a moto server of our own instead of TIERING_S3_ENDPOINT_URL")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -416,8 +414,6 @@ def main() -> int:
         plan["rss_mib"] = args.rss_mib
     if args.rss_read_mib:
         plan["rss_read_mib"] = args.rss_read_mib
-    if args.offload:
-        plan["offload"] = [tuple(int(x) for x in spec.split("x")) for spec in args.offload.split(",")]
     cases = {int(c) for c in args.cases.split(",")}
     with endpoint(args.private_moto) as url:
         return run(args, plan, cases, url)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Iterator, NamedTuple, Protocol, Sequence, Union, runtime_checkable
+from typing import Iterable, Iterator, NamedTuple, Sequence, Union
 
 # CRC32C of the `crc32c` package: hardware-accelerated, takes any buffer without copying, and releases the
 # GIL on large buffers (awscrt's holds it), so pages are checked while other threads fetch and parse
@@ -223,15 +223,6 @@ def build_pages(data: Buffer, starts: Sequence[tuple[int, int]]) -> tuple[tuple[
                  for k, (first, off) in enumerate(starts))
 
 
-def _check_sizes(block_size: int, page_size: int) -> None:
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < MIN_PACK_BLOCK_SIZE:
-        raise BadInput(f"block size must be an integer >= {MIN_PACK_BLOCK_SIZE}, got {block_size!r}")
-    if block_size > _MAX_INT64:
-        raise BadInput(f"block size {block_size} does not fit in an int64")
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-        raise BadInput(f"page size must be a positive integer, got {page_size!r}")
-
-
 def pack_blocks(entries: Iterable[tuple[int, Buffer]], block_size: int = DEFAULT_BLOCK_SIZE,
                 page_size: int = DEFAULT_PAGE_SIZE) -> Iterator[Block]:
     """Stream (entry_id, payload) pairs into blocks: all block_size bytes except the last (exact size) and
@@ -242,7 +233,12 @@ def pack_blocks(entries: Iterable[tuple[int, Buffer]], block_size: int = DEFAULT
 
     Each yielded Block owns a fresh buffer, so a consumer may keep it while the next one is built.
     """
-    _check_sizes(block_size, page_size)
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < MIN_PACK_BLOCK_SIZE:
+        raise BadInput(f"block size must be an integer >= {MIN_PACK_BLOCK_SIZE}, got {block_size!r}")
+    if block_size > _MAX_INT64:
+        raise BadInput(f"block size {block_size} does not fit in an int64")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise BadInput(f"page size must be a positive integer, got {page_size!r}")
     room = block_size - HEADER_LEN
     part_id, offset = 1, 0
     # The block being built is a list of pieces (frame headers, the payloads as given) joined once when it
@@ -298,90 +294,3 @@ def pack_blocks(entries: Iterable[tuple[int, Buffer]], block_size: int = DEFAULT
             yield finish(pad=False)
     if cur is not None:
         yield finish(pad=False)  # the last block is sized exactly
-
-
-@runtime_checkable
-class FrameSource(Protocol):
-    """Entries that a packer has read straight into its block buffer (tier 1's `iter_entry_views` result).
-
-    `next_id` is the next entry `readinto` reads; `lengths(first_id, n)` gives the payload lengths of entries
-    first_id.. (at most n, none past the source's end) without consuming them; `readinto(buf, n)` writes the
-    next n entries into buf, exactly their size, as [len:i32][id:i64][payload] each (this format's entry
-    framing), having checked each one, and consumes them.
-    """
-
-    next_id: int
-
-    def lengths(self, first_id: int, n: int) -> Sequence[int]: ...
-
-    def readinto(self, buf: memoryview, n: int) -> None: ...
-
-
-_LENGTHS_AHEAD = 4096  # payload lengths asked for at a time while planning a block
-
-
-def pack_frames(source: FrameSource, block_size: int = DEFAULT_BLOCK_SIZE,
-                page_size: int = DEFAULT_PAGE_SIZE) -> Iterator[Block]:
-    """`pack_blocks` for a FrameSource: the same blocks, byte for byte, built in one reused buffer.
-
-    Each block is planned from the payload lengths alone (where it ends, its pages), then its entries are
-    read into the buffer in one call, the header and padding written around them, and one `bytes` copy of
-    it yielded with its pages' CRC32Cs (the buffer is reused at once: a consumer may keep the Block, and an
-    uploader that is handed bytes sends them without another copy). Per entry there is no generator step,
-    slicing or joining here (issue 22); an oversized entry gets a buffer of its own size. Memory: the
-    buffer (at most one block) plus the block yielded.
-    """
-    _check_sizes(block_size, page_size)
-    room = block_size - HEADER_LEN
-    buf = bytearray()  # grown to the largest block up to block_size (a small ledger needs little)
-    part_id, offset = 1, 0
-    lens: Sequence[int] = ()
-    ahead = source.next_id  # id of lens[0]
-    k = 0  # index in lens of the next entry to plan
-    while True:
-        first = source.next_id
-        pos, count, page_at = HEADER_LEN, 0, 0  # in-block offset of the next entry; the last page's offset
-        page_starts = [(first, 0)]
-        pad = False
-        while True:
-            if k >= len(lens):
-                ahead += len(lens)
-                lens, k = source.lengths(ahead, _LENGTHS_AHEAD), 0
-                if not lens:
-                    break  # the source is done: this block, if any, is the last, sized exactly
-            framed = ENTRY_HEADER_LEN + lens[k]
-            if count:
-                if pos + framed > block_size:
-                    pad = True  # another entry follows, so this block is not the last: fill it up
-                    break
-                if pos + framed - page_at > page_size:
-                    page_at = pos
-                    page_starts.append((first + count, pos))
-            pos += framed
-            count += 1
-            k += 1
-            if framed > room:
-                break  # oversized: a block of its own, unpadded, so the next entry starts afresh
-        if not count:
-            return
-        if first + count - 1 > _MAX_INT64:
-            raise BadInput(f"entry id {first + count - 1} does not fit in an int64")
-        length = block_size if pad else pos
-        if length > block_size:
-            block = bytearray(length)  # an oversized entry's own; dropped after this block
-        else:
-            if length > len(buf):
-                buf = bytearray(length)
-            block = buf
-        view = memoryview(block)
-        source.readinto(view[HEADER_LEN:pos], count)
-        view[:HEADER_LEN] = encode_block_header(length, first)
-        at = pos
-        for piece in _padding(length - pos):
-            view[at:at + len(piece)] = piece
-            at += len(piece)
-        data = bytes(view[:length])
-        del view, block  # the bytes are in `data`; `buf` is reused for the next block
-        yield Block(part_id, first, count, data, offset, build_pages(data, page_starts))
-        part_id += 1
-        offset += length

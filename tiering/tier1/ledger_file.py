@@ -18,7 +18,6 @@ import fcntl
 import io
 import operator
 import os
-import sys
 import zlib
 from array import array
 from dataclasses import dataclass
@@ -27,7 +26,6 @@ from typing import Iterator
 
 from tiering.errors import BadInput, EntryNotFound, LedgerStorageError
 from tiering.tier1 import frames as F
-from tiering.tier1.entry_views import EntryViews
 
 
 class LedgerFileExists(LedgerStorageError):
@@ -320,27 +318,6 @@ class LedgerReader:
             raise F.corrupt(self.path, at, f"index entry {i} points at {offset}, outside the frames")
         return offset
 
-    def _frame_offsets(self, first: int, stop: int) -> array:
-        """File offsets of frames first..stop, both included (stop may be entry_count: the end of the frames);
-        one pread of the footer index of a sealed file, each checked as `_offset` checks one."""
-        if self._offsets is not None:
-            offs = self._offsets[first:stop + 1]
-            if stop == self._count:
-                offs.append(self._end)
-            return offs
-        n = min(stop, self._count - 1) - first + 1
-        at = self._end + first * F.OFFSET.size
-        offs = array("q", F.pread_exact(self._fd(), n * F.OFFSET.size, at, self.path)) if n > 0 else array("q")
-        if sys.byteorder == "little":
-            offs.byteswap()
-        if offs and not (F.HEADER.size <= min(offs) and max(offs) <= self._end - F.FRAME.size):
-            k = next(k for k, o in enumerate(offs) if not F.HEADER.size <= o <= self._end - F.FRAME.size)
-            raise F.corrupt(self.path, at + k * F.OFFSET.size,
-                            f"index entry {first + k} points at {offs[k]}, outside the frames")
-        if stop == self._count:
-            offs.append(self._end)
-        return offs
-
     def _check_id(self, i: object) -> int:
         try:
             i = operator.index(i)
@@ -393,15 +370,12 @@ class LedgerReader:
 
     iter_payloads_with_ids = iter_entries
 
-    def iter_entry_views(self, first: int = 0, last: int | None = None) -> EntryViews:
+    def iter_entry_views(self, first: int = 0, last: int | None = None) -> Iterator[tuple[int, memoryview]]:
         """iter_entries for a consumer that copies each payload before asking for the next (offload's block
         packer): payloads are memoryviews into the chunks read (about 1 MiB each, by pread), so a payload is
         copied once, into its block, not sliced out first; every frame's id and crc are checked the same way.
-        A view stays valid as long as it is referenced (each chunk is its own bytes object).
-
-        The object returned is that iterator, and also reads runs of entries straight into a buffer
-        (`lengths`, `readinto`: tiering/tier1/entry_views.py), which format/block.py's `pack_frames` uses."""
-        return EntryViews(self, *self._range(first, last))
+        A view stays valid as long as it is referenced (each chunk is its own bytes object)."""
+        return self._views(*self._range(first, last))
 
     def _views(self, first: int, last: int) -> Iterator[tuple[int, memoryview]]:
         if first > last:

@@ -6,10 +6,6 @@ The ledgers' packed blocks stream into `MultipartUpload` (tiering/tier2/multipar
 lifecycle: parts of at least `part_size` bytes (a ledger's blocks are exactly the block size, so with the
 default part size one block is one part), up to `concurrency` in flight, one PUT when everything fits one
 part, abort on any failure. Memory: (concurrency + 1) parts plus one block whatever the ledgers' sizes.
-
-Tier 1's entries (`LedgerReader.iter_entry_views`, a FrameSource) are packed by `pack_frames`: runs of
-entries read by preadv straight into one reused block buffer, each entry's id, length and crc checked
-there; any other iterable of (entry_id, payload) by `pack_blocks`. Both write the same bytes (issue 22).
 Deleting the keys on failure (the data object may be complete when the index PUT fails) is the caller's,
 which also knows whether metadata references them (tiering/ops/offload_batch.py).
 """
@@ -19,7 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from tiering.errors import TieringError
-from tiering.format.block import DEFAULT_PAGE_SIZE, ENTRY_HEADER_LEN, FrameSource, pack_blocks, pack_frames
+from tiering.format.block import DEFAULT_PAGE_SIZE, pack_blocks
 from tiering.format.index import IndexEntry, block_pages, encode_index, page_index
 from tiering.format.metadata import LedgerOffloadMetadata, encode_metadata, user_metadata
 from tiering.tier2.multipart import MultipartUpload, StepHook
@@ -71,14 +67,8 @@ def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_
     with MultipartUpload(b, key=data_key, metadata=md, op="upload", part_size=part_size or block_size,
                          concurrency=concurrency, hook=step, limiter=throttle.shared(max_bytes_per_second)) as up:
         for spec, entries in sources:
-            start, blocks, pages = up.size, [], []
-            if isinstance(entries, FrameSource):  # tier 1's entries: read straight into the block buffer
-                counted = _CountingFrames(entries)
-                packed = pack_frames(counted, block_size, page_size)
-            else:
-                counted = _Counting(entries)
-                packed = pack_blocks(counted, block_size, page_size)
-            for block in packed:
+            counted, start, blocks, pages = _Counting(entries), up.size, [], []
+            for block in pack_blocks(counted, block_size, page_size):
                 blocks.append(IndexEntry.of(block))
                 pages += block_pages(block)
                 up.write(block.data)
@@ -118,24 +108,3 @@ class _Counting:
             self.count += 1
             self.payload_bytes += len(payload)
             yield entry_id, payload
-
-
-class _CountingFrames:
-    """_Counting for a FrameSource: counts what `readinto` reads (buf holds exactly the framed entries)."""
-
-    def __init__(self, source: FrameSource):
-        self._source = source
-        self.count = 0
-        self.payload_bytes = 0
-
-    @property
-    def next_id(self) -> int:
-        return self._source.next_id
-
-    def lengths(self, first_id: int, n: int):
-        return self._source.lengths(first_id, n)
-
-    def readinto(self, buf: memoryview, n: int) -> None:
-        self._source.readinto(buf, n)
-        self.count += n
-        self.payload_bytes += len(buf) - ENTRY_HEADER_LEN * n
