@@ -70,7 +70,8 @@ def empty_tables(engine) -> None:
 
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
-                          "tiering.attribute, tiering.job_run, tiering.gc_sweep RESTART IDENTITY CASCADE"))
+                          "tiering.attribute, tiering.job_run, tiering.gc_sweep, tiering.subscription, "
+                          "tiering.subscription_loss, tiering.topic_tombstone RESTART IDENTITY CASCADE"))
 
 
 def empty_world(engine, s3, bucket: str) -> None:

@@ -34,6 +34,13 @@ class TopicExists(BadInput):
         self.topic = topic
 
 
+class SubscriptionNotFound(BadInput):
+    def __init__(self, topic: str, name: str):
+        super().__init__(f"subscription {name!r} of topic {topic!r} does not exist")
+        self.topic = topic
+        self.name = name
+
+
 class LedgerNotFound(BadInput):
     def __init__(self, topic: str, ledger_id: int):
         super().__init__(f"ledger {ledger_id} of topic {topic!r} does not exist")

@@ -113,10 +113,18 @@ class TopicPolicy:
     retention_bytes: int = DISABLED
     rollover_entries: int = 50_000
     rollover_bytes: int = 64 * 1024 * 1024
+    # Subscriptions (tiering/ops/subscriptions.py): with retain_unread, time/size retention deletes a ledger
+    # only once every ACTIVE subscription has read all of it; the ceilings delete even unread data (the loss
+    # is recorded); a subscription with no ack for subscription_expiry_seconds is EXPIRED and holds nothing.
+    retain_unread: bool = False
+    max_retention_seconds: int = DISABLED
+    max_retention_bytes: int = DISABLED
+    subscription_expiry_seconds: int = DISABLED
 
     def __post_init__(self):
-        seconds = ("offload_after_seconds", "deletion_lag_seconds", "retention_seconds")
-        for name in ("offload_after_seconds", "offload_threshold_bytes", "retention_seconds", "retention_bytes"):
+        seconds = ("offload_after_seconds", "deletion_lag_seconds", "retention_seconds", "max_retention_seconds")
+        for name in ("offload_after_seconds", "offload_threshold_bytes", "retention_seconds", "retention_bytes",
+                     "max_retention_seconds", "max_retention_bytes"):
             value = getattr(self, name)
             hi = MAX_SECONDS if name in seconds else INT64_MAX
             if not _is_int(value) or not DISABLED <= value <= hi:
@@ -128,6 +136,19 @@ class TopicPolicy:
             value = getattr(self, name)
             if not _is_int(value) or not 0 < value <= INT64_MAX:
                 raise BadInput(f"{name.replace('_', '-')} must be a positive integer up to {INT64_MAX}, got {value}")
+        if not isinstance(self.retain_unread, bool):
+            raise BadInput(f"retain-unread must be true or false, got {self.retain_unread!r}")
+        expiry = self.subscription_expiry_seconds
+        if not _is_int(expiry) or not (expiry == DISABLED or 0 < expiry <= MAX_SECONDS):
+            raise BadInput(f"subscription-expiry must be -1 (never) or a number of seconds from 1 to {MAX_SECONDS}, "
+                           f"got {expiry}")
+        for ceiling, limit, unit in (("max_retention_seconds", "retention_seconds", "seconds"),
+                                     ("max_retention_bytes", "retention_bytes", "bytes")):
+            cap, kept = getattr(self, ceiling), getattr(self, limit)
+            if cap != DISABLED and kept != DISABLED and cap < kept:
+                what = "time" if unit == "seconds" else "size"
+                raise BadInput(f"max-retention-{what} ({cap} {unit}) is below the retention-{what} it caps "
+                               f"({kept} {unit})")
 
 
 def _is_int(value: object) -> bool:
@@ -140,6 +161,49 @@ class Topic:
     name: str
     policy: TopicPolicy
     next_ledger_id: int
+    version: int
+
+
+SUBSCRIPTION_MAX = 256
+
+
+def check_subscription_name(name: object) -> str:
+    """A subscription name: 1 to 256 characters of valid Unicode without control characters."""
+    if not isinstance(name, str):
+        raise BadInput(f"a subscription name is a string, got {type(name).__name__}")
+    if not name or len(name) > SUBSCRIPTION_MAX:
+        raise BadInput(f"a subscription name is 1 to {SUBSCRIPTION_MAX} characters (got {len(name)})")
+    bad = _CONTROL.search(name)
+    if bad:
+        raise BadInput(f"a subscription name may not contain control characters (U+{ord(bad.group()):04X} at "
+                       f"character {bad.start()})")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInput("a subscription name must be valid UTF-8") from None
+    return name
+
+
+ACTIVE = "ACTIVE"
+EXPIRED = "EXPIRED"
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """A named reader position of a topic. `position`: the last entry read (None before the first).
+    `state` is derived from the topic's subscription expiry and the last ack (or creation) when read."""
+    subscription_id: int
+    topic_id: int
+    topic: str
+    name: str
+    position: Position | None
+    created_at: object
+    last_ack_at: object
+    state: str
+    entries_deleted_unread: int
+    bytes_deleted_unread: int
+    last_loss_at: object
+    last_loss_reason: str | None
     version: int
 
 

@@ -75,26 +75,93 @@ def lagged_copies(ledgers: Sequence[Ledger], policy: TopicPolicy, now: datetime)
             if led.state == S.OFFLOADED and led.tier1_present and led.offloaded_at <= cutoff]
 
 
-def retention(ledgers: Sequence[Ledger], policy: TopicPolicy, now: datetime) -> list[Ledger]:
-    """Head truncation (PDP-19): from the oldest ledger on, delete while a ledger is older than the
-    retention time or the topic still holds more than the retention size without it. Whole ledgers,
-    never the open one, and always a prefix: the first ledger to keep stops the walk."""
-    if policy.retention_seconds < 0 and policy.retention_bytes < 0:
+def is_read(position: Position | None, led: Ledger) -> bool:
+    """Whether a reader whose last entry read is `position` (None: nothing yet) has read all of `led`."""
+    return led.entry_count == 0 or (position is not None and position >= Position(led.ledger_id, led.entry_count - 1))
+
+
+def retention_plan(ledgers: Sequence[Ledger], policy: TopicPolicy, now: datetime,
+                   holders: Sequence[Position | None] = ()) -> list[tuple[Ledger, str]]:
+    """Head truncation (PDP-19) bounded by readers (Pulsar, Pravega PDP-47): from the oldest ledger on, each
+    with the reason it goes, while a ledger is
+
+    - due by retention: older than the retention time ("time") or the topic still holds more than the
+      retention size without it ("size") -- and, when the policy retains unread data, read in full by every
+      position in `holders` (the ACTIVE subscriptions' last entries read; None: nothing read yet); or
+    - past a ceiling: older than max-retention-time ("ceiling-time") or the topic holds more than
+      max-retention-size without it ("ceiling-size"), read or not.
+
+    Whole ledgers, never the open one, and always a prefix: the first ledger to keep stops the walk."""
+    if all(v < 0 for v in (policy.retention_seconds, policy.retention_bytes, policy.max_retention_seconds,
+                           policy.max_retention_bytes)):
         return []
     live = sorted((led for led in ledgers if led.state in _LIVE), key=lambda x: x.ledger_id)
     total = sum(led.size_bytes for led in live)
-    cutoff = now - timedelta(seconds=policy.retention_seconds) if policy.retention_seconds >= 0 else None
+
+    def cutoff(seconds: int) -> datetime | None:
+        return now - timedelta(seconds=seconds) if seconds >= 0 else None
+
+    keep_until, cap_until = cutoff(policy.retention_seconds), cutoff(policy.max_retention_seconds)
     doomed = []
     for led in live:
         if led.state in (S.OPEN, S.OFFLOADING):
             break  # the open ledger is never deleted; an offload in flight finishes first
-        expired = cutoff is not None and led.sealed_at <= cutoff
-        over_size = policy.retention_bytes >= 0 and total - led.size_bytes >= policy.retention_bytes
-        if not (expired or over_size):
+        rest = total - led.size_bytes
+        read = not policy.retain_unread or all(is_read(p, led) for p in holders)
+        if read and keep_until is not None and led.sealed_at <= keep_until:
+            reason = "time"
+        elif read and 0 <= policy.retention_bytes <= rest:
+            reason = "size"
+        elif cap_until is not None and led.sealed_at <= cap_until:
+            reason = "ceiling-time"
+        elif 0 <= policy.max_retention_bytes <= rest:
+            reason = "ceiling-size"
+        else:
             break
-        doomed.append(led)
-        total -= led.size_bytes
+        doomed.append((led, reason))
+        total = rest
     return doomed
+
+
+def retention(ledgers: Sequence[Ledger], policy: TopicPolicy, now: datetime,
+              holders: Sequence[Position | None] = ()) -> list[Ledger]:
+    """The ledgers of retention_plan, without their reasons."""
+    return [led for led, _ in retention_plan(ledgers, policy, now, holders)]
+
+
+@dataclass(frozen=True)
+class UnreadLoss:
+    """What deleting `ledgers` takes from a reader at a position: entries and bytes it had not read (bytes of
+    a partly read ledger prorated by entries, as Pulsar estimates a backlog's size), the first of those
+    entries, and the last deleted entry, where the reader's position moves."""
+    entries: int
+    bytes: int
+    first: Position | None
+    new_position: Position | None
+
+
+def unread_loss(position: Position | None, ledgers: Sequence[Ledger]) -> UnreadLoss:
+    entries = size = 0
+    first = last = None
+    for led in sorted(ledgers, key=lambda x: x.ledger_id):
+        if led.entry_count == 0:
+            continue
+        last = Position(led.ledger_id, led.entry_count - 1)
+        read = 0 if position is None or position.ledger_id < led.ledger_id else (
+            led.entry_count if position.ledger_id > led.ledger_id else min(position.entry_id + 1, led.entry_count))
+        unread = led.entry_count - read
+        if unread > 0:
+            first = first or Position(led.ledger_id, read)
+            entries += unread
+            size += led.size_bytes * unread // led.entry_count
+    return UnreadLoss(entries, size, first, last if entries else None)
+
+
+def backlog(position: Position | None, ledgers: Sequence[Ledger]) -> tuple[int, int]:
+    """(entries, bytes) a reader at `position` has not read among the live `ledgers`; a partly read ledger's
+    bytes prorated by entries. The specification of the subscription listing's SQL."""
+    loss = unread_loss(position, [led for led in ledgers if led.state != S.DELETED])
+    return loss.entries, loss.bytes
 
 
 def truncate_before(ledgers: Sequence[Ledger], position: Position) -> list[Ledger]:

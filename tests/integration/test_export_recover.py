@@ -31,13 +31,15 @@ from tiering.ops.gc import run_gc
 from tiering.ops.offload import offload_many
 from tiering.ops.recover import recover_from_bucket
 from tiering.ops.retention import truncate
+from tiering.ops.topics import delete_topic
 from tiering.read import Entry, ReadHandle
 from tiering.tier1 import Tier1Store
 from tiering.tier2.reader import tier2_opener
 
 BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
 PKS = {"topic": "topic_id", "ledger": "topic_id, ledger_id", "chunk": "topic_id, ledger_id",
-       "gc_task": "task_id", "attribute": "topic_id, ledger_id, key", "job_run": "run_id"}
+       "gc_task": "task_id", "attribute": "topic_id, ledger_id, key", "job_run": "run_id",
+       "subscription": "subscription_id", "subscription_loss": "loss_id", "topic_tombstone": "name"}
 SLASHED = "tenant/ns/β topic"  # percent-encoded in keys
 
 
@@ -104,7 +106,12 @@ def populate(deps, db, defrag_too: bool = True) -> None:
     # gamma: offloaded, head truncated by retention, then GC: ledgers 0 and 1 are gone from the bucket
     produce(deps, "gamma", [entries(f"g{i}", 4, 700) for i in range(4)], policy=TopicPolicy(**BIG))
     offload_all(deps, "gamma")
-    truncate(deps, "gamma", Position(2, 0))
+    deps.meta.subs.create("gamma", "slow reader", None)  # its loss is recorded by the forced truncate
+    deps.meta.subs.create("gamma", "caught up", Position(3, 3))
+    truncate(deps, "gamma", Position(2, 0), force=True)
+    # a deleted topic leaves a tombstone
+    produce(deps, "gone", [entries("x", 2, 10)], policy=TopicPolicy(**BIG))
+    delete_topic(deps, "gone")
     run_gc(deps, orphan_grace=dt.timedelta(hours=1))
     # delta: one offloaded, one attempt in flight (OFFLOADING), one sealed only, one empty
     produce(deps, "delta", [entries("d0", 3, 100), entries("d1", 3, 100), entries("d2", 3, 100), []],

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from tiering.errors import BadInput
-from tiering.model import INT64_MAX, MAX_SECONDS, BadInt, Position, check_topic_name, parse_int
+from tiering.model import (INT64_MAX, MAX_SECONDS, BadInt, Position, check_subscription_name, check_topic_name,
+                           parse_int)
 
 EXIT_BAD_INPUT = 2
 
@@ -57,6 +58,14 @@ def policy_seconds(text: str) -> int:
     return _int(text, -1, MAX_SECONDS)
 
 
+def expiry_seconds(text: str) -> int:
+    """-1 (never) or a positive number of seconds."""
+    value = _int(text, -1, MAX_SECONDS)
+    if value == 0:
+        raise argparse.ArgumentTypeError("0 is not allowed (use -1 for never, or a positive number of seconds)")
+    return value
+
+
 def position(text: str) -> Position:
     try:
         return Position.parse(text)
@@ -67,6 +76,13 @@ def position(text: str) -> Position:
 def topic_name(text: str) -> str:
     try:
         return check_topic_name(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def subscription_name(text: str) -> str:
+    try:
+        return check_subscription_name(text)
     except BadInput as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

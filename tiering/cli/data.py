@@ -40,6 +40,11 @@ def register(sub) -> None:
     read.add_argument("--to", dest="end", type=a.position, metavar="L:E")
     read.add_argument("--json", action="store_true", help="JSON lines (data in base64)")
     read.add_argument("--fail-on-dataloss", action="store_true", help="exit 1 instead of printing a DATALOSS gap")
+    read.add_argument("--subscription", type=a.subscription_name, metavar="NAME",
+                      help="read from the entry after the subscription's position")
+    read.add_argument("--max-entries", type=a.positive, metavar="N", help="stop after N entries")
+    read.add_argument("--ack", action="store_true",
+                      help="with --subscription: acknowledge what was printed, after printing it")
 
 
 def cmd_produce(ctx: Context, args, out: Output) -> int:
@@ -112,12 +117,47 @@ def cmd_status(ctx: Context, args, out: Output) -> int:
     return 0
 
 
+ACK_EVERY = 1000  # a long `read --ack` acknowledges as it goes, each time after flushing what it printed
+
+
 def cmd_read(ctx: Context, args, out: Output) -> int:
+    from tiering.errors import DataLossError
     from tiering.read import Gap
 
-    for item in ctx.read_handle(args.fail_on_dataloss).read(args.name, args.start, args.end):
-        if isinstance(item, Gap):
-            out.gap(gap_dict(item))
-        else:
+    start, sub = args.start, None
+    if args.subscription is not None:
+        from tiering.ops.subscriptions import read_from
+
+        if args.start is not None:
+            raise BadInput("--from and --subscription exclude each other (a subscription reads after its position)")
+        sub = ctx.meta.subs.get(args.name, args.subscription)
+        start = read_from(sub)
+    elif args.ack:
+        raise BadInput("--ack needs --subscription NAME")
+    printed, last, acked = 0, None, None
+
+    def ack_printed():
+        nonlocal acked
+        if args.ack and last is not None and last != acked:
+            from tiering.ops.subscriptions import ack
+
+            sys.stdout.flush()  # acknowledged only once printed: a reader killed before this re-reads them
+            ack(ctx.deps, args.name, args.subscription, last)
+            acked = last
+
+    try:
+        for item in ctx.read_handle(args.fail_on_dataloss).read(args.name, start, args.end):
+            if isinstance(item, Gap):
+                out.gap(gap_dict(item))
+                continue
             out.entry(item.ledger_id, item.entry_id, item.data)
+            last, printed = item.position, printed + 1
+            if args.max_entries is not None and printed >= args.max_entries:
+                break
+            if printed % ACK_EVERY == 0:
+                ack_printed()
+    except DataLossError:
+        ack_printed()  # what was printed before the loss was delivered
+        raise
+    ack_printed()
     return 0

@@ -75,6 +75,11 @@ def cmd_import_metadata(ctx: Context, args, out: Output) -> int:
     return 0
 
 
+# What the bucket and tier 1 cannot tell: said in every recovery's output so an operator knows what to redo.
+NOT_RECOVERED = ("subscriptions and their positions (recreate them: tiering subscription create TOPIC NAME --from "
+                 "L:E) and topic policies (new topics get the defaults: tiering topic set TOPIC ...)")
+
+
 def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
     from tiering.ops.recover import recover_from_bucket
 
@@ -89,7 +94,8 @@ def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
               "tier1_copies_recorded": len(report.tier1_copies_recorded),
               "tier1_ignored": [f"{what}: {why}" for what, why in report.tier1_ignored],
               "unnamed_tier1_dirs": report.unnamed_tier1_dirs,
-              "unknown": {t: [list(r) for r in rs] for t, rs in report.unknown.items()}, "errors": report.errors}
+              "unknown": {t: [list(r) for r in rs] for t, rs in report.unknown.items()}, "errors": report.errors,
+              "not_recovered": NOT_RECOVERED}
     out.result(result, f"recovered {len(report.ledgers_recovered)} offloaded ledger(s) from the bucket and "
                        f"{len(report.tier1_adopted)} sealed ledger(s) from tier 1 ({len(report.tier1_sealed)} "
                        f"sealed now), {len(report.tier1_copies_recorded)} tier-1 copie(s) recorded, "
@@ -100,7 +106,8 @@ def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
                                        if report.without_page_index else "") if report.pages_checked
                           else "not checked (--check-pages)")
                        + (f"; tier-1 directories of unnamed topics: {', '.join(report.unnamed_tier1_dirs)}"
-                          if report.unnamed_tier1_dirs else ""))
+                          if report.unnamed_tier1_dirs else "")
+               + f"; not recoverable from the bucket: {NOT_RECOVERED}")
     if report.errors:
         error(f"{len(report.errors)} error(s); first: {report.errors[0]} (rerun to finish)")
         return 1

@@ -51,6 +51,11 @@ def printable(data: bytes) -> str:
     return "".join(out)
 
 
+def iso(t) -> str | None:
+    """A timestamp as ISO 8601 (None stays None)."""
+    return None if t is None else t.isoformat()
+
+
 def gap_dict(gap) -> dict:
     return {"gap": gap.kind, "from": str(gap.start), "to": str(gap.end)}
 

@@ -37,14 +37,18 @@ def register(sub) -> None:
     dl.set_defaults(handler=cmd_delete_lagged)
     a.topic_flag(dl)
     a.json_flag(dl)
-    ret = sub.add_parser("retention", help="truncate topic heads by retention time and size")
+    ret = sub.add_parser("retention", help="truncate topic heads by retention time and size, bounded by readers")
     ret.set_defaults(handler=cmd_retention)
     a.topic_flag(ret)
+    ret.add_argument("--dry-run", action="store_true",
+                     help="show what a run would delete now and what subscriptions hold back; change nothing")
     a.json_flag(ret)
     tr = sub.add_parser("truncate", help="delete every whole ledger before L:E (never the open one)")
     tr.set_defaults(handler=cmd_truncate)
     a.name(tr)
     tr.add_argument("position", type=a.position, metavar="L:E")
+    tr.add_argument("--force", action="store_true",
+                    help="delete even entries an ACTIVE subscription has not read (the loss is recorded)")
     a.json_flag(tr)
     dfr = sub.add_parser("defrag", help="merge runs of small tier-2 objects")
     dfr.set_defaults(handler=cmd_defrag)
@@ -152,28 +156,45 @@ def cmd_delete_lagged(ctx: Context, args, out: Output) -> int:
 
 def _retention_result(args, report) -> dict:
     return {"command": args.command, "topic": getattr(args, "topic", None) or getattr(args, "name", None),
-            "deleted": _pairs(report.deleted), "files_removed": report.files_removed, "bytes": report.bytes}
+            "deleted": _pairs(report.deleted), "files_removed": report.files_removed, "bytes": report.bytes,
+            "reasons": dict(sorted(report.reasons.items())), "unread_deleted": report.losses}
+
+
+def _losses(report) -> str:
+    if not report.losses:
+        return ""
+    return "; deleted unread: " + ", ".join(f"{x['subscription']!r} of {x['topic']!r} {x['entries']} entries "
+                                            f"({x['reason']})" for x in report.losses)
 
 
 def cmd_retention(ctx: Context, args, out: Output) -> int:
-    from tiering.ops.retention import retention
+    from tiering.ops.retention import describe_plan, dry_run, retention
 
     ctx.check_topic(args.topic)
+    if args.dry_run:
+        plan = dry_run(ctx.deps, args.topic)
+        result = {"command": "retention", "dry_run": True, "topic": args.topic, "topics": plan,
+                  "ledgers": sum(p["ledgers"] for p in plan), "bytes": sum(p["bytes"] for p in plan)}
+        out.result(result, "\n".join(["retention --dry-run: nothing due" if not plan else
+                                      f"retention --dry-run: would delete {result['ledgers']} ledger(s), "
+                                      f"{result['bytes']} bytes"] + [f"  {describe_plan(p)}" for p in plan]))
+        return 0
     report = retention(ctx.deps, args.topic)
     out.result(_retention_result(args, report),
                f"retention: deleted {len(report.deleted)} ledger(s) ({report.bytes} bytes), removed "
-               f"{report.files_removed} tier-1 file(s); their tier-2 objects are queued for gc")
+               f"{report.files_removed} tier-1 file(s); their tier-2 objects are queued for gc" + _losses(report))
     return 0
 
 
 def cmd_truncate(ctx: Context, args, out: Output) -> int:
     from tiering.ops.retention import truncate
 
-    report = truncate(ctx.deps, args.name, args.position)  # unknown topic, position past the end: exit 2
+    # unknown topic, position past the end, unread entries of an ACTIVE subscription without --force: exit 2
+    report = truncate(ctx.deps, args.name, args.position, args.force)
     result = {**_retention_result(args, report), "position": str(args.position)}
     out.result(result, f"truncated {args.name!r} before {args.position}: deleted {len(report.deleted)} ledger(s) "
                        f"({report.bytes} bytes), removed {report.files_removed} tier-1 file(s); their tier-2 "
-                       f"objects are queued for gc")
+                       f"objects are queued for gc" + _losses(report))
     return 0
 
 

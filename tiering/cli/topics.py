@@ -1,12 +1,51 @@
-"""`tiering db upgrade` and `tiering topic create|list|show`."""
+"""`tiering db upgrade` and `tiering topic create|set|delete|list|show`."""
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
 from tiering.cli.output import Output
+from tiering.errors import BadInput
 from tiering.model import MIB, TopicPolicy
+
+# (flag, policy field, argument type, metavar, help); the defaults are TopicPolicy's (shown by `create`).
+POLICY_FLAGS = (
+    ("--offload-after", "offload_after_seconds", a.policy_seconds, "SECONDS",
+     "offload sealed ledgers this long after their seal (-1: never, 0: at once; default -1)"),
+    ("--offload-threshold", "offload_threshold_bytes", a.policy_int, "BYTES",
+     "offload the oldest ledgers while the topic holds more than this (-1: never; default -1)"),
+    ("--deletion-lag", "deletion_lag_seconds", a.seconds, "SECONDS",
+     "keep tier-1 copies this long after offload (default 14400: 4 h)"),
+    ("--retention-time", "retention_seconds", a.policy_seconds, "SECONDS",
+     "delete whole ledgers sealed longer ago than this (-1: keep; default -1)"),
+    ("--retention-size", "retention_bytes", a.policy_int, "BYTES",
+     "delete the oldest ledgers while the topic's live ledgers (both tiers, counted once) exceed this "
+     "(-1: keep; default -1)"),
+    ("--max-retention-time", "max_retention_seconds", a.policy_seconds, "SECONDS",
+     "ceiling: delete ledgers sealed longer ago than this even when unread (-1: none; default -1)"),
+    ("--max-retention-size", "max_retention_bytes", a.policy_int, "BYTES",
+     "ceiling: delete the oldest ledgers while the topic exceeds this, even unread (-1: none; default -1)"),
+    ("--subscription-expiry", "subscription_expiry_seconds", a.expiry_seconds, "SECONDS",
+     "a subscription with no ack for this long is EXPIRED and holds nothing back (-1: never; default -1)"),
+    ("--rollover-entries", "rollover_entries", a.positive, "N", "start a new ledger after N entries (default 50000)"),
+    ("--rollover-bytes", "rollover_bytes", a.positive, "BYTES",
+     f"start a new ledger after this many payload bytes (default {64 * MIB}: 64 MiB)"),
+)
+
+
+def _policy_flags(p: argparse.ArgumentParser) -> None:
+    for flag, field, kind, metavar, text in POLICY_FLAGS:
+        p.add_argument(flag, dest=field, type=kind, default=None, metavar=metavar, help=text)
+    p.add_argument("--retain-unread", dest="retain_unread", action=argparse.BooleanOptionalAction, default=None,
+                   help="retention deletes a ledger only once every ACTIVE subscription has read it (ceilings "
+                        "excepted); --no-retain-unread turns it off (default off)")
+
+
+def _given(args) -> dict:
+    fields = [f for _, f, *_ in POLICY_FLAGS] + ["retain_unread"]
+    return {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
 
 
 def register(sub) -> None:
@@ -15,21 +54,22 @@ def register(sub) -> None:
     db_sub.add_parser("upgrade", help="apply sql/migrations and recreate sql/views")
     db.set_defaults(handler=cmd_db)
 
-    topic = sub.add_parser("topic", help="create, list and show topics")
+    topic = sub.add_parser("topic", help="create, change, delete, list and show topics")
     topic.set_defaults(handler=cmd_topic)
     t_sub = topic.add_subparsers(dest="topic_command", required=True, parser_class=a.Parser)
     create = t_sub.add_parser("create", help="create a topic with its tiering policy")
     a.name(create)
-    create.add_argument("--offload-after", type=a.policy_seconds, default=-1, metavar="SECONDS",
-                        help="offload sealed ledgers older than this (-1: never, 0: at once)")
-    create.add_argument("--offload-threshold", type=a.policy_int, default=-1, metavar="BYTES",
-                        help="offload while tier 1 holds more than this (-1: never)")
-    create.add_argument("--deletion-lag", type=a.seconds, default=4 * 3600, metavar="SECONDS",
-                        help="keep tier-1 copies this long after offload (default 4 h)")
-    create.add_argument("--retention-time", type=a.policy_seconds, default=-1, metavar="SECONDS")
-    create.add_argument("--retention-size", type=a.policy_int, default=-1, metavar="BYTES")
-    create.add_argument("--rollover-entries", type=a.positive, default=50_000, metavar="N")
-    create.add_argument("--rollover-bytes", type=a.positive, default=64 * MIB, metavar="BYTES")
+    _policy_flags(create)
+    change = t_sub.add_parser("set", help="change a topic's policy (compare-and-set on its version)")
+    a.name(change)
+    _policy_flags(change)
+    change.add_argument("--expect-version", type=a.nonneg, default=None, metavar="N",
+                        help="refuse unless the topic is still at this version (from `topic show`)")
+    a.json_flag(change)
+    drop = t_sub.add_parser("delete", help="delete a topic, its ledgers in both tiers and its subscriptions")
+    a.name(drop)
+    drop.add_argument("--force", action="store_true", help="delete it even while ACTIVE subscriptions read it")
+    a.json_flag(drop)
     a.json_flag(t_sub.add_parser("list", help="every topic, by name"))
     show = t_sub.add_parser("show", help="a topic's policy and counters")
     a.name(show)
@@ -52,13 +92,27 @@ def _topic_dict(t) -> dict:
 
 def cmd_topic(ctx: Context, args, out: Output) -> int:
     if args.topic_command == "create":
-        policy = TopicPolicy(args.offload_after, args.offload_threshold, args.deletion_lag, args.retention_time,
-                             args.retention_size, args.rollover_entries, args.rollover_bytes)
-        t = ctx.meta.create_topic(args.name, policy)
+        t = ctx.meta.create_topic(args.name, TopicPolicy(**_given(args)))
         print(f"created topic {t.name!r}")
+    elif args.topic_command == "set":
+        from tiering.ops.topics import set_policy
+
+        if not _given(args):
+            raise BadInput("topic set needs at least one policy option (see `tiering topic set --help`)")
+        t = set_policy(ctx.deps, args.name, _given(args), args.expect_version)
+        out.result(_topic_dict(t), f"updated topic {t.name!r}: version {t.version}")
+    elif args.topic_command == "delete":
+        from tiering.ops.topics import delete_topic
+
+        r = delete_topic(ctx.deps, args.name, args.force)
+        result = {"command": "topic delete", "topic": r.topic, "subscriptions_deleted": r.subscriptions_deleted,
+                  "ledgers_deleted": r.ledgers_deleted, "bytes": r.bytes, "files_removed": r.files_removed}
+        out.result(result, f"deleted topic {r.topic!r}: {r.ledgers_deleted} ledger(s) ({r.bytes} bytes), "
+                           f"{r.files_removed} tier-1 file(s) removed, {len(r.subscriptions_deleted)} subscription(s) "
+                           "deleted; its tier-2 objects are queued for gc")
     elif args.topic_command == "list":
         out.rows([_topic_dict(t) for t in ctx.meta.list_topics()], lambda rows: (r["name"] for r in rows))
     else:
         t = _topic_dict(ctx.meta.get_topic(args.name))
-        out.result(t, "\n".join(f"{k:24} {v}" for k, v in t.items()))
+        out.result(t, "\n".join(f"{k:28} {v}" for k, v in t.items()))
     return 0

@@ -1,21 +1,29 @@
-"""Spark job: retention by time and size, one topic per item (a topic's truncation is one transaction)."""
+"""Spark job: retention by time and size, bounded by subscriptions, one topic per item (a topic's truncation
+is one transaction)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from tiering.jobs.runner import run, topic_arg
-from tiering.ops.retention import apply_retention, plan_retention
+from tiering.ops.retention import apply_retention, describe_plan, dry_run, plan_retention
+
+log = logging.getLogger(__name__)
 
 
 def plan(deps, args) -> list[dict]:
-    return [{"topic": name} for name in plan_retention(deps, args.topic)]
+    """The topics with work; logs what a run would delete now and what subscriptions hold back (the retention
+    DAG's plan task shows it in the run's log, as `tiering retention --dry-run` does)."""
+    items = [{"topic": name} for name in plan_retention(deps, args.topic)]
+    for item in dry_run(deps, args.topic):
+        log.info("retention plan: %s", describe_plan(item))
+    return items
 
 
 def work(deps, item) -> tuple[int, bool]:
-    # re-planned: the freshest view wins (nothing due any more: the marker and leftover copies still checked)
-    doomed = plan_retention(deps, item["topic"]).get(item["topic"], [])
-    report = apply_retention(deps, item["topic"], doomed)
+    # decided again under the topic's locks: the freshest view wins (the marker and leftover copies too)
+    report = apply_retention(deps, item["topic"])
     return report.bytes, not report.deleted and not report.files_removed
 
 

@@ -12,8 +12,15 @@ log = logging.getLogger(__name__)
 def make_engine(url: str, pool_size: int = 5, **kwargs) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg2://" + url[len("postgresql://"):]
+    # jit off: PostgreSQL decides to JIT-compile from the planner's cost estimate, which grows with a topic's
+    # history even where the plan reads a few index pages per topic (planning.py's walks); compiling then cost
+    # tens of milliseconds to seconds on a loaded machine for statements that run in a few milliseconds.
+    connect_args = dict(kwargs.pop("connect_args", {}))
+    if "jit=" not in connect_args.get("options", ""):
+        connect_args["options"] = (connect_args.get("options", "") + " -c jit=off").strip()
     # hide_parameters: a failed statement's parameters never reach logs or exceptions.
-    engine = create_engine(url, pool_size=pool_size, pool_pre_ping=True, hide_parameters=True, **kwargs)
+    engine = create_engine(url, pool_size=pool_size, pool_pre_ping=True, hide_parameters=True,
+                           connect_args=connect_args, **kwargs)
     event.listen(engine.pool, "checkin", _release_session_locks)
     return engine
 

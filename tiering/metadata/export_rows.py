@@ -19,10 +19,12 @@ from tiering.errors import BadInput
 from tiering.metadata import tables as T
 
 # FK order: parents before children (import inserts in this order).
-TABLES = (T.topic, T.ledger, T.chunk, T.gc_task, T.attribute, T.job_run)
+TABLES = (T.topic, T.ledger, T.chunk, T.gc_task, T.attribute, T.job_run, T.subscription, T.subscription_loss,
+          T.topic_tombstone)
 _BY_NAME = {t.name: t for t in TABLES}
 # bigserial columns whose sequences import moves past the imported ids
-SERIALS = {"topic": "topic_id", "gc_task": "task_id", "job_run": "run_id"}
+SERIALS = {"topic": "topic_id", "gc_task": "task_id", "job_run": "run_id", "subscription": "subscription_id",
+           "subscription_loss": "loss_id"}
 
 
 def table_names() -> list[str]:

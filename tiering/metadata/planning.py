@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Sequence
 
 from sqlalchemy import text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from tiering.metadata.attempt_locks import OFFLOAD_CLASS
 from tiering.model import Chunk, Ledger, LedgerState
@@ -25,6 +25,17 @@ _LEDGER_COLS = """l.topic_id, name, l.ledger_id, l.state::text AS state, l.entry
     l.created_at, l.sealed_at, l.tier1_present, l.offload_uuid::text AS offload_uuid, l.offload_started_at,
     l.offloaded_at, l.deleted_at, l.version"""
 _NOW = "COALESCE(CAST(:now AS timestamptz), now())"
+# A subscription `s` of topic `t` is ACTIVE unless the topic expires subscriptions and `s` had no ack (nor
+# was created) within the expiry: the one definition of EXPIRED (model.Subscription.state).
+_ACTIVE = f"""(t.subscription_expiry_seconds < 0
+               OR COALESCE(s.last_ack_at, s.created_at) > {_NOW} - make_interval(secs => t.subscription_expiry_seconds))"""
+# Retention's walk (policy.retention_plan): ledger `l` read in full by the slowest ACTIVE subscription (no
+# hold: true), and whether it goes, with the topic's bytes `rest` left without it.
+_READ = "(l.held IS NULL OR l.entry_count = 0 OR (l.hl, l.he) >= (l.ledger_id, l.entry_count - 1))"
+_GOES = """(COALESCE(((l.sealed_at <= {w}.cutoff OR ({w}.rb >= 0 AND {rest} >= {w}.rb))
+                      AND ({w}.held IS NULL OR l.entry_count = 0 OR ({w}.hl, {w}.he) >= (l.ledger_id, l.entry_count - 1))),
+                     false)
+            OR COALESCE(l.sealed_at <= {w}.ccut, false) OR ({w}.cb >= 0 AND {rest} >= {w}.cb))"""
 
 
 def _ledger(r) -> Ledger:
@@ -56,9 +67,11 @@ class Planning:
     def __init__(self, engine: Engine):
         self.engine = engine
 
-    def _rows(self, sql: str, **params):
-        with self.engine.connect() as conn:
+    def _rows(self, sql: str, conn: Connection | None = None, **params):
+        if conn is not None:
             return conn.execute(text(sql), params).all()
+        with self.engine.connect() as c:
+            return c.execute(text(sql), params).all()
 
     # ------------------------------------------------------------------------------------ offload by size
     def size_topics(self, topic_name: str | None = None) -> list[SizeTopic]:
@@ -160,38 +173,60 @@ class Planning:
 
     # ------------------------------------------------------------------------------------------ retention
     def retention(self, topic_name: str | None = None, now: datetime | None = None) -> dict[str, list[Ledger]]:
-        """policy.retention for every topic with a limit: a recursive walk from the oldest live ledger
-        (partial index ledger_live_by_topic), one index step per doomed ledger, stopping at the first to
-        keep; the topic's live bytes come from topic_usage. Topics without a limit are not read."""
-        rows = self._rows(f"""
+        """retention_plan without the reasons."""
+        return {name: [led for led, _ in plan] for name, plan in self.retention_plan(topic_name, now).items()}
+
+    def retention_plan(self, topic_name: str | None = None, now: datetime | None = None,
+                       conn: Connection | None = None, hold: bool = True) -> dict[str, list[tuple[Ledger, str]]]:
+        """policy.retention_plan for every topic with a limit or a ceiling: a recursive walk from the oldest
+        live ledger (partial index ledger_live_by_topic), one index step per doomed ledger, stopping at the
+        first to keep; the topic's live bytes come from topic_usage; a topic retaining unread data is held at
+        its slowest ACTIVE subscription (one probe of index subscription_slowest, expired ones skipped).
+        Topics without a limit are not read. `hold=False`: as if no subscription held anything back (what
+        a dry run compares with). `conn`: inside the caller's transaction (retention's, under its locks)."""
+        sql = f"""
             WITH RECURSIVE lim AS (
-                SELECT t.topic_id, t.name, t.retention_seconds AS rs, t.retention_bytes AS rb,
+                SELECT t.topic_id, t.name, t.retention_bytes AS rb, t.max_retention_bytes AS cb,
                        COALESCE(u.live_bytes, 0) AS total,
                        CASE WHEN t.retention_seconds >= 0
-                            THEN {_NOW} - make_interval(secs => t.retention_seconds) END AS cutoff
+                            THEN {_NOW} - make_interval(secs => t.retention_seconds) END AS cutoff,
+                       CASE WHEN t.max_retention_seconds >= 0
+                            THEN {_NOW} - make_interval(secs => t.max_retention_seconds) END AS ccut,
+                       h.held, h.hl, h.he
                 FROM tiering.topic t LEFT JOIN tiering.topic_usage u ON u.topic_id = t.topic_id
-                WHERE (t.retention_seconds >= 0 OR t.retention_bytes >= 0)
+                LEFT JOIN LATERAL (
+                    SELECT true AS held, s.ack_ledger_id AS hl, s.ack_entry_id AS he FROM tiering.subscription s
+                    WHERE s.topic_id = t.topic_id AND t.retain_unread AND CAST(:hold AS boolean)
+                      AND {_ACTIVE}
+                    ORDER BY s.ack_ledger_id NULLS FIRST, s.ack_entry_id NULLS FIRST LIMIT 1) h ON true
+                WHERE (t.retention_seconds >= 0 OR t.retention_bytes >= 0 OR t.max_retention_seconds >= 0
+                       OR t.max_retention_bytes >= 0)
                   AND (CAST(:name AS text) IS NULL OR t.name = :name)
             ), walk AS (
-                SELECT lim.name, lim.rb, lim.cutoff, lim.total - l.size_bytes AS rest, l.*
+                SELECT lim.name, lim.rb, lim.cb, lim.cutoff, lim.ccut, lim.held, lim.hl, lim.he,
+                       lim.total - l.size_bytes AS rest, l.*
                 FROM lim CROSS JOIN LATERAL (
                     SELECT * FROM tiering.ledger f WHERE f.topic_id = lim.topic_id AND f.state <> 'DELETED'
                     ORDER BY f.ledger_id LIMIT 1) l
-                WHERE l.state IN ('SEALED', 'OFFLOADED')
-                  AND (l.sealed_at <= lim.cutoff OR (lim.rb >= 0 AND lim.total - l.size_bytes >= lim.rb))
+                WHERE l.state IN ('SEALED', 'OFFLOADED') AND {_GOES.format(w="lim", rest="lim.total - l.size_bytes")}
                 UNION ALL
-                SELECT w.name, w.rb, w.cutoff, w.rest - l.size_bytes, l.*
+                SELECT w.name, w.rb, w.cb, w.cutoff, w.ccut, w.held, w.hl, w.he, w.rest - l.size_bytes, l.*
                 FROM walk w CROSS JOIN LATERAL (
                     SELECT * FROM tiering.ledger f
                     WHERE f.topic_id = w.topic_id AND f.state <> 'DELETED' AND f.ledger_id > w.ledger_id
                     ORDER BY f.ledger_id LIMIT 1) l
-                WHERE l.state IN ('SEALED', 'OFFLOADED')
-                  AND (l.sealed_at <= w.cutoff OR (w.rb >= 0 AND w.rest - l.size_bytes >= w.rb))
+                WHERE l.state IN ('SEALED', 'OFFLOADED') AND {_GOES.format(w="w", rest="w.rest - l.size_bytes")}
             )
-            SELECT {_LEDGER_COLS} FROM walk l ORDER BY name, l.ledger_id""", name=topic_name, now=now)
-        out: dict[str, list[Ledger]] = {}
+            SELECT {_LEDGER_COLS},
+                   CASE WHEN {_READ} AND COALESCE(l.sealed_at <= l.cutoff, false) THEN 'time'
+                        WHEN {_READ} AND l.rb >= 0 AND l.rest >= l.rb THEN 'size'
+                        WHEN COALESCE(l.sealed_at <= l.ccut, false) THEN 'ceiling-time'
+                        ELSE 'ceiling-size' END AS reason
+            FROM walk l ORDER BY name, l.ledger_id"""
+        rows = self._rows(sql, conn=conn, name=topic_name, now=now, hold=hold)
+        out: dict[str, list[tuple[Ledger, str]]] = {}
         for r in rows:
-            out.setdefault(r.name, []).append(_ledger(r))
+            out.setdefault(r.name, []).append((_ledger(r), r.reason))
         return out
 
     def retention_housekeeping(self, topic_name: str | None = None) -> list[str]:
@@ -232,15 +267,16 @@ class Planning:
                           name=topic_name)
         return [_ledger(r) for r in rows]
 
-    def truncate_before(self, topic_id: int, name: str, before_ledger: int) -> tuple[int | None, list[Ledger]]:
+    def truncate_before(self, topic_id: int, name: str, before_ledger: int,
+                        conn: Connection | None = None) -> tuple[int | None, list[Ledger]]:
         """(the topic's last ledger id or None, its SEALED/OFFLOADED ledgers below `before_ledger`), read on
-        the live-ledger index rather than the topic's DELETED history."""
+        the live-ledger index rather than the topic's DELETED history (in `conn`'s transaction if given)."""
         rows = self._rows(f"""
             SELECT {_LEDGER_COLS}, (SELECT max(m.ledger_id) FROM tiering.ledger m WHERE m.topic_id = :tid) AS last
             FROM (SELECT CAST(:name AS text) AS name) n
             LEFT JOIN tiering.ledger l ON l.topic_id = :tid AND l.state <> 'DELETED' AND l.ledger_id < :before
                                       AND l.state IN ('SEALED', 'OFFLOADED')
-            ORDER BY l.ledger_id""", tid=topic_id, name=name, before=before_ledger)
+            ORDER BY l.ledger_id""", conn=conn, tid=topic_id, name=name, before=before_ledger)
         last = rows[0].last if rows else None
         return last, [_ledger(r) for r in rows if r.ledger_id is not None]
 

@@ -16,7 +16,9 @@ from sqlalchemy.exc import IntegrityError
 from tiering.errors import ConditionalUpdateFailed, LedgerNotFound, TopicExists, TopicNotFound
 from tiering.metadata import attempt_locks
 from tiering.metadata.planning import Planning
-from tiering.metadata.tables import chunk, gc_task, ledger, topic
+from tiering.metadata.subscriptions import Subscriptions
+from tiering.metadata.trim import Trims
+from tiering.metadata.tables import chunk, gc_task, ledger, topic, topic_tombstone
 from tiering.model import Chunk, Ledger, LedgerState, Topic, TopicPolicy, check_topic_name
 
 S = LedgerState
@@ -51,15 +53,22 @@ class MetadataStore:
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self.planning = Planning(engine)  # set-based planning queries (issue 19)
+        self.planning = Planning(engine)  # set-based planning queries
+        self.subs = Subscriptions(engine)  # reader positions (metadata/subscriptions.py)
+        self.trims = Trims(self)  # retention, truncate, topic deletion under locks (metadata/trim.py)
 
     # ---------------------------------------------------------------- topics
     def create_topic(self, name: str, policy: TopicPolicy = TopicPolicy()) -> Topic:
         check_topic_name(name)
         try:
             with self.engine.begin() as conn:
+                # a deleted topic's name: ledger ids go on from the old topic's (metadata/topic_delete.py)
+                tomb = conn.execute(delete(topic_tombstone).where(topic_tombstone.c.name == name)
+                                    .returning(topic_tombstone)).one_or_none()
+                carried = {} if tomb is None else {"next_ledger_id": tomb.next_ledger_id,
+                                                   "trim_marker_written": tomb.trim_marker_written}
                 row = conn.execute(
-                    insert(topic).values(name=name, **{f: getattr(policy, f) for f in _POLICY_FIELDS})
+                    insert(topic).values(name=name, **carried, **{f: getattr(policy, f) for f in _POLICY_FIELDS})
                     .returning(topic)).one()
         except IntegrityError as exc:
             if "topic_name_key" in str(exc.orig):
@@ -279,19 +288,25 @@ class MetadataStore:
     def delete_ledgers(self, leds: Sequence[Ledger], reason: str, gc_delay: timedelta) -> list[Ledger]:
         """Retention: SEALED/OFFLOADED ledgers -> DELETED, their chunks removed and the chunks' keys queued
         for GC (GC skips keys another chunk still references), all in one transaction."""
-        out = []
         with self.engine.begin() as conn:
-            self._lock_rows(conn, leds, chunks=True)
-            for led in leds:
-                # RETURNING: the keys of the chunk row as deleted, even if defrag switched it just before
-                gone = conn.execute(delete(chunk).where(chunk.c.topic_id == led.topic_id,
-                                                        chunk.c.ledger_id == led.ledger_id)
-                                    .returning(chunk.c.data_key, chunk.c.index_key)).one_or_none()
-                if gone is not None:
-                    self._enqueue(conn, [gone.data_key, gone.index_key], reason=reason, owner=None,
-                                  delay=gc_delay)
-                out.append(self._cas(conn, led, [S.SEALED, S.OFFLOADED], state=S.DELETED.value,
-                                     deleted_at=func.now()))
+            return self.delete_ledgers_in(conn, leds, reason, gc_delay)
+
+    def delete_ledgers_in(self, conn: Connection, leds: Sequence[Ledger], reason: str, gc_delay: timedelta,
+                          states: Sequence[LedgerState] = (S.SEALED, S.OFFLOADED)) -> list[Ledger]:
+        """delete_ledgers inside the caller's transaction (retention's and topic deletion's, which hold the
+        topic and its subscriptions locked). `states`: what a ledger may be in (topic deletion also takes an
+        OFFLOADING one: the attempt's commit then loses its compare-and-set and its objects are collected)."""
+        out = []
+        self._lock_rows(conn, leds, chunks=True)
+        for led in leds:
+            # RETURNING: the keys of the chunk row as deleted, even if defrag switched it just before
+            gone = conn.execute(delete(chunk).where(chunk.c.topic_id == led.topic_id,
+                                                    chunk.c.ledger_id == led.ledger_id)
+                                .returning(chunk.c.data_key, chunk.c.index_key)).one_or_none()
+            if gone is not None:
+                self._enqueue(conn, [gone.data_key, gone.index_key], reason=reason, owner=None,
+                              delay=gc_delay)
+            out.append(self._cas(conn, led, list(states), state=S.DELETED.value, deleted_at=func.now()))
         return out
 
     def replace_chunks(self, moves: Sequence[tuple[Ledger, Chunk, Chunk]], attempt: str,

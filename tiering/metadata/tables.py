@@ -24,6 +24,10 @@ topic = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("version", BigInteger, nullable=False),
     Column("trim_marker_written", BigInteger, nullable=False),  # 0004: retention's marker last in tier 2
+    Column("retain_unread", Boolean, nullable=False),  # 0006: subscriptions bound retention
+    Column("max_retention_seconds", BigInteger, nullable=False),
+    Column("max_retention_bytes", BigInteger, nullable=False),
+    Column("subscription_expiry_seconds", BigInteger, nullable=False),
 )
 
 ledger = Table(
@@ -101,4 +105,42 @@ job_run = Table(
     Column("dag_id", Text),
     Column("dag_run_id", Text),
     Column("try_number", Integer),
+)
+
+subscription = Table(  # 0006
+    "subscription", metadata,
+    Column("subscription_id", BigInteger, primary_key=True),
+    Column("topic_id", BigInteger, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("ack_ledger_id", BigInteger),
+    Column("ack_entry_id", BigInteger),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("last_ack_at", DateTime(timezone=True)),
+    Column("entries_deleted_unread", BigInteger, nullable=False),
+    Column("bytes_deleted_unread", BigInteger, nullable=False),
+    Column("last_loss_at", DateTime(timezone=True)),
+    Column("last_loss_reason", Text),
+    Column("version", BigInteger, nullable=False),
+)
+
+subscription_loss = Table(  # 0006
+    "subscription_loss", metadata,
+    Column("loss_id", BigInteger, primary_key=True),
+    Column("subscription_id", BigInteger, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("from_ledger_id", BigInteger, nullable=False),
+    Column("from_entry_id", BigInteger, nullable=False),
+    Column("to_ledger_id", BigInteger, nullable=False),
+    Column("to_entry_id", BigInteger, nullable=False),
+    Column("entries", BigInteger, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+)
+
+topic_tombstone = Table(  # 0006
+    "topic_tombstone", metadata,
+    Column("name", Text, primary_key=True),
+    Column("next_ledger_id", BigInteger, nullable=False),
+    Column("trim_marker_written", BigInteger, nullable=False),
+    Column("deleted_at", DateTime(timezone=True), nullable=False),
 )

@@ -1,21 +1,29 @@
-"""Retention (Pravega PDP-19): truncate a topic's head by time and by size, or at a position by hand.
+"""Retention (Pravega PDP-19): truncate a topic's head by time and by size, bounded by its readers, or at a
+position by hand.
 
-Whole ledgers, never the open one. Metadata first — one transaction marks the ledgers DELETED, removes
-their chunk rows and queues their tier-2 keys for GC — then the trim marker, then the tier-1 files (as
-delete-lagged does). A trimmed range then reads as a TRIMMED gap. Killed after the metadata commit, the
-marker and the files are done by the next run of retention (the files also by delete-lagged).
+Whole ledgers, never the open one. Metadata first -- one transaction (metadata/trim.py) locks the topic and
+its subscriptions, plans again under the locks, marks the ledgers DELETED, removes their chunk rows, queues
+their tier-2 keys for GC and records what each subscription lost unread -- then the trim marker, then the
+tier-1 files (as delete-lagged does). A trimmed range then reads as a TRIMMED gap. Killed after the metadata
+commit, the marker and the files are done by the next run of retention (the files also by delete-lagged).
 
-Planning is set-based (metadata/planning.py; policy.retention and policy.truncate_before are its
-specification): a run visits only topics with something due — ledgers to delete, a trim marker behind the
-trim point, or a leftover tier-1 copy of a DELETED ledger. The trim marker is written only when the trim
-point (last DELETED ledger + 1) moved past the one last written, which metadata records after the PUT.
+With the topic policy retain-unread, time/size retention deletes a ledger only once every ACTIVE
+subscription has read all of it (Pulsar keeps unacknowledged messages; Pravega PDP-47 truncates at the
+slowest reader group); the ceilings max-retention-time/-size delete even unread data, and the loss is
+recorded on the subscription (entries, bytes, when, why) and in `subscription_loss`.
+
+Planning is set-based (metadata/planning.py; policy.retention_plan and policy.truncate_before are its
+specification): a run visits only topics with something due -- ledgers to delete, a trim marker behind the
+trim point, or a leftover tier-1 copy of a DELETED ledger.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
-from tiering.errors import BadInput
-from tiering.model import Ledger, Position
+from tiering import policy
+from tiering.metadata.trim import TrimResult
+from tiering.model import ACTIVE, Ledger, Position
 from tiering.ops.context import Deps
 from tiering.ops.delete_lagged import delete_copy
 from tiering.tier2.markers import record_trim
@@ -26,6 +34,15 @@ class RetentionReport:
     deleted: list[tuple[str, int]] = field(default_factory=list)
     files_removed: int = 0
     bytes: int = 0
+    reasons: Counter = field(default_factory=Counter)  # why ledgers went: time, size, ceiling-*, truncate
+    losses: list[dict] = field(default_factory=list)  # unread entries deleted, per subscription
+
+    def add(self, other: "RetentionReport") -> None:
+        self.deleted += other.deleted
+        self.files_removed += other.files_removed
+        self.bytes += other.bytes
+        self.reasons.update(other.reasons)
+        self.losses += other.losses
 
 
 def plan_retention(deps: Deps, topic: str | None = None) -> dict[str, list[Ledger]]:
@@ -39,12 +56,19 @@ def plan_retention(deps: Deps, topic: str | None = None) -> dict[str, list[Ledge
     return dict(sorted(due.items()))
 
 
-def apply_retention(deps: Deps, topic: str, doomed: list[Ledger], reason: str = "retention") -> RetentionReport:
+def apply_retention(deps: Deps, topic: str) -> RetentionReport:
+    """One topic: delete what retention allows now (decided again under the topic's locks), then the trim
+    marker and the tier-1 files."""
+    return _finish(deps, topic, deps.meta.trims.retention(topic, deps.knobs.gc_delay))
+
+
+def _finish(deps: Deps, topic: str, trim: TrimResult) -> RetentionReport:
     report = RetentionReport()
-    if doomed:
-        deleted = deps.meta.delete_ledgers(doomed, reason, deps.knobs.gc_delay)
-        report.deleted += [(topic, led.ledger_id) for led in deleted]
-        report.bytes += sum(led.size_bytes for led in deleted)
+    report.deleted += [(topic, led.ledger_id) for led in trim.deleted]
+    report.bytes += sum(led.size_bytes for led in trim.deleted)
+    report.reasons.update(trim.reasons.values())
+    report.losses += [{"topic": topic, "subscription": x.subscription, "entries": x.entries, "bytes": x.bytes,
+                       "from": str(x.first), "to": str(x.last), "reason": x.reason} for x in trim.losses]
     _move_trim_marker(deps, topic)
     for led in deps.meta.planning.deleted_with_copy(topic):
         if delete_copy(deps, led):
@@ -63,19 +87,81 @@ def _move_trim_marker(deps: Deps, topic: str) -> None:
 
 def retention(deps: Deps, topic: str | None = None) -> RetentionReport:
     total = RetentionReport()
-    for name, doomed in plan_retention(deps, topic).items():
-        r = apply_retention(deps, name, doomed)
-        total.deleted += r.deleted
-        total.files_removed += r.files_removed
-        total.bytes += r.bytes
+    for name in plan_retention(deps, topic):
+        total.add(apply_retention(deps, name))
     return total
 
 
-def truncate(deps: Deps, topic: str, position: Position) -> RetentionReport:
-    """`tiering truncate NAME L:E`: delete every whole ledger before the position's ledger (policy.truncate_before,
-    read on the live-ledger index)."""
-    t = deps.meta.get_topic(topic)
-    last, doomed = deps.meta.planning.truncate_before(t.topic_id, t.name, position.ledger_id)
-    if last is None or position.ledger_id > last:
-        raise BadInput(f"position {position} is beyond the end of the topic")
-    return apply_retention(deps, topic, doomed, reason=f"truncate before {position}")
+def truncate(deps: Deps, topic: str, position: Position, force: bool = False) -> RetentionReport:
+    """`tiering truncate NAME L:E`: delete every whole ledger before the position's ledger. Refused when it
+    would delete entries an ACTIVE subscription has not read, unless `force` (the loss is recorded)."""
+    deps.meta.get_topic(topic)  # an unknown topic fails here
+    trim = deps.meta.trims.truncate(topic, position, force, deps.knobs.gc_delay)
+    return _finish(deps, topic, trim)
+
+
+# ------------------------------------------------------------------------------------------------ dry run
+def _sums(ledgers) -> dict:
+    return {"ledgers": len(ledgers), "entries": sum(led.entry_count for led in ledgers),
+            "bytes": sum(led.size_bytes for led in ledgers)}
+
+
+def dry_run(deps: Deps, topic: str | None = None) -> list[dict]:
+    """What a retention run would delete now, per topic with something due or held back: the ledgers, their
+    entries and bytes by reason; the ledgers due by time/size that subscriptions hold back, and how much each
+    ACTIVE subscription holds; the unread entries the run would take from each subscription. Three
+    statements (the plan with and without the holds, the positions of the topics concerned); nothing changes."""
+    if topic is not None:
+        deps.meta.get_topic(topic)
+    planned = deps.meta.planning.retention_plan(topic)
+    unbound = deps.meta.planning.retention_plan(topic, hold=False)
+    names = sorted(set(planned) | set(unbound))
+    subs = deps.meta.subs.of_topics(names)
+    out = []
+    for name in names:
+        plan = planned.get(name, [])
+        doomed = [led for led, _ in plan]
+        gone = {led.ledger_id for led in doomed}
+        held = [led for led, why in unbound.get(name, []) if led.ledger_id not in gone and why in ("time", "size")]
+        by_reason: dict[str, list] = {}
+        for led, why in plan:
+            by_reason.setdefault(why, []).append(led)
+        holders = []
+        for sub in subs.get(name, []):
+            if sub.state == ACTIVE and held:
+                loss = policy.unread_loss(sub.position, held)
+                if loss.entries:
+                    holders.append({"subscription": sub.name, "position": _pos(sub.position),
+                                    "entries": loss.entries, "bytes": loss.bytes})
+        unread = []
+        for sub in subs.get(name, []):
+            loss = policy.unread_loss(sub.position, doomed)
+            if loss.entries:
+                unread.append({"subscription": sub.name, "state": sub.state, "entries": loss.entries,
+                               "bytes": loss.bytes})
+        out.append({"topic": name, **_sums(doomed), "ledger_ids": [led.ledger_id for led in doomed],
+                    "by_reason": {why: _sums(leds) for why, leds in sorted(by_reason.items())},
+                    "held_back": {**_sums(held), "by_subscription": holders},
+                    "unread_deleted": unread})
+    return out
+
+
+def _pos(p: Position | None) -> str | None:
+    return None if p is None else str(p)
+
+
+def describe_plan(item: dict) -> str:
+    """One line of a dry run (the CLI's text output and the retention DAG's plan log)."""
+    reasons = ", ".join(f"{why} {r['ledgers']}" for why, r in item["by_reason"].items())
+    line = (f"{item['topic']!r}: delete {item['ledgers']} ledger(s), {item['entries']} entries, {item['bytes']} bytes"
+            + (f" ({reasons})" if reasons else ""))
+    held = item["held_back"]
+    if held["ledgers"]:
+        who = "; ".join(f"{h['subscription']!r} {h['entries']} entries / {h['bytes']} bytes unread"
+                        for h in held["by_subscription"])
+        line += f"; held back by subscriptions: {held['ledgers']} ledger(s), {held['bytes']} bytes ({who})"
+    if item["unread_deleted"]:
+        line += "; deletes unread: " + "; ".join(
+            f"{u['subscription']!r} ({u['state']}) {u['entries']} entries / {u['bytes']} bytes"
+            for u in item["unread_deleted"])
+    return line

@@ -1,0 +1,212 @@
+"""Subscription rows (migration 0006): a named reader position per topic, changed only by compare-and-set on
+`version`, and the losses recorded when entries a subscription had not read are deleted.
+
+The locking order every writer follows (so none waits in a cycle): the topic row, then its subscriptions,
+then ledger and chunk rows (retention, truncate and topic deletion: metadata/trim.py). Creating a subscription
+takes the topic row FOR SHARE, so it is ordered with retention's FOR NO KEY UPDATE: a subscription created
+while retention runs sees the trimmed head, never a position retention is deleting under it. An ack locks its
+subscription row only: retention, holding that row, decides on the acked position or the ack waits and then
+sees retention's move.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from sqlalchemy import delete, func, insert, select, text, update
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
+
+from tiering.errors import BadInput, ConditionalUpdateFailed, SubscriptionNotFound, TopicNotFound
+from tiering.metadata.planning import _ACTIVE, _NOW
+from tiering.metadata.tables import ledger, subscription, subscription_loss, topic
+from tiering.model import ACTIVE, Position, Subscription, Topic, check_subscription_name, check_topic_name
+from tiering.policy import UnreadLoss
+
+_STATE = f"CASE WHEN {_ACTIVE} THEN 'ACTIVE' ELSE 'EXPIRED' END"
+_COLS = f"""s.subscription_id, s.topic_id, t.name AS topic, s.name, s.ack_ledger_id, s.ack_entry_id, s.created_at,
+    s.last_ack_at, {_STATE} AS state, s.entries_deleted_unread, s.bytes_deleted_unread, s.last_loss_at,
+    s.last_loss_reason, s.version"""
+
+
+def _sub(r) -> Subscription:
+    pos = None if r.ack_ledger_id is None else Position(r.ack_ledger_id, r.ack_entry_id)
+    return Subscription(r.subscription_id, r.topic_id, r.topic, r.name, pos, r.created_at, r.last_ack_at, r.state,
+                        r.entries_deleted_unread, r.bytes_deleted_unread, r.last_loss_at, r.last_loss_reason,
+                        r.version)
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What a subscription has not read among the topic's sealed ledgers (the open ledger's length is in its
+    tier-1 file: ops/subscriptions.py adds it), and the opening time of the ledger holding its first unread
+    entry (None: nothing unread)."""
+    entries: int
+    bytes: int
+    oldest_unread_at: object
+    open_ledger_id: int | None  # the topic's OPEN ledger, if any, for the caller to add
+
+
+# Per subscription: its unread part of each live ledger from its position on (index ledger_live_by_topic, a
+# range from the position: the cost follows the backlog, not the topic's history). A partly read ledger's
+# bytes are prorated by entries (policy.backlog is the specification).
+_BACKLOG = f"""
+    SELECT {_COLS}, b.entries, b.bytes, b.oldest_unread_at, o.ledger_id AS open_ledger_id
+    FROM tiering.subscription s JOIN tiering.topic t ON t.topic_id = s.topic_id
+    CROSS JOIN LATERAL (
+        SELECT COALESCE(sum(u.unread), 0)::bigint AS entries,
+               COALESCE(sum(u.size_bytes * u.unread / u.entry_count), 0)::bigint AS bytes,
+               min(u.created_at) FILTER (WHERE u.unread > 0) AS oldest_unread_at
+        FROM (SELECT l.entry_count, l.size_bytes, l.created_at,
+                     l.entry_count - CASE WHEN l.ledger_id = s.ack_ledger_id
+                                          THEN least(s.ack_entry_id + 1, l.entry_count) ELSE 0 END AS unread
+              FROM tiering.ledger l
+              WHERE l.topic_id = s.topic_id AND l.state <> 'DELETED' AND l.entry_count > 0
+                AND l.ledger_id >= COALESCE(s.ack_ledger_id, -1)) u) b
+    LEFT JOIN tiering.ledger o ON o.topic_id = s.topic_id AND o.state = 'OPEN'
+    WHERE (CAST(:topic AS text) IS NULL OR t.name = :topic)
+    ORDER BY t.name, s.name"""
+
+
+class Subscriptions:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    # ------------------------------------------------------------------------------------------- reads
+    def get(self, topic_name: str, name: str, conn: Connection | None = None, lock: bool = False) -> Subscription:
+        check_topic_name(topic_name, existing=True)
+        check_subscription_name(name)
+        sql = f"""SELECT {_COLS} FROM tiering.subscription s
+                  JOIN tiering.topic t ON t.topic_id = s.topic_id WHERE t.name = :topic AND s.name = :name"""
+        if lock:
+            sql += " FOR UPDATE OF s"
+        params = {"topic": topic_name, "name": name, "now": None}
+        if conn is None:
+            with self.engine.connect() as c:
+                row = c.execute(text(sql), params).one_or_none()
+        else:
+            row = conn.execute(text(sql), params).one_or_none()
+        if row is None:
+            self._topic(topic_name, conn)
+            raise SubscriptionNotFound(topic_name, name)
+        return _sub(row)
+
+    def of_topic(self, conn: Connection, topic_id: int, lock: bool = False) -> list[Subscription]:
+        """Every subscription of the topic, by id (FOR UPDATE with `lock`: the order every locker uses)."""
+        sql = f"""SELECT {_COLS} FROM tiering.subscription s JOIN tiering.topic t ON t.topic_id = s.topic_id
+                  WHERE s.topic_id = :tid ORDER BY s.subscription_id""" + (" FOR UPDATE OF s" if lock else "")
+        return [_sub(r) for r in conn.execute(text(sql), {"tid": topic_id, "now": None})]
+
+    def of_topics(self, names: Sequence[str]) -> dict[str, list[Subscription]]:
+        """The subscriptions of the named topics, by topic name (one statement)."""
+        if not names:
+            return {}
+        with self.engine.connect() as conn:
+            rows = conn.execute(text(f"""SELECT {_COLS} FROM tiering.subscription s
+                                         JOIN tiering.topic t ON t.topic_id = s.topic_id
+                                         WHERE t.name = ANY(CAST(:names AS text[])) ORDER BY t.name, s.name"""),
+                                {"names": list(names), "now": None}).all()
+        out: dict[str, list[Subscription]] = {}
+        for r in rows:
+            out.setdefault(r.topic, []).append(_sub(r))
+        return out
+
+    def with_backlog(self, topic_name: str | None = None) -> list[tuple[Subscription, Backlog]]:
+        """Every subscription (of one topic, or all) with its backlog, ordered by topic and name; one
+        statement in one snapshot."""
+        if topic_name is not None:
+            self._topic(topic_name)
+        with self.engine.connect() as conn:
+            rows = conn.execute(text(_BACKLOG), {"topic": topic_name, "now": None}).all()
+        return [(_sub(r), Backlog(r.entries, r.bytes, r.oldest_unread_at, r.open_ledger_id)) for r in rows]
+
+    # ------------------------------------------------------------------------------------------ writes
+    def create(self, topic_name: str, name: str, position: Position | None,
+               live_ledger: int | None = None) -> Subscription:
+        """A new subscription at `position` (the last entry it counts as read; None: nothing). The topic row
+        is held FOR SHARE: retention cannot trim meanwhile, and `live_ledger` (the ledger holding the first
+        entry it will read, when the caller derived the position from one) must still be live."""
+        check_subscription_name(name)
+        try:
+            with self.engine.begin() as conn:
+                t = self._topic(topic_name, conn, "FOR SHARE")
+                if live_ledger is not None:
+                    state = conn.execute(select(ledger.c.state).where(
+                        ledger.c.topic_id == t.topic_id, ledger.c.ledger_id == live_ledger)).scalar_one_or_none()
+                    if state is None or state == "DELETED":
+                        raise BadInput(f"ledger {live_ledger} of topic {topic_name!r} was trimmed meanwhile; "
+                                       "choose a position at or after the head")
+                conn.execute(insert(subscription).values(
+                    topic_id=t.topic_id, name=name, ack_ledger_id=None if position is None else position.ledger_id,
+                    ack_entry_id=None if position is None else position.entry_id))
+                return self.get(topic_name, name, conn)
+        except IntegrityError as exc:
+            if "subscription_name_per_topic" in str(exc.orig):
+                raise BadInput(f"subscription {name!r} of topic {topic_name!r} already exists") from None
+            raise
+
+    def set_position(self, sub: Subscription, position: Position) -> Subscription:
+        """Compare-and-set the position (an ack, or a reset): the row must still be at `sub.version`, and the
+        position's ledger must not have been trimmed meanwhile (read after the row lock, which retention holds
+        until it commits: a trim that raced this ack is seen here)."""
+        with self.engine.begin() as conn:
+            current = self.get(sub.topic, sub.name, conn, lock=True)
+            if current.version != sub.version:
+                raise ConditionalUpdateFailed(f"subscription {sub.name!r} of topic {sub.topic!r}",
+                                              f"version {sub.version}", f"version {current.version}")
+            state = conn.execute(select(ledger.c.state).where(
+                ledger.c.topic_id == sub.topic_id, ledger.c.ledger_id == position.ledger_id)).scalar_one_or_none()
+            if position != current.position and (state is None or state == "DELETED"):
+                raise BadInput(f"position {position} is before the head of topic {sub.topic!r} (ledger "
+                               f"{position.ledger_id} was trimmed)")
+            conn.execute(update(subscription).where(subscription.c.subscription_id == sub.subscription_id)
+                         .values(ack_ledger_id=position.ledger_id, ack_entry_id=position.entry_id,
+                                 last_ack_at=func.now(), version=subscription.c.version + 1))
+            return self.get(sub.topic, sub.name, conn)
+
+    def delete(self, topic_name: str, name: str) -> Subscription:
+        with self.engine.begin() as conn:
+            sub = self.get(topic_name, name, conn, lock=True)
+            conn.execute(delete(subscription).where(subscription.c.subscription_id == sub.subscription_id))
+            return sub
+
+    def delete_all(self, conn: Connection, topic_id: int) -> int:
+        return conn.execute(delete(subscription).where(subscription.c.topic_id == topic_id)).rowcount
+
+    def record_loss(self, conn: Connection, sub: Subscription, loss: UnreadLoss, reason: str) -> None:
+        """Entries `sub` had not read were deleted: move it to the last deleted entry, add to its counters, log
+        the range (same transaction as the deletion; the caller holds the row locked)."""
+        conn.execute(update(subscription).where(subscription.c.subscription_id == sub.subscription_id)
+                     .values(ack_ledger_id=loss.new_position.ledger_id, ack_entry_id=loss.new_position.entry_id,
+                             entries_deleted_unread=subscription.c.entries_deleted_unread + loss.entries,
+                             bytes_deleted_unread=subscription.c.bytes_deleted_unread + loss.bytes,
+                             last_loss_at=func.now(), last_loss_reason=reason,
+                             version=subscription.c.version + 1))
+        conn.execute(insert(subscription_loss).values(
+            subscription_id=sub.subscription_id, reason=reason, from_ledger_id=loss.first.ledger_id,
+            from_entry_id=loss.first.entry_id, to_ledger_id=loss.new_position.ledger_id,
+            to_entry_id=loss.new_position.entry_id, entries=loss.entries, bytes=loss.bytes))
+
+    # ----------------------------------------------------------------------------------------- helpers
+    def _topic(self, name: str, conn: Connection | None = None, lock: str = "") -> Topic:
+        from tiering.metadata.repository import _topic_row  # one row mapper for topics
+
+        check_topic_name(name, existing=True)
+        q = select(topic).where(topic.c.name == name)
+        if lock == "FOR SHARE":
+            q = q.with_for_update(read=True)
+        if conn is None:
+            with self.engine.connect() as c:
+                row = c.execute(q).one_or_none()
+        else:
+            row = conn.execute(q).one_or_none()
+        if row is None:
+            raise TopicNotFound(name)
+        return _topic_row(row)
+
+
+def active(subs: Sequence[Subscription]) -> list[Subscription]:
+    return [s for s in subs if s.state == ACTIVE]
+
+
+__all__ = ["Backlog", "Subscriptions", "active"]

@@ -1,0 +1,179 @@
+"""The transactions that delete a topic's entries: retention, truncate, and a topic's deletion. Each decides
+under locks (the topic row, then its subscriptions, then ledger and chunk rows: metadata/subscriptions.py) on
+rows read in the same transaction, so what it deletes is what a consistent view allowed: a subscription
+created, an ack landed or a policy changed before the locks is respected; one that comes after waits and
+sees the trim. Entries a subscription had not read are deleted only past a ceiling, by a forced truncate,
+from an EXPIRED subscription or without retain-unread, and every such loss is recorded with the deletion.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Sequence
+
+from sqlalchemy import delete, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection
+
+from tiering import policy
+from tiering.errors import BadInput, TieringError, TopicNotFound
+from tiering.metadata.subscriptions import active
+from tiering.metadata.tables import topic, topic_tombstone
+from tiering.model import EXPIRED, Ledger, LedgerState, Position, Subscription, Topic, check_topic_name
+
+if TYPE_CHECKING:
+    from tiering.metadata.repository import MetadataStore
+
+S = LedgerState
+
+
+@dataclass(frozen=True)
+class Loss:
+    subscription: str
+    entries: int
+    bytes: int
+    first: Position
+    last: Position
+    reason: str
+
+
+@dataclass
+class TrimResult:
+    deleted: list[Ledger] = field(default_factory=list)
+    reasons: dict[int, str] = field(default_factory=dict)  # ledger id -> why it went
+    losses: list[Loss] = field(default_factory=list)
+
+
+class Trims:
+    def __init__(self, store: "MetadataStore"):
+        self.store = store
+        self.engine = store.engine
+
+    # ----------------------------------------------------------------------------------------- retention
+    def retention(self, topic_name: str, gc_delay: timedelta) -> TrimResult:
+        """Delete what retention allows now for one topic (policy.retention_plan, planned again under the
+        locks), recording the unread entries it took from each subscription."""
+        with self.engine.begin() as conn:
+            t = self._lock_topic(conn, topic_name, "NO KEY UPDATE")
+            subs = self.store.subs.of_topic(conn, t.topic_id, lock=True)
+            plan = self.store.planning.retention_plan(topic_name, conn=conn).get(topic_name, [])
+            if not plan:
+                return TrimResult()
+            _check_holds(t, subs, plan)
+            reasons = {led.ledger_id: why for led, why in plan}
+            deleted = self.store.delete_ledgers_in(conn, [led for led, _ in plan], "retention", gc_delay)
+            losses = []
+            for sub in subs:
+                loss = policy.unread_loss(sub.position, deleted)
+                if loss.entries:
+                    why = sorted({reasons[led.ledger_id] for led in deleted if not policy.is_read(sub.position, led)})
+                    note = " (subscription expired)" if sub.state == EXPIRED else (
+                        "" if t.policy.retain_unread or set(why) <= {"ceiling-time", "ceiling-size"}
+                        else " (retain-unread off)")
+                    losses.append(self._record(conn, sub, loss, f"retention by {'/'.join(why)}{note}"))
+            return TrimResult(deleted, reasons, losses)
+
+    # ------------------------------------------------------------------------------------------ truncate
+    def truncate(self, topic_name: str, before: Position, force: bool, gc_delay: timedelta) -> TrimResult:
+        """Delete every whole ledger before `before`'s ledger (never the open one). Refused (BadInput, nothing
+        changed) when that deletes entries an ACTIVE subscription has not read, unless `force`, which records
+        the loss."""
+        with self.engine.begin() as conn:
+            t = self._lock_topic(conn, topic_name, "NO KEY UPDATE")
+            subs = self.store.subs.of_topic(conn, t.topic_id, lock=True)
+            last, doomed = self.store.planning.truncate_before(t.topic_id, t.name, before.ledger_id, conn=conn)
+            if last is None or before.ledger_id > last:
+                raise BadInput(f"position {before} is beyond the end of the topic")
+            if not force:
+                for sub in active(subs):
+                    loss = policy.unread_loss(sub.position, doomed)
+                    if loss.entries:
+                        raise BadInput(
+                            f"truncate before {before} would delete {loss.entries} entries subscription {sub.name!r} "
+                            f"has not read (its position: {sub.position or 'nothing read'}); use --force to delete "
+                            "them anyway (the loss is recorded)")
+            deleted = self.store.delete_ledgers_in(conn, doomed, f"truncate before {before}", gc_delay)
+            losses = []
+            for sub in subs:
+                loss = policy.unread_loss(sub.position, deleted)
+                if loss.entries:
+                    note = " (subscription expired)" if sub.state == EXPIRED else " --force" if force else ""
+                    losses.append(self._record(conn, sub, loss, f"truncate before {before}{note}"))
+            return TrimResult(deleted, {led.ledger_id: "truncate" for led in deleted}, losses)
+
+    # ---------------------------------------------------------------------------------- topic deletion
+    def begin_topic_delete(self, topic_name: str, force: bool) -> tuple[Topic, list[Subscription]]:
+        """Step 1 of deleting a topic: refused (BadInput, nothing changed) while ACTIVE subscriptions read it,
+        unless `force`; otherwise its subscriptions go (returned)."""
+        with self.engine.begin() as conn:
+            t = self._lock_topic(conn, topic_name, "UPDATE")
+            subs = self.store.subs.of_topic(conn, t.topic_id, lock=True)
+            readers = active(subs)
+            if readers and not force:
+                names = ", ".join(repr(s.name) for s in readers[:5]) + (" ..." if len(readers) > 5 else "")
+                raise BadInput(f"topic {topic_name!r} has {len(readers)} active subscription(s) ({names}); delete "
+                               "them first or use --force")
+            self.store.subs.delete_all(conn, t.topic_id)
+            return t, subs
+
+    def delete_all_ledgers(self, topic_name: str, gc_delay: timedelta) -> list[Ledger]:
+        """Step 2: every live ledger DELETED, chunks removed, keys queued for GC (one transaction). The open
+        ledger must have been sealed (by its writer's lock: ops/topics.py); an offload in flight loses its
+        commit and its objects are collected."""
+        with self.engine.begin() as conn:
+            t = self._lock_topic(conn, topic_name, "UPDATE")
+            live = [led for led in self.store.list_ledgers(topic_name, conn=conn) if led.state != S.DELETED]
+            if any(led.state == S.OPEN for led in live):
+                raise TieringError(f"topic {topic_name!r} has an open ledger again (a producer is writing); stop it "
+                                   "and run topic delete again")
+            return self.store.delete_ledgers_in(conn, live, f"topic {t.name} deleted", gc_delay,
+                                                states=(S.SEALED, S.OFFLOADING, S.OFFLOADED))
+
+    def finish_topic_delete(self, topic_name: str, marker: int) -> Topic:
+        """Step 3: the topic row goes (its ledgers, subscriptions, attributes and totals with it), leaving a
+        tombstone with the next ledger id and the trim marker written (`marker`), once nothing live and no
+        tier-1 copy is left."""
+        with self.engine.begin() as conn:
+            t = self._lock_topic(conn, topic_name, "UPDATE")
+            left = conn.execute(text("""
+                SELECT count(*) FILTER (WHERE state <> 'DELETED') AS live, count(*) FILTER (WHERE tier1_present) AS copies
+                FROM tiering.ledger WHERE topic_id = :tid"""), {"tid": t.topic_id}).one()
+            if left.live or left.copies:
+                raise TieringError(f"topic {topic_name!r} still has {left.live} live ledger(s) and {left.copies} "
+                                   "tier-1 cop(ies) (written meanwhile?); run topic delete again")
+            conn.execute(pg_insert(topic_tombstone).values(name=t.name, next_ledger_id=t.next_ledger_id,
+                                                           trim_marker_written=marker)
+                         .on_conflict_do_update(index_elements=["name"], set_={
+                             "next_ledger_id": t.next_ledger_id, "trim_marker_written": marker,
+                             "deleted_at": text("now()")}))
+            conn.execute(delete(topic).where(topic.c.topic_id == t.topic_id))
+            return t
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def _lock_topic(self, conn: Connection, name: str, mode: str) -> Topic:
+        from tiering.metadata.repository import _topic_row  # one row mapper for topics
+
+        check_topic_name(name, existing=True)
+        q = select(topic).where(topic.c.name == name)
+        q = q.with_for_update() if mode == "UPDATE" else q.with_for_update(key_share=True)
+        row = conn.execute(q).one_or_none()
+        if row is None:
+            raise TopicNotFound(name)
+        return _topic_row(row)
+
+    def _record(self, conn: Connection, sub: Subscription, loss: policy.UnreadLoss, reason: str) -> Loss:
+        self.store.subs.record_loss(conn, sub, loss, reason)
+        return Loss(sub.name, loss.entries, loss.bytes, loss.first, loss.new_position, reason)
+
+
+def _check_holds(t: Topic, subs: Sequence[Subscription], plan: Sequence[tuple[Ledger, str]]) -> None:
+    """The planning query and the specification agree that no ledger retention takes by time or size is
+    unread by an ACTIVE subscription of a topic retaining unread data; a disagreement stops the deletion."""
+    if not t.policy.retain_unread:
+        return
+    for led, why in plan:
+        if why in ("time", "size"):
+            for sub in active(subs):
+                if not policy.is_read(sub.position, led):
+                    raise TieringError(f"retention of {t.name!r} planned ledger {led.ledger_id} ({why}) which "
+                                       f"subscription {sub.name!r} has not read; nothing deleted")

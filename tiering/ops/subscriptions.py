@@ -1,0 +1,156 @@
+"""Subscriptions: a named reader position per topic (Pulsar's subscription cursor, Pravega's reader group
+position). The position is the last entry read (acknowledged); it moves forward only, by compare-and-set
+(metadata/subscriptions.py), except by an explicit reset or when entries it had not read are deleted (then it
+moves to the last deleted entry and the loss is recorded: metadata/trim.py).
+
+An ack names the last entry read: it must be an entry of a live ledger (not trimmed, not past the end of
+its ledger; an open ledger's end is its tier-1 file's), and not before the current position unless reset.
+Acking the current position again is a no-op (an ack retried after a lost reply, or after retention moved
+the subscription to exactly there).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from tiering.errors import BadInput, ConditionalUpdateFailed, LedgerNotFound, LedgerStorageError
+from tiering.metadata.subscriptions import Backlog
+from tiering.model import Ledger, LedgerState, Position, Subscription
+from tiering.ops.context import Deps
+
+S = LedgerState
+CAS_ATTEMPTS = 5  # an ack that keeps losing its compare-and-set to other acks or trims gives up, saying so
+
+
+def open_entries(deps: Deps, led: Ledger) -> int:
+    """Entries of the ledger: an open ledger's from its tier-1 file (metadata learns the count at seal)."""
+    if led.state != S.OPEN:
+        return led.entry_count
+    try:
+        with deps.tier1.reader(led.topic, led.ledger_id) as r:
+            return r.entry_count
+    except LedgerStorageError:
+        return 0  # no file yet: nothing written
+
+
+def _last_entry(deps: Deps, topic: str, ledgers: list[Ledger]) -> Position | None:
+    for led in reversed(ledgers):
+        n = open_entries(deps, led)
+        if n:
+            return Position(led.ledger_id, n - 1)
+    return None
+
+
+def create(deps: Deps, topic: str, name: str, start: str = "earliest") -> Subscription:
+    """`start`: "earliest" (nothing read: every live entry is unread), "latest" (everything written so far
+    counts as read) or a position L:E, the first entry the subscription will read (L a live ledger, E at most
+    its entry count)."""
+    ledgers = deps.meta.list_ledgers(topic)  # an unknown topic fails here
+    if start == "earliest":
+        return deps.meta.subs.create(topic, name, None)
+    if start == "latest":
+        live = [led for led in ledgers if led.state != S.DELETED]
+        last = _last_entry(deps, topic, live)
+        return deps.meta.subs.create(topic, name, last, live_ledger=None if last is None else last.ledger_id)
+    first = Position.parse(start)
+    led = next((x for x in ledgers if x.ledger_id == first.ledger_id), None)
+    if led is None:
+        raise BadInput(f"position {first} is beyond the end of topic {topic!r}"
+                       if not ledgers or first.ledger_id > ledgers[-1].ledger_id else
+                       f"topic {topic!r} has no ledger {first.ledger_id}")
+    if led.state == S.DELETED:
+        raise BadInput(f"position {first} is before the head of topic {topic!r} (ledger {led.ledger_id} was trimmed)")
+    count = open_entries(deps, led)
+    if first.entry_id > count:
+        raise BadInput(f"position {first} is beyond the end of ledger {led.ledger_id} ({count} entries)")
+    before = Position(first.ledger_id, first.entry_id - 1) if first.entry_id > 0 else \
+        _last_entry(deps, topic, [x for x in ledgers if x.ledger_id < first.ledger_id])
+    return deps.meta.subs.create(topic, name, before, live_ledger=first.ledger_id)
+
+
+def ack(deps: Deps, topic: str, name: str, position: Position, reset: bool = False) -> Subscription:
+    """Everything up to and including `position` is read. Refused (BadInput, nothing changed): a position
+    before the current one without `reset`, in a trimmed ledger, or past the end of its ledger or topic."""
+    for _ in range(CAS_ATTEMPTS):
+        sub = deps.meta.subs.get(topic, name)
+        if position == sub.position:
+            return sub
+        if sub.position is not None and position < sub.position and not reset:
+            raise BadInput(f"position {position} is before the position of subscription {name!r} ({sub.position}): "
+                           "a position never moves backwards (use --reset to move it back on purpose)"
+                           + (f"; entries it had not read were deleted ({sub.last_loss_reason})"
+                              if sub.last_loss_reason else ""))
+        _check_entry(deps, topic, position)
+        try:
+            return deps.meta.subs.set_position(sub, position)
+        except ConditionalUpdateFailed:
+            continue  # another ack or a trim moved it meanwhile: decide again on the new row
+    raise ConditionalUpdateFailed(f"subscription {name!r} of topic {topic!r}", "a stable position",
+                                  f"{CAS_ATTEMPTS} concurrent changes; ack again")
+
+
+def _check_entry(deps: Deps, topic: str, position: Position) -> None:
+    try:
+        led = deps.meta.get_ledger(topic, position.ledger_id)
+    except LedgerNotFound:
+        raise BadInput(f"position {position} is beyond the end of topic {topic!r}") from None
+    if led.state == S.DELETED:
+        raise BadInput(f"position {position} is before the head of topic {topic!r} (ledger {led.ledger_id} was "
+                       "trimmed)")
+    count = open_entries(deps, led)
+    if position.entry_id >= count:
+        raise BadInput(f"position {position} is beyond the end of ledger {led.ledger_id} ({count} entries)")
+
+
+@dataclass(frozen=True)
+class Listed:
+    subscription: Subscription
+    backlog_entries: int
+    backlog_bytes: int
+    oldest_unread_at: object
+
+
+def list_subscriptions(deps: Deps, topic: str | None = None) -> list[Listed]:
+    """Every subscription with its backlog; an open ledger's unread entries are counted from its tier-1 file
+    (their bytes too: the file's payload bytes, prorated past a position inside it)."""
+    out = []
+    opened: dict[tuple[str, int], tuple[int, int, object]] = {}
+    for sub, b in deps.meta.subs.with_backlog(topic):
+        entries, size, oldest = b.entries, b.bytes, b.oldest_unread_at
+        if b.open_ledger_id is not None:
+            extra, extra_bytes, created = _open_part(deps, sub, b, opened)
+            entries += extra
+            size += extra_bytes
+            if extra and oldest is None:
+                oldest = created
+        out.append(Listed(sub, entries, size, oldest))
+    return out
+
+
+def _open_part(deps: Deps, sub: Subscription, b: Backlog, cache) -> tuple[int, int, object]:
+    key = (sub.topic, b.open_ledger_id)
+    if key not in cache:
+        led = deps.meta.get_ledger(sub.topic, b.open_ledger_id)
+        count, size = 0, 0
+        try:
+            with deps.tier1.reader(sub.topic, led.ledger_id) as r:
+                count, size = r.entry_count, r.size_bytes
+        except LedgerStorageError:
+            pass
+        cache[key] = (count, size, led.created_at)
+    count, size, created = cache[key]
+    pos = sub.position
+    read = 0 if pos is None or pos.ledger_id < b.open_ledger_id else (
+        count if pos.ledger_id > b.open_ledger_id else min(pos.entry_id + 1, count))
+    unread = count - read
+    return unread, (size * unread // count if count else 0), created
+
+
+def read_from(sub: Subscription) -> Position | None:
+    """Where a read for the subscription starts: the entry after its position (None: the topic's start)."""
+    return None if sub.position is None else Position(sub.position.ledger_id, sub.position.entry_id + 1)
+
+
+def delete(deps: Deps, topic: str, name: str) -> Subscription:
+    return deps.meta.subs.delete(topic, name)
+
+
+__all__ = ["Listed", "ack", "create", "delete", "list_subscriptions", "open_entries", "read_from"]

@@ -1,0 +1,64 @@
+"""A topic's life after `topic create`: changing its policy and deleting it.
+
+Changing a policy is a compare-and-set on the topic's version: the new policy is the one read plus the
+changes asked for, and a concurrent change makes it fail (refused, not lost; run it again).
+
+Deleting a topic (refused while ACTIVE subscriptions read it, unless forced) goes through the same steps as
+retention, each one safe to kill and to run again: the subscriptions go; the open ledger is sealed through
+its writer's lock (a producer still writing makes the delete fail, loudly); every ledger becomes DELETED with
+its tier-2 keys queued for GC; the tier-1 files are deleted; the trim marker moves past the last ledger, so
+recovery from the bucket never brings the topic back; then the topic row goes, leaving a tombstone: a topic
+created again under the name starts after the old ledger ids, so nothing the old one left can be mistaken
+for the new one's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from tiering.errors import BadInput
+from tiering.model import LedgerState, Topic, TopicPolicy
+from tiering.ops.context import Deps
+from tiering.ops.delete_lagged import delete_copy
+from tiering.tier2.markers import record_trim
+from tiering.writer import ManagedLedgerWriter
+
+
+def set_policy(deps: Deps, name: str, changes: dict, expected_version: int | None = None) -> Topic:
+    """The topic's policy with `changes` (policy field -> value) applied, written if the topic is still at
+    the version read (or at `expected_version` when given). An unknown field or an invalid combination (a
+    ceiling below the retention it caps, ...) is BadInput before anything is written."""
+    current = deps.meta.get_topic(name)
+    unknown = sorted(set(changes) - set(TopicPolicy.__dataclass_fields__))
+    if unknown:
+        raise BadInput(f"unknown policy field(s): {', '.join(unknown)}")
+    if not changes:
+        raise BadInput("nothing to change: give at least one policy option")
+    version = current.version if expected_version is None else expected_version
+    return deps.meta.set_policy(name, version, replace(current.policy, **changes))
+
+
+@dataclass
+class TopicDeleteReport:
+    topic: str
+    subscriptions_deleted: list[str]
+    ledgers_deleted: int
+    bytes: int
+    files_removed: int
+    next_ledger_id: int
+
+
+def delete_topic(deps: Deps, name: str, force: bool = False) -> TopicDeleteReport:
+    t, subs = deps.meta.trims.begin_topic_delete(name, force)
+    if deps.meta.list_ledgers(name, [LedgerState.OPEN]):
+        writer = ManagedLedgerWriter(deps.meta, deps.tier1, name)  # takes the open file's writer lock
+        try:
+            writer.seal()
+        finally:
+            writer.close()
+    deleted = deps.meta.trims.delete_all_ledgers(name, deps.knobs.gc_delay)
+    files = sum(1 for led in deps.meta.planning.deleted_with_copy(name) if delete_copy(deps, led))
+    t = deps.meta.get_topic(name)  # next_ledger_id after a seal or a producer's rollover
+    record_trim(deps.bucket, name, t.next_ledger_id)
+    done = deps.meta.trims.finish_topic_delete(name, t.next_ledger_id)
+    return TopicDeleteReport(name, [s.name for s in subs], len(deleted), sum(led.size_bytes for led in deleted),
+                             files, done.next_ledger_id)
