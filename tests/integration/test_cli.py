@@ -110,7 +110,8 @@ def snapshot(deps) -> tuple:
 
     with deps.meta.engine.connect() as conn:
         tables = [conn.execute(text(f"SELECT * FROM tiering.{t} ORDER BY 1, 2")).all()
-                  for t in ("topic", "ledger", "chunk", "gc_task", "job_run")]
+                  for t in ("topic", "ledger", "chunk", "gc_task", "job_run", "subscription", "subscription_loss",
+                            "topic_tombstone")]
     files = sorted((str(p), p.stat().st_size) for p in Path(deps.tier1.root).rglob("*"))
     return tables, files, sorted(bucket_keys(deps))
 

@@ -233,3 +233,52 @@ def test_unknown_topic_names_fail_before_planning(deps):
 def test_policy_defaults_give_no_work(meta):
     meta.create_topic("quiet", TopicPolicy())
     assert meta.planning.retention() == {} and meta.planning.size_topics() == []
+
+
+def _subscribe(engine, seed: int, now, topics, ledgers) -> dict[str, list]:
+    """Random readers on the random world: policies retaining unread data, ceilings, expiries, and positions
+    anywhere (none yet, inside any ledger, on a ledger's last entry, behind the head); returns the positions
+    of the ACTIVE ones per topic, by the rule the SQL uses (model.Subscription.state)."""
+    rnd = random.Random(seed * 7919)
+    holders: dict[str, list] = {}
+    with engine.begin() as conn:
+        for t in topics:
+            rs, rb = t.policy.retention_seconds, t.policy.retention_bytes
+            ms = rnd.choice([-1, -1, max(rs, 0) + rnd.choice([0, 3600, 86400])])
+            mb = rnd.choice([-1, -1, max(rb, 0) + 100 * rnd.randint(0, 20)])
+            expiry = rnd.choice([-1, -1, 3600, 86400])
+            conn.execute(text("UPDATE tiering.topic SET retain_unread = :ru, max_retention_seconds = :ms, "
+                              "max_retention_bytes = :mb, subscription_expiry_seconds = :ex WHERE topic_id = :tid"),
+                         {"ru": rnd.random() < 0.7, "ms": ms, "mb": mb, "ex": expiry, "tid": t.topic_id})
+            for k in range(rnd.choice([0, 1, 1, 2, 4])):
+                leds = ledgers[t.name]
+                pos = None
+                if leds and rnd.random() < 0.8:
+                    led = rnd.choice(leds)
+                    entry = rnd.choice([0, max(led.entry_count - 1, 0), rnd.randint(0, max(led.entry_count - 1, 0))])
+                    pos = Position(led.ledger_id, entry)
+                created = now - timedelta(seconds=rnd.choice([0, 3600, 86400, 2 * 86400]))
+                acked = rnd.choice([None, now - timedelta(seconds=rnd.choice([0, 3600, 86400, 2 * 86400]))])
+                conn.execute(text("INSERT INTO tiering.subscription (topic_id, name, ack_ledger_id, ack_entry_id, "
+                                  "created_at, last_ack_at) VALUES (:tid, :n, :l, :e, :c, :a)"),
+                             {"tid": t.topic_id, "n": f"s{k}", "l": pos and pos.ledger_id, "e": pos and pos.entry_id,
+                              "c": created, "a": acked})
+                seen = acked or created
+                if expiry < 0 or seen > now - timedelta(seconds=expiry):
+                    holders.setdefault(t.name, []).append(pos)
+    return holders
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_retention_with_subscriptions_equals_policy(meta, seed):
+    now, topics, ledgers = _world(meta, seed)
+    holders = _subscribe(meta.engine, seed, now, topics, ledgers)
+    topics = meta.list_topics()  # with the policies just set
+    expected = {t.name: policy.retention_plan(ledgers[t.name], t.policy, now, holders.get(t.name, ()))
+                for t in topics}
+    assert meta.planning.retention_plan(now=now) == {k: v for k, v in expected.items() if v}
+    unbound = {t.name: policy.retention_plan(ledgers[t.name], t.policy, now) for t in topics}
+    assert meta.planning.retention_plan(now=now, hold=False) == {k: v for k, v in unbound.items() if v}
+    # the subscriptions' backlog equals policy.backlog (sealed ledgers; open ones count 0 in metadata)
+    for sub, b in meta.subs.with_backlog():
+        assert (b.entries, b.bytes) == policy.backlog(sub.position, ledgers[sub.topic])

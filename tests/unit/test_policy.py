@@ -118,3 +118,44 @@ def test_defrag_runs_cut_where_the_previous_kept_ledger_was_not_a_candidate_and_
     groups = defrag_runs(triples, max_merged_bytes=30)
     assert [[g.ledger_id for g in grp.ledgers] for grp in groups] == [[0, 1], [2, 3], [4, 5]]
     assert defrag_runs(triples, max_merged_bytes=30, min_group=3) == []
+
+
+def test_retention_waits_for_every_active_reader_unless_past_a_ceiling():
+    ledgers = [L(i, sealed_ago=100) for i in range(4)] + [L(4, S.OPEN, size=0, entries=0)]
+    keep = TopicPolicy(retention_seconds=60, retain_unread=True)
+    # a reader inside ledger 1 holds 1 and what follows; nothing read holds everything
+    assert policy.retention_plan(ledgers, keep, NOW, [Position(1, 3), Position(2, 9)]) == [(ledgers[0], "time")]
+    assert policy.retention_plan(ledgers, keep, NOW, [None]) == []
+    assert ids(policy.retention(ledgers, keep, NOW, [Position(1, 9)])) == [0, 1]  # the last entry read: all of 1
+    # without retain-unread, readers do not count
+    assert ids(policy.retention(ledgers, TopicPolicy(retention_seconds=60), NOW, [None])) == [0, 1, 2, 3]
+    # past a ceiling, unread ledgers go, with their reason
+    capped = TopicPolicy(retention_seconds=60, max_retention_seconds=90, retain_unread=True)
+    assert [why for _, why in policy.retention_plan(ledgers, capped, NOW, [None])] == ["ceiling-time"] * 4
+    sized = TopicPolicy(retention_bytes=0, max_retention_bytes=150, retain_unread=True)
+    assert policy.retention_plan(ledgers, sized, NOW, [Position(0, 9)]) == [(ledgers[0], "size"),
+                                                                            (ledgers[1], "ceiling-size")]
+
+
+def test_unread_loss_and_backlog():
+    ledgers = [L(0, entries=10, size=1000), L(1, entries=0, size=0), L(2, entries=4, size=400)]
+    loss = policy.unread_loss(Position(0, 4), ledgers)
+    assert (loss.entries, loss.bytes, loss.first, loss.new_position) == (9, 900, Position(0, 5), Position(2, 3))
+    assert policy.unread_loss(Position(2, 3), ledgers).entries == 0
+    assert policy.unread_loss(None, ledgers).entries == 14
+    assert policy.backlog(Position(0, 9), ledgers + [L(3, S.DELETED, entries=5)]) == (4, 400)
+
+
+@pytest.mark.parametrize("field, value", [("subscription_expiry_seconds", 0), ("max_retention_seconds", -2),
+                                          ("retain_unread", 1)])
+def test_subscription_policy_fields_are_checked(field, value):
+    with pytest.raises(BadInput):
+        TopicPolicy(**{field: value})
+
+
+def test_a_ceiling_below_the_retention_it_caps_is_refused():
+    with pytest.raises(BadInput, match="max-retention-time .* below the retention-time"):
+        TopicPolicy(retention_seconds=100, max_retention_seconds=50)
+    with pytest.raises(BadInput, match="max-retention-size"):
+        TopicPolicy(retention_bytes=100, max_retention_bytes=50)
+    TopicPolicy(retention_seconds=-1, max_retention_seconds=50)  # caps unlimited retention: fine

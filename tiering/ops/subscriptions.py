@@ -5,8 +5,9 @@ moves to the last deleted entry and the loss is recorded: metadata/trim.py).
 
 An ack names the last entry read: it must be an entry of a live ledger (not trimmed, not past the end of
 its ledger; an open ledger's end is its tier-1 file's), and not before the current position unless reset.
-Acking the current position again is a no-op (an ack retried after a lost reply, or after retention moved
-the subscription to exactly there).
+Acking the current position again changes only the ack time (an ack retried after a lost reply, or after
+retention moved the subscription to exactly there): the reader is alive, so an EXPIRED subscription is ACTIVE
+again.
 """
 from __future__ import annotations
 
@@ -71,14 +72,13 @@ def ack(deps: Deps, topic: str, name: str, position: Position, reset: bool = Fal
     before the current one without `reset`, in a trimmed ledger, or past the end of its ledger or topic."""
     for _ in range(CAS_ATTEMPTS):
         sub = deps.meta.subs.get(topic, name)
-        if position == sub.position:
-            return sub
         if sub.position is not None and position < sub.position and not reset:
             raise BadInput(f"position {position} is before the position of subscription {name!r} ({sub.position}): "
                            "a position never moves backwards (use --reset to move it back on purpose)"
                            + (f"; entries it had not read were deleted ({sub.last_loss_reason})"
                               if sub.last_loss_reason else ""))
-        _check_entry(deps, topic, position)
+        if position != sub.position:  # the same position again: only the ack time moves (the reader is alive)
+            _check_entry(deps, topic, position)
         try:
             return deps.meta.subs.set_position(sub, position)
         except ConditionalUpdateFailed:

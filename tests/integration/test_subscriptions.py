@@ -1,0 +1,169 @@
+"""Subscriptions through the `tiering` command (real subprocesses, the run's PostgreSQL, S3 and a tier-1 root):
+positions that only move forward, retention held back by ACTIVE readers, ceilings and expiry that delete
+unread data and record the loss, truncate refusing to cut past a reader, `topic set` by compare-and-set,
+`topic delete` through the GC queue with the name reusable, and bad input refused with nothing written."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from sqlalchemy import text
+
+from tests.integration.helpers import entries, produce
+from tests.integration.test_cli import cli, snapshot  # noqa: F401 (the fixture)
+from tiering.model import LedgerState as S, TopicPolicy
+
+TEN = dict(rollover_entries=10, rollover_bytes=2**40)
+
+
+def subs(cli, topic=None) -> dict:
+    return {s["name"]: s for s in cli("subscription", "list", *([topic] if topic else []), "--json").ok().json_lines}
+
+
+def states(deps, topic) -> list:
+    return [led.state for led in deps.meta.list_ledgers(topic)]
+
+
+def test_a_reader_holds_retention_until_it_has_read(cli, deps):
+    produce(deps, "t", [entries(f"l{i}", 10, 100) for i in range(3)], TopicPolicy(**TEN), open_tail=[b"x"] * 4)
+    cli("topic", "set", "t", "--retention-time", "0", "--retain-unread").ok()
+    cli("subscription", "create", "t", "slow").ok()
+    late = cli("subscription", "create", "t", "late", "--from", "latest", "--json").ok().json
+    assert late["position"] == "3:3"  # the open ledger's last entry, from its tier-1 file
+    listed = subs(cli, "t")
+    assert listed["slow"]["position"] is None and listed["slow"]["backlog_entries"] == 34
+    assert listed["slow"]["backlog_bytes"] == 3000 + 4 and listed["late"]["backlog_entries"] == 0
+    assert set(listed["slow"]) >= {"topic", "name", "position", "backlog_entries", "backlog_bytes", "state",
+                                   "oldest_unread_age_seconds", "last_ack_at", "entries_deleted_unread",
+                                   "bytes_deleted_unread"}
+    plan = cli("retention", "--dry-run", "--json").ok().json
+    [item] = plan["topics"]
+    assert item["ledgers"] == 0 and item["held_back"]["ledgers"] == 3
+    assert item["held_back"]["by_subscription"] == [{"subscription": "slow", "position": None, "entries": 30,
+                                                     "bytes": 3000}]
+    assert cli("retention", "--json").ok().json["deleted"] == [] and states(deps, "t")[0] == S.SEALED
+
+    read = cli("read", "t", "--subscription", "slow", "--max-entries", "15", "--ack", "--json").ok().json_lines
+    assert [(r["ledger"], r["entry"]) for r in read][-1] == (1, 4) and len(read) == 15
+    assert subs(cli, "t")["slow"]["position"] == "1:4"
+    got = cli("retention", "--json").ok().json
+    assert got["deleted"] == [{"topic": "t", "ledger": 0}] and got["unread_deleted"] == []
+    # the next read starts after the position; re-acking the same position is a no-op
+    assert cli("read", "t", "--subscription", "slow", "--max-entries", "1", "--json").ok().json_lines[0]["entry"] == 5
+    cli("subscription", "ack", "t", "slow", "1:4").ok()
+    assert "never moves backwards" in cli("subscription", "ack", "t", "slow", "1:2").one_line_error(2)
+    assert "before the head" in cli("subscription", "ack", "t", "slow", "0:9", "--reset").one_line_error(2)
+    assert "beyond the end of ledger 3" in cli("subscription", "ack", "t", "slow", "3:4").one_line_error(2)
+    cli("subscription", "ack", "t", "slow", "1:2", "--reset").ok()
+    # a reader whose output goes away mid-way (more than a pipe holds) acknowledges nothing: it re-reads
+    produce(deps, "big", [entries("b", 20, 100_000)], TopicPolicy(**TEN))
+    cli("subscription", "create", "big", "w").ok()
+    pipe = subprocess.run(f"{sys.executable} -m tiering read big --subscription w --ack | head -c 1000",
+                          shell=True, env=cli.env, cwd=cli.cwd, capture_output=True, timeout=60)
+    assert len(pipe.stdout) == 1000
+    assert subs(cli, "big")["w"]["position"] is None
+    # deleting the reader releases what it held
+    cli("subscription", "delete", "t", "slow").ok()
+    assert [d["ledger"] for d in cli("retention", "--json").ok().json["deleted"]] == [1, 2]
+
+
+def test_ceilings_and_expiry_delete_unread_and_record_the_loss(cli, deps):
+    produce(deps, "c", [entries(f"l{i}", 10, 100) for i in range(3)], TopicPolicy(**TEN))
+    cli("topic", "set", "c", "--retention-time", "3600", "--retain-unread", "--max-retention-size", "1000").ok()
+    cli("subscription", "create", "c", "r").ok()
+    cli("subscription", "ack", "c", "r", "0:4").ok()
+    got = cli("retention", "--json").ok().json
+    assert got["reasons"] == {"ceiling-size": 2}
+    [loss] = got["unread_deleted"]
+    assert (loss["entries"], loss["from"], loss["to"]) == (15, "0:5", "1:9")
+    r = subs(cli, "c")["r"]
+    assert (r["position"], r["entries_deleted_unread"], r["bytes_deleted_unread"]) == ("1:9", 15, 1500)
+    assert "ceiling-size" in r["last_loss_reason"] and r["last_loss_at"]
+    with deps.meta.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM tiering.subscription_loss")).scalar() == 1
+    # an abandoned reader expires: it holds nothing back and says so, and is never deleted
+    cli("topic", "set", "c", "--subscription-expiry", "1", "--retention-time", "0", "--max-retention-size", "-1").ok()
+    time.sleep(1.5)
+    assert subs(cli, "c")["r"]["state"] == "EXPIRED"
+    got = cli("retention", "--json").ok().json
+    assert [d["ledger"] for d in got["deleted"]] == [2]
+    assert "expired" in got["unread_deleted"][0]["reason"] and subs(cli, "c")["r"]["entries_deleted_unread"] == 25
+    assert cli("subscription", "ack", "c", "r", "2:9", "--json").ok().json["state"] == "ACTIVE"  # an ack revives it
+
+
+def test_truncate_refuses_to_cut_past_an_active_reader_unless_forced(cli, deps):
+    produce(deps, "k", [entries(f"l{i}", 10, 100) for i in range(3)], TopicPolicy(**TEN))
+    cli("subscription", "create", "k", "r", "--from", "1:0").ok()
+    cli("truncate", "k", "1:0").ok()  # ledger 0 was never this reader's
+    before = snapshot(deps)
+    assert "subscription 'r'" in cli("truncate", "k", "2:0").one_line_error(2)
+    assert snapshot(deps) == before
+    got = cli("truncate", "k", "2:0", "--force", "--json").ok().json
+    assert got["unread_deleted"][0]["entries"] == 10 and "--force" in got["unread_deleted"][0]["reason"]
+
+
+def test_topic_set_is_a_compare_and_set(cli, deps):
+    cli("topic", "create", "p").ok()
+    changed = cli("topic", "set", "p", "--retention-size", "1000", "--json").ok().json
+    assert changed["version"] == 1 and changed["retention_bytes"] == 1000
+    assert "version" in cli("topic", "set", "p", "--retention-time", "5", "--expect-version", "0").one_line_error(1)
+    flags = [("--retention-time", "60", "retention_seconds", 60), ("--offload-after", "30", "offload_after_seconds", 30),
+             ("--deletion-lag", "7", "deletion_lag_seconds", 7), ("--subscription-expiry", "99",
+                                                                  "subscription_expiry_seconds", 99)]
+    results = cli.many([("topic", "set", "p", flag, value) for flag, value, _, _ in flags])
+    final = cli("topic", "show", "p", "--json").ok().json
+    won = [f for f, r in zip(flags, results) if r.returncode == 0]
+    for r in results:
+        assert r.returncode == 0 or "conditional update" in r.one_line_error(1)
+    assert final["version"] == 1 + len(won)  # every success counted once; no change lost silently
+    assert all(final[field] == value for _, _, field, value in won)
+
+
+def test_topic_delete_goes_through_gc_and_frees_the_name(cli, deps, tier1_root):
+    from tiering.ops.offload import offload_many
+
+    produce(deps, "d", [entries(f"l{i}", 10, 100) for i in range(3)], TopicPolicy(**TEN), open_tail=[b"tail"])
+    offload_many(deps, deps.meta.list_ledgers("d", [S.SEALED])[:2])
+    keys = {k for c in deps.meta.chunks("d").values() for k in (c.data_key, c.index_key)}
+    cli("subscription", "create", "d", "reader").ok()
+    before = snapshot(deps)
+    assert "active subscription" in cli("topic", "delete", "d").one_line_error(2)
+    assert snapshot(deps) == before
+    got = cli("topic", "delete", "d", "--force", "--json").ok().json
+    assert got["ledgers_deleted"] == 4 and got["subscriptions_deleted"] == ["reader"]
+    assert "does not exist" in cli("topic", "show", "d").one_line_error(2)
+    with deps.meta.engine.connect() as conn:
+        queued = set(conn.execute(text("SELECT key FROM tiering.gc_task")).scalars())
+    assert keys <= queued  # every tier-2 object goes through the GC queue
+    assert not any(p.is_file() for p in tier1_root.rglob("*"))
+    cli("topic", "create", "d").ok()
+    assert cli("produce", "d", "--entries", "1", "--entry-size", "5").ok().stdout.strip() == "4:0"  # ids go on
+
+
+def test_bad_input_is_one_line_and_changes_nothing(cli, deps):
+    produce(deps, "b", [entries(f"l{i}", 10, 100) for i in range(2)], TopicPolicy(**TEN))
+    cli("subscription", "create", "b", "s").ok()
+    cli("truncate", "b", "1:0", "--force").ok()
+    before = snapshot(deps)
+    calls = []
+    for args, code in [
+        (("subscription", "create", "nope", "s"), 2), (("subscription", "create", "b", "s"), 2),
+        (("subscription", "create", "b", "x", "--from", "0:0"), 2), (("subscription", "create", "b", "x", "--from", "9:0"), 2),
+        (("subscription", "create", "b", "x", "--from", "1:11"), 2), (("subscription", "create", "b", "x", "--from", "soon"), 2),
+        (("subscription", "create", "b", ""), 2), (("subscription", "create", "b", "a\nb"), 2),
+        (("subscription", "ack", "b", "nope", "1:0"), 2), (("subscription", "ack", "b", "s", "7:0"), 2),
+        (("subscription", "delete", "b", "nope"), 2), (("subscription", "list", "nope"), 2),
+        (("read", "b", "--subscription", "nope"), 2), (("read", "b", "--ack"), 2),
+        (("topic", "set", "b", "--max-retention-time", "-5"), 2), (("topic", "set", "b"), 2),
+        (("topic", "set", "b", "--retention-time", "100", "--max-retention-time", "50"), 2),
+        (("topic", "set", "b", "--subscription-expiry", "0"), 2), (("topic", "set", "nope", "--retention-time", "1"), 2),
+        (("topic", "create", "n", "--retention-size", "10", "--max-retention-size", "9"), 2),
+        (("topic", "delete", "nope"), 2), (("retention", "--dry-run", "--topic", "nope"), 2),
+    ]:
+        calls.append((args, code))
+    for (args, code), result in zip(calls, cli.many([args for args, _ in calls])):
+        result.one_line_error(code)
+    assert snapshot(deps) == before
+    assert json.loads(cli("topic", "show", "b", "--json").ok().stdout)["version"] == 0
