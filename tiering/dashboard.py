@@ -4,7 +4,8 @@ summarise, each returning plain JSON-ready values (ints, floats, strings, ISO ti
 
 Each answer costs what it shows, not what the store has held: per-topic counts come from the maintained
 totals (`topic_usage`, migration 0003), the backlog, lagged copies and GC queue from partial indexes, job
-runs from the newest ones, the series from range scans over its window (see `_SERIES_SQL`).
+runs from the newest ones, the series from range scans over its window (see `_SERIES_SQL`), the
+subscriptions' backlogs from one range scan per subscription from its position (see `subscriptions`).
 
 Every function takes an open `Connection` and only reads. `make_read_only_engine` builds the engine the
 dashboard uses: every transaction it starts is READ ONLY (psycopg2 session flag and the server-side
@@ -22,6 +23,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
 from tiering.metadata.db import make_engine
+from tiering.metadata.subscriptions import _STATE, BACKLOG_LATERAL
 
 STATEMENT_TIMEOUT_MS = 15_000
 # Server-side settings of every dashboard session (libpq `options`): a second lock on writes, in case a
@@ -72,12 +74,15 @@ def _limit(limit: int) -> int:
 # ---------------------------------------------------------------------------------------------- queries
 
 def topics(conn: Connection) -> dict:
-    """Every topic: its policy and how many ledgers it has in each state (from the maintained totals,
-    table `topic_usage`: one row per topic, whatever the store's history)."""
+    """Every topic: its policy (with the subscription policy of migration 0006: retain_unread, the ceilings
+    max_retention_seconds / max_retention_bytes and subscription_expiry_seconds, -1 meaning off), how many
+    ledgers it has in each state (from the maintained totals, table `topic_usage`: one row per topic, whatever
+    the store's history) and how many subscriptions it has."""
     return {"topics": _rows(conn, """
         SELECT t.name AS topic, t.offload_after_seconds, t.offload_threshold_bytes, t.deletion_lag_seconds,
                t.retention_seconds, t.retention_bytes, t.rollover_entries, t.rollover_bytes, t.next_ledger_id,
-               t.created_at,
+               t.created_at, t.retain_unread, t.max_retention_seconds, t.max_retention_bytes,
+               t.subscription_expiry_seconds, coalesce(sc.subscriptions, 0) AS subscriptions,
                coalesce(u.open_ledgers, 0)       AS open_ledgers,
                coalesce(u.sealed_ledgers, 0)     AS sealed_ledgers,
                coalesce(u.offloading_ledgers, 0) AS offloading_ledgers,
@@ -87,6 +92,8 @@ def topics(conn: Connection) -> dict:
                coalesce(u.live_bytes, 0)         AS size_bytes
         FROM tiering.topic t
         LEFT JOIN tiering.topic_usage u USING (topic_id)
+        LEFT JOIN (SELECT topic_id, count(*) AS subscriptions FROM tiering.subscription GROUP BY topic_id) sc
+            USING (topic_id)
         ORDER BY t.name""")}
 
 
@@ -154,6 +161,54 @@ def gc_queue(conn: Connection, limit: int = 20) -> dict:
         SELECT task_id, key, reason, state, attempts, not_before, due, referenced, last_error
         FROM tiering.gc_queue ORDER BY (state = 'FAILED'), not_before, task_id LIMIT :limit""", limit=_limit(limit))
     return {**counts, "summary": summary, "next": upcoming}
+
+
+# Every subscription with its backlog (BACKLOG_LATERAL of metadata/subscriptions.py, the subquery `tiering
+# subscription list` uses: a range of index ledger_live_by_topic from the position), its state by the one
+# definition of EXPIRED, and the totals over all of them (window aggregates, computed before the LIMIT).
+_SUBSCRIPTIONS_SQL = f"""
+    WITH subs AS (
+        SELECT t.name AS topic, s.name, s.ack_ledger_id, s.ack_entry_id, {_STATE} AS state, s.created_at,
+               s.last_ack_at, b.entries AS backlog_entries, b.bytes AS backlog_bytes, b.oldest_unread_at,
+               extract(epoch FROM now() - b.oldest_unread_at)::float8 AS oldest_unread_age_seconds,
+               s.entries_deleted_unread, s.bytes_deleted_unread, s.last_loss_at, s.last_loss_reason,
+               o.ledger_id AS open_ledger_id
+        FROM tiering.subscription s JOIN tiering.topic t ON t.topic_id = s.topic_id
+        CROSS JOIN LATERAL {BACKLOG_LATERAL} b
+        LEFT JOIN tiering.ledger o ON o.topic_id = s.topic_id AND o.state = 'OPEN')
+    SELECT subs.*,
+           count(*) OVER () AS n_total, count(*) FILTER (WHERE state = 'EXPIRED') OVER () AS n_expired,
+           (sum(backlog_entries) OVER ())::bigint AS sum_backlog_entries,
+           (sum(backlog_bytes) OVER ())::bigint AS sum_backlog_bytes,
+           (sum(entries_deleted_unread) OVER ())::bigint AS sum_entries_deleted_unread,
+           (sum(bytes_deleted_unread) OVER ())::bigint AS sum_bytes_deleted_unread,
+           count(*) FILTER (WHERE entries_deleted_unread > 0) OVER () AS n_with_losses
+    FROM subs
+    ORDER BY backlog_bytes DESC, backlog_entries DESC, topic, name
+    LIMIT :limit"""
+_SUBSCRIPTION_TOTALS = {"n_total": "subscriptions", "n_expired": "expired", "sum_backlog_entries": "backlog_entries",
+                        "sum_backlog_bytes": "backlog_bytes", "sum_entries_deleted_unread": "entries_deleted_unread",
+                        "sum_bytes_deleted_unread": "bytes_deleted_unread", "n_with_losses": "with_losses"}
+
+
+def subscriptions(conn: Connection, limit: int = 100) -> dict:
+    """Subscriptions (table `subscription`, migration 0006), the `limit` with the largest backlog first, each
+    with its position ("L:E" of the last entry read, null before the first), state (ACTIVE | EXPIRED), backlog
+    (entries after the position and their bytes, a partly read ledger's prorated by entries; the age of the
+    ledger holding its first unread entry), what retention deleted before it read it, and the last loss's reason
+    and time; `total` sums over every subscription. The backlog counts SEALED ledgers only: the open ledger's
+    length is in its tier-1 file, which the API server may not see (`tiering subscription list` adds it);
+    `open_ledger_id` names the topic's open ledger, whose entries may be unread too."""
+    rows = _rows(conn, _SUBSCRIPTIONS_SQL, limit=_limit(limit), now=None)
+    total = {name: (rows[0][key] if rows else 0) for key, name in _SUBSCRIPTION_TOTALS.items()}
+    out = []
+    for r in rows:
+        for key in _SUBSCRIPTION_TOTALS:
+            del r[key]
+        l_id, e_id = r.pop("ack_ledger_id"), r.pop("ack_entry_id")
+        out.append({"topic": r.pop("topic"), "name": r.pop("name"),
+                    "position": None if l_id is None else f"{l_id}:{e_id}", **r})
+    return {"total": total, "subscriptions": out}
 
 
 def job_runs(conn: Connection, limit: int = 50) -> dict:

@@ -6,7 +6,9 @@ Every query costs what it reports, not what the store has held (checked with EXP
 in tests/integration/test_metrics.py): tier figures from the maintained totals (`topic_usage` through view
 `tier_usage`, one row per topic), the backlog and lagged copies from the partial indexes behind views
 `offload_backlog` / `lagged_copies`, the GC queue from `gc_task`, the last runs through index
-`job_run_job_started` (one skip scan over the jobs, then each job's newest runs).
+`job_run_job_started` (one skip scan over the jobs, then each job's newest runs), the subscriptions' backlogs
+by one range scan per subscription from its position (index ledger_live_by_topic, the subquery
+metadata/subscriptions.py's `subscription list` uses): the cost follows the subscriptions and their backlogs.
 
 Families (all gauges; labels in braces):
 
@@ -27,7 +29,21 @@ Families (all gauges; labels in braces):
     tiering_job_last_run_start_timestamp_seconds{job,kind}
     tiering_job_last_run_duration_seconds{job,kind}     ended - started (now - started while RUNNING)
     tiering_job_last_run_items_done{job,kind} / _items_failed{job,kind} / _bytes{job,kind}
+    tiering_subscription_backlog_entries{topic,subscription}   entries after its position in SEALED ledgers (*)
+    tiering_subscription_backlog_bytes{topic,subscription}     their bytes (a partly read ledger's prorated by entries)
+    tiering_subscription_oldest_unread_age_seconds{topic,subscription}  age of the ledger holding its first
+                                                        unread sealed entry (its creation; 0: nothing unread) (*)
+    tiering_subscription_expired{topic,subscription}    1 when EXPIRED (no ack within the topic's expiry: it
+                                                        holds nothing back), 0 when ACTIVE
+    tiering_subscription_entries_deleted_unread_total{topic,subscription}  counter: entries deleted before it
+                                                        read them (a ceiling, a forced truncate, no retain-unread,
+                                                        or while EXPIRED); _created is the subscription's creation
+    tiering_subscription_bytes_deleted_unread_total{topic,subscription}    counter: their bytes
     tiering_metrics_scrape_statements                   SQL statements this scrape ran
+
+(*) Sealed ledgers only: the open ledger's length is in its tier-1 file, which the API server serving this
+endpoint may not see (`tiering subscription list` adds it). A subscription that has read every sealed entry
+shows 0 even while entries wait in the open ledger.
 
 There are no S3 request/byte counters by operation: the jobs do not record them (job_run.details holds
 planned/skipped counts and per-job figures, no request counts), and counting them here would be invented.
@@ -36,10 +52,13 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
+
+from tiering.metadata.planning import _ACTIVE, _NOW
+from tiering.metadata.subscriptions import BACKLOG_LATERAL
 
 STATES = ("OPEN", "SEALED", "OFFLOADING", "OFFLOADED", "DELETED")
 RUN_STATUSES = ("RUNNING", "SUCCEEDED", "FAILED")
@@ -88,7 +107,18 @@ _LAST_RUNS = f"""
         ORDER BY j.started_at DESC LIMIT {RECENT_RUNS}) r
     WHERE jobs.job IS NOT NULL
     ORDER BY r.job, r.kind, r.started_at DESC, r.run_id DESC"""
-STATEMENTS = {"tiers": _TIERS, "backlog": _BACKLOG, "lagged": _LAGGED, "gc": _GC, "last_runs": _LAST_RUNS}
+# Per subscription its backlog among sealed ledgers (BACKLOG_LATERAL: a range of ledger_live_by_topic from
+# its position) and whether it is ACTIVE (the one definition, planning._ACTIVE, on the database's clock).
+_SUBSCRIPTIONS = f"""
+    SELECT t.name AS topic, s.name AS subscription, NOT {_ACTIVE.replace(_NOW, "now()")} AS expired,
+           b.entries, b.bytes,
+           coalesce(extract(epoch FROM now() - b.oldest_unread_at), 0)::float8 AS oldest_unread_age,
+           s.entries_deleted_unread, s.bytes_deleted_unread, extract(epoch FROM s.created_at)::float8 AS created
+    FROM tiering.subscription s JOIN tiering.topic t ON t.topic_id = s.topic_id
+    CROSS JOIN LATERAL {BACKLOG_LATERAL} b
+    ORDER BY t.name, s.name"""
+STATEMENTS = {"tiers": _TIERS, "backlog": _BACKLOG, "lagged": _LAGGED, "gc": _GC, "last_runs": _LAST_RUNS,
+              "subscriptions": _SUBSCRIPTIONS}
 
 
 def read(conn: Connection) -> dict[str, list[dict]]:
@@ -160,10 +190,40 @@ def families(data: dict[str, list[dict]]) -> list[GaugeMetricFamily]:
             g.add_metric([r["job"], r["kind"]], float(r[key]))
     out += [status] + [g for g, _ in run_gauges]
 
+    out += _subscriptions(data["subscriptions"])
+
     count = gauge("tiering_metrics_scrape_statements", "SQL statements the scrape ran.")
     count.add_metric([], len(STATEMENTS))
     out.append(count)
     return out
+
+
+_SEALED_ONLY = " Sealed ledgers only: the open ledger's entries (in its tier-1 file) are not counted."
+
+
+def _subscriptions(rows) -> list:
+    labels = ["topic", "subscription"]
+    gauges = [(GaugeMetricFamily(name, doc, labels=labels), key) for name, doc, key in (
+        ("tiering_subscription_backlog_entries", "Entries after the subscription's position." + _SEALED_ONLY,
+         "entries"),
+        ("tiering_subscription_backlog_bytes", "Bytes of those entries (a partly read ledger's bytes prorated "
+         "by entries)." + _SEALED_ONLY, "bytes"),
+        ("tiering_subscription_oldest_unread_age_seconds", "Seconds since the ledger holding the first unread "
+         "entry was created (0: nothing unread)." + _SEALED_ONLY, "oldest_unread_age"),
+        ("tiering_subscription_expired", "1 when the subscription is EXPIRED (no ack within the topic's "
+         "subscription expiry: it holds nothing back), 0 when ACTIVE.", "expired"))]
+    counters = [(CounterMetricFamily(name, doc, labels=labels), key) for name, doc, key in (
+        ("tiering_subscription_entries_deleted_unread", "Entries deleted before the subscription read them "
+         "(past a ceiling, by a forced truncate, without retain-unread, or while EXPIRED).", "entries_deleted_unread"),
+        ("tiering_subscription_bytes_deleted_unread", "Bytes of the entries deleted before the subscription "
+         "read them.", "bytes_deleted_unread"))]
+    for r in rows:
+        values = [r["topic"], r["subscription"]]
+        for g, key in gauges:
+            g.add_metric(values, float(r[key]))
+        for c, key in counters:
+            c.add_metric(values, float(r[key]), created=r["created"])
+    return [g for g, _ in gauges] + [c for c, _ in counters]
 
 
 def _per_topic(topics, rows, specs) -> list[GaugeMetricFamily]:
@@ -184,7 +244,7 @@ class TieringCollector(Collector):
     def __init__(self, engine: Callable[[], Engine]):
         self.engine = engine
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         with self.engine().connect() as conn:
             data = read(conn)
         yield from families(data)

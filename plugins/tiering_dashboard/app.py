@@ -2,12 +2,14 @@
 plugins/tiering_plugin.py): a read-only JSON API over the metadata views and one HTML page that charts it.
 
     /tiering/                       the dashboard (HTML; its script and style under /tiering/static/)
-    /tiering/api/topics             topics, their policy and ledger counts per state
+    /tiering/api/topics             topics, their policy (subscription policy too) and ledger counts per state
     /tiering/api/tier-usage         bytes and ledgers per tier per topic (view tiering.tier_usage)
     /tiering/api/offload-backlog    sealed ledgers not yet offloaded (view tiering.offload_backlog)
     /tiering/api/lagged-copies      tier-1 copies waiting for their deletion lag (view tiering.lagged_copies)
     /tiering/api/gc-queue           GC queue by state and reason, due count, next tasks (view tiering.gc_queue)
     /tiering/api/job-runs?limit=50  recent pipeline runs (table tiering.job_run)
+    /tiering/api/subscriptions?limit=100  subscriptions, largest backlog first: position, state, backlog
+                                    (sealed ledgers), entries/bytes deleted unread, last loss; totals
     /tiering/api/series?hours=24&step_minutes=60   offloaded bytes and backlog over time
     /tiering/metrics                Prometheus metrics (text exposition format; tiering/metrics.py)
 
@@ -237,6 +239,10 @@ def create_app(engine_factory: EngineFactory | None = None, *, login_required: b
     @app.get("/api/job-runs", dependencies=guard)
     def job_runs(limit: int = Query(50, ge=1, le=queries.MAX_LIMIT)):
         return read(queries.job_runs, limit)
+
+    @app.get("/api/subscriptions", dependencies=guard)
+    def subscriptions(limit: int = Query(100, ge=1, le=queries.MAX_LIMIT)):
+        return read(queries.subscriptions, limit)
 
     @app.get("/api/series", dependencies=guard)
     def series(hours: int = Query(24, ge=1, le=24 * 31), step_minutes: int = Query(60, ge=1, le=24 * 60)):

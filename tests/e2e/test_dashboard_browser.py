@@ -31,7 +31,8 @@ from sqlalchemy.engine import make_url
 
 from tests.integration.helpers import entries, make_deps, produce
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
-from tiering.model import TopicPolicy
+from tiering.model import Position, TopicPolicy
+from tiering.ops import subscriptions as subscription_ops
 from tiering.ops.offload import offload_many
 
 pytestmark = pytest.mark.slow
@@ -296,7 +297,7 @@ def browser(tmp_path):
 def world(db, s3_client, bucket, tier1_root):
     """orders: 3 sealed ledgers (10 x 1000 B, 20 x 500 B, 5 x 2000 B), ledgers 0 and 1 offloaded;
     clicks: 2 sealed ledgers (4 x 300 B, 6 x 300 B), ledger 0 offloaded; ODD: one ledger of 3 x 111 B.
-    Plus a finished offload run, a running GC run and 3 due GC tasks."""
+    Plus a finished offload run, a running GC run and 3 due GC tasks; subscription orders/audit acked 0:9."""
     deps = make_deps(db, s3_client, bucket, tier1_root)
     produce(deps, "orders", [entries("o0", 10, 1000), entries("o1", 20, 500), entries("o2", 5, 2000)],
             TopicPolicy(**BIG), open_tail=[b"tail"])
@@ -312,6 +313,8 @@ def world(db, s3_client, bucket, tier1_root):
     runs.finish(run_id, JobOutcome(items_done=3, bytes=report.bytes))
     runs.start("gc")
     deps.meta.enqueue_gc([f"t/gone/{i}" for i in range(3)], reason="retention")
+    subscription_ops.create(deps, "orders", "audit", "earliest")
+    subscription_ops.ack(deps, "orders", "audit", Position(0, 9))
     return {"offloaded_bytes": report.bytes}
 
 
@@ -409,7 +412,8 @@ def test_dashboard_renders_the_databases_numbers_in_a_browser(airflow_server, wo
     assert {p.get("data-series") for p in series.iter("path")} == {"backlog", "offloaded"}
 
     # Tables and cards, from the same numbers.
-    tables = browser.evaluate("""JSON.stringify(Object.fromEntries(['gc-table', 'runs-table', 'backlog-table']
+    tables = browser.evaluate("""JSON.stringify(Object.fromEntries(['gc-table', 'runs-table', 'backlog-table',
+                                                                     'subscriptions-table']
         .map(id => [id, [...document.querySelectorAll('#' + id + ' tbody tr')]
             .map(tr => [...tr.cells].map(td => td.textContent))])))""")
     tables = json.loads(tables)
@@ -427,6 +431,10 @@ def test_dashboard_renders_the_databases_numbers_in_a_browser(airflow_server, wo
     link = browser.evaluate("document.querySelector('#runs-table tbody tr:nth-child(2) a').href")
     assert link == f"{server.url}/dags/tiering_offload_by_age/runs/{urllib.parse.quote(AIRFLOW_RUN, safe='')}"
     assert sorted(r[0] for r in tables["backlog-table"]) == sorted(["clicks", "orders", ODD])
+    # the subscription: ledgers 1 and 2 unread (25 entries, 20,000 B), nothing lost
+    [sub] = tables["subscriptions-table"]
+    assert sub[:6] == ["orders", "audit", "0:9", "ACTIVE", "25", format_bytes(20_000)]
+    assert sub[8:] == ["0", "0 B", "none"]
     cards = json.loads(browser.evaluate("""JSON.stringify(Object.fromEntries([...document.querySelectorAll('.card')]
         .map(c => [c.dataset.card, c.querySelector('.card-value').textContent])))"""))
     assert cards["Tier 1"] == format_bytes(33_333) and cards["Tier 2"] == format_bytes(21_200)

@@ -20,8 +20,11 @@ from tests.conftest import empty_world
 from tests.integration.helpers import entries, make_deps, produce
 from tiering.dashboard import make_read_only_engine
 from tiering.metadata.job_runs import JobOutcome, JobRuns
-from tiering.model import LedgerState as S, TopicPolicy
+from tiering.model import LedgerState as S, Position, TopicPolicy
+from tiering.ops import subscriptions as subscription_ops
 from tiering.ops.offload import offload_many
+from tiering.ops.topics import set_policy
+from tiering.policy import UnreadLoss
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO / "plugins") not in sys.path:  # Airflow puts its plugins folder on sys.path; so do we
@@ -72,7 +75,11 @@ def world(engine, s3_client, run_bucket, tmp_path_factory):
       offloaded (tier-1 copies kept for the default 4 h lag), ledger 2 in the backlog;
     - clicks: 2 sealed ledgers (4 x 300 B, 6 x 300 B), deletion lag 0; ledger 0 offloaded (its copy due);
     - ODD: 1 sealed ledger of 3 x 111 B, never offloaded;
-    plus 5 GC tasks (3 due) and 2 job runs (one finished, one running)."""
+    plus 5 GC tasks (3 due) and 2 job runs (one finished, one running). Subscriptions:
+    - orders/audit from the earliest entry (nothing read); orders policy: retain unread, ceilings 30 d / 1 GiB;
+    - clicks/fast acked 1:5 (all read); clicks/lagger at nothing read, then a loss recorded as a ceiling's
+      would be (metadata only: 4 entries, 1200 B, moved to 0:3; the ledgers stay, the other figures too);
+    - ODD/ODD (expiry 60 s on ODD), created an hour ago, never acked: EXPIRED."""
     # Built once for the module (the tests only read): the run's database and bucket, emptied first.
     empty_world(engine, s3_client, run_bucket)
     bucket, db = run_bucket, engine
@@ -92,6 +99,21 @@ def world(engine, s3_client, run_bucket, tmp_path_factory):
     runs.start("gc")  # still RUNNING
     deps.meta.enqueue_gc([f"t/gone/{i}" for i in range(3)], reason="retention")
     deps.meta.enqueue_gc(["t/later/a", "t/later/b"], reason="defrag: merged away", delay=timedelta(hours=1))
+    set_policy(deps, "orders", {"retain_unread": True, "max_retention_seconds": 30 * 86400,
+                                "max_retention_bytes": 2**30})
+    set_policy(deps, ODD, {"subscription_expiry_seconds": 60})
+    subscription_ops.create(deps, "orders", "audit", "earliest")
+    subscription_ops.create(deps, "clicks", "fast", "earliest")
+    subscription_ops.ack(deps, "clicks", "fast", Position(1, 5))
+    lagger = subscription_ops.create(deps, "clicks", "lagger", "earliest")
+    with db.begin() as conn:
+        locked = deps.meta.subs.get("clicks", "lagger", conn, lock=True)
+        assert locked.version == lagger.version
+        deps.meta.subs.record_loss(conn, locked, UnreadLoss(4, 1200, Position(0, 0), Position(0, 3)), "ceiling-time")
+    subscription_ops.create(deps, ODD, ODD, "earliest")
+    with db.begin() as conn:
+        conn.execute(text("UPDATE tiering.subscription SET created_at = now() - interval '1 hour' WHERE name = :n"),
+                     {"n": ODD})
     stored = {}
     for topic in ("orders", "clicks"):
         for led in deps.meta.list_ledgers(topic, [S.OFFLOADED]):
@@ -182,6 +204,45 @@ def test_topics_with_policy_and_ledger_states(api, world):
     assert (orders["open_ledgers"], orders["sealed_ledgers"], orders["offloaded_ledgers"]) == (1, 1, 2)
     assert orders["entries"] == 10 + 20 + 5 and orders["size_bytes"] == 30_000
     assert topics["clicks"]["deletion_lag_seconds"] == 0 and topics[ODD]["offload_after_seconds"] == -1
+    # the subscription policy (migration 0006): -1 is off
+    assert {k: orders[k] for k in ("retain_unread", "max_retention_seconds", "max_retention_bytes",
+                                   "subscription_expiry_seconds", "subscriptions")} == \
+        {"retain_unread": True, "max_retention_seconds": 30 * 86400, "max_retention_bytes": 2**30,
+         "subscription_expiry_seconds": -1, "subscriptions": 1}
+    assert (topics[ODD]["retain_unread"], topics[ODD]["max_retention_seconds"], topics[ODD]["subscription_expiry_seconds"],
+            topics[ODD]["subscriptions"], topics["clicks"]["subscriptions"]) == (False, -1, 60, 1, 2)
+
+
+def test_subscriptions_with_backlog_state_and_losses(api, world):
+    body = api.get("/api/subscriptions").json()
+    assert body["total"] == {"subscriptions": 4, "expired": 1, "backlog_entries": 35 + 0 + 6 + 3,
+                             "backlog_bytes": 30_000 + 1800 + 333, "entries_deleted_unread": 4,
+                             "bytes_deleted_unread": 1200, "with_losses": 1}
+    subs = body["subscriptions"]
+    # largest backlog first
+    assert [(r["topic"], r["name"]) for r in subs] == [("orders", "audit"), ("clicks", "lagger"), (ODD, ODD),
+                                                       ("clicks", "fast")]
+    by = {(r["topic"], r["name"]): r for r in subs}
+    keys = ("position", "state", "backlog_entries", "backlog_bytes", "entries_deleted_unread", "bytes_deleted_unread",
+            "last_loss_reason")
+    assert {k: tuple(r[k] for k in keys) for k, r in by.items()} == {
+        # sealed ledgers only: orders' open tail is not counted (its length is in the tier-1 file)
+        ("orders", "audit"): (None, "ACTIVE", 35, 30_000, 0, 0, None),
+        ("clicks", "lagger"): ("0:3", "ACTIVE", 6, 1800, 4, 1200, "ceiling-time"),
+        (ODD, ODD): (None, "EXPIRED", 3, 333, 0, 0, None),
+        ("clicks", "fast"): ("1:5", "ACTIVE", 0, 0, 0, 0, None)}
+    assert by[("clicks", "lagger")]["last_loss_at"] is not None and by[("clicks", "fast")]["last_ack_at"] is not None
+    assert by[("clicks", "fast")]["oldest_unread_age_seconds"] is None
+    assert all(by[k]["oldest_unread_age_seconds"] > 0 for k in (("orders", "audit"), ("clicks", "lagger"), (ODD, ODD)))
+    orders_open = world["deps"].meta.list_ledgers("orders", [S.OPEN])[0].ledger_id
+    assert by[("orders", "audit")]["open_ledger_id"] == orders_open and by[(ODD, ODD)]["open_ledger_id"] is None
+    # the same backlog `tiering subscription list` reads for the sealed ledgers
+    listed = {(s.topic, s.name): (b.entries, b.bytes, s.state) for s, b in world["deps"].meta.subs.with_backlog()}
+    assert listed == {k: (r["backlog_entries"], r["backlog_bytes"], r["state"]) for k, r in by.items()}
+    # the limit cuts the rows, not the totals
+    one = api.get("/api/subscriptions?limit=1").json()
+    assert [r["name"] for r in one["subscriptions"]] == ["audit"] and one["total"] == body["total"]
+    assert api.get("/api/subscriptions?limit=0").status_code == 422
 
 
 def test_the_page_is_self_contained(api, world):
@@ -225,7 +286,7 @@ def test_only_get_routes_and_writes_are_refused(api, ro_engine, engine, world):
 
 def test_the_api_requires_an_airflow_login(ro_engine, world):
     api = client_for(lambda: ro_engine, override_login=False)
-    for path in ("/api/tier-usage", "/api/job-runs", "/api/series"):
+    for path in ("/api/tier-usage", "/api/job-runs", "/api/series", "/api/subscriptions"):
         assert api.get(path).status_code == 401
     assert api.get("/").status_code == 200  # the page holds no data; its script shows a login link
 

@@ -1,8 +1,11 @@
 """The dashboard's queries on a large synthetic history (tests/integration/synthetic_history.py, 200k
 ledgers): no query reads `ledger` or `chunk` with a sequential scan (the plans PostgreSQL chooses on these
 statistics, EXPLAIN (FORMAT JSON)), and the answers are the old definitions' answers: the series of the
-per-bucket full scans it replaced, the topics and tier usage of the aggregates over every ledger. No timings
-here (see the README's Performance section for them)."""
+per-bucket full scans it replaced, the topics and tier usage of the aggregates over every ledger. The history
+gains 10 subscriptions per topic at positions across it (one at the start, reading nothing): the
+subscriptions query and the metrics' subscriptions statement read ledger through index ledger_live_by_topic
+only, from each position, and their backlogs equal `subscription list`'s. No timings here (see the README's
+Performance section for them)."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +13,8 @@ from sqlalchemy import event, text
 
 from tests.conftest import empty_tables
 from tests.integration import synthetic_history
-from tiering import dashboard
+from tiering import dashboard, metrics
+from tiering.metadata.subscriptions import Subscriptions
 
 # A year of history: the windows the API allows (up to 31 days) are a small part of it, as in production.
 TOPICS, LEDGERS, HISTORY_DAYS = 200, 200_000, 365
@@ -86,13 +90,31 @@ CALLS = {
     "series 168h": lambda c: dashboard.series(c, 168, 60),
     "series 744h": lambda c: dashboard.series(c, 744, 60 * 24),
     "series 16h by minute": lambda c: dashboard.series(c, 16, 1),
+    "subscriptions": lambda c: dashboard.subscriptions(c, 500),
+    "metrics subscriptions": lambda c: c.exec_driver_sql(metrics.STATEMENTS["subscriptions"]).all(),
 }
+SUBSCRIPTIONS_PER_TOPIC = 10
+
+# Per topic: sub-0 at the start (nothing read), sub-k k*30 ledgers behind the newest, acked k*10 min ago;
+# topics with k % 4 = 0 expire subscriptions after 30 min (so some are EXPIRED).
+_SUBSCRIPTIONS = """
+INSERT INTO tiering.subscription (topic_id, name, ack_ledger_id, ack_entry_id, last_ack_at)
+SELECT t.topic_id, 'sub-' || k, CASE WHEN k > 0 THEN greatest(h.last - k * 30, 0) END, CASE WHEN k > 0 THEN 0 END,
+       CASE WHEN k > 0 THEN now() - make_interval(secs => k * 600) END
+FROM tiering.topic t
+CROSS JOIN LATERAL (SELECT max(l.ledger_id) AS last FROM tiering.ledger l WHERE l.topic_id = t.topic_id) h
+CROSS JOIN generate_series(0, :n - 1) AS k"""
 
 
 @pytest.fixture(scope="module")
 def history(engine):
     empty_tables(engine)
     synthetic_history.load(engine, TOPICS, LEDGERS, HISTORY_DAYS)
+    with engine.begin() as conn:
+        conn.execute(text(_SUBSCRIPTIONS), {"n": SUBSCRIPTIONS_PER_TOPIC})
+        conn.execute(text("UPDATE tiering.topic SET subscription_expiry_seconds = 1800 WHERE topic_id % 4 = 0"))
+        conn.execute(text("ANALYZE tiering.subscription"))
+        conn.execute(text("ANALYZE tiering.topic"))
     yield engine
     empty_tables(engine)
 
@@ -156,6 +178,40 @@ def test_no_dashboard_query_scans_the_ledger_history(history, name):
                 reads_ledger |= relation == "ledger"
     # the ones that read ledgers do so through an index (not through the totals: those have no ledger)
     assert reads_ledger == (name not in ("topics", "tier_usage", "gc_queue", "job_runs"))
+
+
+@pytest.mark.parametrize("name", ["subscriptions", "metrics subscriptions"])
+def test_the_subscription_backlogs_read_ledger_from_each_position(history, name):
+    """Per subscription a range of ledger_live_by_topic (from its position), never the history by another
+    index or a scan: the cost follows the subscriptions and their backlogs."""
+    [(statement, params)] = _statements(history, CALLS[name])
+    with history.connect() as conn:
+        [[plan]] = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement, params).one()
+    scans = list(_scans(plan["Plan"]))
+    assert not [s for s in scans if s[0] == "Seq Scan" and s[1] in ("ledger", "chunk")], scans
+    # the ledger indexes read (a bitmap heap scan names its relation, its bitmap index scan the index)
+    indexes = {index for node, _, index in scans if index and index.startswith("ledger")}
+    assert "ledger_live_by_topic" in indexes, scans
+    # besides the backlog's range, only the one-row probe of each topic's OPEN ledger (the dashboard's)
+    assert indexes <= {"ledger_live_by_topic", "ledger_one_open_per_topic"}, scans
+    assert {r for _, r, _ in scans if r} <= {"ledger", "subscription", "topic"}, scans
+
+
+def test_subscription_backlogs_equal_subscription_list(history):
+    listed = {(s.topic, s.name): (b.entries, b.bytes, s.state) for s, b in Subscriptions(history).with_backlog()}
+    with history.connect() as conn:
+        body = dashboard.subscriptions(conn, dashboard.MAX_LIMIT)
+        data = metrics.read(conn)["subscriptions"]
+    assert len(listed) == TOPICS * SUBSCRIPTIONS_PER_TOPIC == body["total"]["subscriptions"] == len(data)
+    states = [v[2] for v in listed.values()]
+    assert body["total"]["expired"] == states.count("EXPIRED") > 0 and "ACTIVE" in states
+    assert body["total"]["backlog_entries"] == sum(v[0] for v in listed.values())
+    assert body["total"]["backlog_bytes"] == sum(v[1] for v in listed.values())
+    for r in body["subscriptions"]:
+        assert listed[(r["topic"], r["name"])] == (r["backlog_entries"], r["backlog_bytes"], r["state"])
+    assert {(r["topic"], r["subscription"]): (r["entries"], r["bytes"], "EXPIRED" if r["expired"] else "ACTIVE")
+            for r in data} == listed
+    assert len({v[0] for v in listed.values()}) > TOPICS  # backlogs differ: the comparison can fail
 
 
 @pytest.mark.parametrize("hours,step_minutes", [(24, 60), (6, 7), (26 * 24, 24 * 60), (1, 1)])

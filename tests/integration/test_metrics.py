@@ -2,7 +2,9 @@
 real operations made (produce, offload to the loopback S3, GC queue, job runs): its figures equal SQL on the
 views; the bearer token of TIERING_METRICS_TOKEN_FILE lets Prometheus in and nothing else does; and a real
 Prometheus server (Debian's `prometheus`, started here on a free loopback port, scraping every second)
-reports the target up and returns the backlog series through its query API with the views' values."""
+reports the target up and returns the backlog series through its query API with the views' values. The
+subscription families (backlog, age, state, entries deleted unread) on subscriptions made by the real
+operations (create, ack, a forced truncate that records a loss) equal what `subscription list` reads."""
 from __future__ import annotations
 
 import json
@@ -24,8 +26,10 @@ from sqlalchemy import text
 from tests.integration.helpers import entries, make_deps, produce
 from tiering.dashboard import make_read_only_engine
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
-from tiering.model import TopicPolicy
+from tiering.model import Position, TopicPolicy
+from tiering.ops import subscriptions as subscription_ops
 from tiering.ops.offload import offload_many
+from tiering.ops.retention import truncate
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO / "plugins") not in sys.path:  # Airflow puts its plugins folder on sys.path; so do we
@@ -55,7 +59,8 @@ def token_file(tmp_path):
 def world(db, s3_client, bucket, tier1_root):
     """orders: 3 sealed ledgers (10 x 1000 B, 20 x 500 B, 5 x 2000 B), 0 and 1 offloaded (copies kept 4 h);
     clicks: 2 sealed ledgers (4 x 300 B, 6 x 300 B), lag 0, ledger 0 offloaded (its copy due); idle: none.
-    GC: 3 due tasks. Runs: an offload_by_age run that succeeded, then a failed one; a gc run running."""
+    GC: 3 due tasks. Runs: an offload_by_age run that succeeded, then a failed one; a gc run running.
+    Subscription orders/audit: created at the earliest entry, nothing read."""
     deps = make_deps(db, s3_client, bucket, tier1_root)
     produce(deps, "orders", [entries("o0", 10, 1000), entries("o1", 20, 500), entries("o2", 5, 2000)],
             TopicPolicy(**BIG), open_tail=[b"tail"])
@@ -71,6 +76,7 @@ def world(db, s3_client, bucket, tier1_root):
     runs.finish(second, JobOutcome(items_failed=1, errors=["boom"]))
     runs.start("gc")
     deps.meta.enqueue_gc([f"t/gone/{i}" for i in range(3)], reason="retention")
+    subscription_ops.create(deps, "orders", "audit", "earliest")
     return {"offloaded_bytes": report.bytes}
 
 
@@ -127,9 +133,77 @@ def test_metrics_equal_the_views(world, ro_engine, token_file, db):
     assert by_label(m, "tiering_job_last_run_items_failed", "kind") == {"offload_by_age": 1, "gc": 0}
     assert by_label(m, "tiering_job_last_run_bytes", "kind") == {"offload_by_age": 0, "gc": 0}
     assert all(v >= 0 for v in by_label(m, "tiering_job_last_run_duration_seconds", "kind").values())
-    assert m[("tiering_metrics_scrape_statements", ())] == 5
+    assert m[("tiering_metrics_scrape_statements", ())] == 6
+    # the subscription: every sealed entry of orders unread (the open tail is not counted: tier-1 is not here)
+    audit = (("subscription", "audit"), ("topic", "orders"))
+    assert m[("tiering_subscription_backlog_entries", audit)] == 35
+    assert m[("tiering_subscription_backlog_bytes", audit)] == 30_000
+    assert m[("tiering_subscription_oldest_unread_age_seconds", audit)] > 0
+    assert m[("tiering_subscription_expired", audit)] == 0
+    assert m[("tiering_subscription_entries_deleted_unread_total", audit)] == 0
     # no S3 request counters: the jobs do not record them
     assert not [k for k in m if "s3" in k[0]]
+
+
+def test_subscription_metrics_follow_positions_losses_and_expiry(db, s3_client, bucket, tier1_root, ro_engine,
+                                                                  token_file):
+    """subs: 3 sealed ledgers (10 x 100 B, 10 x 200 B, 10 x 300 B) and an open tail of 2 entries.
+    reader: from the earliest entry, never acks; mid: acked 1:4; done: from the latest (all read); then a
+    forced truncate before ledger 1 deletes ledger 0, which reader had not read (the loss is recorded).
+    lapsed (expiry 60 s): its only subscription, old, had no ack for an hour: EXPIRED."""
+    from fastapi.testclient import TestClient
+
+    deps = make_deps(db, s3_client, bucket, tier1_root)
+    produce(deps, "subs", [entries("a", 10, 100), entries("b", 10, 200), entries("c", 10, 300)],
+            TopicPolicy(**BIG), open_tail=[b"t1", b"t2"])
+    produce(deps, "lapsed", [entries("d", 4, 50)], TopicPolicy(subscription_expiry_seconds=60, **BIG))
+    for name, start in (("reader", "earliest"), ("mid", "earliest"), ("done", "latest")):
+        subscription_ops.create(deps, "subs", name, start)
+    subscription_ops.ack(deps, "subs", "mid", Position(1, 4))
+    subscription_ops.create(deps, "lapsed", "old", "earliest")
+    with db.begin() as conn:  # an hour without an ack (the clock, not the position, makes it EXPIRED)
+        conn.execute(text("UPDATE tiering.subscription SET created_at = now() - interval '1 hour' "
+                          "WHERE name = 'old'"))
+    truncate(deps, "subs", Position(1, 0), force=True)
+
+    client = TestClient(create_app(lambda: ro_engine, login_required=False, metrics_token_file=str(token_file)))
+    m = scrape(client, Authorization=f"Bearer {TOKEN}")
+
+    def family(name):
+        return {(dict(k[1])["topic"], dict(k[1])["subscription"]): v for k, v in m.items() if k[0] == name}
+
+    subs = [("lapsed", "old"), ("subs", "done"), ("subs", "mid"), ("subs", "reader")]
+    # sealed ledgers only: reader has ledgers 1 and 2 unread, mid half of 1 (bytes prorated) and 2; done none
+    assert family("tiering_subscription_backlog_entries") == \
+        {("subs", "reader"): 20, ("subs", "mid"): 15, ("subs", "done"): 0, ("lapsed", "old"): 4}
+    assert family("tiering_subscription_backlog_bytes") == \
+        {("subs", "reader"): 5000, ("subs", "mid"): 1000 + 3000, ("subs", "done"): 0, ("lapsed", "old"): 200}
+    # the same figures `tiering subscription list` reads for the sealed ledgers
+    listed = {(s.topic, s.name): b for s, b in deps.meta.subs.with_backlog()}
+    assert sorted(listed) == subs
+    assert family("tiering_subscription_backlog_entries") == {k: b.entries for k, b in listed.items()}
+    assert family("tiering_subscription_backlog_bytes") == {k: b.bytes for k, b in listed.items()}
+    ages = family("tiering_subscription_oldest_unread_age_seconds")
+    assert ages[("subs", "done")] == 0 and all(ages[k] > 0 for k in subs if k != ("subs", "done"))
+    assert family("tiering_subscription_expired") == {k: (1 if k == ("lapsed", "old") else 0) for k in subs}
+    # the loss: ledger 0's 10 entries (1000 B) were deleted before reader read them; a counter
+    assert family("tiering_subscription_entries_deleted_unread_total") == \
+        {k: (10 if k == ("subs", "reader") else 0) for k in subs}
+    assert family("tiering_subscription_bytes_deleted_unread_total") == \
+        {k: (1000 if k == ("subs", "reader") else 0) for k in subs}
+    created = family("tiering_subscription_entries_deleted_unread_created")
+    assert sorted(created) == subs and all(v > 0 for v in created.values())
+    response = client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    types = dict(line.split()[2:4] for line in response.text.splitlines() if line.startswith("# TYPE"))
+    assert types["tiering_subscription_entries_deleted_unread_total"] == "counter"
+    assert types["tiering_subscription_backlog_entries"] == "gauge"
+    helps = [line for line in response.text.splitlines() if line.startswith("# HELP tiering_subscription_backlog")]
+    assert len(helps) == 2 and all("Sealed ledgers only" in line for line in helps)
+
+    # deleted, a subscription's series go (no stale figures)
+    deps.meta.subs.delete("subs", "mid")
+    m = scrape(client, Authorization=f"Bearer {TOKEN}")
+    assert sorted(family("tiering_subscription_backlog_entries")) == [k for k in subs if k != ("subs", "mid")]
 
 
 def test_the_token_file_lets_prometheus_in_and_nothing_else(ro_engine, token_file, db):
@@ -267,3 +341,5 @@ def test_a_real_prometheus_scrapes_the_backlog(world, prometheus, db):
     assert nbytes == {"orders": 10_000.0, "clicks": 1800.0, "idle": 0.0}
     assert query("sum(tiering_offload_backlog_bytes)") == {None: 11_800.0}
     assert query('tiering_job_last_run_status{kind="offload_by_age",status="FAILED"}') == {None: 1.0}
+    assert query('tiering_subscription_backlog_bytes{subscription="audit"}') == {"orders": 30_000.0}
+    assert query('tiering_subscription_entries_deleted_unread_total{subscription="audit"}') == {"orders": 0.0}

@@ -49,11 +49,9 @@ class Backlog:
 
 # Per subscription: its unread part of each live ledger from its position on (index ledger_live_by_topic, a
 # range from the position: the cost follows the backlog, not the topic's history). A partly read ledger's
-# bytes are prorated by entries (policy.backlog is the specification).
-_BACKLOG = f"""
-    SELECT {_COLS}, b.entries, b.bytes, b.oldest_unread_at, o.ledger_id AS open_ledger_id
-    FROM tiering.subscription s JOIN tiering.topic t ON t.topic_id = s.topic_id
-    CROSS JOIN LATERAL (
+# bytes are prorated by entries (policy.backlog is the specification). BACKLOG_LATERAL is that subquery for
+# subscription `s` (entries, bytes, oldest_unread_at), shared with tiering/metrics.py and tiering/dashboard.py.
+BACKLOG_LATERAL = """(
         SELECT COALESCE(sum(u.unread), 0)::bigint AS entries,
                COALESCE(sum(u.size_bytes * u.unread / u.entry_count), 0)::bigint AS bytes,
                min(u.created_at) FILTER (WHERE u.unread > 0) AS oldest_unread_at
@@ -62,7 +60,11 @@ _BACKLOG = f"""
                                           THEN least(s.ack_entry_id + 1, l.entry_count) ELSE 0 END AS unread
               FROM tiering.ledger l
               WHERE l.topic_id = s.topic_id AND l.state <> 'DELETED' AND l.entry_count > 0
-                AND l.ledger_id >= COALESCE(s.ack_ledger_id, -1)) u) b
+                AND l.ledger_id >= COALESCE(s.ack_ledger_id, -1)) u)"""
+_BACKLOG = f"""
+    SELECT {_COLS}, b.entries, b.bytes, b.oldest_unread_at, o.ledger_id AS open_ledger_id
+    FROM tiering.subscription s JOIN tiering.topic t ON t.topic_id = s.topic_id
+    CROSS JOIN LATERAL {BACKLOG_LATERAL} b
     LEFT JOIN tiering.ledger o ON o.topic_id = s.topic_id AND o.state = 'OPEN'
     WHERE (CAST(:topic AS text) IS NULL OR t.name = :topic)
     ORDER BY t.name, s.name"""
@@ -209,4 +211,4 @@ def active(subs: Sequence[Subscription]) -> list[Subscription]:
     return [s for s in subs if s.state == ACTIVE]
 
 
-__all__ = ["Backlog", "Subscriptions", "active"]
+__all__ = ["BACKLOG_LATERAL", "Backlog", "Subscriptions", "active"]

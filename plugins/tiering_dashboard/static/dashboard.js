@@ -201,9 +201,10 @@
   // ------------------------------------------------------------------ tables
   function table(id, columns, rows, empty) {
     if (!rows.length) { replace(id, h("p", { class: "empty", text: empty })); return; }
-    const head = h("tr", {}, ...columns.map(([label, , cls]) => h("th", { class: cls, text: label })));
-    const body = rows.map((row) => h("tr", {}, ...columns.map(([, value, cls]) => {
+    const head = h("tr", {}, ...columns.map(([label, , cls]) => h("th", { class: typeof cls === "function" ? num : cls, text: label })));
+    const body = rows.map((row) => h("tr", {}, ...columns.map(([, value, clsOf]) => {
       const v = value(row);
+      const cls = typeof clsOf === "function" ? clsOf(row) : clsOf;
       // a cell that may be cut (class ellipsis, e.g. the run's error) carries its full text as a tooltip
       const cut = typeof cls === "string" && cls.split(" ").includes("ellipsis") && v !== "";
       return v instanceof Node ? h("td", { class: cls }, v) : h("td", { class: cls, text: v, title: cut ? v : null });
@@ -212,6 +213,29 @@
   }
   const num = "num";
   function status(value) { return h("span", { class: `pill ${String(value).toLowerCase()}`, text: value }); }
+
+  const off = (n, fmt) => (n < 0 ? "off" : fmt(n));
+  function renderSubscriptions(subs) {
+    const t = subs.total;
+    $("subscriptions-badge").textContent = `${formatInt(t.subscriptions)} · ${formatInt(t.expired)} expired · `
+      + `${formatInt(t.backlog_entries)} unread · ${formatInt(t.entries_deleted_unread)} deleted unread`;
+    const rows = subs.subscriptions;
+    table("subscriptions-table", [
+      ["Topic", (r) => r.topic, "ellipsis"], ["Subscription", (r) => r.name, "ellipsis"],
+      ["Position", (r) => r.position || "none read", num], ["State", (r) => status(r.state)],
+      ["Backlog entries", (r) => formatInt(r.backlog_entries), num],
+      ["Backlog bytes", (r) => formatBytes(r.backlog_bytes), num],
+      ["Oldest unread", (r) => (r.oldest_unread_age_seconds === null ? "—" : `${formatDuration(r.oldest_unread_age_seconds)} ago`), num],
+      ["Last ack", (r) => formatTime(r.last_ack_at), num],
+      ["Deleted unread", (r) => formatInt(r.entries_deleted_unread), (r) => (r.entries_deleted_unread ? "num loss" : num)],
+      ["Deleted unread bytes", (r) => formatBytes(r.bytes_deleted_unread), (r) => (r.bytes_deleted_unread ? "num loss" : num)],
+      ["Last loss", (r) => (r.last_loss_reason ? `${r.last_loss_reason} (${formatTime(r.last_loss_at)})` : "none"), "ellipsis"],
+    ], rows, "No subscriptions yet.");
+    if (rows.length && rows.length < t.subscriptions) {
+      $("subscriptions-table").append(h("p", { class: "hint",
+        text: `The ${rows.length} largest backlogs of ${formatInt(t.subscriptions)} subscriptions.` }));
+    }
+  }
 
   function renderTables(backlog, lagged, gc, runs, topics) {
     $("backlog-badge").textContent = `${formatInt(backlog.total.ledgers)} ledgers · ${formatBytes(backlog.total.bytes)}`;
@@ -244,6 +268,11 @@
       ["Deletion lag", (r) => formatDuration(r.deletion_lag_seconds), num],
       ["Retention", (r) => [r.retention_seconds >= 0 ? formatDuration(r.retention_seconds) : null,
         r.retention_bytes >= 0 ? formatBytes(r.retention_bytes) : null].filter(Boolean).join(" / ") || "unlimited", num],
+      ["Retain unread", (r) => (r.retain_unread ? "yes" : "no")],
+      ["Ceiling", (r) => [r.max_retention_seconds >= 0 ? formatDuration(r.max_retention_seconds) : null,
+        r.max_retention_bytes >= 0 ? formatBytes(r.max_retention_bytes) : null].filter(Boolean).join(" / ") || "none", num],
+      ["Subscription expiry", (r) => off(r.subscription_expiry_seconds, formatDuration), num],
+      ["Subscriptions", (r) => formatInt(r.subscriptions), num],
     ], topics.topics, "No topics yet.");
 
     table("runs-table", [
@@ -333,14 +362,15 @@
     busy = true;
     clearTimeout(timer);
     try {
-      const [usage, backlog, lagged, gc, runs, series, topics] = await Promise.all([
+      const [usage, backlog, lagged, gc, runs, series, topics, subs] = await Promise.all([
         getJSON("api/tier-usage"), getJSON("api/offload-backlog?limit=20"), getJSON("api/lagged-copies?limit=20"),
         getJSON("api/gc-queue"), getJSON("api/job-runs?limit=50"), getJSON("api/series?hours=24&step_minutes=60"),
-        getJSON("api/topics")]);
+        getJSON("api/topics"), getJSON("api/subscriptions?limit=100")]);
       renderCards(usage, backlog, lagged, gc);
       renderTierChart(usage);
       renderSeriesChart(series);
       renderTables(backlog, lagged, gc, runs, topics);
+      renderSubscriptions(subs);
       $("error").hidden = true;
       $("updated").textContent = `updated ${formatTime(new Date().toISOString())}`;
       document.body.dataset.state = "ready";
