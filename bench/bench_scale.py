@@ -7,7 +7,14 @@ every S3 request any boto3 client sends (botocore `before-send` on boto3's defau
 CLI builds count) and seconds; then the dashboard's queries (tiering.dashboard, read-only engine). Each
 command's JSON output is checked for work done: a run that did something is flagged, not hidden.
 
-    .venv/bin/python bench/bench_scale.py [--sizes 100000,1000000] [--objects 20000] [--compare before.json]
+Issue 30: the store also holds --subscriptions (10,000) subscriptions over its topics (scale_data.py: most near
+each topic's tail, some without a position, some far behind; a third of the topics retain unread data, some
+expire subscriptions and some of theirs are EXPIRED). Besides `retention` the bench runs `retention --dry-run`
+and `subscription list --json`, and EXPLAINs (ANALYZE, BUFFERS) the statements of Planning.retention_plan and
+Subscriptions.with_backlog, captured as the product sends them, for sequential scans on ledger or subscription.
+
+    .venv/bin/python bench/bench_scale.py [--sizes 100000,1000000] [--objects 20000] [--subscriptions 10000]
+                                          [--compare before.json]
 
 Results: bench/results/scale.{json,md}. With --compare, a before/after table against an earlier JSON.
 """
@@ -84,6 +91,8 @@ COMMANDS = [
     ("offload-by-size", ["offload-by-size", "--json"], ("planned",)),
     ("delete-lagged", ["delete-lagged", "--json"], ("deleted", "failed")),
     ("retention", ["retention", "--json"], ("deleted", "files_removed")),
+    ("retention --dry-run", ["retention", "--dry-run", "--json"], ("topics", "ledgers")),
+    ("subscription list", ["subscription", "list", "--json"], ()),
     ("defrag", ["defrag", "--json"], ("planned_groups", "groups")),
     ("gc", ["gc", "--json"], ("deleted", "orphans_deleted", "uploads_aborted", "retried", "failed")),
 ]
@@ -120,6 +129,7 @@ def run_cli(counts: Counts, job_env: dict, argv: list[str], work_fields) -> dict
         os.environ.clear()
         os.environ.update(saved)
     lines = out.getvalue().strip().splitlines()
+    res["output_lines"] = len(lines)
     try:
         doc = json.loads(lines[-1]) if lines else {}
     except json.JSONDecodeError:
@@ -156,14 +166,84 @@ def run_dashboard(counts: Counts, url: str) -> dict:
     return out
 
 
-def measure(counts: Counts, env: Env, size: int, topics: int, sweep: bool) -> dict:
+# a sequential scan of these grows with the history or the readers; listing every subscription reads the
+# whole subscription table by definition, so there only ledger is watched
+WATCHED = ("ledger", "subscription")
+
+
+def _walk(plan: dict, nodes: list[dict]) -> None:
+    nodes.append(plan)
+    for child in plan.get("Plans", []):
+        _walk(child, nodes)
+
+
+def explain(env: Env, label: str, call, marker: str, watched=WATCHED) -> dict:
+    """Run `call()` (a product method), capture the statement containing `marker` and its parameters as
+    sent, and EXPLAIN (ANALYZE, BUFFERS) it on the same engine (JIT off like every metadata engine):
+    sequential scans by relation, indexes used, planning and execution ms, shared buffers touched."""
+    sent: list[tuple[str, object]] = []
+
+    def grab(_conn, _cursor, statement, parameters, _context, _executemany):
+        sent.append((statement, parameters))
+
+    event.listen(env.engine, "before_cursor_execute", grab)
+    try:
+        call()
+    finally:
+        event.remove(env.engine, "before_cursor_execute", grab)
+    mine = [x for x in sent if marker in x[0]]
+    if len(mine) != 1:
+        return {"error": f"{label}: expected one statement with {marker!r}, {len(mine)} of {len(sent)} sent"}
+    statement, params = mine[0]
+    with env.engine.connect() as conn:
+        doc = conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement, params).scalar()
+    top = doc[0] if isinstance(doc, list) else json.loads(doc)[0]
+    nodes: list[dict] = []
+    _walk(top["Plan"], nodes)
+    seq = sorted({n.get("Relation Name", "?") for n in nodes if "Seq Scan" in n["Node Type"]})
+    idx = sorted({n["Index Name"] for n in nodes if n.get("Index Name")})
+    bad = [r for r in seq if r in watched]
+    return {"seq_scans": seq, "indexes": idx, "verdict": "FAILS: seq scan on " + ", ".join(bad) if bad else "ok",
+            "planning_ms": round(top.get("Planning Time", 0), 1), "execution_ms": round(top.get("Execution Time", 0), 1),
+            "shared_buffers": top["Plan"].get("Shared Hit Blocks", 0) + top["Plan"].get("Shared Read Blocks", 0),
+            "rows": top["Plan"].get("Actual Rows")}
+
+
+def explains(env: Env, size: int) -> dict:
+    from tiering.metadata.planning import Planning
+    from tiering.metadata.subscriptions import Subscriptions
+
+    out = {}
+    one = "scale-00001"  # a retain-unread topic with a time limit, a ceiling, an expiry and an expired reader
+    for label, call, marker, watched in [
+            ("retention_plan", lambda: Planning(env.engine).retention_plan(), "WITH RECURSIVE lim", WATCHED),
+            ("retention_plan hold=False", lambda: Planning(env.engine).retention_plan(hold=False),
+             "WITH RECURSIVE lim", WATCHED),
+            ("subscription backlog, all", lambda: Subscriptions(env.engine).with_backlog(), "oldest_unread_at",
+             ("ledger",)),
+            (f"subscription backlog, topic {one}", lambda: Subscriptions(env.engine).with_backlog(one),
+             "oldest_unread_at", WATCHED)]:
+        try:
+            out[label] = explain(env, label, call, marker, watched)
+        except Exception as exc:  # a result, not a crash
+            out[label] = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"}
+        r = out[label]
+        print(f"[{size}] EXPLAIN {label}: {r.get('verdict', r.get('error'))}, seq scans {r.get('seq_scans')}, "
+              f"{r.get('execution_ms')} ms, {r.get('shared_buffers')} buffers, indexes {r.get('indexes')}",
+              file=sys.stderr, flush=True)
+    return out
+
+
+def measure(counts: Counts, env: Env, size: int, topics: int, sweep: bool, subscriptions: int = 0) -> dict:
     t0 = time.perf_counter()
-    loaded = load_metadata(env.url, topics, size // topics, PREFIX)
+    loaded = load_metadata(env.url, topics, size // topics, PREFIX, subscriptions)
     for p in env.tier1_root.iterdir():  # tier 1 matches the new rows
         shutil.rmtree(p)
     loaded["tier1_files"] = write_tier1(env.tier1_root, env.url)
     loaded["seconds"] = round(time.perf_counter() - t0, 1)
-    print(f"[{size}] loaded in {loaded['seconds']} s: {loaded['by_state']}", file=sys.stderr, flush=True)
+    print(f"[{size}] loaded in {loaded['seconds']} s: {loaded['by_state']}, {loaded['subscriptions']}",
+          file=sys.stderr, flush=True)
+    load_at = loadavg()
     job_env = env.job_env()
     cmds = {}
     for label, argv, fields in COMMANDS + ([SWEEP] if sweep else []):
@@ -178,7 +258,9 @@ def measure(counts: Counts, env: Env, size: int, topics: int, sweep: bool) -> di
     for label, r in dash.items():
         print(f"[{size}] {label}: {r.get('seconds')} s{' ERROR ' + r['error'] if r.get('error') else ''}",
               file=sys.stderr, flush=True)
-    return {"ledgers": size, "topics": topics, "load": loaded, "commands": cmds, "dashboard": dash}
+    plans = explains(env, size)
+    return {"ledgers": size, "topics": topics, "load": loaded, "commands": cmds, "dashboard": dash,
+            "explain": plans, "loadavg": [load_at, loadavg()]}
 
 
 def offload_heads(counts: Counts, env: Env, topics: int) -> dict:
@@ -301,12 +383,58 @@ def targets(res: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def explain_table(res: dict) -> str:
+    """Verdict: no sequential scan on ledger or subscription (on ledger only for the list of every
+    subscription, which reads the whole subscription table by definition)."""
+    lines = ["| statement | size | verdict | seq scans | indexes | execution ms | buffers | rows |",
+             "|---|---|---|---|---|---:|---:|---:|"]
+    for s in res["sizes"]:
+        for label, r in s.get("explain", {}).items():
+            if r.get("error"):
+                lines.append(f"| `{label}` | {_label(s['ledgers'])} | **error** {r['error'][:80]} | | | | | |")
+                continue
+            lines.append(f"| `{label}` | {_label(s['ledgers'])} | {r['verdict']} | {', '.join(r['seq_scans']) or '-'} | "
+                         f"{', '.join(r['indexes'])} | {r['execution_ms']} | {r['shared_buffers']} | {r['rows']} |")
+    return "\n".join(lines) + "\n"
+
+
+def targets30(res: dict) -> str:
+    """Issue 30's 'cost stays what is due': idle retention with subscriptions, bounded statements, 1M within
+    2x of 100k, no sequential scan on ledger or subscription."""
+    by = {s["ledgers"]: s for s in res["sizes"]}
+    small, big = by.get(100_000), by.get(1_000_000)
+    out = []
+    for label in ("retention", "retention --dry-run", "subscription list"):
+        a = small["commands"].get(label) if small else None
+        b = big["commands"].get(label) if big else None
+        if not a and not b:
+            continue
+        parts = [f"{_label(s['ledgers'])}: {r['sql']} SQL, {r['s3']} S3, {r['seconds']} s"
+                 for s, r in ((small, a), (big, b)) if r]
+        verdict = ""
+        if a and b and not a.get("error") and not b.get("error"):
+            ratio = b["seconds"] / max(a["seconds"], 1e-9)
+            same = a["sql"] == b["sql"]
+            ok = ratio <= 2 and same and not a.get("did") and not b.get("did")
+            if label == "subscription list":  # not a target of the issue: it reads every backlog
+                verdict = (f"; 1M/100k time {ratio:.2f}; {a['sql']} statements for {res['topics']} topics "
+                           f"(informational: its cost follows the backlogs, which grow with the history)")
+            else:
+                verdict = (f"; SQL {'the same' if same else 'DIFFERS'} at both sizes, 1M/100k time {ratio:.2f}: "
+                           f"{'meets' if ok else 'MISSES'} (same statement count, ratio <= 2)")
+        out.append(f"- `{label}`: " + "; ".join(parts) + verdict)
+    if big:
+        for label, r in big.get("explain", {}).items():
+            out.append(f"- EXPLAIN `{label}` at 1M: {r.get('verdict', r.get('error'))}")
+    return "\n".join(out) + "\n"
+
+
 def run(counts: Counts, res: dict, args, sizes: list[int], sweep: bool, env: Env) -> None:
     try:
         res["endpoint"] = endpoint_kind(env, args.private_moto)
         res["bucket_fill_seconds"] = rnd(fill_bucket(env.s3, env.bucket, PREFIX, args.objects, args.topics))
         print(f"bucket: {args.objects} objects in {res['bucket_fill_seconds']} s", file=sys.stderr, flush=True)
-        res["sizes"] = [measure(counts, env, n, args.topics, sweep) for n in sizes]
+        res["sizes"] = [measure(counts, env, n, args.topics, sweep, args.subscriptions) for n in sizes]
         if args.due_topics:
             res["offload_due"] = offload_heads(counts, env, args.due_topics)
     finally:
@@ -318,6 +446,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="100000,1000000", help="ledger counts, comma-separated")
     ap.add_argument("--topics", type=int, default=1000)
     ap.add_argument("--objects", type=int, default=20_000, help="objects in the bucket (e.g. 100000)")
+    ap.add_argument("--subscriptions", type=int, default=10_000, help="subscriptions over the topics (0: none)")
     ap.add_argument("--due-topics", type=int, default=20,
                     help="topics with one due ledger for the HEAD-per-offload-run check (0: skip)")
     ap.add_argument("--compare", metavar="JSON", help="an earlier result of this bench: add a before/after table")
@@ -333,7 +462,7 @@ def main() -> int:
     head = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h"], capture_output=True,
                           text=True).stdout.strip()
     res = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": head, "machine": machine(),
-           "topics": args.topics, "objects": args.objects, "gc_sweep_flag": sweep, "loadavg_start": loadavg()}
+           "topics": args.topics, "objects": args.objects, "subscriptions": args.subscriptions, "gc_sweep_flag": sweep, "loadavg_start": loadavg()}
     with endpoint(args.private_moto) as url:
         run(counts, res, args, sizes, sweep, Env(url))
     res["seconds"] = rnd(time.perf_counter() - t0)
@@ -341,13 +470,17 @@ def main() -> int:
     loads = "; ".join(f"{_label(s['ledgers'])}: {s['load']['by_state']}, {s['load']['chunks']} chunks in "
                       f"{s['load']['data_objects']} data objects, {s['load']['tier1_files']} tier-1 files, "
                       f"recomputed {', '.join(s['load']['recomputed']) or 'nothing'}, loaded in "
-                      f"{s['load']['seconds']} s" for s in res["sizes"])
+                      f"{s['load']['seconds']} s, subscriptions {s['load'].get('subscriptions')}, load average "
+                      f"{s['loadavg'][0]} -> {s['loadavg'][1]} while measured" for s in res["sizes"])
     md = (f"# Scheduled runs with nothing due, at scale ({res['date']}, `{head}`)\n\n"
           f"{args.topics} topics; a bucket of {args.objects} objects under the prefix (newer than GC's grace). "
           f"Each command in-process through `tiering.cli.main.main`, counted: SQL statements (every engine), "
           f"S3 requests (every boto3 client, by operation), wall seconds (one run each; `retention` after a "
           f"first run that writes the trim markers the synthetic store lacks). Endpoint: {res['endpoint']}.\n\n"
           + table(res) + offload_line(res) + "\n## Issue 19 targets\n\n" + targets(res)
+          + f"\n## Issue 30: idle retention with {args.subscriptions} subscriptions\n\n" + targets30(res)
+          + "\nEXPLAIN (ANALYZE, BUFFERS) of the statements as the product sends them (JIT off):\n\n"
+          + explain_table(res)
           + f"\nStore: {loads}.\n\nLoad average {res['loadavg_start']} -> {res['loadavg_end']} on "
             f"{res['machine']['cpus']} cores (shared).\n\n")
     if args.compare:

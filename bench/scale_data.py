@@ -14,6 +14,16 @@ Policies: offload-after 1 day everywhere, deletion lag 4 h, an offload threshold
 tier-1 tail plus 64 MiB), retention time on topic_id % 3 == 0 (one hour beyond the oldest live ledger),
 retention size on topic_id % 3 == 1 (a quarter above the live bytes); the rest unlimited.
 
+Subscriptions (issue 30; `subscriptions` in all, 10 per topic by default), slot k = number % 10 on each topic:
+k 0-3 at the last entry of the newest sealed ledger (caught up), k 4 inside the open ledger, k 5 half-way
+through the second newest sealed ledger, k 6 at the end of a recently offloaded ledger, k 7 NULL (nothing
+read yet; created an hour ago, or 40 days ago on every 8th topic), k 8 half-way through the live history,
+k 9 at the first entry of the head (the oldest live ledger), last ack 30 days ago. Policies: retain_unread on
+topic_id % 9 IN (0, 1, 2) (a third: time-retention, size-retention and unlimited topics alike), a
+subscription expiry of 7 days on topic_id % 4 == 0 (there slot 9, and slot 7 on every 8th topic, are
+EXPIRED), ceilings on topic_id % 6 == 0 (time: the retention plus a day) and topic_id % 6 == 1 (size: twice
+the retention). Nothing is due with or without the holds: the retention limits alone keep every live ledger.
+
 The load runs with `session_replication_role = replica` inside its transaction: the per-row deferred
 ledger/chunk consistency triggers (and FK triggers) would otherwise cost minutes at 1M rows; the rows are
 consistent by construction. Afterwards every `tiering.recompute*()` function (maintained totals added by
@@ -110,11 +120,35 @@ UPDATE tiering.topic tp SET
     offload_threshold_bytes = CASE WHEN tp.topic_id % 2 = 0 THEN 2 * a.tail + 64 * :mib ELSE -1 END,
     retention_seconds = CASE WHEN tp.topic_id % 3 = 0
                              THEN extract(epoch FROM now() - a.oldest_live)::bigint + 3600 ELSE -1 END,
-    retention_bytes = CASE WHEN tp.topic_id % 3 = 1 THEN a.live * 5 / 4 + 64 * :mib ELSE -1 END
+    retention_bytes = CASE WHEN tp.topic_id % 3 = 1 THEN a.live * 5 / 4 + 64 * :mib ELSE -1 END,
+    retain_unread = tp.topic_id % 9 IN (0, 1, 2),
+    subscription_expiry_seconds = CASE WHEN tp.topic_id % 4 = 0 THEN 7 * 86400 ELSE -1 END,
+    max_retention_seconds = CASE WHEN tp.topic_id % 6 = 0
+                                 THEN extract(epoch FROM now() - a.oldest_live)::bigint + 3600 + 86400 ELSE -1 END,
+    max_retention_bytes = CASE WHEN tp.topic_id % 6 = 1 THEN 2 * (a.live * 5 / 4 + 64 * :mib) ELSE -1 END
 FROM (SELECT t, sum(size) FILTER (WHERE i >= n - :tail) AS tail, min(sealed) FILTER (WHERE kind <> 'DELETED') AS oldest_live,
              sum(size) FILTER (WHERE kind NOT IN ('DELETED', 'OPEN')) AS live
       FROM gen GROUP BY t) a
 WHERE tp.topic_id = a.t
+"""
+
+# `subs` subscriptions per topic, positioned by slot (see the module's docstring) on gen's rows (entry_count =
+# size / 1024 for sealed ledgers; the open ledger's tier-1 file has 4 entries).
+_SUBSCRIPTIONS = """
+INSERT INTO tiering.subscription (topic_id, name, ack_ledger_id, ack_entry_id, created_at, last_ack_at)
+SELECT x.t, 'sub-' || lpad(x.k::text, 4, '0'),
+       g.i, CASE WHEN x.slot = 4 THEN 1 WHEN x.slot IN (5, 8) THEN g.size / 2048
+                 WHEN x.slot = 9 THEN 0 ELSE g.size / 1024 - 1 END,
+       CASE WHEN x.slot = 7 AND x.t % 8 <> 0 THEN now() - interval '1 hour' ELSE now() - interval '40 days' END,
+       CASE WHEN x.slot = 7 THEN NULL
+            WHEN x.slot = 9 THEN now() - interval '30 days'
+            ELSE now() - make_interval(secs => 60 + (x.t * 7 + x.k * 13) % 3600) END
+FROM (SELECT t, k, k % 10 AS slot,
+             CASE k % 10 WHEN 4 THEN :n - 1 WHEN 5 THEN :n - 3 WHEN 6 THEN :n - 5 WHEN 7 THEN NULL
+                         WHEN 8 THEN (d + :n - 7) / 2 WHEN 9 THEN d ELSE :n - 2 END AS at
+      FROM generate_series(1, :topics) t, generate_series(0, :subs - 1) k,
+           LATERAL (SELECT CASE WHEN t % 3 IN (0, 1) THEN :n / 10 ELSE 0 END AS d) dd) x
+LEFT JOIN gen g ON g.t = x.t AND g.i = x.at
 """
 
 # GC tasks not yet due (objects merged away or trimmed minutes ago, waiting for the GC delay) and an hourly
@@ -133,24 +167,29 @@ FROM generate_series(now() - interval '60 days', now() - interval '1 hour', inte
 """
 
 
-def load_metadata(url: str, topics: int, ledgers_per_topic: int, prefix: str) -> dict:
+def load_metadata(url: str, topics: int, ledgers_per_topic: int, prefix: str, subscriptions: int = 0) -> dict:
     """Replace the store's rows by the synthetic shape (TRUNCATE first: each size is loaded fresh, the same
-    topics grown to more history). Returns counts and what was recomputed."""
+    topics grown to more history), with `subscriptions` subscriptions spread evenly over the topics. Returns
+    counts and what was recomputed."""
     n = ledgers_per_topic
+    subs = subscriptions // topics
     if n < TAIL + 4:
         raise ValueError(f"at least {TAIL + 4} ledgers per topic")
     engine = create_engine(url.replace("postgresql://", "postgresql+psycopg2://", 1))
-    params = {"n": n, "topics": topics, "mib": MIB, "prefix": prefix, "tail": TAIL}
+    params = {"n": n, "topics": topics, "mib": MIB, "prefix": prefix, "tail": TAIL, "subs": subs}
     try:
         with engine.begin() as conn:
             conn.execute(text("SET LOCAL session_replication_role = replica"))
             conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
-                              "tiering.job_run, tiering.attribute RESTART IDENTITY CASCADE"))
+                              "tiering.job_run, tiering.attribute, tiering.subscription, tiering.subscription_loss, "
+                              "tiering.topic_tombstone RESTART IDENTITY CASCADE"))
             conn.execute(text(_GEN), params)
             conn.execute(text(_TOPICS), params)
             conn.execute(text(_LEDGERS), params)
             conn.execute(text(_CHUNKS), params)
             conn.execute(text(_POLICIES), params)
+            if subs:
+                conn.execute(text(_SUBSCRIPTIONS), params)
             conn.execute(text(_GC_TASKS), params)
             conn.execute(text(_JOB_RUNS), params)
             conn.execute(text("SELECT setval('tiering.topic_topic_id_seq', :topics)"), params)
@@ -170,10 +209,16 @@ def load_metadata(url: str, topics: int, ledgers_per_topic: int, prefix: str) ->
                 "SELECT state::text, count(*) FROM tiering.ledger GROUP BY state")).all())
             chunks, objects = conn.execute(text(
                 "SELECT count(*), count(DISTINCT data_key) FROM tiering.chunk")).one()
+            sub_counts = conn.execute(text("""
+                SELECT count(*) AS subscriptions, count(*) FILTER (WHERE s.ack_ledger_id IS NULL) AS no_position,
+                       count(*) FILTER (WHERE t.retain_unread) AS on_retain_unread,
+                       count(*) FILTER (WHERE t.subscription_expiry_seconds >= 0 AND COALESCE(s.last_ack_at,
+                           s.created_at) <= now() - make_interval(secs => t.subscription_expiry_seconds)) AS expired
+                FROM tiering.subscription s JOIN tiering.topic t USING (topic_id)""")).one()._asdict()
     finally:
         engine.dispose()
     return {"ledgers": topics * n, "by_state": counts, "chunks": chunks, "data_objects": objects,
-            "recomputed": recomputed}
+            "recomputed": recomputed, "subscriptions": sub_counts}
 
 
 def write_tier1(root, url: str) -> int:
