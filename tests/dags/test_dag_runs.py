@@ -90,10 +90,17 @@ def test_defrag_merges_the_small_objects(airflow, deps):
     assert {(e.ledger_id, e.entry_id): e.data for e in read(deps, "frag") if isinstance(e, Entry)} == before
 
 
-def test_retention_trims_the_head(airflow, deps):
-    produce(deps, "ret", [entries(f"r{i}", 4, 250) for i in range(3)], TopicPolicy(retention_bytes=1000, **BIG),
-            open_tail=[b"o"])
+def test_retention_trims_the_head_up_to_the_slowest_reader(airflow, deps):
+    produce(deps, "ret", [entries(f"r{i}", 4, 250) for i in range(3)],
+            TopicPolicy(retention_bytes=1000, retain_unread=True, **BIG), open_tail=[b"o"])
     offload_many(deps, deps.meta.list_ledgers("ret", [S.SEALED])[:1])
+    deps.meta.subs.create("ret", "reader", Position(0, 3))  # has read ledger 0 only
+    done, out = dags_test(airflow, "tiering_retention", {"topic": "ret"})
+    assert done.returncode == 0, out[-3000:]
+    # the plan task logs what the run deletes and what the reader holds back, as `retention --dry-run`
+    assert "retention plan: 'ret': delete 1 ledger(s)" in out and "held back by subscriptions" in out, out[-3000:]
+    assert states(deps, "ret") == [S.DELETED, S.SEALED, S.SEALED, S.OPEN]
+    deps.meta.subs.delete("ret", "reader")
     done, out = dags_test(airflow, "tiering_retention", {"topic": "ret"})
     assert done.returncode == 0, out[-3000:]
     assert states(deps, "ret") == [S.DELETED, S.DELETED, S.SEALED, S.OPEN]

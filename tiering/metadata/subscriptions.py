@@ -45,6 +45,7 @@ class Backlog:
     bytes: int
     oldest_unread_at: object
     open_ledger_id: int | None  # the topic's OPEN ledger, if any, for the caller to add
+    open_created_at: object = None  # its created_at (the oldest unread time when only it is unread)
 
 
 # Per subscription: its unread part of each live ledger from its position on (index ledger_live_by_topic, a
@@ -62,7 +63,8 @@ BACKLOG_LATERAL = """(
               WHERE l.topic_id = s.topic_id AND l.state <> 'DELETED' AND l.entry_count > 0
                 AND l.ledger_id >= COALESCE(s.ack_ledger_id, -1)) u)"""
 _BACKLOG = f"""
-    SELECT {_COLS}, b.entries, b.bytes, b.oldest_unread_at, o.ledger_id AS open_ledger_id
+    SELECT {_COLS}, b.entries, b.bytes, b.oldest_unread_at, o.ledger_id AS open_ledger_id,
+           o.created_at AS open_created_at
     FROM tiering.subscription s JOIN tiering.topic t ON t.topic_id = s.topic_id
     CROSS JOIN LATERAL {BACKLOG_LATERAL} b
     LEFT JOIN tiering.ledger o ON o.topic_id = s.topic_id AND o.state = 'OPEN'
@@ -120,7 +122,8 @@ class Subscriptions:
             self._topic(topic_name)
         with self.engine.connect() as conn:
             rows = conn.execute(text(_BACKLOG), {"topic": topic_name, "now": None}).all()
-        return [(_sub(r), Backlog(r.entries, r.bytes, r.oldest_unread_at, r.open_ledger_id)) for r in rows]
+        return [(_sub(r), Backlog(r.entries, r.bytes, r.oldest_unread_at, r.open_ledger_id,
+                                             r.open_created_at)) for r in rows]
 
     # ------------------------------------------------------------------------------------------ writes
     def create(self, topic_name: str, name: str, position: Position | None,

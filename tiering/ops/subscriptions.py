@@ -128,14 +128,13 @@ def list_subscriptions(deps: Deps, topic: str | None = None) -> list[Listed]:
 def _open_part(deps: Deps, sub: Subscription, b: Backlog, cache) -> tuple[int, int, object]:
     key = (sub.topic, b.open_ledger_id)
     if key not in cache:
-        led = deps.meta.get_ledger(sub.topic, b.open_ledger_id)
-        count, size = 0, 0
+        count, size = 0, 0  # the ledger's created_at came with the backlog: no statement per topic
         try:
-            with deps.tier1.reader(sub.topic, led.ledger_id) as r:
+            with deps.tier1.reader(sub.topic, b.open_ledger_id) as r:
                 count, size = r.entry_count, r.size_bytes
         except LedgerStorageError:
             pass
-        cache[key] = (count, size, led.created_at)
+        cache[key] = (count, size, b.open_created_at)
     count, size, created = cache[key]
     pos = sub.position
     read = 0 if pos is None or pos.ledger_id < b.open_ledger_id else (
