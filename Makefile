@@ -67,5 +67,7 @@ bench: schema dist
 stop:
 	@bash .ci/stop.sh
 
-clean: stop
-	rm -rf $(LOCAL) build dist
+# stop, drop the Airflow metastore this checkout created (its key goes with .local), delete .local
+clean:
+	@TIERING_LOCAL="$(LOCAL)" bash .ci/clean.sh
+	rm -rf build dist

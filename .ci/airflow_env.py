@@ -5,12 +5,18 @@ and `spark_default` built from the tiering settings.
     eval "$(python .ci/airflow_env.py HOME_DIR LOCAL_DIR)"   # export lines (make up / make demo)
     python .ci/airflow_env.py --connections FILE             # the connections as `airflow connections import` JSON
     python .ci/airflow_env.py --metastore-url                # airflow.cfg's sql_alchemy_conn_cmd
-    python .ci/airflow_env.py --create-metastore             # CREATE DATABASE when missing (make up)
+    python .ci/airflow_env.py --create-metastore LOCAL_DIR   # CREATE DATABASE when missing (make up)
+    python .ci/airflow_env.py --check-fernet-key             # one line and exit 1 if the key cannot read it
+    python .ci/airflow_env.py --drop-metastore LOCAL_DIR     # DROP the metastores LOCAL_DIR made (make clean)
 
-Airflow's metastore is a PostgreSQL database of its own (TIERING_AIRFLOW_DATABASE, default `airflow`) on
-the server of TIERING_DATABASE_URL (or TIERING_AIRFLOW_DATABASE_URL, a whole URL): never the database of
-the `tiering` schema. SQLite is left only to callers that pass no metastore (an API server alone or
-`airflow dags test`: no scheduler, so no concurrent writers).
+Airflow's metastore is a PostgreSQL database of its own on the server of TIERING_DATABASE_URL: by default
+`airflow_<hash>`, the hash of the local directory's absolute path (TIERING_LOCAL, default .local), so two
+checkouts or two local directories never share one (TIERING_AIRFLOW_DATABASE names another;
+TIERING_AIRFLOW_DATABASE_URL is a whole URL). Never the database of the `tiering` schema. The connections in
+it are encrypted with the Fernet key under the local directory: a metastore outliving that directory would
+hold rows no new key can read, so the metastores a local directory made are recorded in it
+(`airflow-metastore`) and `make clean` drops exactly those. SQLite is left only to callers that pass no
+metastore (an API server alone or `airflow dags test`: no scheduler, so no concurrent writers).
 
 `make up` puts the connections in Airflow's metastore (Admin > Connections, editable, secrets masked);
 `airflow_env()` can also give them as AIRFLOW_CONN_* (the `airflow dags test` fixtures use that).
@@ -19,6 +25,7 @@ Tests import `airflow_env()` directly.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import secrets
@@ -42,19 +49,31 @@ SHARED_SECRETS = {  # file name -> the Airflow option that reads it (through its
 
 
 AIRFLOW_DB_VAR = "TIERING_AIRFLOW_DATABASE"
-DEFAULT_AIRFLOW_DB = "airflow"
+CREATED_RECORD = "airflow-metastore"  # under the local directory: the metastores it created, one URL a line
 
 
-def metastore_url(env: dict[str, str]) -> str:
+def local_dir(env: dict[str, str]) -> Path:
+    """The local directory (.local, or TIERING_LOCAL), as .ci/airflow_env.sh and the Makefile place it."""
+    return Path(env.get("TIERING_LOCAL") or REPO / ".local")
+
+
+def default_metastore_name(local: Path) -> str:
+    """`airflow_` and 12 hex digits of the SHA-256 of the local directory's absolute path: stable for one
+    checkout, distinct between checkouts and local directories on one server."""
+    return "airflow_" + hashlib.sha256(str(Path(local).resolve()).encode()).hexdigest()[:12]
+
+
+def metastore_url(env: dict[str, str], local: Path | None = None) -> str:
     """Airflow's metastore: TIERING_AIRFLOW_DATABASE_URL, else database TIERING_AIRFLOW_DATABASE (default
-    `airflow`) on the server of TIERING_DATABASE_URL, with psycopg2 (Airflow derives asyncpg from it)."""
+    `default_metastore_name(local)`) on the server of TIERING_DATABASE_URL, with psycopg2 (Airflow derives
+    asyncpg from it)."""
     from sqlalchemy.engine import make_url
 
     raw = env.get("TIERING_AIRFLOW_DATABASE_URL") or env["TIERING_DATABASE_URL"]
     url = make_url(raw.replace("postgresql://", "postgresql+psycopg2://", 1))
     if not env.get("TIERING_AIRFLOW_DATABASE_URL"):
         tiering_db = url.database
-        url = url.set(database=env.get(AIRFLOW_DB_VAR) or DEFAULT_AIRFLOW_DB)
+        url = url.set(database=env.get(AIRFLOW_DB_VAR) or default_metastore_name(local or local_dir(env)))
         if url.database == tiering_db:
             raise SystemExit(f"{AIRFLOW_DB_VAR}={url.database!r} is the tiering metadata's database: "
                              "Airflow's metastore needs a database of its own")
@@ -63,8 +82,11 @@ def metastore_url(env: dict[str, str]) -> str:
     return url.render_as_string(hide_password=False)
 
 
-def create_metastore(url: str) -> bool:
-    """CREATE DATABASE of the metastore when missing (on the server's `postgres` database); True if made."""
+def create_metastore(url: str, local: Path | None = None) -> bool:
+    """CREATE DATABASE of the metastore when missing (on the server's `postgres` database); True if made.
+    With `local`, the metastore is recorded there for `make clean` when this call made it or when its name
+    is the one derived from `local` (by construction no other directory's); one that existed under another
+    name (an operator's own) is never recorded, so never dropped."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
@@ -72,13 +94,108 @@ def create_metastore(url: str) -> bool:
     admin = create_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
-            if conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :d"),
-                            {"d": target.database}).first():
-                return False
-            conn.execute(text(f'CREATE DATABASE "{target.database}"'))
-            return True
+            created = not conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :d"),
+                                       {"d": target.database}).first()
+            if created:
+                conn.execute(text(f'CREATE DATABASE "{target.database}"'))
     finally:
         admin.dispose()
+    if local is not None and (created or target.database == default_metastore_name(local)):
+        _record_metastore(Path(local) / CREATED_RECORD, url)
+    return created
+
+
+def _record_metastore(record: Path, url: str) -> None:
+    known = record.read_text().split() if record.exists() else []
+    if url not in known:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # the URL may hold a password
+        with os.fdopen(fd, "a") as f:
+            f.write(url + "\n")
+
+
+def drop_metastores(local: Path) -> list[str]:
+    """DROP every metastore recorded in `local` (`make clean`, before `local` goes with its Fernet key).
+    Returns one line per database: dropped, or why not (a server that does not answer is reported, not
+    fatal: `make clean` still removes the directory)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    record = Path(local) / CREATED_RECORD
+    lines = []
+    for url in (record.read_text().split() if record.exists() else []):
+        target = make_url(url)
+        where = f'"{target.database}" on {target.host}:{target.port or 5432}'
+        admin = create_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{target.database}" WITH (FORCE)'))
+            lines.append(f"dropped Airflow's metastore {where}")
+        except SQLAlchemyError as err:
+            reason = str(getattr(err, "orig", err)).strip().splitlines()[0]
+            lines.append(f"Airflow's metastore {where} not dropped ({reason}): drop it by hand, or its "
+                         "connections stay encrypted with a key that is now gone")
+        finally:
+            admin.dispose()
+    record.unlink(missing_ok=True)
+    return lines
+
+
+def _fernet_key(env: dict[str, str]) -> str:
+    """The key Airflow will use: [core] fernet_key from the environment, or its _CMD form (how
+    .ci/airflow_env.sh gives it)."""
+    import subprocess
+
+    if env.get("AIRFLOW__CORE__FERNET_KEY"):
+        return env["AIRFLOW__CORE__FERNET_KEY"]
+    cmd = env.get("AIRFLOW__CORE__FERNET_KEY_CMD")
+    if cmd:
+        return subprocess.run(cmd, shell=True, check=True, capture_output=True, text=True).stdout.strip()
+    return ""
+
+
+def fernet_mismatch(url: str, key: str, key_source: str) -> str | None:
+    """None when `key` decrypts every encrypted connection and variable in the metastore at `url` (or it has
+    none yet); else one line naming the cause and the fix. Airflow itself would fail at the first such row
+    with a bare `cryptography.fernet.InvalidToken` deep in a log."""
+    from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    target = make_url(url)
+    engine = create_engine(target)
+    try:
+        with engine.connect() as conn:
+            if conn.execute(text("SELECT to_regclass('connection') IS NULL")).scalar():
+                return None  # not migrated yet: nothing encrypted
+            values = [(f"connection {cid!r}", v) for cid, v in conn.execute(text(
+                "SELECT conn_id, password FROM connection WHERE is_encrypted AND password <> '' UNION ALL "
+                "SELECT conn_id, extra FROM connection WHERE is_extra_encrypted AND extra <> ''"))]
+            if conn.execute(text("SELECT to_regclass('variable') IS NOT NULL")).scalar():
+                values += [(f"variable {k!r}", v) for k, v in conn.execute(text(
+                    "SELECT key, val FROM variable WHERE is_encrypted AND val <> ''"))]
+    finally:
+        engine.dispose()
+    if not values:
+        return None
+    where = f'"{target.database}" on {target.host}:{target.port or 5432}'
+    try:
+        fernet = MultiFernet([Fernet(part.strip().encode()) for part in key.split(",") if part.strip()])
+    except (ValueError, TypeError):
+        fernet = None
+    for what, value in values:
+        try:
+            if fernet is None:
+                raise InvalidToken
+            fernet.decrypt(value.encode())
+        except InvalidToken:
+            return (f"Airflow's metastore {where} was set up with another Fernet key than {key_source} "
+                    f"({what} cannot be decrypted): give Airflow the key that wrote it (AIRFLOW__CORE__FERNET_KEY"
+                    f"_CMD), or re-encrypt with AIRFLOW__CORE__FERNET_KEY=<this key>,<old key> airflow "
+                    f"rotate-fernet-key, or, with the old key lost, use another metastore "
+                    f"(TIERING_AIRFLOW_DATABASE) or DROP DATABASE \"{target.database}\" to start afresh")
+    return None
 
 
 def address(env: dict[str, str]) -> tuple[str, int]:
@@ -162,12 +279,29 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(metastore_url(dict(os.environ)))  # no newline: Airflow takes the output as it is
         return 0
     if argv[:1] == ["--create-metastore"]:
-        create_metastore(metastore_url(dict(os.environ)))
+        env = dict(os.environ)
+        local = Path(argv[1]) if len(argv) > 1 else local_dir(env)
+        if create_metastore(metastore_url(env, local), local):
+            print("created")
+        return 0
+    if argv[:1] == ["--drop-metastore"]:
+        for line in drop_metastores(Path(argv[1]) if len(argv) > 1 else local_dir(dict(os.environ))):
+            print(line)
+        return 0
+    if argv[:1] == ["--check-fernet-key"]:
+        env = dict(os.environ)
+        cmd = shlex.split(env.get("AIRFLOW__CORE__FERNET_KEY_CMD", ""))
+        source = ("AIRFLOW__CORE__FERNET_KEY" if env.get("AIRFLOW__CORE__FERNET_KEY")
+                  else cmd[1] if len(cmd) == 2 and cmd[0] == "cat" else "AIRFLOW__CORE__FERNET_KEY_CMD's key")
+        problem = fernet_mismatch(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], _fernet_key(env), source)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 1
         return 0
     home = Path(argv[0] if argv else REPO / ".local" / "airflow")
     local = Path(argv[1]) if len(argv) > 1 else home.parent
     env = airflow_env(dict(os.environ), home, conns_in_env=False, secrets_dir=local / "airflow-secrets",
-                      metastore=metastore_url(dict(os.environ)))
+                      metastore=metastore_url(dict(os.environ), local))
     for key, value in env.items():
         print(f"export {key}={shlex.quote(value)}")
     # connections now live in the metastore: a stale AIRFLOW_CONN_* would shadow them
