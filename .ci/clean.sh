@@ -18,5 +18,17 @@ if [ -s "$LOCAL/airflow-metastore" ]; then
       "$(sed -E 's#.*/([^/?]+)([?].*)?$#\1#' "$LOCAL/airflow-metastore" | tr '\n' ' ')" >&2
   fi
 fi
+# The metadata database services.sh created on the machine's server (recorded then): its topics and ledgers
+# describe the tier-1 files and the bucket deleted below, so a later `make demo` would find ledgers whose
+# files are gone. A private cluster under .local goes with .local.
+if [ -s "$LOCAL/tiering-database" ]; then
+  url="$(cat "$LOCAL/tiering-database")"
+  name="${url##*/}"
+  if psql "${url%/*}/postgres" -qc "drop database if exists \"$name\" with (force)" >/dev/null 2>&1; then
+    echo "clean: dropped the metadata database \"$name\" this checkout created"
+  else
+    echo "clean: could not drop the metadata database \"$name\" (server down?); drop it by hand" >&2
+  fi
+fi
 bash "$ROOT/.ci/stop.sh"
 rm -rf "$LOCAL"

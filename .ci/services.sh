@@ -33,6 +33,9 @@ if [ -z "$DB_URL" ] && [ "${TIERING_PG_PRIVATE:-0}" != 1 ] && pg_ok "postgresql:
   base="postgresql://postgres@127.0.0.1:5432"
   if [ "$(psql "$base/postgres" -Atqc "select 1 from pg_database where datname='$DB_NAME'")" != "1" ]; then
     psql "$base/postgres" -qc "create database \"$DB_NAME\"" >/dev/null
+    # created here: its rows describe this checkout's tier 1 and bucket, so `make clean` drops it with them
+    # (.ci/clean.sh); a database that was there before is never recorded, never dropped
+    (umask 077; echo "$base/$DB_NAME" >"$LOCAL/tiering-database")
   fi
   DB_URL="$base/$DB_NAME"
 fi
