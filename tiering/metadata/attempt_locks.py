@@ -1,4 +1,4 @@
-"""Which offload attempts still have a live worker (issue 24, item 5).
+"""Which offload attempts still have a live worker.
 
 An attempt's worker holds a PostgreSQL session advisory lock keyed on the attempt's uuid, on a connection of
 its own, from before the ledgers move to OFFLOADING(attempt) until the attempt committed or was undone. A

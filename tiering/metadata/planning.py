@@ -1,4 +1,4 @@
-"""Set-based planning queries (issue 19): what a scheduled offload-by-size, delete-lagged, retention, truncate
+"""Set-based planning queries: what a scheduled offload-by-size, delete-lagged, retention, truncate
 or defrag run has to do, read in one or a few statements that touch only candidate rows (partial indexes of
 migrations 0001 and 0004, the per-topic totals of 0003), never a topic's whole history.
 

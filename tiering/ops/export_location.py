@@ -1,4 +1,4 @@
-"""An export's location and its lifecycle (issue 24, items 1-3): one export at a time per location, every
+"""An export's location and its lifecycle: one export at a time per location, every
 part file identified as the export's own, nothing left behind by a failed one.
 
 - Each export has an id (`new_export_id`). Its parts are named `{table}/part-{id}-{n:05d}.parquet` and carry

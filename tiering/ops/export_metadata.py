@@ -195,7 +195,7 @@ class Manifest:
     tables: dict[str, TableManifest]
     sequences: dict[str, int | None] = field(default_factory=dict)  # "table.column" -> last value
     format: str = FORMAT
-    export_id: str | None = None  # every part's Parquet metadata names it (None: an export before issue 24)
+    export_id: str | None = None  # every part's Parquet metadata names it (None: an export written before exports had ids)
 
     @property
     def row_counts(self) -> dict[str, int]:

@@ -3,7 +3,7 @@ them (offload_many). Each attempt, of one ledger or of a batch of a topic's smal
 tiering/ops/offload_batch.py's: one begin transaction, the upload, one commit transaction, undone on failure.
 
 A ledger is reported offloaded, skipped only when another worker holds or finished it (checked against its
-current row), or failed with its reason: a failure is never reported as skipped (issue 20).
+current row), or failed with its reason: a failure is never reported as skipped.
 """
 from __future__ import annotations
 
@@ -107,8 +107,8 @@ def _offload_current(deps: Deps, led: Ledger, hook: StepHook) -> Ledger | None:
     """offload_ledger; on a lost compare-and-set, judged by the ledger's CURRENT row: another worker finished
     (OFFLOADED), trimmed (DELETED) or holds it (an OFFLOADING attempt whose worker is alive and not older
     than the offload timeout) -> None, skipped; otherwise the row read earlier was stale (a failed batch's
-    undo, another worker's failed attempt, a takeover) or its attempt's worker is dead (a lost executor:
-    issue 24), and the ledger is offloaded once more from the current row, whose failure is a failure."""
+    undo, another worker's failed attempt, a takeover) or its attempt's worker is dead (a lost executor),
+    and the ledger is offloaded once more from the current row, whose failure is a failure."""
     for retry in (False, True):
         try:
             return offload_ledger(deps, led, hook)

@@ -1,4 +1,4 @@
-"""What tier 1 tells recovery about a topic (issue 20): the ledger files the bucket alone cannot know.
+"""What tier 1 tells recovery about a topic: the ledger files the bucket alone cannot know.
 
 A topic's tier-1 directory may hold ledgers that were never offloaded (sealed, or the open one), and copies
 of offloaded ledgers not deleted yet. Ignoring them left the topic unwritable: `next_ledger_id` stopped at

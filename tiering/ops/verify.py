@@ -93,7 +93,7 @@ def verify_topic(meta: MetadataStore, tier1: Tier1Store, opener: Tier2Opener, to
         report.entries += scan.entries
         report.bytes += scan.bytes
         # One problem per cause and ledger: a lost tier-2 index is this ledger's tier-2 copy problem when that
-        # copy is compared below, else reported on its own (issue 20: it was both, for a shared object's first).
+        # copy is compared below, else reported on its own (never both: a shared object's first ledger would report it twice).
         index_problem = None
         if led.state == LedgerState.OFFLOADED:
             has_pages, index_problem = _page_index(meta, opener, led)
