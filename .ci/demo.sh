@@ -14,7 +14,8 @@ tiering db upgrade
 source .ci/airflow_env.sh
 tiering topic create "$T_SMALL" --rollover-entries 100 --offload-after 0 --deletion-lag 0
 tiering topic create "$T_LARGE" --rollover-bytes 6291456 --offload-threshold 8388608 --deletion-lag 0
-tiering topic create "$T_RET" --rollover-entries 50 --retention-size 100000 --offload-after 0
+tiering topic create "$T_RET" --rollover-entries 50 --retention-size 100000 --offload-after 0 --retain-unread
+tiering subscription create "$T_RET" billing   # a reader: retention keeps what it has not read
 tiering topic create "$T_MAN" --rollover-entries 200
 
 step "2/6 produce: many small ledgers, a few large ones"
@@ -44,7 +45,11 @@ sql "select topic, tier1_ledgers, tier1_bytes, tier2_ledgers, tier2_bytes from t
 REFS_SQL="select count(distinct data_key) + count(distinct index_key) from tiering.chunk"
 REF_BEFORE=$(psql "$TIERING_DATABASE_URL" -Atc "$REFS_SQL")
 run_dag tiering_defrag
+echo "  the reader 'billing' reads 300 of $T_RET's 600 entries; what retention would do now:"
+tiering read "$T_RET" --subscription billing --max-entries 300 --ack >/dev/null
+tiering retention --dry-run --topic "$T_RET" | sed 's/^/    /'
 run_dag tiering_retention
+tiering subscription list "$T_RET" | sed 's/^/    /'
 run_dag tiering_gc
 run_dag tiering_gc_sweep
 REF_AFTER=$(psql "$TIERING_DATABASE_URL" -Atc "$REFS_SQL")
