@@ -31,7 +31,8 @@ from tiering.ops.offload import offload_many
 from tiering.ops.retention import retention
 from tiering.read import Entry, ReadHandle
 from tiering.tier2.arrowfs import s3_filesystem
-from tiering.tier2.objects import Bucket, make_client, put_bytes
+from tiering.tier2.client import make_client
+from tiering.tier2.objects import Bucket, put_bytes
 from tiering.tier2.reader import tier2_opener
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -242,7 +242,7 @@ def pack_blocks(entries: Iterable[tuple[int, Buffer]], block_size: int = DEFAULT
     room = block_size - HEADER_LEN
     part_id, offset = 1, 0
     # The block being built is a list of pieces (frame headers, the payloads as given) joined once when it
-    # is finished: each payload byte is copied once, into the block's bytes (issue 22: a growing bytearray
+    # is finished: each payload byte is copied once, into the block's bytes (a growing bytearray
     # and its final copy cost two more copies). Pieces reference the caller's buffers until then.
     cur: list | None = None
     cur_len = cur_first = cur_count = 0

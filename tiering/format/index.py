@@ -191,8 +191,15 @@ def check_ledger_pages(index: OffloadIndex, data: bytes | bytearray | memoryview
     if len(data) != index.data_object_len:
         raise CorruptObjectError("data", f"{where}, offset {base}",
                                  f"{len(data)} bytes where the index says {index.data_object_len}")
-    mv = memoryview(data)
-    for i in range(len(pages)):
-        start, end = index.page_span(i)
-        check_page(pages, i, mv[start:end], where, base + start)
+    check_page_run(index, 0, len(pages) - 1, data, 0, where, base)
     return True
+
+
+def check_page_run(index: OffloadIndex, first: int, last: int, data: bytes | bytearray | memoryview, start: int,
+                   where: str, base: int = 0) -> None:
+    """Check the CRC32C of pages first..last of the ledger, whose bytes `data` are, from the ledger's offset
+    `start` on (`base`: where the ledger's data starts in its object, for messages). The index has pages."""
+    pages, mv = index.pages, memoryview(data)
+    for p in range(first, last + 1):
+        p_start, p_end = index.page_span(p)
+        check_page(pages, p, mv[p_start - start:p_end - start], where, base + p_start)

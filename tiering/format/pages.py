@@ -88,7 +88,7 @@ def check_page(pages: PageIndex, i: int, data: Buffer, where: str, base: int) ->
 def page_entries(buf: Buffer, start: int, end: int, first_entry: int, last_entry: int, *, block_start: bool,
                  block_end: bool, where: str, base: int) -> list[tuple[int, bytes]]:
     """[(entry id, payload)] of entries first_entry..last_entry of the page at buf[start:end] (CRC already
-    checked), in one loop (issue 22: a generator frame per entry cost more than the parsing). Payloads are
+    checked), in one loop (a generator frame per entry cost more than the parsing). Payloads are
     bytes: sliced straight out of `buf` when it is bytes (one copy), else copied from its memoryview.
 
     The checks left are structural, for a writer's bug rather than a flipped bit: the header when the page

@@ -46,9 +46,10 @@ from datetime import datetime, timezone
 from typing import Iterable, Iterator
 
 from tiering.errors import CorruptObjectError, DataLossError, TieringError
-from tiering.format.block import HEADER_LEN, parse_block_header
-from tiering.format.index import INDEX_HEADER_LEN, OffloadIndex, decode_index
+from tiering.format.block import HEADER_LEN, BlockHeader, parse_block_header
+from tiering.format.index import INDEX_HEADER_LEN, OffloadIndex
 from tiering.format.keys import INDEX_SUFFIX, ParsedKey, encode_topic, is_trim_marker, parse_key
+from tiering.format.merged import ledger_offsets, split_indexes
 from tiering.metadata import gc_sweep
 from tiering.metadata.recovery import AdoptedLedger, RecoveredLedger, known_ledgers, restore_topic
 from tiering.model import Chunk, TopicPolicy
@@ -347,7 +348,7 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
             g.problem = f"index object of {index.size} bytes is too short"
             return g
         buf = get_range(b, index.key, 0, index.size)
-        parts = _split_indexes(buf, index.key)
+        parts = split_indexes(buf, index.key)
         problem = _check_indexes(segment, parsed, parts)
         if problem:
             g.problem = problem
@@ -382,22 +383,6 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
     return g
 
 
-def _split_indexes(buf: bytes, key: str) -> list[tuple[int, int, OffloadIndex]]:
-    """(offset, length, index) of each index object concatenated in buf."""
-    out, off = [], 0
-    while off < len(buf):
-        if len(buf) - off < INDEX_HEADER_LEN:
-            raise CorruptObjectError("index", f"index object {key} at {off}",
-                                     f"{len(buf) - off} trailing bytes, shorter than an index header")
-        index_len = int.from_bytes(buf[off + 4:off + 8], "big", signed=True)
-        if not INDEX_HEADER_LEN <= index_len <= len(buf) - off:
-            raise CorruptObjectError("index", f"index object {key} at {off}",
-                                     f"index_len {index_len} does not fit the {len(buf) - off} bytes left")
-        out.append((off, index_len, decode_index(buf[off:off + index_len], f"index object {key} at {off}")))
-        off += index_len
-    return out
-
-
 def _check_indexes(segment: str, parsed: ParsedKey, parts: list[tuple[int, int, OffloadIndex]]) -> str | None:
     seen = set()
     for _, _, ix in parts:
@@ -415,41 +400,25 @@ def _check_indexes(segment: str, parsed: ParsedKey, parts: list[tuple[int, int, 
     return None
 
 
-def _shape(ix: OffloadIndex) -> tuple:
-    return tuple((e.first_entry_id, e.block_offset, ix.block_length(i)) for i, e in enumerate(ix.entries))
-
-
 def _merged_offsets(b: Bucket, key: str, size: int, indexes: list[OffloadIndex]) -> list[int] | None:
-    """Where each ledger's bytes start in a merged data object, from its block headers; None if the
-    object's blocks cannot be matched one to one with the indexes."""
-    segments: list[tuple[int, list]] = []
-    off = 0
+    """Where each ledger's bytes start in a merged data object (format/merged.py), from its block headers."""
+    return ledger_offsets(_block_headers(b, key, size), size, indexes)
+
+
+def _block_headers(b: Bucket, key: str, size: int) -> Iterator[tuple[int, BlockHeader]]:
+    """(offset, header) of each block of data object `key`, fetched as they are asked for."""
+    off, last_len = 0, None
     buf, buf_at = b"", 0
     while off < size:
         if not buf_at <= off <= buf_at + len(buf) - HEADER_LEN:
             # A run of small blocks (a batch of small ledgers) is read in one window instead of one GET per
             # block; after a large block only its successor's header is fetched.
-            small = not segments or segments[-1][1][-1][2] < _WINDOW // 4
+            small = last_len is None or last_len < _WINDOW // 4
             buf, buf_at = get_range(b, key, off, min(size - off, _WINDOW if small else HEADER_LEN)), off
         hdr = parse_block_header(memoryview(buf)[off - buf_at:off - buf_at + HEADER_LEN], f"data object {key}", off)
-        if off + hdr.block_len > size:
-            return None
-        if hdr.first_entry_id == 0:
-            segments.append((off, []))
-        elif not segments:
-            return None
-        start, blocks = segments[-1]
-        blocks.append((hdr.first_entry_id, off - start, hdr.block_len))
+        yield off, hdr
+        last_len = hdr.block_len
         off += hdr.block_len
-    shapes = [_shape(ix) for ix in indexes]
-    offsets: list[int | None] = [None] * len(indexes)
-    for start, blocks in segments:
-        # identical layouts are interchangeable as far as the headers tell: take them in index order
-        j = next((j for j, s in enumerate(shapes) if offsets[j] is None and s == tuple(blocks)), None)
-        if j is None:
-            return None
-        offsets[j] = start
-    return None if any(o is None for o in offsets) else offsets
 
 
 # ----------------------------------------------------------------------------------------------- writing

@@ -21,7 +21,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.config import Settings, pyarrow_s3_filesystem as native_s3_filesystem
 from tiering.tier2.multipart import MIN_PART_SIZE, MultipartUpload
-from tiering.tier2.objects import Bucket, delete_keys, error_code, get_range, make_client, tier2_error
+from tiering.tier2.client import make_client
+from tiering.tier2.errors import NotFound, tier2_error
+from tiering.tier2.objects import Bucket, delete_keys, get_range
 
 
 def s3_filesystem(settings: Settings | None, **kwargs) -> pafs.FileSystem:
@@ -71,8 +73,9 @@ class Boto3Handler(pafs.FileSystemHandler):
             return pafs.FileInfo(path, pafs.FileType.File, size=int(head["ContentLength"]),
                                  mtime=head["LastModified"].astimezone(timezone.utc))
         except (ClientError, BotoCoreError) as exc:
-            if error_code(exc) not in ("404", "NoSuchKey", "NotFound"):
-                raise tier2_error("HEAD", key, exc) from None
+            error = tier2_error("HEAD", key, exc)
+            if not isinstance(error, NotFound):
+                raise error from None
         try:
             listed = self.s3.list_objects_v2(Bucket=bucket, Prefix=key + "/", MaxKeys=1)
         except (ClientError, BotoCoreError) as exc:

@@ -7,7 +7,8 @@ from typing import Iterator
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from tiering.tier2.objects import Bucket, tier2_error
+from tiering.tier2.errors import tier2_error
+from tiering.tier2.objects import Bucket
 
 
 def _pages(b: Bucket, prefix: str, **kwargs) -> Iterator[dict]:

@@ -12,7 +12,8 @@ import json
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.format.keys import trim_marker_key
-from tiering.tier2.objects import Bucket, error_code, tier2_error
+from tiering.tier2.errors import NotFound, tier2_error
+from tiering.tier2.objects import Bucket
 
 
 def read_trim_marker(b: Bucket, topic: str) -> int:
@@ -20,12 +21,11 @@ def read_trim_marker(b: Bucket, topic: str) -> int:
     key = trim_marker_key(b.prefix, topic)
     try:
         return int(json.loads(b.s3.get_object(Bucket=b.name, Key=key)["Body"].read())["trimmed_before_ledger"])
-    except ClientError as exc:
-        if error_code(exc) in ("NoSuchKey", "404"):
+    except (ClientError, BotoCoreError) as exc:
+        error = tier2_error("GET", key, exc)
+        if isinstance(error, NotFound):
             return -1
-        raise tier2_error("GET", key, exc) from None
-    except BotoCoreError as exc:
-        raise tier2_error("GET", key, exc) from None
+        raise error from None
 
 
 def record_trim(b: Bucket, topic: str, before_ledger: int) -> None:

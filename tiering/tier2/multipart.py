@@ -36,7 +36,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.errors import BadInput
 from tiering.format.block import MIN_BLOCK_SIZE
-from tiering.tier2.objects import Bucket, completed_part, error_code, tier2_error
+from tiering.tier2.errors import NotFound, tier2_error
+from tiering.tier2.objects import Bucket, completed_part
 from tiering.tier2.throttle import RateLimiter
 
 MAX_PARTS = 10_000  # S3's limit on parts of one multipart upload
@@ -100,7 +101,7 @@ class MultipartUpload:
                                               PartNumber=n, CopySource={"Bucket": self.b.name, "Key": source_key},
                                               CopySourceRange=f"bytes={offset}-{offset + length - 1}")
         except ClientError as exc:
-            if "%" in source_key and error_code(exc) in ("NoSuchKey", "404"):
+            if "%" in source_key and isinstance(tier2_error("UploadPartCopy", source_key, exc), NotFound):
                 return False
             raise
         self._done[n] = completed_part(n, resp["CopyPartResult"])

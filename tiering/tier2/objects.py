@@ -1,6 +1,5 @@
-"""Small S3 operations shared by the offloader, defrag and GC, with errors mapped to `Tier2Error`
-(operation and key, never credentials); the boto3 client of tier 2 (`make_client`) with the server-side
-encryption every request carries (`install_encryption`)."""
+"""Small S3 operations shared by the offloader, defrag, GC and the readers, on a `Bucket` (client, bucket,
+prefix), their failures translated by tier2/errors.py. The client itself is built in tier2/client.py."""
 from __future__ import annotations
 
 import os
@@ -10,11 +9,10 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Iterable, Iterator
 
-from botocore.exceptions import (BotoCoreError, ClientError, CredentialRetrievalError, NoCredentialsError,
-                                 PartialCredentialsError, SSLError)
+from botocore.exceptions import BotoCoreError, ClientError
 
-from tiering.config import S3Encryption, Settings
-from tiering.errors import DataLossError, Tier2Error
+from tiering.errors import CorruptObjectError, DataLossError
+from tiering.tier2.errors import NotFound, ShortObject, bucket_unavailable, error_class, tier2_error
 
 
 @dataclass(frozen=True)
@@ -24,161 +22,6 @@ class Bucket:
     s3: object
     name: str
     prefix: str
-
-
-def error_code(exc: BaseException) -> str | None:
-    return exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
-
-
-# botocore's "no usable credentials" errors: the endpoint was never asked, so the message must not send the
-# operator to TIERING_S3_ENDPOINT_URL (issue 20)
-_CREDENTIALS = (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)
-CREDENTIALS_HINT = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile or role boto3 finds)"
-
-
-# a TLS handshake that failed: nothing was sent, and nothing is retried in plain text
-TLS_HINT = ("the S3 endpoint's TLS certificate could not be verified (SSLError): check TIERING_S3_CA_BUNDLE "
-            "and TIERING_S3_ENDPOINT_URL")
-
-
-def make_client(settings: Settings, max_pool_connections: int = 32):
-    """The boto3 S3 client of tier 2: the endpoint, credentials, CA bundle (`verify`) and encryption of the
-    settings. `tiering.clients.s3_client` and the export's filesystem (tier2/arrowfs.py) both build it here."""
-    import boto3
-    from botocore.config import Config
-
-    client = boto3.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint_url,
-        aws_access_key_id=settings.aws_access_key_id,
-        aws_secret_access_key=settings.aws_secret_access_key,
-        aws_session_token=settings.aws_session_token,
-        region_name=settings.aws_region,
-        # None: boto3's default (certifi's CAs, or AWS_CA_BUNDLE); never False: TLS is verified or refused
-        verify=str(settings.s3_ca_bundle) if settings.s3_ca_bundle else None,
-        # checksums only when an operation requires them: older S3-compatible servers (Ceph RGW 16) neither
-        # return nor verify the newer flexible checksums, and the readers check every page themselves
-        config=Config(max_pool_connections=max_pool_connections, retries={"max_attempts": 5, "mode": "standard"},
-                      request_checksum_calculation="when_required", response_checksum_validation="when_required"),
-    )
-    # over https botocore sends a checksummed upload as `aws-chunked` with the checksum in a trailer and no
-    # Content-Length, which Ceph RGW 16 refuses (411 MissingContentLength); our bodies are bytes in memory
-    # (botocore wraps them in a BytesIO), so the checksum goes in a header as it does over http
-    for op in ("PutObject", "UploadPart"):
-        client.meta.events.register(f"before-call.s3.{op}", _checksum_in_header)
-    install_encryption(client, settings.s3_encryption, settings.s3_endpoint_url)
-    return client
-
-
-def _checksum_in_header(params, **_):
-    algorithm = params.get("context", {}).get("checksum", {}).get("request_algorithm")
-    body = params.get("body")
-    if isinstance(algorithm, dict) and algorithm.get("in") == "trailer" and (
-            isinstance(body, (bytes, bytearray)) or hasattr(body, "seekable") and body.seekable()):
-        algorithm["in"] = "header"
-
-
-# Which operations carry what (S3's API): the encryption of a new object is asked for where it is created
-# (PutObject, CreateMultipartUpload, CopyObject); an SSE-C key goes on every request that reads or writes the
-# object's bytes, and a copy also names the key of its source.
-_CREATES = ("PutObject", "CreateMultipartUpload", "CopyObject")
-_SSE_C = _CREATES + ("UploadPart", "UploadPartCopy", "CompleteMultipartUpload", "GetObject", "HeadObject")
-_SSE_C_SOURCE = ("CopyObject", "UploadPartCopy")
-_READS = ("GetObject", "HeadObject")
-_ENCRYPTION_CODES = {"InvalidRequest", "InvalidArgument", "InvalidEncryptionAlgorithmError", "AccessDenied", "400",
-                     "403", "NotImplemented"}
-
-
-def install_encryption(client, enc: S3Encryption, endpoint_url: str | None) -> None:
-    """Add the encryption parameters to every request of `client` that needs them (botocore's
-    before-parameter-build: each call site in tier2/ stays as it is), check that a write was encrypted, and
-    name the setting in errors that encryption causes (after-call: the one-line `Tier2Error` then says it).
-
-    A store that ignores the header (Ceph RGW 16 answers SSE-S3 `AES256` with 200 and stores the object
-    unencrypted) fails the write instead of leaving a plaintext object the operator believes encrypted."""
-    from botocore.exceptions import ClientError as _ClientError
-
-    plain_http = (endpoint_url or "https://").startswith("http://")
-
-    def add_parameters(params, model, context, **_):
-        op = model.name
-        if enc.mode == "SSE-C":
-            if op in _SSE_C:
-                params.setdefault("SSECustomerAlgorithm", "AES256")
-                params.setdefault("SSECustomerKey", enc.customer_key)
-            if op in _SSE_C_SOURCE:
-                params.setdefault("CopySourceSSECustomerAlgorithm", "AES256")
-                params.setdefault("CopySourceSSECustomerKey", enc.customer_key)
-        elif enc.enabled and op in _CREATES:
-            params.setdefault("ServerSideEncryption", enc.mode)
-            if enc.kms_key_id:
-                params.setdefault("SSEKMSKeyId", enc.kms_key_id)
-
-    def check_response(http_response, parsed, model, **_):
-        op = model.name
-        err = parsed.get("Error") if http_response.status_code >= 300 else None
-        if err is not None:
-            code = str(err.get("Code"))
-            hint = _encryption_hint(enc, op, code, str(err.get("Message") or ""), plain_http)
-            if hint:
-                err["Message"] = f"{err.get('Message') or ''} ({hint})".lstrip()
-            return
-        if enc.enabled and op in _CREATES:
-            applied = parsed.get("SSECustomerAlgorithm") if enc.mode == "SSE-C" else parsed.get("ServerSideEncryption")
-            if not applied:
-                if op == "CreateMultipartUpload" and parsed.get("UploadId"):
-                    try:  # no caller will ever know this upload: abort it here (GC's sweep is the net)
-                        client.abort_multipart_upload(Bucket=parsed["Bucket"], Key=parsed["Key"],
-                                                      UploadId=parsed["UploadId"])
-                    except Exception:  # noqa: BLE001 - best effort
-                        pass
-                raise _ClientError({"Error": {"Code": "ServerSideEncryptionNotApplied", "Message":
-                                              f"the store accepted the write without applying {enc.setting}; "
-                                              f"refusing to leave data unencrypted"}}, op)
-
-    if enc.enabled:
-        for op in _SSE_C if enc.mode == "SSE-C" else _CREATES:
-            # first: botocore's own handler on the same event base64-encodes the key and adds its MD5
-            client.meta.events.register_first(f"before-parameter-build.s3.{op}", add_parameters)
-    for op in set(_SSE_C):
-        client.meta.events.register(f"after-call.s3.{op}", check_response)
-
-
-def _encryption_hint(enc: S3Encryption, op: str, code: str, message: str, plain_http: bool) -> str | None:
-    """What to tell the operator when an error may come from encryption (None: it does not)."""
-    kms_error = code.startswith("KMS") or "kms" in message.lower()
-    if not (code in _ENCRYPTION_CODES or kms_error):
-        return None
-    if enc.enabled:
-        if plain_http and code in ("InvalidRequest", "400"):
-            return (f"{enc.setting}: the store refuses server-side encryption over plain http; use an https "
-                    f"TIERING_S3_ENDPOINT_URL")
-        if kms_error:
-            return f"{enc.setting}: the store could not use the KMS key"
-        if enc.mode == "SSE-C" and op in _READS + ("UploadPartCopy", "CopyObject") and code != "AccessDenied":
-            return f"{enc.setting}: the object was written with another key, or without SSE-C"
-        return (f"refused with {enc.setting}: the bucket's policy may require another kind of server-side "
-                f"encryption, or the credentials lack access")
-    if op in _READS and code in ("InvalidArgument", "InvalidRequest", "400"):
-        return "the object may be encrypted with a customer key (SSE-C): set TIERING_S3_SSE_C_KEY_FILE"
-    if op in _CREATES and code in ("AccessDenied", "403"):
-        return ("TIERING_S3_SSE is none: a bucket policy that requires server-side encryption refuses such writes; "
-                "set TIERING_S3_SSE or TIERING_S3_SSE_C_KEY_FILE")
-    return None
-
-
-def tier2_error(op: str, key: str, exc: BaseException) -> Tier2Error:
-    if isinstance(exc, ClientError):
-        err = exc.response.get("Error", {})
-        return Tier2Error(f"S3 {op} of {key!r} failed: {err.get('Code')} {err.get('Message', '')}".rstrip())
-    if isinstance(exc, _CREDENTIALS):
-        return Tier2Error(f"S3 {op} of {key!r} failed: no usable S3 credentials ({type(exc).__name__}): "
-                          f"{CREDENTIALS_HINT}")
-    if isinstance(exc, SSLError):
-        return Tier2Error(f"S3 {op} of {key!r} failed: {TLS_HINT}")
-    if isinstance(exc, BotoCoreError):
-        return Tier2Error(f"S3 {op} of {key!r} failed: {type(exc).__name__}")
-    return Tier2Error(f"S3 {op} of {key!r} failed: {type(exc).__name__}: {exc}")
 
 
 def completed_part(part_number: int, resp: dict) -> dict:
@@ -199,15 +42,19 @@ def get_range(b: Bucket, key: str, start: int, length: int) -> bytes:
         body = b.s3.get_object(Bucket=b.name, Key=key, Range=f"bytes={start}-{start + length - 1}")["Body"]
         data = body.read()
     except (ClientError, BotoCoreError) as exc:
-        if error_code(exc) in ("NoSuchKey", "404", "InvalidRange"):
-            raise DataLossError(f"tier-2 object {key!r} is missing or shorter than metadata says") from None
-        raise tier2_error("GET", key, exc) from None
+        raise _read_error(key, exc) from None
     if len(data) != length:
-        from tiering.errors import CorruptObjectError
-
         raise CorruptObjectError("object", f"{key} bytes {start}..{start + length - 1}",
                                  f"got {len(data)} bytes, expected {length} (object shorter than metadata says)")
     return data
+
+
+def _read_error(key: str, exc: BaseException) -> Exception:
+    """A GET of bytes the metadata says are there: an object missing or shorter is data loss."""
+    error = tier2_error("GET", key, exc)
+    if isinstance(error, (NotFound, ShortObject)):
+        return DataLossError(f"tier-2 object {key!r} is missing or shorter than metadata says")
+    return error
 
 
 class RangeStream:
@@ -222,9 +69,7 @@ class RangeStream:
             self._body = b.s3.get_object(Bucket=b.name, Key=key,
                                          Range=f"bytes={start}-{start + length - 1}")["Body"] if length > 0 else None
         except (ClientError, BotoCoreError) as exc:
-            if error_code(exc) in ("NoSuchKey", "404", "InvalidRange"):
-                raise DataLossError(f"tier-2 object {key!r} is missing or shorter than metadata says") from None
-            raise tier2_error("GET", key, exc) from None
+            raise _read_error(key, exc) from None
 
     def read(self, n: int) -> bytes:
         if n <= 0:
@@ -236,8 +81,6 @@ class RangeStream:
         except (BotoCoreError, OSError) as exc:  # the connection broke mid-body (urllib3's errors are OSErrors)
             raise tier2_error("GET", self.key, exc) from None
         if len(data) != n:
-            from tiering.errors import CorruptObjectError
-
             raise CorruptObjectError("object", f"{self.key} from byte {self.start}",
                                      f"the body ended {self.left - len(data)} bytes early (object shorter than "
                                      f"metadata says)")
@@ -257,21 +100,8 @@ def check_bucket(b: Bucket) -> None:
     ledger's version and queueing its keys for GC on each run of an outage."""
     try:
         b.s3.head_bucket(Bucket=b.name)
-    except ClientError as exc:
-        code = error_code(exc)
-        if code in ("404", "NoSuchBucket", "NotFound"):
-            raise Tier2Error(f"tier 2 is unavailable: bucket {b.name!r} does not exist") from None
-        if code in ("403", "AccessDenied", "Forbidden"):
-            raise Tier2Error(f"tier 2 is unavailable: access to bucket {b.name!r} is denied") from None
-        raise tier2_error("HEAD bucket", b.name, exc) from None
-    except _CREDENTIALS as exc:
-        raise Tier2Error(f"tier 2 is unavailable: no usable S3 credentials ({type(exc).__name__}): "
-                         f"{CREDENTIALS_HINT}") from None
-    except SSLError:
-        raise Tier2Error(f"tier 2 is unreachable: {TLS_HINT}") from None
-    except BotoCoreError as exc:
-        raise Tier2Error(f"tier 2 is unreachable: the S3 endpoint did not answer ({type(exc).__name__}); "
-                         f"check TIERING_S3_ENDPOINT_URL") from None
+    except (ClientError, BotoCoreError) as exc:
+        raise bucket_unavailable(b.name, exc) from None
 
 
 def object_length(b: Bucket, key: str) -> int | None:
@@ -279,9 +109,10 @@ def object_length(b: Bucket, key: str) -> int | None:
     try:
         return int(b.s3.head_object(Bucket=b.name, Key=key)["ContentLength"])
     except (ClientError, BotoCoreError) as exc:
-        if error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+        error = tier2_error("HEAD", key, exc)
+        if isinstance(error, NotFound):
             return None
-        raise tier2_error("HEAD", key, exc) from None
+        raise error from None
 
 
 def delete_keys(b: Bucket, keys: Iterable[str]) -> list[str]:
@@ -294,7 +125,7 @@ def delete_keys(b: Bucket, keys: Iterable[str]) -> list[str]:
         try:
             resp = b.s3.delete_objects(Bucket=b.name, Delete={"Objects": [{"Key": k} for k in batch],
                                                                 "Quiet": True})
-            failed += [e["Key"] for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+            failed += [e["Key"] for e in resp.get("Errors", []) if error_class(e.get("Code")) is not NotFound]
         except (ClientError, BotoCoreError):
             failed += batch
     if keys:

@@ -6,7 +6,7 @@ small (a cold random read costs one or two requests) and grow, with several in f
 a bounded cache of entry offsets lets a later read start near its entry instead of at the block's start.
 Every entry's framing and id are checked. Ledgers offloaded with a page index (all since it exists) are
 read in whole pages, each page's CRC32C checked before any of its entries is returned: a cold random read is
-two requests (index, page); a scan is ONE streaming GET of its whole span (issue 22: growing ranged GETs
+two requests (index, page); a scan is ONE streaming GET of its whole span (growing ranged GETs
 reached only ~0.85 of one stream on RGW even without parsing), read group by group (~1 MiB of whole pages)
 by a thread of the pool that checks each group's pages and hands it over through a queue of READ_AHEAD
 groups, while the reading thread parses the previous one; memory stays within that queue.
@@ -23,8 +23,8 @@ from typing import Iterator
 
 from tiering.errors import CorruptObjectError, EntryNotFound
 from tiering.format.block import HEADER_LEN, Entry, NeedMore, parse_block_header, read_entry_at
-from tiering.format.index import OffloadIndex, decode_index
-from tiering.format.pages import check_page, page_entries
+from tiering.format.index import OffloadIndex, check_page_run, decode_index
+from tiering.format.pages import page_entries
 from tiering.model import Chunk, Ledger
 from tiering.tier2.objects import Bucket, RangeStream, get_range, prefetch_ranges
 
@@ -245,10 +245,7 @@ class OffloadedLedger:
             for a, b_ in groups:
                 g_start, g_end = index.page_span(a)[0], index.page_span(b_)[1]
                 data = stream.read(g_end - g_start)
-                view = memoryview(data)
-                for p in range(a, b_ + 1):
-                    p_start, p_end = index.page_span(p)
-                    check_page(index.pages, p, view[p_start - g_start:p_end - g_start], where, base + p_start)
+                check_page_run(index, a, b_, data, g_start, where, base)
                 if not put((a, b_, g_start, data)):
                     return
             put(_END)
@@ -263,10 +260,7 @@ class OffloadedLedger:
         """Pages a..b_ ([start, end) of the ledger) in one ranged GET, each page's CRC32C checked here, in the
         fetching thread (the CRC releases the GIL), while the reading thread parses the previous run."""
         data = get_range(self.b, self.ch.data_key, base + start, end - start)
-        view = memoryview(data)
-        for p in range(a, b_ + 1):
-            p_start, p_end = index.page_span(p)
-            check_page(index.pages, p, view[p_start - start:p_end - start], where, base + p_start)
+        check_page_run(index, a, b_, data, start, where, base)
         return data
 
     def _read_block(self, index: OffloadIndex, i: int, first: int, last: int) -> Iterator[tuple[int, bytes]]:
@@ -357,10 +351,7 @@ def check_stored_pages(b: Bucket, key: str, base: int, index: OffloadIndex, wind
     spans = [(index.page_span(a)[0], index.page_span(z)[1]) for a, z in runs]
     ranges = ((key, base + start, end - start) for start, end in spans)
     for (a, z), (start, _), data in zip(runs, spans, prefetch_ranges(b, ranges, window)):
-        mv = memoryview(data)
-        for p in range(a, z + 1):
-            p_start, p_end = index.page_span(p)
-            check_page(pages, p, mv[p_start - start:p_end - start], f"data object {key}", base + p_start)
+        check_page_run(index, a, z, data, start, f"data object {key}", base)
     return True
 
 

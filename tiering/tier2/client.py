@@ -1,0 +1,44 @@
+"""The boto3 client of tier 2 (`make_client`): endpoint, credentials, CA bundle, retries, the checksum
+settings older S3-compatible servers accept, and the server-side encryption every request carries
+(tier2/encryption.py)."""
+from __future__ import annotations
+
+from tiering.config import Settings
+from tiering.tier2.encryption import install_encryption
+
+
+def make_client(settings: Settings, max_pool_connections: int = 32):
+    """The boto3 S3 client of tier 2: the endpoint, credentials, CA bundle (`verify`) and encryption of the
+    settings. `tiering.clients.s3_client` and the export's filesystem (tier2/arrowfs.py) both build it here."""
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint_url,
+        aws_access_key_id=settings.aws_access_key_id,
+        aws_secret_access_key=settings.aws_secret_access_key,
+        aws_session_token=settings.aws_session_token,
+        region_name=settings.aws_region,
+        # None: boto3's default (certifi's CAs, or AWS_CA_BUNDLE); never False: TLS is verified or refused
+        verify=str(settings.s3_ca_bundle) if settings.s3_ca_bundle else None,
+        # checksums only when an operation requires them: older S3-compatible servers (Ceph RGW 16) neither
+        # return nor verify the newer flexible checksums, and the readers check every page themselves
+        config=Config(max_pool_connections=max_pool_connections, retries={"max_attempts": 5, "mode": "standard"},
+                      request_checksum_calculation="when_required", response_checksum_validation="when_required"),
+    )
+    # over https botocore sends a checksummed upload as `aws-chunked` with the checksum in a trailer and no
+    # Content-Length, which Ceph RGW 16 refuses (411 MissingContentLength); our bodies are bytes in memory
+    # (botocore wraps them in a BytesIO), so the checksum goes in a header as it does over http
+    for op in ("PutObject", "UploadPart"):
+        client.meta.events.register(f"before-call.s3.{op}", _checksum_in_header)
+    install_encryption(client, settings.s3_encryption, settings.s3_endpoint_url)
+    return client
+
+
+def _checksum_in_header(params, **_):
+    algorithm = params.get("context", {}).get("checksum", {}).get("request_algorithm")
+    body = params.get("body")
+    if isinstance(algorithm, dict) and algorithm.get("in") == "trailer" and (
+            isinstance(body, (bytes, bytearray)) or hasattr(body, "seekable") and body.seekable()):
+        algorithm["in"] = "header"
