@@ -281,29 +281,16 @@ def _with_local_password(url: str, local: str | None) -> str:
     return ours._replace(netloc=theirs.netloc).geturl() if same and theirs.password else url
 
 
-def pyarrow_s3_filesystem(settings: "Settings | None" = None, **kwargs):
-    """pyarrow's S3 filesystem, sending checksums only when an operation requires one (as `tiering.clients.s3_client`),
-    trusting `TIERING_S3_CA_BUNDLE` for an https endpoint.
+def aws_sdk_checksums_when_required() -> None:
+    """Make the AWS C++ SDK inside pyarrow send a checksum only when an operation requires one (as
+    `tiering.tier2.objects.make_client` configures boto3).
 
-    Its AWS C++ SDK otherwise uploads parts as `aws-chunked` with a trailing checksum and no Content-Length,
-    which Ceph RGW 16 and other older S3-compatible servers refuse (HTTP 411 MissingContentLength). pyarrow
-    has no option for it: the SDK reads this variable each time a filesystem is built, so it is set here,
-    in the one module that owns the process environment (also in Spark executors, which build their own).
-
-    Encryption: pyarrow 26's S3FileSystem sends no server-side encryption header at all (its C++ options
-    have an SSE-C key, its Python binding does not expose it; SSE-S3 and SSE-KMS are not there in either).
-    With `TIERING_S3_SSE` or an SSE-C key set, an export must not go through it: this refuses (one line
-    naming the setting) rather than write objects unencrypted; `tiering.tier2.arrowfs.s3_filesystem` is the
-    filesystem that writes through boto3 with the product's encryption."""
-    import pyarrow.fs
-
-    if settings is not None and settings.s3_encryption.enabled:
-        raise ConfigError(f"{settings.s3_encryption.setting} is set, and pyarrow's S3 filesystem cannot send "
-                          f"server-side encryption: the export must write through tiering.tier2.arrowfs")
-    if settings is not None and settings.s3_ca_bundle is not None:
-        kwargs.setdefault("tls_ca_file_path", str(settings.s3_ca_bundle))
+    Otherwise it uploads parts as `aws-chunked` with a trailing checksum and no Content-Length, which Ceph
+    RGW 16 and other older S3-compatible servers refuse (HTTP 411 MissingContentLength). pyarrow has no option
+    for it: the SDK reads this variable each time a filesystem is built, so the one module that owns the
+    process environment sets it, wherever a filesystem is built (also in Spark executors, which build their
+    own). `tiering.tier2.arrowfs.s3_filesystem` calls it before building pyarrow's S3FileSystem."""
     os.environ["AWS_REQUEST_CHECKSUM_CALCULATION"] = "when_required"
-    return pyarrow.fs.S3FileSystem(**kwargs)
 
 
 def read_sse_c_key(path: Path) -> bytes:

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from tiering.tier2.arrowfs import s3_filesystem as pyarrow_s3_filesystem
+from tiering.tier2.arrowfs import s3_filesystem
 from tiering.errors import BadInput, TieringError
 from tiering.metadata import export_rows as R
 from tiering.metadata.export_rows import jdbc_query, table_names  # re-exported: the Spark job uses them from here
@@ -164,7 +164,7 @@ def filesystem_for(url: str, settings=None, *, endpoint_url: str | None = None, 
             ep = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
             kwargs.update(endpoint_override=ep.netloc, scheme=ep.scheme or "https")
         base = f"{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
-        return pyarrow_s3_filesystem(settings, **kwargs), base
+        return s3_filesystem(settings, **kwargs), base
     if parts.scheme == "file":
         return pafs.LocalFileSystem(), parts.path.rstrip("/") or "/"
     if parts.scheme and len(parts.scheme) > 1:
