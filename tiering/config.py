@@ -59,19 +59,20 @@ def _int_variable(field_: str, name: str, default: int, lo: int, hi: int, meanin
                     lambda raw, var: _int(raw, var, default, lo, hi, out_of_range), ints=setting)
 
 
-# Every variable from_env reads, in one list: Settings' parsing, `to_env`, `INTS` and the README's
-# configuration table (tests/unit/test_readme_config.py) all come from it.
+# Every variable from_env reads, in one list, in the order it reads them (the first error wins): Settings'
+# parsing, `to_env`, `INTS` and the README's configuration table (tests/unit/test_readme_config.py) all come
+# from it.
 VARIABLES: tuple[Variable, ...] = (
     Variable("TIERING_DATABASE_URL", "database_url", "required", "PostgreSQL URL of the metadata database",
              lambda raw, var: _database_url(_required(raw, var))),
-    Variable("TIERING_S3_ENDPOINT_URL", "s3_endpoint_url", "unset", "S3 endpoint for non-AWS stores (moto, MinIO, "
-             "Ceph); unset for AWS", lambda raw, var: _endpoint(raw or None, var), _if_set),
     Variable("TIERING_BUCKET", "bucket", "required", "bucket of tier 2",
              lambda raw, var: _required(raw, var)),
-    Variable("TIERING_PREFIX", "prefix", "tiering/", "key prefix inside the bucket",
-             lambda raw, var: _prefix("tiering/" if raw is None else raw)),
     Variable("TIERING_TIER1_ROOT", "tier1_root", "required", "directory of tier-1 ledgers",
              lambda raw, var: Path(_required(raw, var))),
+    Variable("TIERING_PREFIX", "prefix", "tiering/", "key prefix inside the bucket",
+             lambda raw, var: _prefix("tiering/" if raw is None else raw)),
+    Variable("TIERING_S3_ENDPOINT_URL", "s3_endpoint_url", "unset", "S3 endpoint for non-AWS stores (moto, MinIO, "
+             "Ceph); unset for AWS", lambda raw, var: _endpoint(raw or None, var), _if_set),
     Variable("AWS_ACCESS_KEY_ID", "aws_access_key_id", "unset", "S3 access key (else boto3's default chain)",
              lambda raw, var: raw or None, _if_set),
     Variable("AWS_SECRET_ACCESS_KEY", "aws_secret_access_key", "unset", "S3 secret key (else boto3's default chain)",

@@ -26,7 +26,8 @@ def readme_table() -> dict[str, str]:
 
 def test_every_variable_config_reads_is_in_the_readme_table_with_its_default():
     table = readme_table()
-    assert sorted(table) == sorted(v.name for v in VARIABLES), "README's configuration table and config.VARIABLES differ"
+    assert sorted(table) == sorted(v.name for v in VARIABLES), \
+        "README's configuration table and config.VARIABLES list different variables"
     for v in VARIABLES:
         assert table[v.name] == v.default, f"README's default of {v.name} is {table[v.name]!r}, config's {v.default!r}"
 
