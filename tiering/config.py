@@ -9,47 +9,17 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 from tiering.errors import ConfigError
 from tiering.format.block import DEFAULT_BLOCK_SIZE, DEFAULT_PAGE_SIZE, MIN_BLOCK_SIZE
 from tiering.model import INT64_MAX, MAX_SECONDS, MIB, BadInt, parse_int
 
-# Variables read by from_env(); the README's configuration table lists the same.
-VARIABLES = {
-    "TIERING_DATABASE_URL": "PostgreSQL URL of the metadata database (required)",
-    "TIERING_S3_ENDPOINT_URL": "S3 endpoint for non-AWS stores (moto, MinIO, Ceph); empty for AWS",
-    "TIERING_BUCKET": "bucket of tier 2 (required)",
-    "TIERING_PREFIX": "key prefix inside the bucket (default 'tiering/')",
-    "TIERING_TIER1_ROOT": "directory of tier-1 ledgers (required)",
-    "TIERING_BLOCK_SIZE": "offload block (= multipart part) size in bytes (default 64 MiB; 5 MiB..5 GiB, S3's part limits)",
-    "TIERING_UPLOAD_CONCURRENCY": "parts uploaded in parallel per ledger (default 4; 1..64)",
-    "TIERING_OFFLOAD_TIMEOUT_SECONDS": "an OFFLOADING attempt older than this is presumed dead and taken over; its "
-                                       "objects become collectable (default 3600; 1..3153600000)",
-    "TIERING_GC_DELAY_SECONDS": "objects merged away by defrag or trimmed by retention are kept this long for "
-                                "readers holding old metadata (default 600; 0..3153600000)",
-    "TIERING_OFFLOAD_BATCH_BYTES": "sealed ledgers smaller than this, of one topic in one run, are offloaded "
-                                   "together into one object pair (default 8 MiB; 0: one pair per ledger)",
-    "TIERING_PAGE_SIZE": "target bytes of a checksummed page of entries in tier 2 (default 64 KiB; at least 4096)",
-    "TIERING_OFFLOAD_MAX_BYTES_PER_SECOND": "upload rate limit of one offload process; a Spark offload job splits it "
-                                           "across its tasks (default 0: unlimited)",
-    "TIERING_S3_SSE": "server-side encryption of every object written: none (default), AES256 (SSE-S3) or aws:kms "
-                      "(SSE-KMS)",
-    "TIERING_S3_SSE_KMS_KEY_ID": "the KMS key id, ARN or alias for TIERING_S3_SSE=aws:kms (empty: the store's default key)",
-    "TIERING_S3_SSE_C_KEY_FILE": "file holding a 32-byte customer key (raw, or base64) for SSE-C: every write and read "
-                                 "sends it; never logged (exclusive with TIERING_S3_SSE)",
-    "TIERING_S3_CA_BUNDLE": "PEM file of the CA(s) that sign an https S3 endpoint's certificate (default: the system's)",
-    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY": "S3 credentials (else boto3's default chain)",
-    "AWS_SESSION_TOKEN": "session token of temporary S3 credentials (optional)",
-    "AWS_DEFAULT_REGION": "S3 region (default us-east-1)",
-}
-
-
 @dataclass(frozen=True)
 class IntSetting:
-    """An integer setting: its variable, default and bounds, defined here once (Settings' defaults, from_env's
-    parsing and ops.context.Knobs' defaults all read this table)."""
+    """An integer setting's default and bounds (Settings' defaults, from_env's parsing and ops.context.Knobs'
+    defaults all read `INTS`, which `VARIABLES` defines)."""
     var: str
     default: int
     lo: int
@@ -57,20 +27,96 @@ class IntSetting:
     out_of_range: str | None = None  # the message when outside [lo, hi]; default "VAR must be from lo to hi"
 
 
-INTS: dict[str, IntSetting] = {  # Settings field -> its setting
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: the Settings field it sets, how `from_env` reads it and `to_env` writes it
+    back, its default as the README's configuration table shows it, and what it means."""
+    name: str
+    field: str
+    default: str  # "required", "unset", or the value when unset
+    meaning: str
+    read: Callable[[str | None, str], Any]  # (the raw value or None, the variable's name) -> the field's value
+    write: Callable[[Any], str | None] = str  # the field's value -> the variable's; None leaves it unset
+    ints: IntSetting | None = None
+
+
+def _if_set(value) -> str | None:
+    return str(value) if value else None
+
+
+def _size(n: int) -> str:
+    """A default as the README shows it: 64 MiB, 64 KiB, 3600."""
+    for unit, size in (("MiB", MIB), ("KiB", 1024)):
+        if n and n % size == 0:
+            return f"{n // size} {unit}"
+    return str(n)
+
+
+def _int_variable(field_: str, name: str, default: int, lo: int, hi: int, meaning: str,
+                  out_of_range: str | None = None) -> Variable:
+    setting = IntSetting(name, default, lo, hi, out_of_range)
+    return Variable(name, field_, _size(default), meaning,
+                    lambda raw, var: _int(raw, var, default, lo, hi, out_of_range), ints=setting)
+
+
+# Every variable from_env reads, in one list, in the order it reads them (the first error wins): Settings'
+# parsing, `to_env`, `INTS` and the README's configuration table (tests/unit/test_readme_config.py) all come
+# from it.
+VARIABLES: tuple[Variable, ...] = (
+    Variable("TIERING_DATABASE_URL", "database_url", "required", "PostgreSQL URL of the metadata database",
+             lambda raw, var: _database_url(_required(raw, var))),
+    Variable("TIERING_BUCKET", "bucket", "required", "bucket of tier 2",
+             lambda raw, var: _required(raw, var)),
+    Variable("TIERING_TIER1_ROOT", "tier1_root", "required", "directory of tier-1 ledgers",
+             lambda raw, var: Path(_required(raw, var))),
+    Variable("TIERING_PREFIX", "prefix", "tiering/", "key prefix inside the bucket",
+             lambda raw, var: _prefix("tiering/" if raw is None else raw)),
+    Variable("TIERING_S3_ENDPOINT_URL", "s3_endpoint_url", "unset", "S3 endpoint for non-AWS stores (moto, MinIO, "
+             "Ceph); unset for AWS", lambda raw, var: _endpoint(raw or None, var), _if_set),
+    Variable("AWS_ACCESS_KEY_ID", "aws_access_key_id", "unset", "S3 access key (else boto3's default chain)",
+             lambda raw, var: raw or None, _if_set),
+    Variable("AWS_SECRET_ACCESS_KEY", "aws_secret_access_key", "unset", "S3 secret key (else boto3's default chain)",
+             lambda raw, var: raw or None, _if_set),
+    Variable("AWS_SESSION_TOKEN", "aws_session_token", "unset", "session token of temporary S3 credentials",
+             lambda raw, var: raw or None, _if_set),
+    Variable("AWS_DEFAULT_REGION", "aws_region", "us-east-1", "S3 region", lambda raw, var: raw or "us-east-1"),
     # S3's part size limits; a block is also held in memory per upload slot
-    "block_size": IntSetting("TIERING_BLOCK_SIZE", DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, 5 * 1024 * MIB,
-                             "TIERING_BLOCK_SIZE must be at least 5 MiB (S3's minimum part size) and at most 5 GiB "
-                             "(its largest)"),
-    "upload_concurrency": IntSetting("TIERING_UPLOAD_CONCURRENCY", 4, 1, 64),
+    _int_variable("block_size", "TIERING_BLOCK_SIZE", DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, 5 * 1024 * MIB,
+                  "offload block (= multipart part) size in bytes; 5 MiB to 5 GiB, S3's part limits",
+                  "TIERING_BLOCK_SIZE must be at least 5 MiB (S3's minimum part size) and at most 5 GiB "
+                  "(its largest)"),
+    _int_variable("upload_concurrency", "TIERING_UPLOAD_CONCURRENCY", 4, 1, 64,
+                  "parts uploaded in parallel per ledger; 1 to 64"),
     # Small pages cost index bytes (about 12 per page) and CRC calls; 4 KiB keeps a 64 MiB block's page index
     # under 200 KiB. Pages never cross blocks, so a page size above the block size acts as the block's.
-    "page_size": IntSetting("TIERING_PAGE_SIZE", DEFAULT_PAGE_SIZE, 4096, INT64_MAX),
-    "offload_timeout_seconds": IntSetting("TIERING_OFFLOAD_TIMEOUT_SECONDS", 3600, 1, MAX_SECONDS),
-    "gc_delay_seconds": IntSetting("TIERING_GC_DELAY_SECONDS", 600, 0, MAX_SECONDS),
-    "offload_batch_bytes": IntSetting("TIERING_OFFLOAD_BATCH_BYTES", 8 * MIB, 0, 5 * 1024 * MIB),
-    "offload_max_bytes_per_second": IntSetting("TIERING_OFFLOAD_MAX_BYTES_PER_SECOND", 0, 0, INT64_MAX),
-}
+    _int_variable("page_size", "TIERING_PAGE_SIZE", DEFAULT_PAGE_SIZE, 4096, INT64_MAX,
+                  "target bytes of a checksummed page of entries in tier 2; at least 4096"),
+    _int_variable("offload_timeout_seconds", "TIERING_OFFLOAD_TIMEOUT_SECONDS", 3600, 1, MAX_SECONDS,
+                  "an OFFLOADING attempt older than this is presumed dead and taken over; its objects become "
+                  "collectable"),
+    _int_variable("gc_delay_seconds", "TIERING_GC_DELAY_SECONDS", 600, 0, MAX_SECONDS,
+                  "objects merged away by defrag or trimmed by retention are kept this long for readers holding "
+                  "old metadata"),
+    _int_variable("offload_batch_bytes", "TIERING_OFFLOAD_BATCH_BYTES", 8 * MIB, 0, 5 * 1024 * MIB,
+                  "sealed ledgers smaller than this, of one topic in one run, are offloaded together into one "
+                  "object pair; 0: one pair per ledger"),
+    _int_variable("offload_max_bytes_per_second", "TIERING_OFFLOAD_MAX_BYTES_PER_SECOND", 0, 0, INT64_MAX,
+                  "upload rate limit of one offload process; a Spark offload job splits it across its tasks; "
+                  "0: unlimited"),
+    Variable("TIERING_S3_SSE", "s3_sse", "none", "server-side encryption of every object written: none, AES256 "
+             "(SSE-S3) or aws:kms (SSE-KMS)", lambda raw, var: _sse(raw), lambda v: None if v == "none" else v),
+    Variable("TIERING_S3_SSE_KMS_KEY_ID", "s3_sse_kms_key_id", "unset", "the KMS key id, ARN or alias for "
+             "TIERING_S3_SSE=aws:kms (unset: the store's default key)",
+             lambda raw, var: (raw or "").strip() or None, _if_set),
+    # the path travels to jobs, never the key: it is read where the job runs
+    Variable("TIERING_S3_SSE_C_KEY_FILE", "s3_sse_c_key_file", "unset", "file holding a 32-byte customer key "
+             "(raw, or base64) for SSE-C: every write and read sends it; never logged (exclusive with "
+             "TIERING_S3_SSE)", lambda raw, var: _path(raw), _if_set),
+    Variable("TIERING_S3_CA_BUNDLE", "s3_ca_bundle", "unset", "PEM file of the CA(s) that sign an https S3 "
+             "endpoint's certificate (unset: the system's)", lambda raw, var: _path(raw), _if_set),
+)
+
+INTS: dict[str, IntSetting] = {v.field: v.ints for v in VARIABLES if v.ints}  # Settings field -> its setting
 
 
 SSE_MODES = ("none", "AES256", "aws:kms")
@@ -146,22 +192,7 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if environ is None else environ
-        return cls(
-            database_url=_database_url(_required(env, "TIERING_DATABASE_URL")),
-            bucket=_required(env, "TIERING_BUCKET"),
-            tier1_root=Path(_required(env, "TIERING_TIER1_ROOT")),
-            prefix=_prefix(env.get("TIERING_PREFIX", "tiering/")),
-            s3_endpoint_url=_endpoint(env.get("TIERING_S3_ENDPOINT_URL") or None, "TIERING_S3_ENDPOINT_URL"),
-            aws_access_key_id=env.get("AWS_ACCESS_KEY_ID") or None,
-            aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
-            aws_session_token=env.get("AWS_SESSION_TOKEN") or None,
-            aws_region=env.get("AWS_DEFAULT_REGION") or "us-east-1",
-            **{name: _int(env.get(i.var), i.var, i.default, i.lo, i.hi, i.out_of_range) for name, i in INTS.items()},
-            s3_sse=_sse(env.get("TIERING_S3_SSE")),
-            s3_sse_kms_key_id=(env.get("TIERING_S3_SSE_KMS_KEY_ID") or "").strip() or None,
-            s3_sse_c_key_file=_path(env.get("TIERING_S3_SSE_C_KEY_FILE")),
-            s3_ca_bundle=_path(env.get("TIERING_S3_CA_BUNDLE")),
-        ).validated()
+        return cls(**{v.field: v.read(env.get(v.name), v.name) for v in VARIABLES}).validated()
 
     def __post_init__(self) -> None:
         # The SSE-C key is read from its file once, where the settings are built: a Spark executor or a DAG
@@ -192,7 +223,7 @@ class Settings:
 
     def __reduce__(self):
         # Pickled into every Spark task closure (and the data source's class), which Spark sends to executors
-        # in plaintext unless the cluster encrypts its RPC (issue 24, item 4): so WITHOUT secrets. No database
+        # in plaintext unless the cluster encrypts its RPC: so WITHOUT secrets. No database
         # password, no AWS keys or session token, no SSE-C key bytes; where unpickled, each is resolved from
         # that machine's own environment (`_settings`).
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _SECRET_FIELDS}
@@ -212,37 +243,8 @@ class Settings:
 
     def to_env(self) -> dict[str, str]:
         """The settings as environment variables (for spark-submit's env, never its argv)."""
-        env = {
-            "TIERING_DATABASE_URL": self.database_url,
-            "TIERING_BUCKET": self.bucket,
-            "TIERING_PREFIX": self.prefix,
-            "TIERING_TIER1_ROOT": str(self.tier1_root),
-            "AWS_DEFAULT_REGION": self.aws_region,
-            "TIERING_BLOCK_SIZE": str(self.block_size),
-            "TIERING_UPLOAD_CONCURRENCY": str(self.upload_concurrency),
-            "TIERING_PAGE_SIZE": str(self.page_size),
-            "TIERING_OFFLOAD_TIMEOUT_SECONDS": str(self.offload_timeout_seconds),
-            "TIERING_GC_DELAY_SECONDS": str(self.gc_delay_seconds),
-            "TIERING_OFFLOAD_BATCH_BYTES": str(self.offload_batch_bytes),
-            "TIERING_OFFLOAD_MAX_BYTES_PER_SECOND": str(self.offload_max_bytes_per_second),
-        }
-        if self.s3_endpoint_url:
-            env["TIERING_S3_ENDPOINT_URL"] = self.s3_endpoint_url
-        if self.aws_access_key_id:
-            env["AWS_ACCESS_KEY_ID"] = self.aws_access_key_id
-        if self.aws_secret_access_key:
-            env["AWS_SECRET_ACCESS_KEY"] = self.aws_secret_access_key
-        if self.aws_session_token:
-            env["AWS_SESSION_TOKEN"] = self.aws_session_token
-        if self.s3_sse != "none":
-            env["TIERING_S3_SSE"] = self.s3_sse
-        if self.s3_sse_kms_key_id:
-            env["TIERING_S3_SSE_KMS_KEY_ID"] = self.s3_sse_kms_key_id
-        if self.s3_sse_c_key_file is not None:  # the path only: the key is read where the job runs
-            env["TIERING_S3_SSE_C_KEY_FILE"] = str(self.s3_sse_c_key_file)
-        if self.s3_ca_bundle is not None:
-            env["TIERING_S3_CA_BUNDLE"] = str(self.s3_ca_bundle)
-        return env
+        written = ((v.name, v.write(getattr(self, v.field))) for v in VARIABLES)
+        return {name: value for name, value in written if value is not None}
 
 
 # Settings fields that never travel in a pickle (the database URL travels without its password).
@@ -280,29 +282,16 @@ def _with_local_password(url: str, local: str | None) -> str:
     return ours._replace(netloc=theirs.netloc).geturl() if same and theirs.password else url
 
 
-def pyarrow_s3_filesystem(settings: "Settings | None" = None, **kwargs):
-    """pyarrow's S3 filesystem, sending checksums only when an operation requires one (as `tiering.clients.s3_client`),
-    trusting `TIERING_S3_CA_BUNDLE` for an https endpoint.
+def aws_sdk_checksums_when_required() -> None:
+    """Make the AWS C++ SDK inside pyarrow send a checksum only when an operation requires one (as
+    `tiering.tier2.objects.make_client` configures boto3).
 
-    Its AWS C++ SDK otherwise uploads parts as `aws-chunked` with a trailing checksum and no Content-Length,
-    which Ceph RGW 16 and other older S3-compatible servers refuse (HTTP 411 MissingContentLength). pyarrow
-    has no option for it: the SDK reads this variable each time a filesystem is built, so it is set here,
-    in the one module that owns the process environment (also in Spark executors, which build their own).
-
-    Encryption: pyarrow 26's S3FileSystem sends no server-side encryption header at all (its C++ options
-    have an SSE-C key, its Python binding does not expose it; SSE-S3 and SSE-KMS are not there in either).
-    With `TIERING_S3_SSE` or an SSE-C key set, an export must not go through it: this refuses (one line
-    naming the setting) rather than write objects unencrypted; `tiering.tier2.arrowfs.s3_filesystem` is the
-    filesystem that writes through boto3 with the product's encryption."""
-    import pyarrow.fs
-
-    if settings is not None and settings.s3_encryption.enabled:
-        raise ConfigError(f"{settings.s3_encryption.setting} is set, and pyarrow's S3 filesystem cannot send "
-                          f"server-side encryption: the export must write through tiering.tier2.arrowfs")
-    if settings is not None and settings.s3_ca_bundle is not None:
-        kwargs.setdefault("tls_ca_file_path", str(settings.s3_ca_bundle))
+    Otherwise it uploads parts as `aws-chunked` with a trailing checksum and no Content-Length, which Ceph
+    RGW 16 and other older S3-compatible servers refuse (HTTP 411 MissingContentLength). pyarrow has no option
+    for it: the SDK reads this variable each time a filesystem is built, so the one module that owns the
+    process environment sets it, wherever a filesystem is built (also in Spark executors, which build their
+    own). `tiering.tier2.arrowfs.s3_filesystem` calls it before building pyarrow's S3FileSystem."""
     os.environ["AWS_REQUEST_CHECKSUM_CALCULATION"] = "when_required"
-    return pyarrow.fs.S3FileSystem(**kwargs)
 
 
 def read_sse_c_key(path: Path) -> bytes:
@@ -336,8 +325,7 @@ def database_ssl_params(database_url: str) -> dict[str, str]:
             if k in ("sslmode", "sslrootcert", "sslcert", "sslkey")}
 
 
-def _required(env: Mapping[str, str], name: str) -> str:
-    value = env.get(name)
+def _required(value: str | None, name: str) -> str:
     if value is None or not value.strip():
         raise ConfigError(f"{name} is not set (see README, Configuration)")
     return value.strip()

@@ -111,12 +111,17 @@ def test_database_tls_parameters_are_kept_and_secrets_masked():
     assert database_ssl_params(url) == {"sslmode": "verify-full", "sslrootcert": "/etc/ca.pem"}
 
 
-def test_pyarrow_filesystem_refuses_encryption_it_cannot_send(tmp_path):
-    from tiering.config import pyarrow_s3_filesystem
+def test_the_export_never_writes_through_pyarrows_filesystem_with_encryption_on():
+    # pyarrow's S3FileSystem sends no server-side encryption header: with encryption on, the export's
+    # filesystem must be the one over the product's boto3 client
+    import pyarrow.fs as pafs
 
-    s = Settings.from_env({**BASE, "TIERING_S3_SSE": "aws:kms"})
-    with pytest.raises(ConfigError, match="TIERING_S3_SSE=aws:kms is set, and pyarrow's S3 filesystem cannot"):
-        pyarrow_s3_filesystem(s, region="us-east-1")
+    from tiering.tier2.arrowfs import Boto3Handler, s3_filesystem
+
+    for env in ({"TIERING_S3_SSE": "aws:kms"}, {"TIERING_S3_SSE": "AES256"}):
+        fs = s3_filesystem(Settings.from_env({**BASE, **env}), region="us-east-1")
+        assert isinstance(fs, pafs.PyFileSystem) and isinstance(fs.handler, Boto3Handler)
+    assert isinstance(s3_filesystem(Settings.from_env(BASE), region="us-east-1"), pafs.S3FileSystem)
 
 
 def test_pickled_settings_carry_the_key_file_not_the_key(tmp_path):

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from botocore.exceptions import BotoCoreError, ClientError
 
-from tiering.config import Settings, pyarrow_s3_filesystem as native_s3_filesystem
+from tiering.config import Settings, aws_sdk_checksums_when_required
 from tiering.tier2.multipart import MIN_PART_SIZE, MultipartUpload
 from tiering.tier2.client import make_client
 from tiering.tier2.errors import NotFound, tier2_error
@@ -27,11 +27,14 @@ from tiering.tier2.objects import Bucket, delete_keys, get_range
 
 
 def s3_filesystem(settings: Settings | None, **kwargs) -> pafs.FileSystem:
-    """The export's S3 filesystem: pyarrow's own (`tiering.config.pyarrow_s3_filesystem`, with the CA bundle)
-    without encryption; with `TIERING_S3_SSE` or an SSE-C key, this module's, over boto3. `kwargs` are
-    pyarrow S3FileSystem's (access_key, secret_key, region, endpoint_override, scheme)."""
+    """The export's S3 filesystem: pyarrow's own (trusting `TIERING_S3_CA_BUNDLE`) without encryption, which
+    it cannot send; with `TIERING_S3_SSE` or an SSE-C key, this module's, over boto3. `kwargs` are pyarrow
+    S3FileSystem's (access_key, secret_key, region, endpoint_override, scheme)."""
     if settings is None or not settings.s3_encryption.enabled:
-        return native_s3_filesystem(settings, **kwargs)
+        if settings is not None and settings.s3_ca_bundle is not None:
+            kwargs.setdefault("tls_ca_file_path", str(settings.s3_ca_bundle))
+        aws_sdk_checksums_when_required()
+        return pafs.S3FileSystem(**kwargs)
     changes = {}
     if kwargs.get("endpoint_override"):
         changes["s3_endpoint_url"] = f"{kwargs.get('scheme') or 'https'}://{kwargs['endpoint_override']}"
