@@ -17,26 +17,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Iterator
 
-from sqlalchemy import BigInteger, Column, DateTime, Table, Text, func, literal, select, update
+from sqlalchemy import func, literal, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Engine
 
 from tiering.errors import ConditionalUpdateFailed, TieringError
-from tiering.metadata.tables import chunk, metadata
-
-gc_sweep = Table(
-    "gc_sweep", metadata,
-    Column("bucket", Text, primary_key=True),
-    Column("prefix", Text, primary_key=True),
-    Column("cursor", Text, nullable=False),
-    Column("pass_started_at", DateTime(timezone=True)),
-    Column("last_pass_completed_at", DateTime(timezone=True)),
-    Column("passes_completed", BigInteger, nullable=False),
-    Column("pages_listed", BigInteger, nullable=False),
-    Column("orphans_deleted", BigInteger, nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
-    Column("version", BigInteger, nullable=False),
-)
+from tiering.metadata.tables import chunk, gc_sweep
 
 # Two-key advisory locks (class, object) live apart from job_run's one-key locks (metadata/job_runs.py).
 LOCK_CLASS = 0x67637377  # "gcsw"

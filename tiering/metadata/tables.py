@@ -1,4 +1,5 @@
-"""SQLAlchemy Core table objects mirroring sql/migrations (the SQL files are the source of truth)."""
+"""SQLAlchemy Core table objects mirroring every table of sql/migrations (the SQL files are the source of truth;
+tests/integration/test_schema_mirror.py compares the two)."""
 from __future__ import annotations
 
 from sqlalchemy import BigInteger, Boolean, Column, DateTime, Integer, MetaData, Table, Text
@@ -78,6 +79,24 @@ gc_task = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
 )
 
+topic_usage = Table(  # 0003: per-topic totals, maintained by triggers
+    "topic_usage", metadata,
+    Column("topic_id", BigInteger, primary_key=True),
+    Column("open_ledgers", BigInteger, nullable=False),
+    Column("sealed_ledgers", BigInteger, nullable=False),
+    Column("offloading_ledgers", BigInteger, nullable=False),
+    Column("offloaded_ledgers", BigInteger, nullable=False),
+    Column("deleted_ledgers", BigInteger, nullable=False),
+    Column("live_ledgers", BigInteger, nullable=False),
+    Column("live_entries", BigInteger, nullable=False),
+    Column("live_bytes", BigInteger, nullable=False),
+    Column("tier1_ledgers", BigInteger, nullable=False),
+    Column("tier1_bytes", BigInteger, nullable=False),
+    Column("tier2_ledgers", BigInteger, nullable=False),
+    Column("tier2_bytes", BigInteger, nullable=False),
+    Column("tier2_stored_bytes", BigInteger, nullable=False),
+)
+
 attribute = Table(
     "attribute", metadata,
     Column("topic_id", BigInteger, primary_key=True),
@@ -105,6 +124,20 @@ job_run = Table(
     Column("dag_id", Text),
     Column("dag_run_id", Text),
     Column("try_number", Integer),
+)
+
+gc_sweep = Table(  # 0005: the orphan sweep's listing cursor (metadata/gc_sweep.py)
+    "gc_sweep", metadata,
+    Column("bucket", Text, primary_key=True),
+    Column("prefix", Text, primary_key=True),
+    Column("cursor", Text, nullable=False),
+    Column("pass_started_at", DateTime(timezone=True)),
+    Column("last_pass_completed_at", DateTime(timezone=True)),
+    Column("passes_completed", BigInteger, nullable=False),
+    Column("pages_listed", BigInteger, nullable=False),
+    Column("orphans_deleted", BigInteger, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("version", BigInteger, nullable=False),
 )
 
 subscription = Table(  # 0006
