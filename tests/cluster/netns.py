@@ -1,4 +1,4 @@
-"""A Spark standalone cluster with a SECOND NODE (issue 24): one worker on this host and one inside a network
+"""A Spark standalone cluster with a SECOND NODE: one worker on this host and one inside a network
 namespace of its own, with its own address on a private /24 (a veth pair), its own file system (a tmpfs over
 the directory that holds the tier-1 root) into which only the tier-1 root is bind-mounted, like an NFS mount at
 the same path; PostgreSQL and RGW reached over the veth (a forwarder inside the namespace listens on the

@@ -1,4 +1,4 @@
-"""The pipeline on a real Spark standalone cluster (issue 16): offload by age, delete-lagged, retention and
+"""The pipeline on a real Spark standalone cluster: offload by age, delete-lagged, retention and
 the metadata export, each through `airflow dags test` with spark_default = the cluster's master. Each run's
 effect is checked in metadata, tier 1 and the bucket, and Spark's own event log must show that every task
 ran on an executor of the cluster, never in the driver."""

@@ -1,4 +1,4 @@
-"""The `tiering` Spark source on the standalone cluster (issue 21): the tiering_scrub DAG reads a topic across
+"""The `tiering` Spark source on the standalone cluster: the tiering_scrub DAG reads a topic across
 both tiers through the source, every task on an executor of the cluster (the driver's tier-1 token checked
 there), and records the entries it read in job_run; a flipped byte in tier 2 then fails the run."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pipeline on a cluster whose second worker is another node (issue 24): its own network namespace and
+"""The pipeline on a cluster whose second worker is another node: its own network namespace and
 address, its own file system with the tier-1 root bind-mounted at the same path, PostgreSQL and RGW reached
 over the network (tests/cluster/netns.py). Through `airflow dags test`: offload, delete-lagged, retention and
 the metadata export with tasks on both nodes; an export to a path only the driver has fails and leaves

@@ -1,4 +1,4 @@
-"""A driver its executors cannot reach (issue 24, item 6): the job fails after a bounded wait with the cause in
+"""A driver its executors cannot reach: the job fails after a bounded wait with the cause in
 job_run, instead of the master relaunching executors until the task's timeout.
 
 The driver binds 127.0.0.1 (spark.driver.bindAddress) but advertises 127.0.0.2, as a driver advertising an address of

@@ -1,4 +1,4 @@
-"""Data-aware scheduling (issue 25): the Spark task of every DAG updates the Asset of its kind of work, the
+"""Data-aware scheduling: the Spark task of every DAG updates the Asset of its kind of work, the
 three offload DAGs one shared Asset, and tiering_delete_lagged runs on that Asset or on its hourly cron."""
 from __future__ import annotations
 

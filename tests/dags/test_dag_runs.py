@@ -121,7 +121,7 @@ def test_gc_leaves_exactly_the_referenced_objects(airflow, deps):
 
 
 def test_gc_sweep_lists_the_prefix_from_its_cursor_and_keeps_young_objects(airflow, deps):
-    """The daily sweep DAG (issue 19): one pass over this small prefix in one run, the cursor row updated;
+    """The daily sweep DAG: one pass over this small prefix in one run, the cursor row updated;
     an unreferenced object younger than the 2 h grace is kept (a test in tests/integration/test_gc_sweep.py
     shows one older than the grace deleted)."""
     stray = "t/stray/young-orphan"

@@ -62,7 +62,8 @@ def test_offload_prefix_form_validates_the_position(dagbag):
     assert params_ok.validate() == {"topic": "orders", "position": "12:0", "max_bytes_per_second": None}
     for bad in ({"topic": "orders", "position": "12"}, {"topic": "", "position": "1:0"},
                 {"topic": "orders", "position": "1:0; drop"},
-                # issue 13: Unicode digits, a trailing newline (Python's `$` matches before it), control chars
+                # what int() and re take but a position is not: Unicode digits, a trailing newline (`$` matches
+                # before it), control chars
                 {"topic": "orders", "position": "\u0661:\u0660"}, {"topic": "orders", "position": "\uff11:\uff10"},
                 {"topic": "orders", "position": "1:0\n"}, {"topic": "orders", "position": "1:0\v"},
                 {"topic": "a\nb", "position": "1:0"}, {"topic": "orders\n", "position": "1:0"}):
@@ -116,6 +117,6 @@ def test_recover_is_manual_and_its_page_check_a_boolean_off_by_default(dagbag):
 
 
 def test_only_the_scrub_is_created_paused(dagbag):
-    # it downloads the whole bucket: an operator turns it on (issue 21)
+    # it downloads the whole bucket: an operator turns it on
     assert dagbag.dags["tiering_scrub"].is_paused_upon_creation is True
     assert not any(d.is_paused_upon_creation for i, d in dagbag.dags.items() if i != "tiering_scrub")

@@ -1,4 +1,4 @@
-"""TieringHook resolves S3 credentials through the Amazon provider's AwsBaseHook (issue 12): a session token
+"""TieringHook resolves S3 credentials through the Amazon provider's AwsBaseHook: a session token
 in the aws connection reaches the job's environment, a connection whose credentials cannot be resolved is
 a ConfigError naming the connection and the exception type (no secret), and a connection without any
 credentials leaves the environment's (boto3's default chain), as before. In a subprocess so Airflow's import

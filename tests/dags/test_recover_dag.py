@@ -1,4 +1,4 @@
-"""`tiering_recover` for real (issue 19): `airflow dags test` plans on the worker, then spark-submit runs
+"""`tiering_recover` for real: `airflow dags test` plans on the worker, then spark-submit runs
 tiering/jobs/recover.py on local[2], each topic an item: index objects read on the executors (pages checked,
 as the run asks), tier-1 ledgers adopted, one transaction per topic. Settings from the Airflow connections
 only; no output holds a secret."""

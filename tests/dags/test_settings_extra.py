@@ -1,4 +1,4 @@
-"""The offload timeout and GC delay as settings of the `tiering_s3` connection's extra (issue 13): what every
+"""The offload timeout and GC delay as settings of the `tiering_s3` connection's extra: what every
 DAG task resolves with TieringHook().get_settings(), validated like the environment (ASCII digits, bounds).
 Run in a subprocess so Airflow's import does not leak into other tests."""
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_timeouts_from_the_s3_connection_extra(tmp_path):
                               "TIERING_GC_DELAY_SECONDS": str(want["gc_delay"])}, (name, got)
 
 
-# Encryption and TLS (issue 23): the `tiering_s3` extra's sse / sse_kms_key_id / sse_c_key_file / ca_bundle
+# Encryption and TLS: the `tiering_s3` extra's sse / sse_kms_key_id / sse_c_key_file / ca_bundle
 # (or the Amazon provider's `verify`), the `tiering_metadata` extra's sslmode / sslrootcert.
 SECURITY_PROBE = """
 import json, os, sys

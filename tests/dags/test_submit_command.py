@@ -1,4 +1,4 @@
-"""No secret in spark-submit's argv or its logged command, for every kind of master (issue 16): the command
+"""No secret in spark-submit's argv or its logged command, for every kind of master: the command
 is built by the Spark provider itself (`SparkSubmitHook._build_spark_submit_command`) from the operator as
 the task prepares it, and checked as a list; the line the hook logs is checked too. A master that would
 need a secret in argv is refused with a sentence. No Spark is started."""

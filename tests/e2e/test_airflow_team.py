@@ -1,4 +1,4 @@
-"""Airflow as a team runs it (issue 25), started as `make up` starts it (the `up` fixture of
+"""Airflow as a team runs it, started as `make up` starts it (the `up` fixture of
 test_airflow_up.py: .ci/airflow_up.sh with a metastore database, a home and a port of its own):
 
 - 40 REST triggers of tiering_offload_prefix, 16 at a time, half with a bad position: every bad one is

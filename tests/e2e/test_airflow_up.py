@@ -14,11 +14,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -27,6 +24,8 @@ from sqlalchemy.engine import make_url
 
 from tests.conftest import empty_world
 from tests.dags.conftest import airflow_metastore
+from tests.e2e.support.airflow_server import admin_token, request_json as _http
+from tests.e2e.support.processes import free_port as _free_port, group_alive as _group_alive
 from tests.integration.helpers import entries, make_deps, produce
 from tiering.model import LedgerState as S, TopicPolicy
 
@@ -34,39 +33,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
 DB_PASSWORD = f"pw-{secrets.token_hex(6)}"  # trusted local PostgreSQL ignores it: it is there to not leak
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _http(url, *, token=None, data=None, method=None, timeout=30):
-    headers = {"Accept": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    body = None
-    if data is not None:
-        body, headers["Content-Type"] = json.dumps(data).encode(), "application/json"
-    req = urllib.request.Request(url, data=body, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as res:
-            return res.status, json.loads(res.read() or b"null")
-    except urllib.error.HTTPError as err:
-        raw = err.read().decode()
-        try:
-            return err.code, json.loads(raw)
-        except ValueError:
-            return err.code, raw
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +72,7 @@ def up(tmp_path_factory, database_url, run_bucket, s3_settings):
 
 
 def _token(u) -> str:
-    password = json.loads((u.home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
-    status, body = _http(f"{u.url}/auth/token", data={"username": "admin", "password": password})
-    assert status in (200, 201), body
-    return body["access_token"]
+    return admin_token(u.url, u.home)
 
 
 def _wait_run(u, token, dag_id, run_id, timeout=240) -> dict:

@@ -1,4 +1,4 @@
-"""S3 dies in the middle of a batch offload (issue 20, defect 1): the run reports every ledger of the batch
+"""S3 dies in the middle of a batch offload: the run reports every ledger of the batch
 FAILED with its reason, not "skipped" with exit 0 (the batch's undo had moved each version on twice, so the
 one-by-one retry lost every compare-and-set); after the restart a rerun offloads them all and GC leaves the
 bucket holding exactly what metadata references. The private moto server of test_outages is the S3."""

@@ -1,4 +1,5 @@
-"""delete-lagged checks the tier-2 copy before deleting the tier-1 one (issue 13).
+"""delete-lagged checks the tier-2 copy before deleting the tier-1 one: tier 1 may
+be the last copy, so a missing or short tier-2 object must stop the deletion.
 
 Behind metadata's back an offloaded ledger's data object is deleted, its index object is deleted, or its
 data object is replaced by a shorter one. delete-lagged must HEAD the chunk row's objects, fail exactly

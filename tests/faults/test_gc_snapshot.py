@@ -1,8 +1,9 @@
-"""GC's orphan sweep racing a commit that moves keys from the GC queue to chunk rows (issue 13).
+"""GC's orphan sweep racing a commit that moves keys from the GC queue to chunk rows: a key the sweep read as
+unreferenced may be referenced by the time it deletes.
 
 An offload (or a defrag) has written its objects, their keys are queued under its attempt, and its
 commit (chunk rows in, queue rows out, one transaction) lands while GC's orphan sweep (`sweep_orphans`, the
-resumable sweep of issue 19, here with orphan grace 0 and pages of 1,000 keys) lists and decides the bucket.
+resumable sweep, here with orphan grace 0 and pages of 1,000 keys) lists and decides the bucket.
 The commit is released from inside the sweep, at an exact point, by listeners on GC's own clients:
 
 - `between-statements`: right after the first SQL statement of the sweep that names the keys. The old

@@ -286,7 +286,7 @@ def test_kill9_then_rerun_and_gc_converge(name, deps, db, worker_env):
 @pytest.mark.parametrize("point,scene", [("step:part", scene_offload_multipart),
                                          ("meta-after:begin_offload_batch", scene_offload)])
 def test_a_killed_workers_attempt_is_taken_over_without_waiting_for_the_timeout(point, scene, deps, db, worker_env):
-    """Issue 24 item 5: the worker dies mid-attempt (as an executor lost with its node); with an offload
+    """The worker dies mid-attempt (as an executor lost with its node); with an offload
     timeout of an hour, the next run plans its ledger at once (its attempt lock died with it) and offloads it."""
     from dataclasses import replace
     from datetime import timedelta

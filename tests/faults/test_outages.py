@@ -98,7 +98,7 @@ def test_s3_endpoint_stopped_mid_upload_then_restarted(moto, db, tier1_root):
         offload_ledger(deps, led0, stop_s3)
     msg = str(failure.value)
     assert "\n" not in msg and msg.startswith("S3 ") and "testing" not in msg, msg
-    # the next run, endpoint still down: refused once, before any ledger's metadata changes (issue 13)
+    # the next run, endpoint still down: refused once, before any ledger's metadata changes
     with pytest.raises(Tier2Error, match="tier 2 is unreachable") as down:
         offload_many(deps, [led1])
     assert "\n" not in str(down.value) and "testing" not in str(down.value)
@@ -124,7 +124,7 @@ def test_s3_endpoint_stopped_mid_upload_then_restarted(moto, db, tier1_root):
 
 def test_s3_down_mid_run_stops_the_run_instead_of_touching_every_ledger(moto, db, tier1_root):
     """Tier 2 dies during the first ledger of a run: that ledger fails, the others are not attempted (no
-    version bump, no queued keys), instead of each failing the same way and queueing two keys (issue 13)."""
+    version bump, no queued keys), instead of each failing the same way and queueing two keys."""
     s3 = boto3.client("s3", endpoint_url=moto.url, aws_access_key_id="testing", aws_secret_access_key="testing",
                       region_name="us-east-1", config=Config(retries={"max_attempts": 2, "mode": "standard"},
                                                              connect_timeout=2, read_timeout=20))

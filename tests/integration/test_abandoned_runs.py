@@ -1,5 +1,5 @@
 """A job_run row left RUNNING by a driver that was killed is closed (FAILED, "abandoned") by the next run
-of that job (issue 16); a row whose driver is alive is not. The driver is a real process killed with
+of that job; a row whose driver is alive is not. The driver is a real process killed with
 SIGKILL; the ownership is PostgreSQL's (advisory locks), nothing is faked."""
 from __future__ import annotations
 

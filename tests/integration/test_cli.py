@@ -181,7 +181,7 @@ def test_progress_is_shown_only_on_a_terminal(cli, deps):
     assert b"produce" in shown and b"entry" in shown  # a tqdm bar on the terminal; none in pipes (see .ok())
     cli("seal", "p").ok()
     cli("produce", "p", "--entries", "1", "--entry-size", "10").ok()
-    # an offload counts bytes: the bar shows a rate and an ETA (issue 23)
+    # an offload counts bytes: the bar shows a rate and an ETA
     code, stdout, shown = _on_a_terminal(cli, "offload-prefix", "p", "1:0")
     assert code == 0 and b"offloaded 1 ledger(s)" in stdout, shown[-300:]
     assert b"offload-prefix" in shown and b"B/s" in shown

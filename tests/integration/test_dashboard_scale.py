@@ -19,7 +19,8 @@ from tiering.metadata.subscriptions import Subscriptions
 # A year of history: the windows the API allows (up to 31 days) are a small part of it, as in production.
 TOPICS, LEDGERS, HISTORY_DAYS = 200, 200_000, 365
 
-# The definitions before issue 19, kept as the reference. The series: two scans of `ledger` per bucket.
+# The views' former definitions, the reference the cheaper ones must agree with. The series: two scans of
+# `ledger` per bucket.
 OLD_SERIES_SQL = """
     WITH now_ AS (SELECT now() AS now),
     buckets AS (

@@ -1,4 +1,4 @@
-"""Input the issue-13 harness found accepted, and tier 2 down under offload: through real `tiering`
+"""Input an edge-case harness found accepted, and tier 2 down under offload: through real `tiering`
 processes (and the offload job's own entry point) against the run's PostgreSQL and S3.
 
 Bad input: exit 2, one line on stderr, nothing written (tables, tier-1 files, bucket compared before and

@@ -1,4 +1,4 @@
-"""Server-side encryption of every object the product writes (issue 23), on the local Ceph RGW's TLS gateway
+"""Server-side encryption of every object the product writes, on the local Ceph RGW's TLS gateway
 (`.ci/ceph.sh tls-rgw`: an https endpoint with a generated CA and RGW's KMS `testing` backend; RGW refuses
 SSE over plain http).
 

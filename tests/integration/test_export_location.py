@@ -1,4 +1,4 @@
-"""An export location holds one export that cannot lie (issue 24, items 1-3), for the library export and the
+"""An export location holds one export that cannot lie, for the library export and the
 Spark job (in this process, local[2], real PostgreSQL over JDBC, RGW): a complete export is refused or
 replaced with its manifest deleted first; a part of another export passes no check; a failed export leaves
 neither a manifest nor parts; an executor that does not see a local destination writes nothing."""

@@ -1,5 +1,6 @@
-"""The export's manifest is written only over parts the writer of the manifest can see (issue 16: on a
-cluster, executors wrote a local path on their own disks and the driver wrote a manifest over nothing)."""
+"""The export's manifest is written only over parts the writer of the manifest can see (on a
+cluster, executors write a local path on their own disks: a manifest the driver wrote there would
+describe parts it never saw)."""
 from __future__ import annotations
 
 import pyarrow.fs as pafs

@@ -1,4 +1,4 @@
-"""Issue 19: the scheduled GC costs what is due, not what the bucket holds; the orphan sweep is its own
+"""The scheduled GC costs what is due, not what the bucket holds; the orphan sweep is its own
 resumable operation (a persisted cursor, a page budget per run, one sweep at a time). PostgreSQL and RGW.
 
 Costs are counted exactly, never timed: S3 requests with botocore's `before-send` on the client the command

@@ -1,4 +1,4 @@
-"""An executor lost mid-offload (issue 24, item 5) on a real local Spark: its Python workers are killed -9 while
+"""An executor lost mid-offload on a real local Spark: its Python workers are killed -9 while
 they hold offload attempts; Spark retries the tasks (local[2,4]: up to 4 tries). The run must end with every
 planned ledger OFFLOADED (the retries took the dead attempts over at once: the attempts' locks died with
 their workers) or FAILED naming the ledgers left behind, never SUCCEEDED with one still OFFLOADING; and the

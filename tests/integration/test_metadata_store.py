@@ -134,7 +134,7 @@ def test_takeover_of_stale_attempt_and_old_attempt_cannot_commit(meta, db):
 
 
 def test_an_attempt_whose_worker_died_is_taken_over_at_once(meta, db):
-    """Issue 24 item 5: an attempt's lock lives as long as its worker's connection; the offload timeout
+    """An attempt's lock lives as long as its worker's connection; the offload timeout
     (an hour here) is only the fallback for workers that may still be alive."""
     meta.create_topic("t")
     led = _sealed(meta)

@@ -209,7 +209,7 @@ def test_offload_prefix_reports_first_error_and_continues(deps):
 
 
 def test_undo_that_cannot_read_metadata_leaves_a_warning(deps, monkeypatch, caplog):
-    """A swallowed cleanup failure leaves a trace an operator sees (issue 12): a log record naming the
+    """A swallowed cleanup failure leaves a trace an operator sees: a log record naming the
     attempt and the exception type, not the driver's message (it may carry connection details)."""
     produce(deps, "t", [entries("w", 3, 100)])
     [led] = deps.meta.list_ledgers("t")

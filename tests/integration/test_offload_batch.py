@@ -1,4 +1,4 @@
-"""Batched offload of small ledgers (issue 14) on the real S3 endpoint and PostgreSQL: one data object and one
+"""Batched offload of small ledgers on the real S3 endpoint and PostgreSQL: one data object and one
 index object per batch, chunk rows pointing inside them, byte-exact reads, few PUTs, recovery, retention +
 GC of a shared object, defrag leaving it alone, failures at each step undone. Kill -9 and race cases of the
 batch path are in tests/faults (test_kill9 `offload-batch@*`, test_races `batches`)."""

@@ -1,7 +1,7 @@
-"""A batch that fails after it started fails loudly (issue 20, defect 1): its ledgers are retried one by one
+"""A batch that fails after it started fails loudly: its ledgers are retried one by one
 from their CURRENT rows (the batch's begin and undo moved each version on twice, so the rows read before it
 lost every compare-and-set and all were reported "skipped", exit 0); "skipped" means another worker holds or
-finished the ledger, everything else is failed with its reason. The issue's reproduction, through the CLI, on
+finished the ledger, everything else is failed with its reason. The failure's reproduction, through the CLI, on
 the run's S3 (Ceph RGW) and PostgreSQL, with the product's default batching."""
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_the_offload_jobs_batch_item_fails_only_the_ledger_whose_file_is_gone(de
 
 
 def test_the_offload_jobs_end_names_planned_ledgers_left_undone(deps, db):
-    """jobs/offload.py's `lost` (the runner's check at the run's end, issue 24): of the planned ledgers, one
+    """jobs/offload.py's `lost` (the runner's check at the run's end): of the planned ledgers, one
     still SEALED and one OFFLOADING whose worker is gone are named; one OFFLOADING under a live worker's lock
     (another worker's) and one OFFLOADED are not."""
     import uuid

@@ -1,4 +1,4 @@
-"""Page index with CRC32C (issue 14) on the real S3 endpoint and PostgreSQL: one flipped byte in the header,
+"""Page index with CRC32C on the real S3 endpoint and PostgreSQL: one flipped byte in the header,
 a payload or the padding of a tier-2 data object is refused by every read path (ReadHandle, `tiering read`,
 `tiering verify`, defrag's download, recovery from the bucket); objects offloaded before page indexes still
 read; a cold random read is at most two requests (index, page) at every entry position."""
@@ -141,7 +141,7 @@ def test_recovery_does_not_recover_a_copy_with_a_bad_page(deps, two_blocks, new_
     offload_all(deps, "u")
     flip(deps, ch.data_key, places(ch, ix)["payload"])
     target = new_database()
-    report = recover_from_bucket(target, deps.bucket, check_pages=True)  # off by default (issue 19)
+    report = recover_from_bucket(target, deps.bucket, check_pages=True)  # off by default: it GETs every data byte
     assert report.ok, report.errors
     assert report.ledgers_recovered == [("u", 0)]
     assert any(key == ch.index_key and "CRC32C" in why for key, why in report.ignored), report.ignored
@@ -196,7 +196,7 @@ def _counted(deps, s3_settings, bucket):
 
 
 def test_a_scan_is_one_streaming_get_and_every_range_reads_exactly(deps, s3_settings, bucket):
-    """Issue 22: a scan of many pages is ONE GET of its span (plus the index), read group by group; any
+    """A scan of many pages is ONE GET of its span (plus the index), read group by group; any
     [first, last] inside the ledger returns exactly those entries, pages at both ends cut right."""
     sizes = [50, 70 * 1024, 3000, 200 * 1024] * 10 + [ENTRY] * 45
     produce(deps, "s", [[bytes([i % 251]) * n for i, n in enumerate(sizes)]])

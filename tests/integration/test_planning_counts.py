@@ -1,4 +1,4 @@
-"""A scheduled run with nothing due costs what is due, not what the store holds (issue 19): on 1,000 topics
+"""A scheduled run with nothing due costs what is due, not what the store holds: on 1,000 topics
 with history (bench/scale_data.py's shape, loaded set-based: deleted, offloaded, recently offloaded, sealed
 and open ledgers, shared and lone objects, limits on some topics), each idle command and each Spark job's
 plan() makes at most 20 SQL statements and 2 S3 requests. Counted on the engine (before_cursor_execute)

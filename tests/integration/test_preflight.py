@@ -68,7 +68,8 @@ def test_jobs_without_a_cheap_plan_always_run(deps):
 
 
 def test_gc_skips_spark_when_nothing_is_due_and_runs_when_a_key_is(deps):
-    """Issue 19: the hourly GC plans from the queue's due rows and the stale uploads, not the bucket."""
+    """The hourly GC plans from the queue's due rows and the stale uploads, not the bucket: listing
+    the bucket every hour would cost what the bucket holds, not what is due."""
     deps.meta.enqueue_gc(["t/later"], "not due yet", delay=timedelta(hours=1))
     idle = go(deps, "tiering_gc", {}, set(), run="scheduled__1")
     assert idle.planned == 0 and not idle.run_spark
@@ -81,7 +82,7 @@ def test_gc_skips_spark_when_nothing_is_due_and_runs_when_a_key_is(deps):
 
 
 def test_retention_skips_spark_when_no_topic_is_due_and_runs_when_one_is(deps):
-    """Issue 19: retention's plan names only topics with work (ledgers due, a trim marker behind, a trimmed
+    """Retention's plan names only topics with work (ledgers due, a trim marker behind, a trimmed
     ledger's tier-1 copy left), so an idle hourly run starts no Spark."""
     produce(deps, "keep", [entries(f"k{i}", 3, 10) for i in range(3)], TopicPolicy(retention_bytes=10**9, **BIG))
     idle = go(deps, "tiering_retention", {}, {"topic"}, run="scheduled__1")

@@ -1,4 +1,4 @@
-"""A read's snapshot of chunk rows never outlives GC's delay (issue 20, defect 4): its age is derived from
+"""A read's snapshot of chunk rows never outlives GC's delay: its age is derived from
 TIERING_GC_DELAY_SECONDS (half of it, at most 60 s; none when the delay is 0), so a row the read holds never
 names an object GC already collected."""
 from __future__ import annotations

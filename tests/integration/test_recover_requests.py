@@ -1,4 +1,4 @@
-"""What recovery costs in S3 requests (issue 19), counted on the real endpoint: without the page check one
+"""What recovery costs in S3 requests, counted on the real endpoint: without the page check one
 LIST per 1,000 keys and one GET per index object (an object's existence and length come from the listing:
 no HEAD); the block-header walk of a shared (batch or defrag) object reads it in windows, not one GET per
 block; the page check adds the data bytes. The figures of the README come from here."""

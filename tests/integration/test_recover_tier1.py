@@ -1,4 +1,4 @@
-"""Recovery from the bucket takes tier 1 into account (issue 20, defect 2): a ledger that tier 1 still holds
+"""Recovery from the bucket takes tier 1 into account: a ledger that tier 1 still holds
 and the bucket never got must not collide with the next ledger a producer creates, the tier-1 copy of an
 offloaded ledger is recorded, an open ledger file is sealed and adopted, and a topic that only tier 1 knows
 comes back. Through the real command on RGW and PostgreSQL."""
@@ -15,7 +15,8 @@ TABLES = "tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, tiering
 
 
 def lose_metadata(cli, db) -> None:
-    """The database is lost: every row gone, the schema upgraded again (as the issue's sequence)."""
+    """The database is lost: every row gone, the schema upgraded again (the sequence an operator
+    recovering from the bucket goes through)."""
     with db.begin() as conn:
         conn.execute(text(f"TRUNCATE {TABLES} CASCADE"))
     cli("db", "upgrade").ok()

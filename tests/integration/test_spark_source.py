@@ -1,4 +1,4 @@
-"""The `tiering` Spark data source on a real local[2] Spark, RGW and PostgreSQL (issue 21): a topic across
+"""The `tiering` Spark data source on a real local[2] Spark, RGW and PostgreSQL: a topic across
 tier 1 only, tier 2 only and both, a trimmed head, an open tail and a batched object pair reads back
 byte-exact against ReadHandle (what `tiering read` prints); pushed filters on ledger_id and sealed_at plan
 only the matching ledgers; a large ledger is split along its page index; a flipped byte in tier 2 fails

@@ -1,4 +1,4 @@
-"""Deleting tier-1 copies never reports a deletion that did not happen (issue 16): a worker that does not
+"""Deleting tier-1 copies never reports a deletion that did not happen: a worker that does not
 see the tier-1 files (another machine, an unmounted share) fails the item, naming the path, and leaves
 metadata saying the copy exists; a rerun on the right root finishes. Real PostgreSQL and S3."""
 from __future__ import annotations

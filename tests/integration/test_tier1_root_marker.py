@@ -1,4 +1,4 @@
-"""Executors refuse a tier-1 root that is not the driver's (issue 16): the marker file's token, read by
+"""Executors refuse a tier-1 root that is not the driver's: the marker file's token, read by
 the driver and shipped with the plan, must match the executor's root. `_do_items` is the function Spark
 runs on executors; here it runs in-process against the real services."""
 from __future__ import annotations

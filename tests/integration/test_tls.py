@@ -1,4 +1,4 @@
-"""TLS to S3 and to PostgreSQL (issue 23): a pipeline (offload, read from tier 2, defrag, GC, metadata export
+"""TLS to S3 and to PostgreSQL: a pipeline (offload, read from tier 2, defrag, GC, metadata export
 through pyarrow's filesystem) over the local Ceph RGW's https gateway (`.ci/ceph.sh tls-rgw`, a CA it
 generated) with `TIERING_S3_CA_BUNDLE`, and over a private PostgreSQL cluster that accepts TLS connections
 only (`hostssl` in pg_hba.conf, started here on its own port, stopped at the end) with

@@ -1,4 +1,5 @@
-"""`tiering verify` reports each problem once, and names what is wrong (issue 20, defect 5)."""
+"""`tiering verify` reports each problem once, and names what is wrong (a cause
+repeated in a report hides the others)."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""What Spark ships to executors carries no secret (issue 24, item 4): every task closure the jobs build (the
+"""What Spark ships to executors carries no secret: every task closure the jobs build (the
 runner's, the metadata export's), and the `tiering` data source's class, pickled the way PySpark pickles them
 (its cloudpickle). The database password, the AWS secret key, access key and session token, and the SSE-C
 key are absent from the bytes; where unpickled, the settings take them from that machine's environment."""

@@ -50,7 +50,7 @@ def test_to_env_round_trips():
     assert Settings.from_env(s.to_env()) == s
 
 
-# ---- encryption and TLS settings (issue 23) ------------------------------------------------------------
+# ---- encryption and TLS settings -----------------------------------------------------------------------
 def test_sse_c_key_comes_from_a_file_and_never_shows(tmp_path):
     import base64
 

@@ -1,5 +1,5 @@
 """Positions and sizes at every edge (CLI, Airflow Params, job arguments, settings) take ASCII digits only,
-within bounds (issue 13). Python's int() also takes Unicode digits ("١٠", "５"), surrounding whitespace
+within bounds. Python's int() also takes Unicode digits ("١٠", "５"), surrounding whitespace
 (including "\\v") and "_"; re's `$` matches before a trailing newline. A property test feeds every parser
 strings of ASCII and non-ASCII digits, signs, whitespace and separators, and huge numbers, and checks each
 against an oracle that spells out the rule without regular expressions."""

@@ -1,4 +1,4 @@
-"""The driver's bounded wait for a cluster's first executor (tiering/jobs/executors.py, issue 24): on an
+"""The driver's bounded wait for a cluster's first executor (tiering/jobs/executors.py): on an
 injected clock, nothing sleeps."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The multipart lifecycle's failure paths without a server (issue 20): botocore's Stubber answers each call of
+"""The multipart lifecycle's failure paths without a server: botocore's Stubber answers each call of
 a real boto3 client (built as the product builds it) in order, as s3transfer's
 tests/functional/test_upload.py::test_upload_failure_invokes_abort does. Each case checks that the upload is
 aborted exactly when its id exists (create failed: nothing to abort), that every S3 error reaches the caller
@@ -71,7 +71,7 @@ def test_a_complete_upload_is_three_parts_and_a_complete(stubbed):
 
 
 def test_failure_at_create_aborts_nothing_and_is_a_tier2_error(stubbed):
-    """Issue 20 defect 3: a failed CreateMultipartUpload escaped as a raw ClientError."""
+    """A failed CreateMultipartUpload is a Tier2Error like every other S3 failure, never a raw ClientError."""
     b, stub = stubbed
     stub.add_client_error("create_multipart_upload", "SlowDown", "Please reduce your request rate.", 503)
     with pytest.raises(Tier2Error) as err:

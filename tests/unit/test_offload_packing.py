@@ -1,4 +1,4 @@
-"""The offload's fast path (issue 22) changes no byte: tier-1 payload views (`LedgerReader.iter_entry_views`)
+"""The offload's fast path changes no byte: tier-1 payload views (`LedgerReader.iter_entry_views`)
 equal `iter_entries` with every check kept, and `pack_blocks` (pieces joined once per block) writes exactly
 the blocks of a plain reference packer written from the format's description, page CRCs included."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Spark jobs' item loop counts a lost compare-and-set as "skipped" only when every attempt lost it
 (another worker holds the item throughout); a lost attempt of the job's own is retried, and a retry that
-finds the item free does it (issue 20: a failure is never reported as skipped)."""
+finds the item free does it (a failure is never reported as skipped)."""
 from __future__ import annotations
 
 from pathlib import Path

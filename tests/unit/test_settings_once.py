@@ -1,6 +1,6 @@
 """Settings' defaults, the knobs they give and the integer parsing of every edge are each defined once
-(issue 20): config.INTS holds each integer setting's variable, default and bounds; Settings, from_env and
-ops.context.Knobs read it; settings, CLI arguments and job arguments all parse with model.parse_int."""
+(copies drift apart): config.INTS holds each integer setting's variable, default and bounds; Settings,
+from_env and ops.context.Knobs read it; settings, CLI arguments and job arguments all parse with model.parse_int."""
 from __future__ import annotations
 
 import argparse

@@ -25,12 +25,12 @@ def test_every_dag_of_the_design_is_there():
     ("tiering_gc", {}, []),
     ("tiering_gc_sweep", {}, []),
     ("tiering_metadata_export", {"dest": "s3://b/x"}, ["--dest=s3://b/x"]),
-    # a switch: the bare flag when true, nothing when false or absent (issue 19)
+    # a switch: the bare flag when true, nothing when false or absent
     ("tiering_recover", {}, []),
     ("tiering_recover", {"check_pages": False}, []),
     ("tiering_recover", {"topic": "-x", "check_pages": True}, ["--topic=-x", "--check-pages"]),
     ("tiering_gc", {"check_pages": False}, []),  # false is "not asked for", whatever the job
-    # the offload DAGs' upload limit (issue 23); 0 is a value (unlimited for this run), not "absent"
+    # the offload DAGs' upload limit; 0 is a value (unlimited for this run), not "absent"
     ("tiering_offload_by_age", {"max_bytes_per_second": 8388608}, ["--by=age", "--max-bytes-per-second=8388608"]),
     ("tiering_offload_prefix", {"topic": "t", "position": "1:0", "max_bytes_per_second": 0},
      ["--prefix=t", "--position=1:0", "--max-bytes-per-second=0"]),
