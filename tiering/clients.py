@@ -18,7 +18,7 @@ def engine(settings: Settings, **kwargs):
 
 def s3_client(settings: Settings, max_pool_connections: int = 32):
     """The boto3 client of tier 2, with the settings' CA bundle and server-side encryption (SSE-S3, SSE-KMS or
-    SSE-C) on every request that needs it: built in tiering.tier2.objects, which owns every S3 call."""
+    SSE-C) on every request that needs it: built by tiering.tier2.client (tier 2 owns every S3 call)."""
     from tiering.tier2.client import make_client
 
     return make_client(settings, max_pool_connections)

@@ -126,7 +126,7 @@ PG_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-ful
 
 @dataclass(frozen=True)
 class S3Encryption:
-    """What server-side encryption every S3 request asks for (`tiering.tier2.objects.install_encryption` adds
+    """What server-side encryption every S3 request asks for (`tiering.tier2.encryption.install_encryption` adds
     it to each request). `customer_key` (SSE-C) never shows in repr or messages; `setting` names the
     variables an error should point at."""
     mode: str = "none"  # none | AES256 | aws:kms | SSE-C
@@ -284,7 +284,7 @@ def _with_local_password(url: str, local: str | None) -> str:
 
 def aws_sdk_checksums_when_required() -> None:
     """Make the AWS C++ SDK inside pyarrow send a checksum only when an operation requires one (as
-    `tiering.tier2.objects.make_client` configures boto3).
+    `tiering.tier2.client.make_client` configures boto3).
 
     Otherwise it uploads parts as `aws-chunked` with a trailing checksum and no Content-Length, which Ceph
     RGW 16 and other older S3-compatible servers refuse (HTTP 411 MissingContentLength). pyarrow has no option

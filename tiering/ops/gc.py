@@ -15,7 +15,7 @@ its own: objects under the prefix that no chunk references and no task holds, ol
 page budget per run (pages of up to 1,000 keys), resuming after a cursor kept in `gc_sweep`
 (metadata/gc_sweep.py), and wraps round at the end of the prefix: one pass visits every key. Two sweeps of
 the same prefix never run at once (a try-lock; the second reports the sweep taken). So an orphan lives at
-most the grace period plus one pass (README: the figures at 1M and 100M objects).
+most the grace period plus one pass (docs/performance.md: the figures at 1M and 100M objects).
 Killed anywhere, a rerun converges: deleting a missing key succeeds, locked rows roll back, and a page whose
 cursor move did not commit is listed and decided again.
 
@@ -68,7 +68,7 @@ from tiering.ops.export_metadata import default_export_prefix
 from tiering.tier2.objects import abort_upload, check_bucket, delete_keys, list_page, list_uploads
 
 PAGE_KEYS = 1000  # S3's largest LIST page
-SWEEP_MAX_PAGES = 10_000  # default page budget of one sweep run: 10M keys (README: how long an orphan lives)
+SWEEP_MAX_PAGES = 10_000  # default page budget of one sweep run: 10M keys (docs/performance.md: how long an orphan lives)
 
 
 @dataclass
