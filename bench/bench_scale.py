@@ -1,4 +1,4 @@
-"""What every scheduled run costs at production size when NOTHING is due (issue 19): 1,000 topics with
+"""What every scheduled run costs at production size when NOTHING is due: 1,000 topics with
 100,000 and then 1,000,000 ledgers (bench/scale_data.py: synthetic metadata, set-based load) and a bucket of
 20,000 tiny objects (or --objects 100000). Each scheduled command runs in-process through the CLI
 (`tiering.cli.main.main`, the environment pointing at this run's scratch database, bucket and tier-1 root),
@@ -109,7 +109,7 @@ DASHBOARD = [  # (label, function name, kwargs)
 
 
 def has_sweep_flag() -> bool:
-    """Whether `tiering gc --sweep` exists in this tree (issue 19 adds it)."""
+    """Whether `tiering gc --sweep` exists in this tree."""
     from tiering.cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions if getattr(a, "choices", None) and "gc" in a.choices)

@@ -1,4 +1,4 @@
-"""The `tiering` Spark source scanning offloaded ledgers (issue 21), against `tiering verify` in one process
+"""The `tiering` Spark source scanning offloaded ledgers, against `tiering verify` in one process
 and a raw GET of the same objects, as ratios.
 
 Writes --size-mib of ledgers (default 1 GiB in 16 ledgers: ~90 s in all on this shared 2-core machine)

@@ -1,4 +1,4 @@
-"""Offload under an upload limit (issue 23), on the real S3 endpoint, unthrottled peer in the same run.
+"""Offload under an upload limit, on the real S3 endpoint, unthrottled peer in the same run.
 
 1. One process: one 64 MiB ledger offloaded with TIERING_OFFLOAD_MAX_BYTES_PER_SECOND = 8 MiB/s (goal: 8 s
    +/- 15 %) and without a limit, alternating, medians.

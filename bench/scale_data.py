@@ -14,7 +14,7 @@ Policies: offload-after 1 day everywhere, deletion lag 4 h, an offload threshold
 tier-1 tail plus 64 MiB), retention time on topic_id % 3 == 0 (one hour beyond the oldest live ledger),
 retention size on topic_id % 3 == 1 (a quarter above the live bytes); the rest unlimited.
 
-Subscriptions (issue 30; `subscriptions` in all, 10 per topic by default), slot k = number % 10 on each topic:
+Subscriptions (`subscriptions` in all, 10 per topic by default), slot k = number % 10 on each topic:
 k 0-3 at the last entry of the newest sealed ledger (caught up), k 4 inside the open ledger, k 5 half-way
 through the second newest sealed ledger, k 6 at the end of a recently offloaded ledger, k 7 NULL (nothing
 read yet; created an hour ago, or 40 days ago on every 8th topic), k 8 half-way through the live history,

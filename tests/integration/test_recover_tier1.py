@@ -26,7 +26,7 @@ def rows(status) -> list[tuple]:
     return [(r["ledger"], r["state"], r["entries"], r["bytes"], r["tiers"]) for r in status.ok().json_lines]
 
 
-def test_issue_20_sequence_ends_with_a_writable_topic(cli, db):
+def test_a_lost_database_with_tier1_ahead_of_the_bucket_ends_with_a_writable_topic(cli, db):
     cli("topic", "create", "r1", "--offload-after", "0").ok()
     cli("produce", "r1", "--entries", "3", "--entry-size", "100", "--seal").ok()
     assert "offloaded 1" in cli("offload-by-age").ok().stdout

@@ -93,7 +93,7 @@ def test_sizes_and_seconds_accept_bounded_ascii_digits_only(text):
 
 
 @pytest.mark.parametrize("text", ["١:٠", "１:０", "1:0\v", "1:0\n", " 1:0", "1:0 ", "+1:0", "1_0:0", "1:0\x00"])
-def test_the_cases_of_the_issue_are_refused(text):
+def test_the_reported_edge_numbers_are_refused(text):
     with pytest.raises(BadInput):
         Position.parse(text)
 
