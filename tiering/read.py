@@ -14,18 +14,20 @@ from functools import partial
 from itertools import starmap
 from typing import Callable, Iterator, NamedTuple, Protocol
 
-from tiering.errors import BadInput, DataLossError, LedgerStorageError
+from tiering.errors import BadInput, CorruptObjectError, DataLossError, LedgerStorageError
 from tiering.metadata.repository import MetadataStore
 from tiering.model import Chunk, Ledger, LedgerState, Position
 from tiering.tier1 import Tier1Store
 
 TRIMMED = "TRIMMED"
 DATALOSS = "DATALOSS"
+TIER1 = "tier1"
+TIER2 = "tier2"
 # A read takes the topic's chunk rows in one query and reuses them for a while (one query per topic instead of
 # one per ledger). A row it holds must never name an object GC collected: objects defrag merged away or
 # retention trimmed are kept TIERING_GC_DELAY_SECONDS, so the snapshot's age is derived from that delay (half
 # of it, at most CHUNKS_MAX_AGE_S); with no delay, or none given, there is no snapshot: each ledger's row is
-# read when the read reaches it (issue 20: a fixed 60 s outlived a delay set below it).
+# read when the read reaches it (a fixed 60 s would outlive a delay set below it).
 CHUNKS_MAX_AGE_S = 60.0
 
 
@@ -36,7 +38,7 @@ def chunks_max_age(gc_delay_seconds: float) -> float:
 
 class Entry(NamedTuple):
     """One entry of a read. A named tuple, not a frozen dataclass: a catch-up read builds one per entry, and a
-    frozen dataclass's __init__ cost twice as much (issue 22). Immutable either way."""
+    frozen dataclass's __init__ cost twice as much. Immutable either way."""
     ledger_id: int
     entry_id: int
     data: bytes
@@ -124,33 +126,16 @@ class ReadHandle:
             return reader.entry_count
 
     def _read_ledger(self, led: Ledger, first: int, last: int) -> Iterator[Entry | Gap]:
-        next_id = first
-        if led.tier1_present:
-            try:
-                reader = self.tier1.reader(led.topic, led.ledger_id)
-            except LedgerStorageError:
-                reader = None  # deleted since we listed: tier 2 below
-            if reader is not None:
-                # An open file descriptor keeps reading even if the copy is unlinked meanwhile.
-                with reader:
-                    for entry_id, data in reader.iter_entries(first, last):
-                        yield Entry(led.ledger_id, entry_id, data)
-                        next_id = entry_id + 1
-                if next_id > last:
-                    return
-        chunk = self._chunk(led) if led.state == LedgerState.OFFLOADED else None
-        if chunk is None:
-            current = self.meta.get_ledger(led.topic, led.ledger_id)
-            if current.state == LedgerState.OFFLOADED:  # offloaded since we listed
-                chunk = self.meta.get_chunk(current)
-            elif current.state == LedgerState.DELETED:
-                yield Gap(TRIMMED, Position(led.ledger_id, next_id), Position(led.ledger_id, last))
-                return
-        if chunk is None or self.open_tier2 is None:
-            yield from self._dataloss(led, next_id, last)
-            return
-        # starmap: no Python frame per entry on this, the hottest loop of a catch-up read (issue 22)
-        yield from starmap(partial(Entry, led.ledger_id), self.open_tier2(led, chunk).iter_entries(next_id, last))
+        held = (lambda: self._chunk(led)) if led.state == LedgerState.OFFLOADED else (lambda: None)
+        entry = partial(Entry, led.ledger_id)
+        for got in read_ledger_range(self.meta, led, first, last, self.tier1, self.open_tier2, held):
+            if isinstance(got, Run):
+                # starmap: no Python frame per entry on this, the hottest loop of a catch-up read
+                yield from starmap(entry, got.entries)
+            elif got.kind == DATALOSS:
+                yield from self._dataloss(led, got.start.entry_id, got.end.entry_id)
+            else:
+                yield got
 
     def _dataloss(self, led: Ledger, first: int, last: int) -> Iterator[Gap]:
         gap = Gap(DATALOSS, Position(led.ledger_id, first), Position(led.ledger_id, last))
@@ -158,3 +143,86 @@ class ReadHandle:
             raise DataLossError(f"ledger {led.topic}/{led.ledger_id} entries {first}..{last} are in no tier "
                                 f"(state {led.state.value})")
         yield gap
+
+
+class Run(NamedTuple):
+    """Consecutive entries of a ledger from one tier (TIER1 or TIER2), as (entry_id, data) pairs."""
+    tier: str
+    entries: Iterator[tuple[int, bytes]]
+
+
+class _At:
+    """The next entry a ledger-range read has to deliver, advanced as its runs are consumed."""
+    __slots__ = ("next", "trimmed")
+
+    def __init__(self, first: int):
+        self.next = first
+        self.trimmed = False
+
+
+def read_ledger_range(meta: MetadataStore, led: Ledger, first: int, last: int, tier1: Tier1Store | None,
+                      open_tier2: Tier2Opener | None,
+                      held_chunk: Callable[[], Chunk | None]) -> Iterator[Run | Gap]:
+    """Entries first..last of a listed ledger, in order, from the tier that holds each: runs of entries (each
+    read to its end before the next item is asked for) and gaps. The one cross-tier read of a ledger range,
+    for ReadHandle and the Spark source.
+
+    Tier 1 while its copy exists (`tier1` None: not read, this process does not see it); from the first
+    entry it did not give, tier 2 from `held_chunk()`, the chunk row the caller holds, or when it holds none
+    the ledger's current row (offloaded or trimmed since it was listed). A held row may be stale (defrag
+    moved the ledger and GC collected the object it names): when reading it fails, the row is re-read once
+    and the read goes on from the next entry with the new one. A corrupt page is never read around. A ledger
+    trimmed meanwhile ends in a TRIMMED gap; one no tier holds (or tier 2 not configured) in a DATALOSS gap."""
+    at = _At(first)
+    if tier1 is not None and led.tier1_present:
+        try:
+            reader = tier1.reader(led.topic, led.ledger_id)
+        except LedgerStorageError:
+            reader = None  # deleted since it was listed: tier 2 below
+        if reader is not None:
+            yield Run(TIER1, _tier1_entries(reader, first, last, at))
+            if at.next > last:
+                return
+    chunk = held_chunk()
+    if chunk is None:
+        current = meta.get_ledger(led.topic, led.ledger_id)
+        if current.state == LedgerState.OFFLOADED:  # offloaded since it was listed
+            chunk = meta.get_chunk(current)
+        elif current.state == LedgerState.DELETED:
+            yield Gap(TRIMMED, Position(led.ledger_id, at.next), Position(led.ledger_id, last))
+            return
+    if chunk is None or open_tier2 is None:
+        yield Gap(DATALOSS, Position(led.ledger_id, at.next), Position(led.ledger_id, last))
+        return
+    yield Run(TIER2, _tier2_entries(meta, led, chunk, last, open_tier2, at))
+    if at.trimmed:
+        yield Gap(TRIMMED, Position(led.ledger_id, at.next), Position(led.ledger_id, last))
+
+
+def _tier1_entries(reader, first: int, last: int, at: _At) -> Iterator[tuple[int, bytes]]:
+    # An open file descriptor keeps reading even if the copy is unlinked meanwhile.
+    with reader:
+        for entry_id, data in reader.iter_entries(first, last):
+            yield entry_id, data
+            at.next = entry_id + 1
+
+
+def _tier2_entries(meta: MetadataStore, led: Ledger, chunk: Chunk, last: int, open_tier2: Tier2Opener,
+                   at: _At) -> Iterator[tuple[int, bytes]]:
+    for attempt in range(2):
+        try:
+            for pair in open_tier2(led, chunk).iter_entries(at.next, last):
+                yield pair
+                at.next = pair[0] + 1
+            return
+        except CorruptObjectError:
+            raise  # the bytes are wrong: never read around them
+        except Exception:
+            current = meta.get_ledger(led.topic, led.ledger_id)
+            if current.state == LedgerState.DELETED:
+                at.trimmed = True
+                return
+            fresh = meta.get_chunk(current) if current.state == LedgerState.OFFLOADED else None
+            if attempt or fresh is None or fresh == chunk:
+                raise
+            chunk = fresh

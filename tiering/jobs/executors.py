@@ -1,4 +1,4 @@
-"""A bounded wait for the first executor of a cluster job (issue 24).
+"""A bounded wait for the first executor of a cluster job.
 
 On a standalone (or YARN) master, executors that cannot reach the driver (it advertises 127.0.0.1, a
 firewall drops its port) die right after launch; the master relaunches them until the task's
@@ -10,7 +10,8 @@ the driver: nothing to wait for.
 Some executors missing (a second node that cannot reach the driver while the first one can) does not stop a
 job that has executors to run on; it is reported: with `spark.tiering.expectedExecutors` = N the driver waits
 (within the same bound) for N, and otherwise goes on with those it has, returning a sentence the job records
-in `job_run.details.executors_missing` and prints; the jobs built on the runner record the executors' hosts.
+in `job_run.details.executors_missing` and prints; every job (through `tiering.jobs.runner`) records it, and
+the jobs that fan items out record the executors' hosts.
 """
 from __future__ import annotations
 

@@ -15,14 +15,13 @@ again into the same location.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import datetime, timezone
-
 
 from tiering import clients
 from tiering.config import Settings
 from tiering.errors import TieringError
+from tiering.metadata.job_runs import JobOutcome
 from tiering.ops import export_metadata as ex
 from tiering.ops.export_location import claim, discard, new_export_id, release
 
@@ -76,60 +75,57 @@ def main(argv=None) -> int:
     p.add_argument("--topic", help="ignored: an export is always of every table")
     args = p.parse_args(argv)
 
-    from pyspark.sql import SparkSession
+    from tiering.jobs.runner import load_settings, recorded, run_ref
 
-    from tiering.jobs.runner import run_ref
-    from tiering.metadata.job_runs import JobOutcome, JobRuns
-
-    settings = Settings.from_env()
+    settings = load_settings("export_metadata")
+    if settings is None:
+        return 2
     engine = clients.engine(settings, pool_size=1)
-    runs = JobRuns(engine)
-    run_id = runs.start("export_metadata", None, run_ref("export_metadata"))
-    outcome = JobOutcome()
-    claimed = None  # (fs, base, export id) once the location is this run's: a failure removes its parts
-    try:
-        spark = (SparkSession.builder.appName("tiering-export-metadata")
-                 .config("spark.sql.session.timeZone", "UTC").getOrCreate())
-        from tiering.jobs.executors import wait_on
 
-        wait_on(spark.sparkContext)
-        dest = args.dest or default_dest(settings, datetime.now(timezone.utc))
-        fs, base = ex.filesystem_for(dest, settings)
-        export_id = f"{run_id}-{new_export_id()[:8]}"
-        claim(fs, base, export_id, args.overwrite)
-        claimed = (fs, base, export_id)
-        outcome.details.update(dest=dest, export_id=export_id)
-        opts = jdbc_options(settings)
-        with engine.connect() as snap_conn:  # held open: the snapshot lives as long as its transaction
-            snap_conn.exec_driver_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            snapshot = snap_conn.exec_driver_sql("SELECT pg_export_snapshot()").scalar_one()
-            init = f"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT '{snapshot}'"
-            parts = {}
-            for table in ex.table_names():
-                df = (spark.read.format("jdbc").options(**opts).option("query", ex.jdbc_query(table))
-                      .option("sessionInitStatement", init).load())
-                written = df.mapInArrow(_write_partitions(settings, dest, table, export_id),
-                                        "path string, rows long, error string").collect()
-                refused = sorted({r["error"] for r in written if r["error"]})
-                if refused:
-                    raise TieringError(refused[0])
-                parts[table] = sorted((ex.PartFile(r["path"], r["rows"]) for r in written), key=lambda f: f.path)
-                outcome.items_done += sum(f.rows for f in parts[table])
-            manifest = ex.build_manifest(snap_conn, parts, export_id=export_id)
-        ex.write_manifest(fs, base, manifest)
-        release(fs, base, export_id)
-        outcome.details.update(tables={t: m.rows for t, m in manifest.tables.items()})
-    except Exception as exc:  # noqa: BLE001 - recorded, then the job fails
-        outcome.errors.append(str(exc) if isinstance(exc, TieringError) else
-                              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-        if claimed is not None:
-            outcome.details["parts_removed"] = discard(*claimed)
-    finally:
-        runs.finish(run_id, outcome)
-    print(json.dumps({"job": "export_metadata", "run_id": run_id, "rows": outcome.items_done, **outcome.details}))
-    for err in outcome.errors:
-        print(f"export_metadata: error: {err}", file=sys.stderr)
-    return 1 if outcome.errors else 0
+    def body(outcome: JobOutcome, run_id: int) -> None:
+        claimed = []  # [(fs, base, export id)] once the location is this run's: a failure removes its parts
+        try:
+            _export(settings, engine, args, run_id, outcome, claimed)
+        except Exception as exc:  # noqa: BLE001 - a Spark failure's first line, not its JVM trace
+            outcome.errors.append(str(exc) if isinstance(exc, TieringError) else
+                                  f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            if claimed:
+                outcome.details["parts_removed"] = discard(*claimed[0])
+
+    return recorded("export_metadata", run_ref("export_metadata"), None, engine, body)
+
+
+def _export(settings: Settings, engine, args, run_id: int, outcome: JobOutcome, claimed: list) -> None:
+    """Claim the location, write every table's parts from one snapshot, then the manifest."""
+    from tiering.jobs.runner import spark_session
+
+    spark = spark_session("tiering-export-metadata", outcome)
+    dest = args.dest or default_dest(settings, datetime.now(timezone.utc))
+    fs, base = ex.filesystem_for(dest, settings)
+    export_id = f"{run_id}-{new_export_id()[:8]}"
+    claim(fs, base, export_id, args.overwrite)
+    claimed.append((fs, base, export_id))
+    outcome.details.update(dest=dest, export_id=export_id)
+    opts = jdbc_options(settings)
+    with engine.connect() as snap_conn:  # held open: the snapshot lives as long as its transaction
+        snap_conn.exec_driver_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        snapshot = snap_conn.exec_driver_sql("SELECT pg_export_snapshot()").scalar_one()
+        init = f"SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT '{snapshot}'"
+        parts = {}
+        for table in ex.table_names():
+            df = (spark.read.format("jdbc").options(**opts).option("query", ex.jdbc_query(table))
+                  .option("sessionInitStatement", init).load())
+            written = df.mapInArrow(_write_partitions(settings, dest, table, export_id),
+                                    "path string, rows long, error string").collect()
+            refused = sorted({r["error"] for r in written if r["error"]})
+            if refused:
+                raise TieringError(refused[0])
+            parts[table] = sorted((ex.PartFile(r["path"], r["rows"]) for r in written), key=lambda f: f.path)
+            outcome.items_done += sum(f.rows for f in parts[table])
+        manifest = ex.build_manifest(snap_conn, parts, export_id=export_id)
+    ex.write_manifest(fs, base, manifest)
+    release(fs, base, export_id)
+    outcome.details.update(tables={t: m.rows for t, m in manifest.tables.items()})
 
 
 if __name__ == "__main__":

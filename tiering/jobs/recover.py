@@ -1,4 +1,4 @@
-"""Spark job: recover the metadata of a lost database from the bucket and tier 1, at bucket scale (issue 19).
+"""Spark job: recover the metadata of a lost database from the bucket and tier 1, at bucket scale.
 
 The driver lists the prefix's topic segments only (S3 `Delimiter`: one LIST per 1,000 topics, whatever the
 number of objects) and the tier-1 root's topic directories; each topic is one item. An executor lists its
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from tiering.config import Settings
 from tiering.errors import TieringError
 from tiering.format.keys import encode_topic, parse_key
-from tiering.jobs.runner import BACKOFF_SECONDS, RETRIES, deps_from, load_settings, recorded, run_ref, topic_arg
+from tiering.jobs.runner import (deps_from, executor_partition, fan_out, load_settings, recorded, retried, run_ref,
+                                 spark_context, topic_arg)
 from tiering.jobs.spec import int_arg
 from tiering.metadata import gc_sweep
 from tiering.metadata.job_runs import JobOutcome
@@ -32,7 +32,7 @@ from tiering.model import TopicPolicy
 from tiering.ops.recover import RecoverReport, list_segment, recover_topic, tier1_only_items
 from tiering.ops.recover_tier1 import topic_dirs
 from tiering.tier1 import topic_dir_name
-from tiering.tier1.marker import check_root, root_token
+from tiering.tier1.marker import root_token
 from tiering.tier2.listing import topic_segments
 
 SHOWN = 20  # reasons kept per kind in the job_run row (the counts are exact)
@@ -68,20 +68,20 @@ def plan(deps, args) -> list[dict]:
 
 def _one(deps, item: dict, reads, check_pages: bool) -> RecoverReport:
     """One topic, retried while it reports errors (S3 or tier-1 failures, none of it committed)."""
-    for attempt in range(RETRIES + 1):
-        try:
-            listed, n, foreign = list_segment(deps.bucket, item["segment"])
-            report = recover_topic(deps.meta.engine, deps.bucket, listed, TopicPolicy(), reads, check_pages,
-                                   deps.tier1, item.get("topic"))
-            report.objects_listed, report.foreign_objects = n, foreign
-        except TieringError as exc:
-            report = RecoverReport(errors=[f"topic segment {item['segment']!r}: {exc}"])
-        except Exception as exc:  # noqa: BLE001 - e.g. the database went away: counted, reported, retried
-            report = RecoverReport(errors=[f"topic segment {item['segment']!r}: {type(exc).__name__}: {exc}"])
-        if not report.errors or attempt == RETRIES:
-            return report
-        time.sleep(BACKOFF_SECONDS * 2 ** attempt)
-    raise AssertionError("unreachable")
+    return retried(lambda: _attempt(deps, item, reads, check_pages), lambda report: bool(report.errors))
+
+
+def _attempt(deps, item: dict, reads, check_pages: bool) -> RecoverReport:
+    try:
+        listed, n, foreign = list_segment(deps.bucket, item["segment"])
+        report = recover_topic(deps.meta.engine, deps.bucket, listed, TopicPolicy(), reads, check_pages,
+                               deps.tier1, item.get("topic"))
+        report.objects_listed, report.foreign_objects = n, foreign
+        return report
+    except TieringError as exc:
+        return RecoverReport(errors=[f"topic segment {item['segment']!r}: {exc}"])
+    except Exception as exc:  # noqa: BLE001 - e.g. the database went away: counted, reported, retried
+        return RecoverReport(errors=[f"topic segment {item['segment']!r}: {type(exc).__name__}: {exc}"])
 
 
 def _summary(report: RecoverReport, done: int, failed: int) -> dict:
@@ -98,23 +98,19 @@ def _summary(report: RecoverReport, done: int, failed: int) -> dict:
 
 def _partition(settings: Settings, items, token: str | None, check_pages: bool, concurrency: int):
     """Runs on an executor: its topics one after the other, each topic's index objects read concurrently."""
-    items = list(items)
-    try:
-        check_root(settings.tier1_root, token)
-    except TieringError as exc:
-        yield _summary(RecoverReport(errors=[f"{len(items)} topic(s) not recovered: {exc}"]), 0, len(items))
-        return
-    deps = deps_from(settings)
-    total, done, failed = RecoverReport(), 0, 0
-    try:
+    def run_items(deps, items) -> dict:
+        total, done, failed = RecoverReport(), 0, 0
         with ThreadPoolExecutor(concurrency, thread_name_prefix="recover-read") as reads:
             for item in items:
                 report = _one(deps, item, reads, check_pages)
                 done, failed = done + (not report.errors), failed + bool(report.errors)
                 total.merge(report)
-    finally:
-        deps.meta.engine.dispose()
-    yield _summary(total, done, failed)
+        return _summary(total, done, failed)
+
+    def refused(items: list, exc: TieringError) -> dict:
+        return _summary(RecoverReport(errors=[f"{len(items)} topic(s) not recovered: {exc}"]), 0, len(items))
+
+    return executor_partition(settings, token, items, run_items, refused)
 
 
 def _add(details: dict, part: dict) -> None:
@@ -131,17 +127,10 @@ def _run(deps, args, settings: Settings, outcome: JobOutcome) -> None:
     outcome.details["planned"] = len(items)
     names: list[str] = []
     if items:
-        from pyspark import SparkConf, SparkContext
-
-        from tiering.jobs.executors import wait_on
-
-        sc = SparkContext.getOrCreate(SparkConf().setAppName("tiering-recover"))
-        wait_on(sc)
+        sc = spark_context("tiering-recover", outcome)
         token = root_token(settings.tier1_root)
         check, conc = args.check_pages, args.concurrency
-        parts = sc.parallelize(items, max(1, min(len(items), sc.defaultParallelism * 2))).mapPartitions(
-            lambda it: _partition(settings, it, token, check, conc)).collect()
-        for p in parts:
+        for p in fan_out(sc, items, lambda it: _partition(settings, it, token, check, conc), outcome):
             outcome.add(JobOutcome(p["done"], p["failed"], 0, p["errors"]))
             _add(outcome.details, p)
             names += p["topics"]
@@ -156,7 +145,7 @@ def main(argv=None) -> int:
         return 2
     deps = deps_from(settings)
 
-    def body(outcome: JobOutcome) -> None:
+    def body(outcome: JobOutcome, _run_id: int) -> None:
         with gc_sweep.excluding_sweep(deps.meta.engine, deps.bucket.name, deps.bucket.prefix):
             _run(deps, args, settings, outcome)
 

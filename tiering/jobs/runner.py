@@ -1,7 +1,10 @@
-"""The shape every Spark job shares: the driver reads settings from the environment, plans items with SQL,
-fans them out with `mapPartitions` (each executor builds its own clients from the settings shipped in the
-closure, never from argv), retries each item, sums the outcomes into one `job_run` row, and exits
-non-zero when an item failed after its retries.
+"""The frame every Spark job runs in: the driver reads settings from the environment and records the run
+as one `job_run` row (`recorded`: summary on stdout, errors on stderr, exit 1 on a failure), starts Spark and
+waits for its executors, recording the missing ones and the executors' hosts (`spark_context`,
+`spark_session`, `fan_out`); items fan out with `mapPartitions` (`executor_partition`: each executor checks
+it sees the driver's tier-1 root and builds its own clients from the settings shipped in the closure, never
+from argv) and each item is retried on one schedule (`retried`). `run` is the whole of a job whose items are
+`work(deps, item)` calls; recovery, the scrub and the metadata export use the same parts.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from tiering import clients
 from tiering.config import Settings
@@ -21,13 +24,14 @@ from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
 from tiering.ops.context import Deps
 from tiering.tier1.marker import check_root, root_token
 
+T = TypeVar("T")
 RETRIES = 2
 BACKOFF_SECONDS = 1.0
 
 # work(deps, item) -> (bytes done, skipped?)  — raising means the item failed (retried first)
 Work = Callable[[Deps, dict], tuple[int, bool]]
 # check(deps, items) -> one sentence per piece of work the items planned that is not done although no
-# executor reported it failed (an executor lost mid-item whose task Spark retried elsewhere: issue 24)
+# executor reported it failed (an executor lost mid-item whose task Spark retried elsewhere)
 Check = Callable[[Deps, list[dict]], list[str]]
 
 
@@ -39,58 +43,88 @@ def topic_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topic", help="limit the job to one topic")
 
 
-def _do_items(settings: Settings, work: Work, items: Iterable[dict],
-              tier1_token: str | None = None) -> Iterator[dict]:
-    """Runs on an executor: one set of clients per partition, after checking that this worker sees the
-    driver's tier-1 root (jobs that touch tier 1 ship its token)."""
-    out = {"done": 0, "failed": 0, "skipped": 0, "bytes": 0, "errors": [], "failed_items": []}
+def retried(attempt: Callable[[], T], again: Callable[[T], bool]) -> T:
+    """`attempt()` until `again(result)` is false, at most RETRIES more times with a doubling backoff: the one
+    retry schedule of every job's items. Returns the last result."""
+    for n in range(RETRIES + 1):
+        result = attempt()
+        if n == RETRIES or not again(result):
+            return result
+        time.sleep(BACKOFF_SECONDS * 2 ** n)
+    raise AssertionError("unreachable")
+
+
+def executor_partition(settings: Settings, token: str | None, items: Iterable[dict],
+                       run_items: Callable[[Deps, Iterable[dict]], dict],
+                       refused: Callable[[list[dict], TieringError], dict]) -> Iterator[dict]:
+    """Runs on an executor, the frame of every job's partition: unless this worker sees the driver's tier-1
+    root (jobs that touch tier 1 ship its token; None: not checked) the partition's one summary is
+    `refused(items, why)`; else one set of clients serves the partition, `run_items(deps, items)` is its
+    summary, and the clients are disposed of."""
     try:
-        check_root(settings.tier1_root, tier1_token)
+        check_root(settings.tier1_root, token)
     except TieringError as exc:
-        items = list(items)
-        out["failed"] = len(items)
-        out["failed_items"] = items
-        out["errors"].append(f"{len(items)} item(s) not run: {exc}")
-        yield out
+        yield refused(list(items), exc)
         return
     deps = deps_from(settings)
     try:
-        for item in items:
-            for attempt in range(RETRIES + 1):
-                try:
-                    nbytes, skipped = work(deps, item)
-                    out["skipped" if skipped else "done"] += 1
-                    out["bytes"] += nbytes
-                    break
-                except ConditionalUpdateFailed:
-                    # A lost compare-and-set is "skipped" only when another worker holds or finished the item;
-                    # a lost attempt of our own (a commit GC's claim beat, a batch undone under us) is retried:
-                    # work() re-reads the current rows (done by another: skipped; free again: offloaded). Only
-                    # an item that lost every attempt is someone else's (issue 20: never a failure as skipped).
-                    if attempt == RETRIES:
-                        out["skipped"] += 1
-                    else:
-                        time.sleep(BACKOFF_SECONDS * 2 ** attempt)
-                except BadInput as exc:  # not transient: no retry
-                    out["failed"] += 1
-                    out["failed_items"].append(item)
-                    out["errors"].append(f"{item}: {exc}")
-                    break
-                except Exception as exc:  # noqa: BLE001 - counted, reported, retried
-                    if attempt == RETRIES:
-                        out["failed"] += 1
-                        out["failed_items"].append(item)
-                        out["errors"].append(f"{item}: {type(exc).__name__}: {exc}")
-                    else:
-                        time.sleep(BACKOFF_SECONDS * 2 ** attempt)
+        summary = run_items(deps, items)
     finally:
         deps.meta.engine.dispose()
-    yield out
+    yield summary
+
+
+def _attempt(work: Work, deps: Deps, item: dict) -> tuple[str, int, str | None]:
+    """One attempt at an item: (done | skipped | lost | failed | bad, bytes, error)."""
+    try:
+        nbytes, skipped = work(deps, item)
+        return ("skipped" if skipped else "done"), nbytes, None
+    except ConditionalUpdateFailed:
+        return "lost", 0, None
+    except BadInput as exc:  # not transient: no retry
+        return "bad", 0, f"{item}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - counted, reported, retried
+        return "failed", 0, f"{item}: {type(exc).__name__}: {exc}"
+
+
+def _work_items(work: Work) -> Callable[[Deps, Iterable[dict]], dict]:
+    def run_items(deps: Deps, items: Iterable[dict]) -> dict:
+        out = _summary()
+        for item in items:
+            # A lost compare-and-set is "skipped" only when another worker holds or finished the item; a
+            # lost attempt of our own (a commit GC's claim beat, a batch undone under us) is retried: work()
+            # re-reads the current rows (done by another: skipped; free again: offloaded). Only an item that
+            # lost every attempt is someone else's: a failure is never counted as skipped.
+            status, nbytes, error = retried(lambda: _attempt(work, deps, item), lambda r: r[0] in ("lost", "failed"))
+            if status in ("bad", "failed"):
+                out["failed"] += 1
+                out["failed_items"].append(item)
+                out["errors"].append(error)
+            else:
+                out["skipped" if status in ("skipped", "lost") else "done"] += 1
+                out["bytes"] += nbytes
+        return out
+    return run_items
+
+
+def _summary() -> dict:
+    return {"done": 0, "failed": 0, "skipped": 0, "bytes": 0, "errors": [], "failed_items": []}
+
+
+def _not_run(items: list[dict], exc: TieringError) -> dict:
+    return {**_summary(), "failed": len(items), "failed_items": items,
+            "errors": [f"{len(items)} item(s) not run: {exc}"]}
+
+
+def _do_items(settings: Settings, work: Work, items: Iterable[dict],
+              tier1_token: str | None = None) -> Iterator[dict]:
+    """Runs on an executor: each item retried, the partition's counts summed into one summary."""
+    return executor_partition(settings, tier1_token, items, _work_items(work), _not_run)
 
 
 def executor_task(settings: Settings, work: Work, tier1_token: str | None) -> Callable[[Iterable[dict]], Iterator[dict]]:
     """The function Spark pickles and ships to every executor with its closure: the settings travel without
-    their secrets (Settings.__reduce__), which each executor resolves where it runs (issue 24, item 4)."""
+    their secrets (Settings.__reduce__), which each executor resolves where it runs."""
     return lambda items: _do_items(settings, work, items, tier1_token)
 
 
@@ -146,18 +180,18 @@ def load_settings(job: str) -> Settings | None:
         return None
 
 
-def recorded(job: str, ref: RunRef, topic: str | None, engine, body: Callable[[JobOutcome], None],
+def recorded(job: str, ref: RunRef, topic: str | None, engine, body: Callable[[JobOutcome, int], None],
              outcome: JobOutcome | None = None) -> int:
-    """Run `body(outcome)` as one job_run row: started first, finished with whatever the body recorded, also
-    when it raised (a TieringError by its sentence, anything else by type and message, its traceback on
-    stderr). Then the summary JSON on stdout, the outcome lines when run by hand (under Airflow the operator
-    logs them from the row, once) and the first errors on stderr. Exit 1 when an item failed or an error was
-    recorded, else 0. The jobs built on `run`, recovery and the scrub share it."""
+    """Run `body(outcome, run_id)` as one job_run row: started first, finished with whatever the body
+    recorded, also when it raised (a TieringError by its sentence, anything else by type and message, its
+    traceback on stderr). Then the summary JSON on stdout, the outcome lines when run by hand (under Airflow
+    the operator logs them from the row, once) and the first errors on stderr. Exit 1 when an item failed or
+    an error was recorded, else 0. Every Spark job runs in it."""
     runs = JobRuns(engine)
     run_id = runs.start(job, topic, ref)
     outcome = outcome if outcome is not None else JobOutcome()
     try:
-        body(outcome)
+        body(outcome, run_id)
     except TieringError as exc:
         outcome.errors.append(str(exc))
     except Exception as exc:  # noqa: BLE001 - recorded in job_run, then the job fails
@@ -178,6 +212,43 @@ def recorded(job: str, ref: RunRef, topic: str | None, engine, body: Callable[[J
     return 1 if failed else 0
 
 
+def spark_context(app: str, outcome: JobOutcome):
+    """A bare SparkContext (jobs on RDDs only: a SparkSession costs ~4 s more to start), its executors
+    waited for."""
+    from pyspark import SparkConf, SparkContext
+
+    sc = SparkContext.getOrCreate(SparkConf().setAppName(app))
+    _waited(sc, outcome)
+    return sc
+
+
+def spark_session(app: str, outcome: JobOutcome):
+    """A SparkSession in UTC (jobs on DataFrames), its executors waited for."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC").getOrCreate()
+    _waited(spark.sparkContext, outcome)
+    return spark
+
+
+def _waited(sc, outcome: JobOutcome) -> None:
+    # a cluster's executors that never register: fail with the cause, not at the timeout; some missing:
+    # recorded in the row (spark.tiering.expectedExecutors)
+    if missing := wait_on(sc):
+        outcome.details["executors_missing"] = missing
+
+
+def fan_out(sc, items: list[dict], task: Callable[[Iterable[dict]], Iterator[dict]],
+            outcome: JobOutcome) -> list[dict]:
+    """The items in up to two partitions per core, `task` run on each partition, the partitions' summaries
+    collected on the driver; on a cluster the executors' hosts are recorded."""
+    slices = max(1, min(len(items), sc.defaultParallelism * 2))
+    parts = sc.parallelize(items, slices).mapPartitions(task).collect()
+    if not sc.master.startswith("local"):
+        outcome.details["executor_hosts"] = executor_hosts(sc)
+    return parts
+
+
 def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
         plan: Callable[[Deps, argparse.Namespace], list[dict]], work: Work,
         finish: Callable[[Deps, argparse.Namespace, JobOutcome], None] | None = None, tier1: bool = True,
@@ -195,32 +266,22 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
         return 2
     deps = deps_from(settings)
 
-    def body(outcome: JobOutcome) -> None:
+    def body(outcome: JobOutcome, _run_id: int) -> None:
         items = plan(deps, args)
         outcome.details["planned"] = len(items)
         if (ledgers := planned_ledgers(items)) is not None and ledgers != len(items):
             outcome.details["planned_ledgers"] = ledgers
         if items:
-            from pyspark import SparkConf, SparkContext
-
-            # A bare SparkContext: these jobs use RDDs only, and a SparkSession costs ~4 s more to start.
-            sc = SparkContext.getOrCreate(SparkConf().setAppName(f"tiering-{job}"))
-            # a cluster's executors that never register: fail with the cause, not at the timeout; some missing:
-            # recorded (spark.tiering.expectedExecutors)
-            if missing := wait_on(sc):
-                outcome.details["executors_missing"] = missing
-            slices = max(1, min(len(items), sc.defaultParallelism * 2))
+            sc = spark_context(f"tiering-{job}", outcome)
             if prepare is not None:
                 items = prepare(deps, args, items, sc.defaultParallelism)
             token = root_token(settings.tier1_root) if tier1 else None
             try:
-                parts = sc.parallelize(items, slices).mapPartitions(executor_task(settings, work, token)).collect()
+                parts = fan_out(sc, items, executor_task(settings, work, token), outcome)
             except BaseException:
                 if check is not None:  # the job failed: name what it left undone, then fail with its cause
                     _checked(deps, check, items, outcome)
                 raise
-            if not sc.master.startswith("local"):
-                outcome.details["executor_hosts"] = executor_hosts(sc)
             reported = []
             for p in parts:
                 outcome.add(JobOutcome(p["done"], p["failed"], p["bytes"], p["errors"]))

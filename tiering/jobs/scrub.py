@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     p.add_argument("--topic", help="scrub one topic (default: every topic)")
     args = p.parse_args(argv)
 
-    from tiering.jobs.runner import load_settings, recorded, run_ref
+    from tiering.jobs.runner import load_settings, recorded, run_ref, spark_session
     from tiering.metadata.repository import MetadataStore
 
     settings = load_settings("scrub")
@@ -70,22 +70,16 @@ def main(argv=None) -> int:
         return 2
     engine = clients.engine(settings, pool_size=1)
 
-    def body(outcome) -> None:
+    def body(outcome, _run_id: int) -> None:
         try:
             topics = [args.topic] if args.topic else [t.name for t in MetadataStore(engine).list_topics()]
             outcome.details["planned"] = len(topics)
             if not topics:
                 outcome.details["spark"] = "skipped"
                 return
-            from pyspark.sql import SparkSession
-
             from tiering.spark import register
 
-            spark = (SparkSession.builder.appName(APP).config("spark.sql.session.timeZone", "UTC")
-                     .getOrCreate())
-            from tiering.jobs.executors import wait_on
-
-            wait_on(spark.sparkContext)
+            spark = spark_session(APP, outcome)
             register(spark, settings)
             results, errors = scrub(spark, topics)
             outcome.items_done = len(results)

@@ -22,8 +22,8 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from tiering.config import Settings
-from tiering.errors import BadInput, CorruptObjectError, DataLossError, LedgerStorageError, TieringError
-from tiering.model import LedgerState
+from tiering.errors import BadInput, DataLossError, LedgerStorageError, TieringError
+from tiering.read import TRIMMED, Run, read_ledger_range
 from tiering.spark.filters import Pushed, push
 from tiering.spark.plan import DEFAULT_SPLIT_BYTES, Part, plan, select_topics
 
@@ -178,60 +178,31 @@ def _rows(reader: TieringReader, part: Part, token: str | None) -> Iterator[tupl
                 yield e, None, tier
         return
     c = _clients(reader.settings)
-    next_id = first
     sees, why_not = _sees_root(reader.settings, token)
-    if led.tier1_present and sees:
-        try:
-            t1 = c["tier1"].reader(led.topic, led.ledger_id)
-        except LedgerStorageError:
-            t1 = None  # deleted since the plan: tier 2 below
-        if t1 is not None:
-            with t1:  # an open descriptor keeps reading a copy unlinked meanwhile
-                for e, data in t1.iter_entries(first, last):
-                    if wanted(e):
-                        yield e, data, "tier1"
-                    next_id = e + 1
-            if next_id > last:
-                return
-    ch = part.chunk
-    if ch is None:
-        current = c["meta"].get_ledger(led.topic, led.ledger_id)
-        if current.state == LedgerState.DELETED:
+
+    def open_tier2(led, chunk):
+        from tiering.tier2.reader import OffloadedLedger
+
+        return OffloadedLedger(c["bucket"], led, chunk, c["caches"], c["pool"])
+
+    for got in read_ledger_range(c["meta"], led, first, last, c["tier1"] if sees else None, open_tier2,
+                                 lambda: part.chunk):
+        if isinstance(got, Run):
+            for e, data in got.entries:
+                if wanted(e):
+                    yield e, data, got.tier
+        elif got.kind == TRIMMED:
             return  # trimmed since the plan: absent rows, like a trimmed range
-        if current.state == LedgerState.OFFLOADED:
-            ch = c["meta"].get_chunk(current)
-    if ch is None:
-        if led.tier1_present and not sees:
+        elif led.tier1_present and not sees:
             raise LedgerStorageError(f"ledger {led.topic}/{led.ledger_id} is in tier 1 only and this worker "
                                      f"cannot read it: {why_not}")
-        msg = (f"DATALOSS: ledger {led.topic}/{led.ledger_id} entries {next_id}..{last} are in no tier "
-               f"(state {led.state.value})")
-        if reader.skip_dataloss:
-            log.warning("%s: skipped (skipDataLoss=true)", msg)
-            return
-        raise DataLossError(msg + "; option skipDataLoss=true reads around it")
-    from tiering.tier2.reader import OffloadedLedger
-
-    for attempt in range(2):
-        t2 = OffloadedLedger(c["bucket"], led, ch, c["caches"], c["pool"])
-        try:
-            for e, data in t2.iter_entries(next_id, last):
-                if wanted(e):
-                    yield e, data, "tier2"
-                next_id = e + 1
-            return
-        except CorruptObjectError:
-            raise  # the bytes are wrong: never read around them
-        except Exception:
-            # The plan's chunk row may be stale (defrag moved the ledger, GC collected the old object):
-            # once, re-read the row and go on from the next entry with the new one.
-            current = c["meta"].get_ledger(led.topic, led.ledger_id)
-            if current.state == LedgerState.DELETED:
-                return  # trimmed since the plan
-            fresh = c["meta"].get_chunk(current) if current.state == LedgerState.OFFLOADED else None
-            if attempt or fresh is None or fresh == ch:
-                raise
-            ch = fresh
+        else:
+            msg = (f"DATALOSS: ledger {led.topic}/{led.ledger_id} entries {got.start.entry_id}..{last} are in "
+                   f"no tier (state {led.state.value})")
+            if reader.skip_dataloss:
+                log.warning("%s: skipped (skipDataLoss=true)", msg)
+                return
+            raise DataLossError(msg + "; option skipDataLoss=true reads around it")
 
 
 def _batches(part: Part, rows: Iterator[tuple]) -> Iterator:
