@@ -32,7 +32,7 @@ def test_readers_racing_retention_never_lose_an_unread_entry(deps, db, worker_en
         deps.meta.subs.create("r", name, None)
     ends = [(i, PER_LEDGER) for i in range(LEDGERS)]
     env = {**os.environ, **worker_env, "PYTHONPATH": str(ROOT)}
-    until = time.time() + 12
+    until = time.time() + 8
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(4, initializer=w.init, initargs=(worker_env,)) as pool:  # clients from the environment, as the CLI
         fast = pool.apply_async(w.acker, ("r", "fast", ends, 3, until))
