@@ -108,7 +108,7 @@ def start(state_dir: Path, workers: int = 1, cores: int = 1, memory: str = "1g",
             alive = [w for w in cluster.status().get("workers", []) if w.get("state") == "ALIVE"]
             if len(alive) >= workers:
                 return cluster
-        except OSError:
+        except (OSError, ValueError):  # not answering yet, or (while its UI starts) a page instead of JSON
             pass
         if time.monotonic() > deadline or not all(_alive(p) for p in pids):
             logs = "".join((state_dir / f).read_text(errors="replace")[-1500:] for f in ("master.log", "worker0.log")
