@@ -102,6 +102,14 @@ def start(state_dir: Path, workers: int = 1, cores: int = 1, memory: str = "1g",
                               "--cores", str(cores), "--memory", memory, "--webui-port", str(_free_port()),
                               "--work-dir", str(wdir)])
     cluster = Cluster(master, f"http://127.0.0.1:{ui}", events, conf, pids)
+    try:
+        return _wait_up(cluster, state_dir, workers, pids, timeout)
+    except BaseException:
+        stop(state_dir)  # whatever went wrong, no master or worker outlives the failed start
+        raise
+
+
+def _wait_up(cluster: Cluster, state_dir: Path, workers: int, pids: list[int], timeout: float) -> Cluster:
     deadline = time.monotonic() + timeout
     while True:
         try:
