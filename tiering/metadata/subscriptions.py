@@ -194,24 +194,33 @@ class Subscriptions:
 
     # ----------------------------------------------------------------------------------------- helpers
     def _topic(self, name: str, conn: Connection | None = None, lock: str = "") -> Topic:
-        from tiering.metadata.repository import _topic_row  # one row mapper for topics
-
-        check_topic_name(name, existing=True)
-        q = select(topic).where(topic.c.name == name)
-        if lock == "FOR SHARE":
-            q = q.with_for_update(read=True)
         if conn is None:
             with self.engine.connect() as c:
-                row = c.execute(q).one_or_none()
-        else:
-            row = conn.execute(q).one_or_none()
-        if row is None:
-            raise TopicNotFound(name)
-        return _topic_row(row)
+                return topic_row(c, name, lock)
+        return topic_row(conn, name, lock)
 
+
+# The row lock each writer takes on its topic, in the order of this module's docstring: FOR SHARE (a new
+# subscription), FOR NO KEY UPDATE (retention, truncate: producers' ledger inserts still pass), FOR UPDATE
+# (topic deletion); "" reads without a lock.
+_LOCKS = {"": {}, "FOR SHARE": {"read": True}, "NO KEY UPDATE": {"key_share": True}, "UPDATE": {}}
+
+
+def topic_row(conn: Connection, name: str, lock: str = "") -> Topic:
+    """The topic `name`, its row locked as `lock` says; TopicNotFound when there is none."""
+    from tiering.metadata.repository import _topic_row  # one row mapper for topics
+
+    check_topic_name(name, existing=True)
+    q = select(topic).where(topic.c.name == name)
+    if lock:
+        q = q.with_for_update(**_LOCKS[lock])
+    row = conn.execute(q).one_or_none()
+    if row is None:
+        raise TopicNotFound(name)
+    return _topic_row(row)
 
 def active(subs: Sequence[Subscription]) -> list[Subscription]:
     return [s for s in subs if s.state == ACTIVE]
 
 
-__all__ = ["BACKLOG_LATERAL", "Backlog", "Subscriptions", "active"]
+__all__ = ["BACKLOG_LATERAL", "Backlog", "Subscriptions", "active", "topic_row"]

@@ -11,15 +11,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Sequence
 
-from sqlalchemy import delete, select, text
+from sqlalchemy import delete, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from tiering import policy
-from tiering.errors import BadInput, TieringError, TopicNotFound
-from tiering.metadata.subscriptions import active
+from tiering.errors import BadInput, TieringError
+from tiering.metadata.subscriptions import active, topic_row
 from tiering.metadata.tables import topic, topic_tombstone
-from tiering.model import EXPIRED, Ledger, LedgerState, Position, Subscription, Topic, check_topic_name
+from tiering.model import EXPIRED, Ledger, LedgerState, Position, Subscription, Topic
 
 if TYPE_CHECKING:
     from tiering.metadata.repository import MetadataStore
@@ -54,7 +54,7 @@ class Trims:
         """Delete what retention allows now for one topic (policy.retention_plan, planned again under the
         locks), recording the unread entries it took from each subscription."""
         with self.engine.begin() as conn:
-            t = self._lock_topic(conn, topic_name, "NO KEY UPDATE")
+            t = topic_row(conn, topic_name, "NO KEY UPDATE")
             subs = self.store.subs.of_topic(conn, t.topic_id, lock=True)
             plan = self.store.planning.retention_plan(topic_name, conn=conn).get(topic_name, [])
             if not plan:
@@ -79,7 +79,7 @@ class Trims:
         changed) when that deletes entries an ACTIVE subscription has not read, unless `force`, which records
         the loss."""
         with self.engine.begin() as conn:
-            t = self._lock_topic(conn, topic_name, "NO KEY UPDATE")
+            t = topic_row(conn, topic_name, "NO KEY UPDATE")
             subs = self.store.subs.of_topic(conn, t.topic_id, lock=True)
             last, doomed = self.store.planning.truncate_before(t.topic_id, t.name, before.ledger_id, conn=conn)
             if last is None or before.ledger_id > last:
@@ -106,7 +106,7 @@ class Trims:
         """Step 1 of deleting a topic: refused (BadInput, nothing changed) while ACTIVE subscriptions read it,
         unless `force`; otherwise its subscriptions go (returned)."""
         with self.engine.begin() as conn:
-            t = self._lock_topic(conn, topic_name, "UPDATE")
+            t = topic_row(conn, topic_name, "UPDATE")
             subs = self.store.subs.of_topic(conn, t.topic_id, lock=True)
             readers = active(subs)
             if readers and not force:
@@ -121,7 +121,7 @@ class Trims:
         ledger must have been sealed (by its writer's lock: ops/topics.py); an offload in flight loses its
         commit and its objects are collected."""
         with self.engine.begin() as conn:
-            t = self._lock_topic(conn, topic_name, "UPDATE")
+            t = topic_row(conn, topic_name, "UPDATE")
             live = [led for led in self.store.list_ledgers(topic_name, conn=conn) if led.state != S.DELETED]
             if any(led.state == S.OPEN for led in live):
                 raise TieringError(f"topic {topic_name!r} has an open ledger again (a producer is writing); stop it "
@@ -134,7 +134,7 @@ class Trims:
         tombstone with the next ledger id and the trim marker written (`marker`), once nothing live and no
         tier-1 copy is left."""
         with self.engine.begin() as conn:
-            t = self._lock_topic(conn, topic_name, "UPDATE")
+            t = topic_row(conn, topic_name, "UPDATE")
             left = conn.execute(text("""
                 SELECT count(*) FILTER (WHERE state <> 'DELETED') AS live, count(*) FILTER (WHERE tier1_present) AS copies
                 FROM tiering.ledger WHERE topic_id = :tid"""), {"tid": t.topic_id}).one()
@@ -150,17 +150,6 @@ class Trims:
             return t
 
     # ------------------------------------------------------------------------------------------ helpers
-    def _lock_topic(self, conn: Connection, name: str, mode: str) -> Topic:
-        from tiering.metadata.repository import _topic_row  # one row mapper for topics
-
-        check_topic_name(name, existing=True)
-        q = select(topic).where(topic.c.name == name)
-        q = q.with_for_update() if mode == "UPDATE" else q.with_for_update(key_share=True)
-        row = conn.execute(q).one_or_none()
-        if row is None:
-            raise TopicNotFound(name)
-        return _topic_row(row)
-
     def _record(self, conn: Connection, sub: Subscription, loss: policy.UnreadLoss, reason: str) -> Loss:
         self.store.subs.record_loss(conn, sub, loss, reason)
         return Loss(sub.name, loss.entries, loss.bytes, loss.first, loss.new_position, reason)
