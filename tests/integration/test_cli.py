@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import bucket_keys, entries, produce
+from tests.support.processes import free_port
 from tiering.format.keys import encode_topic, parse_key
 from tiering.model import TopicPolicy
 from tiering.ops.delete_lagged import delete_lagged
@@ -96,12 +96,6 @@ def read_data(result: Result) -> dict:
         if "gap" not in row:
             out[(row["ledger"], row["entry"])] = base64.b64decode(row["data"])
     return out
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def snapshot(deps) -> tuple:
@@ -358,8 +352,8 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(cli, deps, monkeypatch
 def test_services_down_exit_1_without_traceback_or_secrets(cli, deps):
     produce(deps, "t", [entries("a", 3, 10)], TopicPolicy(offload_after_seconds=0, **BIG))
     offload_many(deps, deps.meta.list_ledgers("t"))
-    db_down = f"postgresql://tiering:Sup3rS3cret-pw@127.0.0.1:{closed_port()}/tiering"
-    s3_down = {"TIERING_S3_ENDPOINT_URL": f"http://127.0.0.1:{closed_port()}"}
+    db_down = f"postgresql://tiering:Sup3rS3cret-pw@127.0.0.1:{free_port()}/tiering"
+    s3_down = {"TIERING_S3_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
     results = cli.many([(("topic", "list"), {"env": {"TIERING_DATABASE_URL": db_down}}),
                         (("produce", "t", "--entries", "1", "--entry-size", "1"),
                          {"env": {"TIERING_DATABASE_URL": db_down}}),
