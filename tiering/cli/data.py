@@ -9,7 +9,7 @@ import sys
 from tiering.cli import args as a
 from tiering.cli.context import Context
 from tiering.cli.output import Output, gap_dict, progress
-from tiering.errors import BadInput, LedgerStorageError
+from tiering.errors import BadInput
 from tiering.model import LedgerState
 
 
@@ -91,13 +91,7 @@ def cmd_seal(ctx: Context, args, out: Output) -> int:
 def ledger_status(ctx: Context, name: str) -> list[dict]:
     rows = []
     for led in ctx.meta.list_ledgers(name):
-        entries, size = led.entry_count, led.size_bytes
-        if led.state == LedgerState.OPEN:  # metadata learns counts at seal: the tier-1 file knows them now
-            try:
-                with ctx.tier1.reader(name, led.ledger_id) as r:
-                    entries, size = r.entry_count, r.size_bytes
-            except LedgerStorageError:
-                pass  # no file yet
+        entries, size = ctx.tier1.extent(led)
         tiers = ([1] if led.tier1_present and led.state != LedgerState.DELETED else []) + \
                 ([2] if led.state == LedgerState.OFFLOADED else [])
         rows.append({"ledger": led.ledger_id, "state": led.state.value, "entries": entries, "bytes": size,
