@@ -11,27 +11,32 @@ from tiering.errors import BadInput
 from tiering.model import MIB, TopicPolicy
 
 # (flag, policy field, argument type, metavar, help); the defaults are TopicPolicy's (shown by `create`).
+# Durations: seconds or 90s/15m/4h/7d; sizes: bytes or 512KiB/64MiB/10GB/1TiB (tiering/units.py).
+MIN_ROLLOVER_BYTES = 4096  # smaller: a ledger (a tier-1 file, a tier-2 object pair) per entry or two
 POLICY_FLAGS = (
-    ("--offload-after", "offload_after_seconds", a.policy_seconds, "SECONDS",
-     "offload sealed ledgers this long after their seal (-1: never, 0: at once; default -1)"),
-    ("--offload-threshold", "offload_threshold_bytes", a.policy_int, "BYTES",
-     "offload the oldest ledgers while the topic holds more than this (-1: never; default -1)"),
-    ("--deletion-lag", "deletion_lag_seconds", a.seconds, "SECONDS",
-     "keep tier-1 copies this long after offload (default 14400: 4 h)"),
-    ("--retention-time", "retention_seconds", a.policy_seconds, "SECONDS",
-     "delete whole ledgers sealed longer ago than this (-1: keep; default -1)"),
-    ("--retention-size", "retention_bytes", a.policy_int, "BYTES",
-     "delete the oldest ledgers while the topic's live ledgers (both tiers, counted once) exceed this "
-     "(-1: keep; default -1)"),
-    ("--max-retention-time", "max_retention_seconds", a.policy_seconds, "SECONDS",
+    ("--offload-after", "offload_after_seconds", a.policy_seconds, "DURATION",
+     "offload sealed ledgers this long after their seal (e.g. 4h; -1: never, 0: at once; default -1)"),
+    ("--offload-threshold", "offload_threshold_bytes", a.policy_size, "SIZE",
+     "offload the oldest sealed ledgers once the topic's ledgers, newest first and in either tier, exceed this "
+     "(Pulsar's rule; e.g. 10GiB; -1: never; default -1)"),
+    ("--deletion-lag", "deletion_lag_seconds", a.seconds, "DURATION",
+     "keep tier-1 copies this long after offload (default 4h)"),
+    ("--retention-time", "retention_seconds", a.policy_seconds, "DURATION",
+     "delete whole ledgers sealed longer ago than this, measured from each ledger's seal (e.g. 7d; -1: keep; "
+     "default -1)"),
+    ("--retention-size", "retention_bytes", a.policy_size, "SIZE",
+     "delete the oldest ledgers while the topic's live ledgers exceed this: every ledger not deleted, in tier 1 "
+     "or tier 2, each counted once (e.g. 10GB; -1: keep; default -1)"),
+    ("--max-retention-time", "max_retention_seconds", a.policy_seconds, "DURATION",
      "ceiling: delete ledgers sealed longer ago than this even when unread (-1: none; default -1)"),
-    ("--max-retention-size", "max_retention_bytes", a.policy_int, "BYTES",
+    ("--max-retention-size", "max_retention_bytes", a.policy_size, "SIZE",
      "ceiling: delete the oldest ledgers while the topic exceeds this, even unread (-1: none; default -1)"),
-    ("--subscription-expiry", "subscription_expiry_seconds", a.expiry_seconds, "SECONDS",
-     "a subscription with no ack for this long is EXPIRED and holds nothing back (-1: never; default -1)"),
+    ("--subscription-expiry", "subscription_expiry_seconds", a.expiry_seconds, "DURATION",
+     "a subscription with no ack for this long is EXPIRED and holds nothing back (e.g. 7d; -1: never; "
+     "default -1)"),
     ("--rollover-entries", "rollover_entries", a.positive, "N", "start a new ledger after N entries (default 50000)"),
-    ("--rollover-bytes", "rollover_bytes", a.positive, "BYTES",
-     f"start a new ledger after this many payload bytes (default {64 * MIB}: 64 MiB)"),
+    ("--rollover-bytes", "rollover_bytes", a.size_at_least(MIN_ROLLOVER_BYTES), "SIZE",
+     f"start a new ledger after this many payload bytes (at least 4KiB; default {64 * MIB // MIB}MiB)"),
 )
 
 
