@@ -251,6 +251,21 @@ class Settings:
         return {name: value for name, value in written if value is not None}
 
 
+def setting_from_env(field_: str, environ: Mapping[str, str] | None = None) -> Any:
+    """One setting alone (a Settings field), read and checked as `Settings.from_env` reads it: a command that
+    uses only the metadata database (`topic list`, ...) or tier 1 needs no bucket, and the reverse."""
+    env = os.environ if environ is None else environ
+    [var] = [v for v in VARIABLES if v.field == field_]
+    value = var.read(env.get(var.name), var.name)
+    if field_ == "tier1_root":
+        _check_tier1_root(value)
+    return value
+
+
+def database_url_from_env(environ: Mapping[str, str] | None = None) -> str:
+    return setting_from_env("database_url", environ)
+
+
 # Settings fields that never travel in a pickle (the database URL travels without its password).
 _SECRET_FIELDS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token", "s3_sse_c_key")
 

@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output
+from tiering.cli.output import Output, document, iso
 from tiering.errors import BadInput
 from tiering.model import MIB, TopicPolicy
 
@@ -79,6 +79,10 @@ def register(sub) -> None:
     show = t_sub.add_parser("show", help="a topic's policy and counters")
     a.name(show)
     a.json_flag(show)
+    stats = t_sub.add_parser("stats", help="per topic: ledgers and bytes per tier and state, offload backlog, "
+                                           "lagged copies, GC queue, oldest ledger, last successful runs")
+    stats.add_argument("name", nargs="?", type=a.topic_name, metavar="TOPIC", help="one topic only")
+    a.json_flag(stats)
 
 
 def cmd_db(ctx: Context, args, out: Output) -> int:
@@ -91,8 +95,58 @@ def cmd_db(ctx: Context, args, out: Output) -> int:
 
 
 def _topic_dict(t) -> dict:
-    return {"name": t.name, "topic_id": t.topic_id, "next_ledger_id": t.next_ledger_id, "version": t.version,
+    return {"topic": t.name, "topic_id": t.topic_id, "next_ledger_id": t.next_ledger_id, "version": t.version,
             **asdict(t.policy)}
+
+
+def _stats_doc(ctx: Context, name: str | None) -> dict:
+    from tiering.metadata.stats import topic_stats
+
+    rows = topic_stats(ctx.engine, name)
+    if name is not None and not rows:
+        ctx.meta.get_topic(name)  # the one-line "does not exist", exit 2
+    first = dict(rows[0]) if rows else None
+    topics = []
+    for r in rows:
+        oldest = r.pop("oldest_created_at")
+        now = r.pop("now")
+        for key in ("gc_pending_count", "gc_due_count", "gc_failed_count", "last_success"):
+            r.pop(key)
+        r["oldest_ledger_age_seconds"] = None if oldest is None else round((now - oldest).total_seconds(), 3)
+        r["oldest_ledger_created_at"] = iso(oldest)
+        topics.append({k: iso(v) if k.endswith("_at") else v for k, v in r.items()})
+    gc = {"pending_count": first["gc_pending_count"], "due_count": first["gc_due_count"],
+          "failed_count": first["gc_failed_count"]} if first else _gc_counts(ctx)
+    runs = first["last_success"] if first else {}
+    return document("topic stats", name, topics=topics, gc_queue=gc, last_success_at=dict(sorted(runs.items())))
+
+
+def _gc_counts(ctx: Context) -> dict:
+    """No topic at all: the queue may still hold keys (of deleted topics)."""
+    from tiering.metadata.gc_queue import due_count
+
+    return {"pending_count": None, "due_count": due_count(ctx.engine), "failed_count": None}
+
+
+def _stats_text(doc: dict):
+    for t in doc["topics"]:
+        yield (f"{t['topic']}: {t['live_count']} live ledger(s) ({t['open_count']} open, {t['sealed_count']} sealed, "
+               f"{t['offloading_count']} offloading, {t['offloaded_count']} offloaded), {t['deleted_count']} deleted; "
+               f"{t['live_entry_count']} entries, {t['live_bytes']} bytes")
+        yield (f"  tier 1: {t['tier1_count']} ledger(s), {t['tier1_bytes']} bytes; tier 2: {t['tier2_count']} "
+               f"ledger(s), {t['tier2_bytes']} bytes ({t['tier2_stored_bytes']} stored)")
+        yield (f"  offload backlog: {t['backlog_count']} ledger(s), {t['backlog_bytes']} bytes "
+               f"({t['backlog_offloading_count']} offloading); lagged tier-1 copies: {t['lagged_count']} "
+               f"({t['lagged_bytes']} bytes, {t['lagged_due_count']} due)")
+        age = t["oldest_ledger_age_seconds"]
+        yield (f"  oldest live ledger: " + ("none" if t["oldest_ledger"] is None else
+               f"{t['oldest_ledger']}, created {t['oldest_ledger_created_at']} ({age:.0f} s ago)")
+               + f"; {t['subscription_count']} subscription(s)")
+    gc = doc["gc_queue"]
+    yield (f"gc queue (all topics): {gc['pending_count']} pending, {gc['due_count']} due, {gc['failed_count']} failed"
+           if gc["pending_count"] is not None else f"gc queue (all topics): {gc['due_count']} due")
+    runs = doc["last_success_at"]
+    yield "last successful runs: " + (", ".join(f"{k} {v}" for k, v in runs.items()) or "none")
 
 
 def cmd_topic(ctx: Context, args, out: Output) -> int:
@@ -105,19 +159,23 @@ def cmd_topic(ctx: Context, args, out: Output) -> int:
         if not _given(args):
             raise BadInput("topic set needs at least one policy option (see `tiering topic set --help`)")
         t = set_policy(ctx.deps, args.name, _given(args), args.expect_version)
-        out.result(_topic_dict(t), f"updated topic {t.name!r}: version {t.version}")
+        out.result(document("topic set", **_topic_dict(t)), f"updated topic {t.name!r}: version {t.version}")
     elif args.topic_command == "delete":
         from tiering.ops.topics import delete_topic
 
         r = delete_topic(ctx.deps, args.name, args.force)
-        result = {"command": "topic delete", "topic": r.topic, "subscriptions_deleted": r.subscriptions_deleted,
-                  "ledgers_deleted": r.ledgers_deleted, "bytes": r.bytes, "files_removed": r.files_removed}
+        result = document("topic delete", r.topic, subscriptions_deleted=r.subscriptions_deleted,
+                          deleted_count=r.ledgers_deleted, bytes=r.bytes, files_removed_count=r.files_removed)
         out.result(result, f"deleted topic {r.topic!r}: {r.ledgers_deleted} ledger(s) ({r.bytes} bytes), "
                            f"{r.files_removed} tier-1 file(s) removed, {len(r.subscriptions_deleted)} subscription(s) "
                            "deleted; its tier-2 objects are queued for gc")
     elif args.topic_command == "list":
-        out.rows([_topic_dict(t) for t in ctx.meta.list_topics()], lambda rows: (r["name"] for r in rows))
+        doc = document("topic list", None, topics=[_topic_dict(t) for t in ctx.meta.list_topics()])
+        out.listing(doc, "topics", lambda rows: (r["topic"] for r in rows))
+    elif args.topic_command == "stats":
+        doc = _stats_doc(ctx, args.name)
+        out.result(doc, "\n".join(_stats_text(doc)))
     else:
         t = _topic_dict(ctx.meta.get_topic(args.name))
-        out.result(t, "\n".join(f"{k:28} {v}" for k, v in t.items()))
+        out.result(document("topic show", **t), "\n".join(f"{k:28} {v}" for k, v in t.items()))
     return 0
