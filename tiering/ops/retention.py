@@ -62,13 +62,18 @@ def apply_retention(deps: Deps, topic: str) -> RetentionReport:
     return _finish(deps, topic, deps.meta.trims.retention(topic, deps.knobs.gc_delay))
 
 
-def _finish(deps: Deps, topic: str, trim: TrimResult) -> RetentionReport:
+def _report(topic: str, trim: TrimResult) -> RetentionReport:
     report = RetentionReport()
     report.deleted += [(topic, led.ledger_id) for led in trim.deleted]
     report.bytes += sum(led.size_bytes for led in trim.deleted)
     report.reasons.update(trim.reasons.values())
     report.losses += [{"topic": topic, "subscription": x.subscription, "entries": x.entries, "bytes": x.bytes,
                        "from": str(x.first), "to": str(x.last), "reason": x.reason} for x in trim.losses]
+    return report
+
+
+def _finish(deps: Deps, topic: str, trim: TrimResult) -> RetentionReport:
+    report = _report(topic, trim)
     _move_trim_marker(deps, topic)
     for led in deps.meta.planning.deleted_with_copy(topic):
         if delete_copy(deps, led):
@@ -92,11 +97,17 @@ def retention(deps: Deps, topic: str | None = None) -> RetentionReport:
     return total
 
 
-def truncate(deps: Deps, topic: str, position: Position, force: bool = False) -> RetentionReport:
+def truncate(deps: Deps, topic: str, position: Position, force: bool = False,
+             dry_run: bool = False) -> RetentionReport:
     """`tiering truncate NAME L:E`: delete every whole ledger before the position's ledger. Refused when it
-    would delete entries an ACTIVE subscription has not read, unless `force` (the loss is recorded)."""
+    would delete entries an ACTIVE subscription has not read, unless `force` (the loss is recorded).
+    `dry_run`: the same decision and refusals, reporting what it would delete; nothing is written."""
     deps.meta.get_topic(topic)  # an unknown topic fails here
-    trim = deps.meta.trims.truncate(topic, position, force, deps.knobs.gc_delay)
+    trim = deps.meta.trims.truncate(topic, position, force, deps.knobs.gc_delay, dry_run=dry_run)
+    if dry_run:
+        report = _report(topic, trim)
+        report.files_removed = sum(1 for led in trim.deleted if led.tier1_present)
+        return report
     return _finish(deps, topic, trim)
 
 
@@ -140,6 +151,8 @@ def dry_run(deps: Deps, topic: str | None = None) -> list[dict]:
                 unread.append({"subscription": sub.name, "state": sub.state, "entries": loss.entries,
                                "bytes": loss.bytes})
         out.append({"topic": name, **_sums(doomed), "ledger_ids": [led.ledger_id for led in doomed],
+                    "tier1_copies": sum(1 for led in doomed if led.tier1_present),
+                    "reasons": {led.ledger_id: why for led, why in plan},
                     "by_reason": {why: _sums(leds) for why, leds in sorted(by_reason.items())},
                     "held_back": {**_sums(held), "by_subscription": holders},
                     "unread_deleted": unread})
