@@ -100,6 +100,11 @@ def iso(t) -> str | None:
     """A timestamp as ISO 8601 in UTC with `Z` (None stays None): 2026-11-25T14:15:41.084535Z."""
     if t is None:
         return None
+    if isinstance(t, str):  # an ISO 8601 text with an offset (a manifest's): the same instant, with Z
+        try:
+            t = datetime.fromisoformat(t)
+        except ValueError:
+            return t
     if isinstance(t, datetime):
         if t.tzinfo is not None:
             t = t.astimezone(timezone.utc).replace(tzinfo=None)

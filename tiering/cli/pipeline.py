@@ -202,7 +202,7 @@ def _retention_result(args, report, topic: str | None) -> dict:
 def _losses(report) -> str:
     if not report.losses:
         return ""
-    return "; deleted unread: " + ", ".join(f"{x['subscription']!r} of {x['topic']!r} {x['entries']} entries "
+    return "; deleted unread: " + ", ".join(f"{x['subscription']!r} of {x['topic']!r} {x['entry_count']} entries "
                                             f"({x['reason']})" for x in report.losses)
 
 

@@ -67,7 +67,7 @@ def _report(topic: str, trim: TrimResult) -> RetentionReport:
     report.deleted += [(topic, led.ledger_id) for led in trim.deleted]
     report.bytes += sum(led.size_bytes for led in trim.deleted)
     report.reasons.update(trim.reasons.values())
-    report.losses += [{"topic": topic, "subscription": x.subscription, "entries": x.entries, "bytes": x.bytes,
+    report.losses += [{"topic": topic, "subscription": x.subscription, "entry_count": x.entries, "bytes": x.bytes,
                        "from": str(x.first), "to": str(x.last), "reason": x.reason} for x in trim.losses]
     return report
 
@@ -113,7 +113,7 @@ def truncate(deps: Deps, topic: str, position: Position, force: bool = False,
 
 # ------------------------------------------------------------------------------------------------ dry run
 def _sums(ledgers) -> dict:
-    return {"ledgers": len(ledgers), "entries": sum(led.entry_count for led in ledgers),
+    return {"ledger_count": len(ledgers), "entry_count": sum(led.entry_count for led in ledgers),
             "bytes": sum(led.size_bytes for led in ledgers)}
 
 
@@ -143,12 +143,12 @@ def dry_run(deps: Deps, topic: str | None = None) -> list[dict]:
                 loss = policy.unread_loss(sub.position, held)
                 if loss.entries:
                     holders.append({"subscription": sub.name, "position": _pos(sub.position),
-                                    "entries": loss.entries, "bytes": loss.bytes})
+                                    "entry_count": loss.entries, "bytes": loss.bytes})
         unread = []
         for sub in subs.get(name, []):
             loss = policy.unread_loss(sub.position, doomed)
             if loss.entries:
-                unread.append({"subscription": sub.name, "state": sub.state, "entries": loss.entries,
+                unread.append({"subscription": sub.name, "state": sub.state, "entry_count": loss.entries,
                                "bytes": loss.bytes})
         out.append({"topic": name, **_sums(doomed), "ledger_ids": [led.ledger_id for led in doomed],
                     "tier1_copies": sum(1 for led in doomed if led.tier1_present),
@@ -165,16 +165,17 @@ def _pos(p: Position | None) -> str | None:
 
 def describe_plan(item: dict) -> str:
     """One line of a dry run (the CLI's text output and the retention DAG's plan log)."""
-    reasons = ", ".join(f"{why} {r['ledgers']}" for why, r in item["by_reason"].items())
-    line = (f"{item['topic']!r}: delete {item['ledgers']} ledger(s), {item['entries']} entries, {item['bytes']} bytes"
+    reasons = ", ".join(f"{why} {r['ledger_count']}" for why, r in item["by_reason"].items())
+    line = (f"{item['topic']!r}: delete {item['ledger_count']} ledger(s), {item['entry_count']} entries, "
+            f"{item['bytes']} bytes"
             + (f" ({reasons})" if reasons else ""))
     held = item["held_back"]
-    if held["ledgers"]:
-        who = "; ".join(f"{h['subscription']!r} {h['entries']} entries / {h['bytes']} bytes unread"
+    if held["ledger_count"]:
+        who = "; ".join(f"{h['subscription']!r} {h['entry_count']} entries / {h['bytes']} bytes unread"
                         for h in held["by_subscription"])
-        line += f"; held back by subscriptions: {held['ledgers']} ledger(s), {held['bytes']} bytes ({who})"
+        line += f"; held back by subscriptions: {held['ledger_count']} ledger(s), {held['bytes']} bytes ({who})"
     if item["unread_deleted"]:
         line += "; deletes unread: " + "; ".join(
-            f"{u['subscription']!r} ({u['state']}) {u['entries']} entries / {u['bytes']} bytes"
+            f"{u['subscription']!r} ({u['state']}) {u['entry_count']} entries / {u['bytes']} bytes"
             for u in item["unread_deleted"])
     return line
