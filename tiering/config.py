@@ -425,7 +425,7 @@ def _with_units(parse, hint: str, kind: str, raw, name, default, lo, hi, out_of_
         return parse(raw, name, lo, hi)
     except BadInt as exc:
         if exc.reason == "syntax":
-            raise ConfigError(f"{name} must be {kind} in ASCII digits: {hint}") from None
+            raise ConfigError(f"{name} must be an integer in ASCII digits, or {kind} with a unit ({hint})") from None
         raise ConfigError(out_of_range or f"{name} must be from {lo} to {hi}") from None
 
 

@@ -350,7 +350,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(cli, deps, monkeypatch
         assert "Sup3rS3cret" not in line and len(line) < 400, (case, line)
     messages = [r.stderr for r in results]
     for i, text in enumerate(["'t' already exists", "topic 'nope' does not exist", "topic 'nope' does not exist",
-                              "malformed position 'a:b'", "-3 is negative", "must be from 1 to",
+                              "malformed position 'a:b'", "-3 is negative", "-1 is not positive",
                               "--entries needs --entry-size", "1 to 1024 characters", "valid UTF-8",
                               "TIERING_DATABASE_URL is not set", "TIERING_TIER1_ROOT is not set",
                               "TIERING_DATABASE_URL has a port that is not a number", "TIERING_DATABASE_URL must be a postgresql://",

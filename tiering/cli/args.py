@@ -8,7 +8,7 @@ import sys
 from tiering.errors import BadInput
 from tiering.model import (INT64_MAX, MAX_SECONDS, BadInt, Position, check_subscription_name, check_topic_name,
                            parse_int)
-from tiering.units import parse_duration, parse_size
+from tiering.units import DURATION_HELP, SIZE_HELP, format_duration, format_size, parse_duration, parse_size
 
 EXIT_BAD_INPUT = 2
 
@@ -92,11 +92,24 @@ def policy_int(text: str) -> int:
 
 
 def _units(parse, text: str, lo: int, hi: int) -> int:
-    """A duration or a size (tiering/units.py), phrased as an argparse error."""
+    """A duration or a size (tiering/units.py) within [lo, hi], phrased as argparse errors (as `_int`)."""
+    shown = text[:40] + ("..." if len(text) > 40 else "")
     try:
         return parse(text, "the value", lo, hi)
     except BadInt as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("the value ")) from None
+        duration = parse is parse_duration
+        if exc.reason == "syntax":
+            raise argparse.ArgumentTypeError(
+                f"{shown!r} is not {'a duration' if duration else 'a size'}: "
+                f"{DURATION_HELP if duration else SIZE_HELP}, in ASCII digits only") from None
+        if exc.reason == "high":
+            top = format_duration(hi) if duration else format_size(hi)
+            raise argparse.ArgumentTypeError(f"{shown} is too large (at most {top})") from None
+        if lo > 1:
+            bottom = format_duration(lo) if duration else format_size(lo)
+            raise argparse.ArgumentTypeError(f"{shown} is too small (at least {bottom})") from None
+        raise argparse.ArgumentTypeError(f"{shown} is not positive" if lo > 0 else
+                                         f"{shown} is negative" + (" (use -1 to disable)" if lo < 0 else "")) from None
 
 
 def seconds(text: str) -> int:
