@@ -135,6 +135,11 @@ def size(text: str) -> int:
     return _units(parse_size, text, 1, INT64_MAX)
 
 
+def size_or_zero(text: str) -> int:
+    """A size, 0 allowed."""
+    return _units(parse_size, text, 0, INT64_MAX)
+
+
 def policy_size(text: str) -> int:
     """-1 (disabled) or a size."""
     return _units(parse_size, text, -1, INT64_MAX)

@@ -20,7 +20,7 @@ def register(sub) -> None:
     src = produce.add_mutually_exclusive_group(required=True)
     src.add_argument("--entries", type=a.nonneg, metavar="N", help="N deterministic payloads (needs --entry-size)")
     src.add_argument("--stdin-lines", action="store_true", help="one entry per line of standard input")
-    produce.add_argument("--entry-size", type=a.nonneg, metavar="BYTES")
+    produce.add_argument("--entry-size", type=a.size_or_zero, metavar="SIZE", help="bytes or e.g. 1KiB")
     produce.add_argument("--seed", default="demo", help="seed of the deterministic payloads (default 'demo')")
     produce.add_argument("--seal", action="store_true", help="seal the open ledger at the end")
 
