@@ -251,15 +251,30 @@ class Settings:
         return {name: value for name, value in written if value is not None}
 
 
-def setting_from_env(field_: str, environ: Mapping[str, str] | None = None) -> Any:
-    """One setting alone (a Settings field), read and checked as `Settings.from_env` reads it: a command that
-    uses only the metadata database (`topic list`, ...) or tier 1 needs no bucket, and the reverse."""
+def settings_present(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every setting that is set or has a default, read and checked as `Settings.from_env` reads it (a
+    malformed one is refused whichever command runs); required ones that are not set are left out: a
+    command that uses only the metadata database (`topic list`, ...) or tier 1 needs no bucket."""
     env = os.environ if environ is None else environ
-    [var] = [v for v in VARIABLES if v.field == field_]
-    value = var.read(env.get(var.name), var.name)
-    if field_ == "tier1_root":
-        _check_tier1_root(value)
-    return value
+    out = {}
+    for v in VARIABLES:
+        raw = env.get(v.name)
+        if v.default == "required" and (raw is None or not raw.strip()):
+            continue
+        out[v.field] = v.read(raw, v.name)
+    if "tier1_root" in out:
+        _check_tier1_root(out["tier1_root"])
+    return out
+
+
+def setting_from_env(field_: str, environ: Mapping[str, str] | None = None,
+                     present: Mapping[str, Any] | None = None) -> Any:
+    """One setting (a Settings field); a required one that is not set is refused here, when it is used."""
+    present = settings_present(environ) if present is None else present
+    if field_ not in present:
+        [var] = [v for v in VARIABLES if v.field == field_]
+        return var.read(None, var.name)  # raises: "... is not set"
+    return present[field_]
 
 
 def database_url_from_env(environ: Mapping[str, str] | None = None) -> str:

@@ -116,7 +116,7 @@ def test_topic_stats_from_the_maintained_totals(cli, deps):
     assert (t["tier1_count"], t["tier2_count"], t["tier2_bytes"]) == (4, 1, 300)
     assert (t["backlog_count"], t["backlog_bytes"], t["lagged_count"], t["lagged_due_count"]) == (2, 600, 1, 1)
     assert t["oldest_ledger"] == 0 and t["oldest_ledger_age_seconds"] >= 0
-    assert doc["gc_queue"]["pending_count"] == 0 and doc["last_success_at"] == {}
+    assert doc["gc_queue"]["pending_count"] == 0 and doc["last_success_by_job"] == {}
     assert "topic 'nope' does not exist" in cli("topic", "stats", "nope").one_line_error(2)
     listed = cli("topic", "list", unset=["TIERING_BUCKET", "TIERING_TIER1_ROOT"]).ok()
     assert listed.stdout == "s\n"

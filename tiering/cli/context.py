@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from tiering import clients
-from tiering.config import Settings, setting_from_env
+from tiering.config import Settings, setting_from_env, settings_present
 from tiering.errors import ConfigError
 
 
@@ -21,9 +21,15 @@ class Context:
         bucket, tier 1 and the rest are read, and checked, by the first use of `settings`)."""
         return self.setting("database_url")
 
+    @cached_property
+    def _present(self) -> dict:
+        return settings_present()
+
     def setting(self, name: str):
-        """One setting: from the settings when they were read already, else that variable alone."""
-        return getattr(self.settings, name) if "settings" in self.__dict__ else setting_from_env(name)
+        """One setting: from the settings when they were read already, else from those that are set (every
+        one of them checked; a required one that is not set is refused only when used)."""
+        return getattr(self.settings, name) if "settings" in self.__dict__ else \
+            setting_from_env(name, present=self._present)
 
     @cached_property
     def engine(self):

@@ -102,30 +102,19 @@ def _topic_dict(t) -> dict:
 def _stats_doc(ctx: Context, name: str | None) -> dict:
     from tiering.metadata.stats import topic_stats
 
-    rows = topic_stats(ctx.engine, name)
+    rows, common = topic_stats(ctx.engine, name)
     if name is not None and not rows:
         ctx.meta.get_topic(name)  # the one-line "does not exist", exit 2
-    first = dict(rows[0]) if rows else None
     topics = []
     for r in rows:
         oldest = r.pop("oldest_created_at")
-        now = r.pop("now")
-        for key in ("gc_pending_count", "gc_due_count", "gc_failed_count", "last_success"):
-            r.pop(key)
-        r["oldest_ledger_age_seconds"] = None if oldest is None else round((now - oldest).total_seconds(), 3)
+        r["oldest_ledger_age_seconds"] = None if oldest is None else round((common["now"] - oldest).total_seconds(), 3)
         r["oldest_ledger_created_at"] = iso(oldest)
         topics.append({k: iso(v) if k.endswith("_at") else v for k, v in r.items()})
-    gc = {"pending_count": first["gc_pending_count"], "due_count": first["gc_due_count"],
-          "failed_count": first["gc_failed_count"]} if first else _gc_counts(ctx)
-    runs = first["last_success"] if first else {}
-    return document("topic stats", name, topics=topics, gc_queue=gc, last_success_at=dict(sorted(runs.items())))
-
-
-def _gc_counts(ctx: Context) -> dict:
-    """No topic at all: the queue may still hold keys (of deleted topics)."""
-    from tiering.metadata.gc_queue import due_count
-
-    return {"pending_count": None, "due_count": due_count(ctx.engine), "failed_count": None}
+    gc = {"pending_count": common["gc_pending_count"], "due_count": common["gc_due_count"],
+          "failed_count": common["gc_failed_count"]}
+    return document("topic stats", name, topics=topics, gc_queue=gc,
+                    last_success_by_job=dict(sorted(common["last_success"].items())))
 
 
 def _stats_text(doc: dict):
@@ -143,9 +132,8 @@ def _stats_text(doc: dict):
                f"{t['oldest_ledger']}, created {t['oldest_ledger_created_at']} ({age:.0f} s ago)")
                + f"; {t['subscription_count']} subscription(s)")
     gc = doc["gc_queue"]
-    yield (f"gc queue (all topics): {gc['pending_count']} pending, {gc['due_count']} due, {gc['failed_count']} failed"
-           if gc["pending_count"] is not None else f"gc queue (all topics): {gc['due_count']} due")
-    runs = doc["last_success_at"]
+    yield f"gc queue (all topics): {gc['pending_count']} pending, {gc['due_count']} due, {gc['failed_count']} failed"
+    runs = doc["last_success_by_job"]
     yield "last successful runs: " + (", ".join(f"{k} {v}" for k, v in runs.items()) or "none")
 
 

@@ -31,11 +31,26 @@ WITH picked AS (
     SELECT s.topic_id, count(*) AS subscription_count FROM tiering.subscription s
     WHERE s.topic_id IN (SELECT topic_id FROM picked) GROUP BY s.topic_id
 ), gc AS (
-    SELECT count(*) AS pending_count, count(*) FILTER (WHERE not_before <= now()) AS due_count,
+    SELECT count(*) FILTER (WHERE state = 'PENDING') AS pending_count,
+           count(*) FILTER (WHERE state = 'PENDING' AND not_before <= now()) AS due_count,
            count(*) FILTER (WHERE state = 'FAILED') AS failed_count
     FROM tiering.gc_task WHERE state IN ('PENDING', 'FAILED')
 )
-SELECT p.name AS topic, now() AS now,
+SELECT x.*, gc.pending_count AS gc_pending_count, gc.due_count AS gc_due_count,
+       gc.failed_count AS gc_failed_count, now() AS now,
+       (SELECT coalesce(jsonb_object_agg(j.job, to_char(r.ended_at AT TIME ZONE 'UTC',
+                                                     'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')), '{}'::jsonb)
+        FROM (WITH RECURSIVE names(job) AS (
+                  SELECT min(job) FROM tiering.job_run
+                  UNION ALL
+                  SELECT (SELECT min(job) FROM tiering.job_run WHERE job > names.job) FROM names
+                  WHERE names.job IS NOT NULL)
+              SELECT job FROM names WHERE job IS NOT NULL) j
+        CROSS JOIN LATERAL (SELECT ended_at FROM tiering.job_run r
+                            WHERE r.job = j.job AND r.status = 'SUCCEEDED'
+                            ORDER BY r.started_at DESC LIMIT 1) r) AS last_success
+FROM gc LEFT JOIN (
+    SELECT p.name AS topic,
        coalesce(u.open_ledgers, 0) AS open_count, coalesce(u.sealed_ledgers, 0) AS sealed_count,
        coalesce(u.offloading_ledgers, 0) AS offloading_count, coalesce(u.offloaded_ledgers, 0) AS offloaded_count,
        coalesce(u.deleted_ledgers, 0) AS deleted_count, coalesce(u.live_ledgers, 0) AS live_count,
@@ -48,33 +63,24 @@ SELECT p.name AS topic, now() AS now,
        coalesce(g.copy_count, 0) AS lagged_count, coalesce(g.bytes, 0) AS lagged_bytes,
        coalesce(g.due_count, 0) AS lagged_due_count,
        o.ledger_id AS oldest_ledger, o.created_at AS oldest_created_at, o.sealed_at AS oldest_ledger_sealed_at,
-       coalesce(s.subscription_count, 0) AS subscription_count,
-       gc.pending_count AS gc_pending_count, gc.due_count AS gc_due_count, gc.failed_count AS gc_failed_count,
-       (SELECT coalesce(jsonb_object_agg(j.job, to_char(r.ended_at AT TIME ZONE 'UTC',
-                                                     'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')), '{}'::jsonb)
-        FROM (WITH RECURSIVE names(job) AS (
-                  SELECT min(job) FROM tiering.job_run
-                  UNION ALL
-                  SELECT (SELECT min(job) FROM tiering.job_run WHERE job > names.job) FROM names
-                  WHERE names.job IS NOT NULL)
-              SELECT job FROM names WHERE job IS NOT NULL) j
-        CROSS JOIN LATERAL (SELECT ended_at FROM tiering.job_run r
-                            WHERE r.job = j.job AND r.status = 'SUCCEEDED'
-                            ORDER BY r.started_at DESC LIMIT 1) r) AS last_success
-FROM picked p
-LEFT JOIN tiering.topic_usage u USING (topic_id)
-LEFT JOIN backlog b USING (topic_id)
-LEFT JOIN lagged g USING (topic_id)
-LEFT JOIN subs s USING (topic_id)
-LEFT JOIN LATERAL (SELECT l.ledger_id, l.created_at, l.sealed_at FROM tiering.ledger l
-                   WHERE l.topic_id = p.topic_id AND l.state <> 'DELETED'
-                   ORDER BY l.ledger_id LIMIT 1) o ON true
-CROSS JOIN gc
-ORDER BY p.name
+       coalesce(s.subscription_count, 0) AS subscription_count
+    FROM picked p
+    LEFT JOIN tiering.topic_usage u USING (topic_id)
+    LEFT JOIN backlog b USING (topic_id)
+    LEFT JOIN lagged g USING (topic_id)
+    LEFT JOIN subs s USING (topic_id)
+    LEFT JOIN LATERAL (SELECT l.ledger_id, l.created_at, l.sealed_at FROM tiering.ledger l
+                       WHERE l.topic_id = p.topic_id AND l.state <> 'DELETED'
+                       ORDER BY l.ledger_id LIMIT 1) o ON true) x ON true
+ORDER BY x.topic
 """
 
 
-def topic_stats(engine: Engine, topic: str | None = None) -> list[dict]:
-    """One row per topic (only `topic`'s when given; none when it does not exist), in name order."""
+def topic_stats(engine: Engine, topic: str | None = None) -> tuple[list[dict], dict]:
+    """(one row per topic, in name order: only `topic`'s when given, none when it does not exist; what is
+    not per topic: the GC queue's counts, each job's last successful run and the database's `now`)."""
+    shared = ("gc_pending_count", "gc_due_count", "gc_failed_count", "last_success", "now")
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(text(STATS_SQL), {"topic": topic})]
+        rows = [dict(r._mapping) for r in conn.execute(text(STATS_SQL), {"topic": topic})]
+    common = {k: rows[0][k] for k in shared}
+    return [{k: v for k, v in r.items() if k not in shared} for r in rows if r["topic"] is not None], common
