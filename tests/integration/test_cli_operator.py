@@ -129,7 +129,7 @@ def test_offload_prefix_reaches_the_end_and_units_are_accepted(cli, deps):
     assert (shown["retention_seconds"], shown["retention_bytes"], shown["rollover_bytes"]) == (14400, 10 * 2**20, 65536)
     assert (shown["deletion_lag_seconds"], shown["subscription_expiry_seconds"]) == (900, 7 * 86400)
     cli("produce", "u", "--entries", "6", "--entry-size", "10", "--seal").ok()
-    assert "beyond the end" in cli("offload-prefix", "u", "2:0").one_line_error(2)  # 0, 1: sealed, 2 never made
+    assert "beyond the end" in cli("offload-prefix", "u", "3:0").one_line_error(2)  # 0, 1 sealed: the end is 2:0
     env = {"TIERING_BLOCK_SIZE": "5MiB", "TIERING_OFFLOAD_TIMEOUT_SECONDS": "1h"}  # settings take units too
     done = cli("offload-prefix", "u", "1:3", "--json", env=env).ok().json  # one past ledger 1's last entry
     assert [x["ledger"] for x in done["offloaded"]] == [0, 1] and done["first_not_offloaded"] == "2:0"
