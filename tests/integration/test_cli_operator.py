@@ -87,6 +87,8 @@ def test_every_command_speaks_one_json_language(cli, deps, tmp_path):
     status = cli("status", "j", "--json").ok().json  # a topic without ledgers: one object all the same
     assert status == {"command": "status", "topic": "j", "ledgers": []}
     cli("produce", "j", "--entries", "7", "--entry-size", "10").ok()
+    streamed = cli("read", "j", "--json").ok().json_lines  # the one stream: a line per entry or gap
+    assert len(streamed) == 7 and all(check_document(x, stream=True) == [] for x in streamed)
     calls = [
         ("topic", "show", "j"), ("topic", "list"), ("topic", "set", "j", "--retention-size", "1GiB"),
         ("topic", "stats"), ("topic", "stats", "j"), ("status", "j"), ("offload-status", "j"),

@@ -40,6 +40,11 @@ POLICY_FLAGS = (
 )
 
 
+UNITS = ("DURATION: seconds, or a number with a unit s, m, h, d, w (90s, 15m, 4h, 7d). SIZE: bytes, or a number "
+         "with a unit KiB, MiB, GiB, TiB (1024), KB, MB, GB, TB (1000) or K, M, G, T (1024): 512KiB, 64MiB, 10GB. "
+         "-1 (a bare -1) disables a limit.")
+
+
 def _policy_flags(p: argparse.ArgumentParser) -> None:
     for flag, field, kind, metavar, text in POLICY_FLAGS:
         p.add_argument(flag, dest=field, type=kind, default=None, metavar=metavar, help=text)
@@ -62,10 +67,11 @@ def register(sub) -> None:
     topic = sub.add_parser("topic", help="create, change, delete, list and show topics")
     topic.set_defaults(handler=cmd_topic)
     t_sub = topic.add_subparsers(dest="topic_command", required=True, parser_class=a.Parser)
-    create = t_sub.add_parser("create", help="create a topic with its tiering policy")
+    create = t_sub.add_parser("create", help="create a topic with its tiering policy", description=UNITS)
     a.name(create)
     _policy_flags(create)
-    change = t_sub.add_parser("set", help="change a topic's policy (compare-and-set on its version)")
+    change = t_sub.add_parser("set", help="change a topic's policy (compare-and-set on its version)",
+                              description=UNITS)
     a.name(change)
     _policy_flags(change)
     change.add_argument("--expect-version", type=a.nonneg, default=None, metavar="N",
