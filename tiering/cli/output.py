@@ -1,7 +1,7 @@
 """What the `tiering` command writes: one output object, text or JSON, chosen once from `--json` (handlers
 never branch on it); one-line, redacted error messages on stderr; progress bars on a terminal only.
 
-The JSON language of every command (README, "JSON output"), built here so every command speaks it:
+The JSON language of every command (README, "The `tiering` command"), built here so every command speaks it:
 one object per command (`document`): `"command"` (the command line's words, e.g. "topic show"), `"topic"`
 (the topic it was limited to, or null), ledgers as `{"topic", "ledger"}` (`ledger_refs`), `"failed"` always
 a list of `{"topic", "ledger", "error"}` (or `{"key", "error"}` for an object of tier 2; `failures`),
@@ -202,6 +202,7 @@ class JsonOutput:
         print_json(doc)  # one object, its rows under `key`, also when there are none
 
     def rows(self, rows: list[dict], table: Callable[[list[dict]], Iterable[str]]) -> None:
+        # a line per row, nothing when empty: not the JSON language; commands list rows with `listing`
         for r in rows:
             print_json(r)
 
