@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output, error, gap_dict, progress_bar
+from tiering.cli.output import Output, document, error, gap_dict, ledger_refs, progress_bar
 
 
 def register(sub) -> None:
@@ -25,9 +25,10 @@ def cmd_verify(ctx: Context, args, out: Output) -> int:
                           gc_delay_seconds=ctx.settings.gc_delay_seconds)
     bar.close()
     gaps, problems, no_pages = [gap_dict(g) for g in report.gaps], report.problems, report.no_page_index
-    result = {"command": "verify", "topic": args.name, "ledgers": report.ledgers, "entries": report.entries,
-              "bytes": report.bytes, "tier2_copies_checked": report.tier2_copies_checked, "no_page_index": no_pages,
-              "gaps": gaps, "problems": problems, "ok": report.ok}
+    result = document("verify", args.name, ledger_count=report.ledgers, entry_count=report.entries,
+                      bytes=report.bytes, tier2_copies_checked_count=report.tier2_copies_checked,
+                      no_page_index=ledger_refs((args.name, i) for i in no_pages), gaps=gaps, problems=problems,
+                      ok=report.ok)
     kinds = ", ".join(f"{g['gap']} {g['from']}..{g['to']}" for g in gaps[:5])
     out.result(result, f"verified {args.name!r}: {report.ledgers} ledger(s), {report.entries} entries, "
                        f"{report.bytes} bytes, {report.tier2_copies_checked} tier-2 cop(ies) compared, "
