@@ -62,3 +62,103 @@ def test_mixed_topic_equals_read(deps, settings, cat):
     assert again.status == "up_to_date" and again.ledgers == []
     assert _table_rows(cat, "ns.mixed")[0] == expected
 
+
+
+class Stop(BaseException):
+    """A run stopped at a step (as kill -9 there would: nothing after it happens)."""
+
+
+def _stop_at(step):
+    def fault(at):
+        if at == step:
+            raise Stop(at)
+    return fault
+
+
+def test_stopped_after_commit_then_rerun_gives_each_entry_once(deps, settings, cat):
+    expected = produce(deps, "kill", [entries("a", 4, 30), entries("b", 2, 30)])
+    rows = TableRows(deps.meta.engine)
+    rows.set_policy("kill", "ns.kill", "keep")
+    s = TableSync(deps.meta.engine, settings, cat, fault=_stop_at("committed"))
+    with pytest.raises(Stop):
+        s.sync_topic(rows.get("kill"), local_writer(deps, settings))
+    assert rows.get("kill").synced_through == -1  # the table has the round, the row does not
+    assert _table_rows(cat, "ns.kill")[0] == expected
+    [r] = _sync(deps, settings, cat)  # the rerun finds the table ahead: catches the row up, appends nothing
+    assert r.status == "up_to_date" and r.reconciled and r.ledgers == []
+    assert _table_rows(cat, "ns.kill")[0] == expected
+    state = rows.get("kill")
+    assert (state.synced_through, state.ledgers_committed, state.entries_committed) == (1, 2, 6)
+
+
+def test_stopped_before_commit_then_rerun_commits_once(deps, settings, cat):
+    expected = produce(deps, "kill2", [entries("a", 3, 30)])
+    rows = TableRows(deps.meta.engine)
+    rows.set_policy("kill2", "ns.kill2", "keep")
+    s = TableSync(deps.meta.engine, settings, cat, fault=_stop_at("written"))
+    with pytest.raises(Stop):
+        s.sync_topic(rows.get("kill2"), local_writer(deps, settings))
+    assert cat.load_table("ns.kill2").current_snapshot() is None  # files written, nothing committed
+    [r] = _sync(deps, settings, cat)
+    assert r.status == "synced" and r.ledgers == [0]
+    assert _table_rows(cat, "ns.kill2")[0] == expected
+
+
+def test_two_rounds_from_one_mark_commit_once(deps, settings, cat):
+    """Two syncs planned from the same mark (as two runs without the lock would): one commits, the other's
+    commit is refused by the table's own check and its files are discarded; no row twice."""
+    expected = produce(deps, "race", [entries("a", 3, 30), entries("b", 3, 30)])
+    rows = TableRows(deps.meta.engine)
+    rows.set_policy("race", "ns.race", "keep")
+    from tiering.tables.catalog import ensure_table
+    from tiering.tables.sync import TopicResult
+
+    a, b = (TableSync(deps.meta.engine, settings, catalog(settings)) for _ in range(2))
+    state = rows.get("race")
+    table_a = ensure_table(a.catalog, settings, "ns.race", "race")
+    table_b = b.catalog.load_table("ns.race")
+    round_a, round_b = a.plan_round(state, table_a), b.plan_round(state, table_b)
+    write = local_writer(deps, settings)
+    a.run_round(state, table_a, round_a, write, TopicResult("race", "ns.race"))
+    with pytest.raises(Exception, match="another sync committed"):
+        b.run_round(state, table_b, round_b, write, TopicResult("race", "ns.race"))
+    assert _table_rows(cat, "ns.race")[0] == expected
+    table = cat.load_table("ns.race")
+    referenced = {f.file.file_path for f in table.scan().plan_files()}
+    assert not any(p["path"] in referenced for p in round_b.items)
+    from tiering.tables.files import s3_filesystem_for
+    import pyarrow.fs as pafs
+
+    fs, _ = s3_filesystem_for(settings)(round_b.items[0]["path"])
+    assert all(fs.get_file_info(i["path"].split("://", 1)[1]).type == pafs.FileType.NotFound for i in round_b.items)
+
+
+def test_concurrent_sync_of_a_topic_is_skipped(deps, settings, cat):
+    produce(deps, "lock", [entries("a", 2, 10)])
+    rows = TableRows(deps.meta.engine)
+    rows.set_policy("lock", "ns.lock", "keep")
+    from tiering.metadata.table_sync import exclusive
+
+    with exclusive(deps.meta.engine, rows.get("lock").topic_id) as held:
+        assert held
+        [r] = _sync(deps, settings, cat)
+    assert r.status == "skipped" and "another sync" in r.error
+    [r] = _sync(deps, settings, cat)
+    assert r.status == "synced" and r.ledgers == [0]
+
+
+def test_retention_follows_unless_keep(deps, settings, cat):
+    from tiering.model import Position
+    from tiering.ops.retention import truncate
+
+    for name, mode in (("fol", "follow"), ("kep", "keep")):
+        produce(deps, name, [entries("a", 2, 10), entries("b", 2, 10), entries("c", 2, 10)])
+        TableRows(deps.meta.engine).set_policy(name, f"ns.{name}", mode)
+    _sync(deps, settings, cat)
+    for name in ("fol", "kep"):
+        truncate(deps, name, Position(2, 0))  # ledgers 0 and 1 deleted
+    results = {r.topic: r for r in _sync(deps, settings, cat)}
+    assert results["fol"].deleted == [0, 1] and results["kep"].deleted == []
+    assert {k[0] for k in _table_rows(cat, "ns.fol")[0]} == {2}
+    assert {k[0] for k in _table_rows(cat, "ns.kep")[0]} == {0, 1, 2}
+    assert TableRows(deps.meta.engine).get("fol").trimmed_through == 1
