@@ -43,6 +43,36 @@ def _policy_flags(p: argparse.ArgumentParser) -> None:
                         "excepted); --no-retain-unread turns it off (default off)")
 
 
+def _table_name(text: str) -> str:
+    """`--table NAMESPACE.TABLE`, refused while parsing (exit 2) when malformed."""
+    from tiering.tables.naming import parse_identifier
+
+    try:
+        parse_identifier(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _table_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--table", type=_table_name, default=None, metavar="NAMESPACE.TABLE",
+                   help="sync the topic's sealed ledgers to this Iceberg table (DAG tiering_table_sync, "
+                        "`tiering table sync`)")
+    p.add_argument("--table-retention", choices=("keep", "follow"), default=None,
+                   help="follow: ledgers retention or truncate delete are deleted from the table too (default); "
+                        "keep: they stay in the table")
+
+
+def _set_table(ctx: Context, args) -> dict | None:
+    """The topic's table policy, when --table or --table-retention was given."""
+    if args.table is None and args.table_retention is None:
+        return None
+    from tiering.metadata.table_sync import TableRows
+
+    s = TableRows(ctx.engine).set_policy(args.name, args.table, args.table_retention)
+    return {"identifier": s.identifier, "retention": s.retention, "version": s.version}
+
+
 def _given(args) -> dict:
     fields = [f for _, f, *_ in POLICY_FLAGS] + ["retain_unread"]
     return {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
@@ -60,9 +90,11 @@ def register(sub) -> None:
     create = t_sub.add_parser("create", help="create a topic with its tiering policy")
     a.name(create)
     _policy_flags(create)
+    _table_flags(create)
     change = t_sub.add_parser("set", help="change a topic's policy (compare-and-set on its version)")
     a.name(change)
     _policy_flags(change)
+    _table_flags(change)
     change.add_argument("--expect-version", type=a.nonneg, default=None, metavar="N",
                         help="refuse unless the topic is still at this version (from `topic show`)")
     a.json_flag(change)
@@ -85,6 +117,14 @@ def cmd_db(ctx: Context, args, out: Output) -> int:
     return 0
 
 
+def _table_free(ctx: Context, identifier: str, topic: str | None = None) -> None:
+    from tiering.metadata.table_sync import TableRows
+
+    for s in TableRows(ctx.engine).list():
+        if s.identifier == identifier and s.topic != topic:
+            raise BadInput(f"table {identifier!r} is already the table of topic {s.topic!r}")
+
+
 def _topic_dict(t) -> dict:
     return {"name": t.name, "topic_id": t.topic_id, "next_ledger_id": t.next_ledger_id, "version": t.version,
             **asdict(t.policy)}
@@ -92,15 +132,26 @@ def _topic_dict(t) -> dict:
 
 def cmd_topic(ctx: Context, args, out: Output) -> int:
     if args.topic_command == "create":
+        if args.table_retention is not None and args.table is None:
+            raise BadInput("--table-retention needs --table")
+        if args.table is not None:
+            _table_free(ctx, args.table)  # refused before the topic is created: nothing written
         t = ctx.meta.create_topic(args.name, TopicPolicy(**_given(args)))
-        print(f"created topic {t.name!r}")
+        table = _set_table(ctx, args)
+        print(f"created topic {t.name!r}" + (f" with table {table['identifier']!r}" if table else ""))
     elif args.topic_command == "set":
         from tiering.ops.topics import set_policy
 
-        if not _given(args):
+        if not _given(args) and args.table is None and args.table_retention is None:
             raise BadInput("topic set needs at least one policy option (see `tiering topic set --help`)")
-        t = set_policy(ctx.deps, args.name, _given(args), args.expect_version)
-        out.result(_topic_dict(t), f"updated topic {t.name!r}: version {t.version}")
+        if args.table is not None:
+            _table_free(ctx, args.table, args.name)
+        t = set_policy(ctx.deps, args.name, _given(args), args.expect_version) if _given(args) \
+            else ctx.meta.get_topic(args.name)
+        table = _set_table(ctx, args)
+        out.result({**_topic_dict(t), **({"table": table} if table else {})},
+                   f"updated topic {t.name!r}: version {t.version}"
+                   + (f"; table {table['identifier']!r} (retention {table['retention']})" if table else ""))
     elif args.topic_command == "delete":
         from tiering.ops.topics import delete_topic
 

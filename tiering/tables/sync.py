@@ -298,3 +298,30 @@ class _Lost(Exception):
 def sync_tables(sync: TableSync, write: Writer, topic: str | None = None, dry_run: bool = False) -> list[TopicResult]:
     """Sync every topic with a table (or the one named, which must have one), each under its own lock."""
     return [sync.sync_topic(state, write, dry_run) for state in sync.rows.list(topic)]
+
+
+def due_topics(engine, topic: str | None = None) -> list[TableState]:
+    """The topics a sync has work for (the DAG's plan: metadata queries only, no catalog): a ledger after
+    the table's mark that is no longer open, or deleted ledgers retention 'follow' has to delete."""
+    rows = TableRows(engine)
+    due = []
+    for state in rows.list(topic):
+        nxt = rows.pending(state, 1)
+        if (nxt and nxt[0].state != "OPEN") or (
+                state.retention == "follow" and rows.deleted_since(state, state.trimmed_through, state.synced_through)):
+            due.append(state)
+    return due
+
+
+def outcome_of(results: list[TopicResult], outcome) -> None:
+    """A job_run row's counts from a sync's results: ledgers done, topics failed, payload bytes."""
+    outcome.items_done += sum(len(r.ledgers) for r in results)
+    outcome.items_failed += sum(r.status == "failed" for r in results)
+    outcome.bytes += sum(r.bytes for r in results)
+    outcome.details.update(
+        topics=len(results), ledgers=sum(len(r.ledgers) for r in results),
+        entries=sum(r.entries for r in results), rounds=sum(r.rounds for r in results),
+        deleted_ledgers=sum(len(r.deleted) for r in results),
+        skipped=sum(r.status == "skipped" for r in results),
+        failed_topics=sorted(r.topic for r in results if r.status == "failed"))
+    outcome.errors.extend(f"{r.topic}: {r.error}" for r in results if r.status == "failed")
