@@ -162,3 +162,36 @@ def test_retention_follows_unless_keep(deps, settings, cat):
     assert {k[0] for k in _table_rows(cat, "ns.fol")[0]} == {2}
     assert {k[0] for k in _table_rows(cat, "ns.kep")[0]} == {0, 1, 2}
     assert TableRows(deps.meta.engine).get("fol").trimmed_through == 1
+
+
+def test_compaction_and_expiry_keep_the_rows_and_the_sync_goes_on(deps, settings, cat):
+    from tiering.tables.maintenance import maintain_topic
+    from tiering.tables.verify import verify_table
+
+    expected = produce(deps, "small", [entries(str(i), 3, 20) for i in range(6)], open_tail=entries("t", 2, 5))
+    rows = TableRows(deps.meta.engine)
+    rows.set_policy("small", "ns.small", "follow")
+    s = TableSync(deps.meta.engine, settings, cat, limits=Limits(round_ledgers=1))  # a file per ledger
+    [r] = sync_tables(s, local_writer(deps, settings))
+    assert r.rounds == 6
+    table = cat.load_table("ns.small")
+    assert len(list(table.scan().plan_files())) == 6 and len(table.snapshots()) == 6
+    from datetime import timedelta
+
+    report = maintain_topic(s, rows.get("small"), timedelta(0), min_files=4)
+    assert report.errors == [] and (report.files_before, report.files_after) == (6, 1)
+    table = cat.load_table("ns.small")
+    assert len(list(table.scan().plan_files())) == 1 and len(table.snapshots()) == 1
+    sealed = {k: v for k, v in expected.items() if k[0] < 6}
+    assert _table_rows(cat, "ns.small")[0] == sealed
+    assert rows.get("small").metadata_location == table.metadata_location  # the row caught up
+    h = ReadHandle(deps.meta, deps.tier1, open_tier2=tier2_opener(deps.bucket))
+    assert verify_table(h, deps.meta, table, "small").differences == []
+    from tiering.writer import ManagedLedgerWriter
+
+    w = ManagedLedgerWriter(deps.meta, deps.tier1, "small")
+    w.seal()
+    w.close()
+    [r] = _sync(deps, settings, cat)
+    assert r.status == "synced" and r.ledgers == [6]
+    assert _table_rows(cat, "ns.small")[0] == expected

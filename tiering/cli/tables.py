@@ -20,6 +20,12 @@ def register(sub) -> None:
     status = t_sub.add_parser("status", help="a topic's table: identifier, metadata location, lag")
     a.name(status)
     a.json_flag(status)
+    maintain = t_sub.add_parser("maintain", help="compact small data files and expire old snapshots (as the "
+                                "DAG tiering_table_maintenance)")
+    a.topic_flag(maintain)
+    maintain.add_argument("--expire-after-seconds", type=a.seconds, default=7 * 86400, metavar="SECONDS",
+                          help="expire snapshots older than this (default 604800: 7 days; never the current one)")
+    a.json_flag(maintain)
     verify = t_sub.add_parser("verify", help="compare the table with `tiering read` (exit 1 on a difference)")
     a.name(verify)
     a.json_flag(verify)
@@ -35,7 +41,31 @@ def _ledgers(topic: str, ids) -> list[dict]:
 
 
 def cmd_table(ctx: Context, args, out: Output) -> int:
-    return {"sync": _sync, "status": _status, "verify": _verify}[args.table_command](ctx, args, out)
+    return {"sync": _sync, "status": _status, "verify": _verify, "maintain": _maintain}[args.table_command](
+        ctx, args, out)
+
+
+def _maintain(ctx: Context, args, out: Output) -> int:
+    from datetime import timedelta
+
+    from tiering.tables.catalog import catalog
+    from tiering.tables.maintenance import maintain_topic
+    from tiering.tables.sync import TableSync
+
+    ctx.check_topic(args.topic)
+    sync = TableSync(ctx.engine, ctx.settings, catalog(ctx.settings))
+    reports = [(s.topic, maintain_topic(sync, s, timedelta(seconds=args.expire_after_seconds)))
+               for s in sync.rows.list(args.topic)]
+    failed = [{"topic": t, "table": r.table, "error": r.errors[0]} for t, r in reports if r.errors]
+    obj = {"command": "table maintain", "topic": args.topic,
+           "tables": [{"topic": t, "table": r.table, "partitions_compacted_count": r.partitions_compacted,
+                       "files_before_count": r.files_before, "files_after_count": r.files_after,
+                       "snapshots_expired_count": r.snapshots_expired} for t, r in reports],
+           "failed": failed, "failed_count": len(failed)}
+    out.result(obj, "\n".join(f"{t} -> {r.table}: {r.files_before} small file(s) compacted into {r.files_after} "
+                              f"in {r.partitions_compacted} partition(s), {r.snapshots_expired} snapshot(s) expired"
+                              + (f": {r.errors[0]}" if r.errors else "") for t, r in reports) or "no topic has a table")
+    return 1 if failed else 0
 
 
 def _sync(ctx: Context, args, out: Output) -> int:
