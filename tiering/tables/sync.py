@@ -110,8 +110,9 @@ Writer = Callable[[list[dict]], list[dict]]
 
 class TableSync:
     def __init__(self, engine, settings, catalog, limits: Limits = Limits(), fault: Callable[[str], None] | None = None):
-        """`fault(step)` is called at "written" (files written, nothing committed) and "committed" (the table
-        committed, the row not yet advanced): the fault tests stop a run there."""
+        """`fault(step)` is called at "planned" (a round planned, nothing written), "written" (its files
+        written, nothing committed) and "committed" (the table committed, the row not yet advanced): the
+        fault tests stop a run there."""
         self.rows = TableRows(engine)
         self.engine = engine
         self.settings = settings
@@ -150,6 +151,7 @@ class TableSync:
             rnd = self.plan_round(state, table)
             if rnd is None:
                 break
+            self.fault("planned")
             state, table = self.run_round(state, table, rnd, write, result)
             result.rounds += 1
             result.status = "synced"
