@@ -73,8 +73,12 @@ def _sync(ctx: Context, args, out: Output) -> int:
     from tiering.tables.files import local_writer
     from tiering.tables.sync import TableSync, sync_tables
 
+    import sys
+
     ctx.check_topic(args.topic)
-    sync = TableSync(ctx.engine, ctx.settings, catalog(ctx.settings))
+    # a backfill's progress, one line per committed round, on a terminal only (as the other progress bars)
+    progress = (lambda line: print(line, file=sys.stderr)) if sys.stderr.isatty() else None
+    sync = TableSync(ctx.engine, ctx.settings, catalog(ctx.settings), progress=progress)
     results = sync_tables(sync, local_writer(ctx.deps, ctx.settings), args.topic, args.dry_run)
     committed = [x for r in results for x in _ledgers(r.topic, r.ledgers)]
     planned = [x for r in results for x in _ledgers(r.topic, r.planned)]

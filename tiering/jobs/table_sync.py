@@ -86,7 +86,8 @@ def main(argv=None) -> int:
         if not items:
             outcome.details["spark"] = "skipped"
             return
-        sync = TableSync(deps.meta.engine, settings, catalog(settings))
+        # each committed round in the driver's log: a backfill's progress
+        sync = TableSync(deps.meta.engine, settings, catalog(settings), progress=lambda line: print(line, flush=True))
         write, started = spark_writer(settings, outcome)
         results = [sync.sync_topic(state, write) for state in sync.rows.list(args.topic)
                    if state.topic in {i["topic"] for i in items}]

@@ -109,7 +109,8 @@ Writer = Callable[[list[dict]], list[dict]]
 
 
 class TableSync:
-    def __init__(self, engine, settings, catalog, limits: Limits = Limits(), fault: Callable[[str], None] | None = None):
+    def __init__(self, engine, settings, catalog, limits: Limits = Limits(), fault: Callable[[str], None] | None = None,
+                 progress: Callable[[str], None] | None = None):
         """`fault(step)` is called at "planned" (a round planned, nothing written), "written" (its files
         written, nothing committed) and "committed" (the table committed, the row not yet advanced): the
         fault tests stop a run there."""
@@ -119,6 +120,7 @@ class TableSync:
         self.catalog = catalog
         self.limits = limits
         self.fault = fault or (lambda step: None)
+        self.progress = progress or (lambda line: None)  # one line per committed round (a backfill's progress)
 
     # ------------------------------------------------------------------------------------------ a topic
     def sync_topic(self, state: TableState, write: Writer, dry_run: bool = False) -> TopicResult:
@@ -235,6 +237,9 @@ class TableSync:
                                   metadata_location=table.metadata_location)
         result.ledgers += rnd.ledger_ids
         result.passed += rnd.passed
+        lag, lag_bytes = self.rows.lag(state)
+        self.progress(f"{state.topic} -> {state.identifier}: committed {len(rnd.ledger_ids)} ledger(s) through "
+                      f"{rnd.through}; {lag} ledger(s), {lag_bytes} bytes to go")
         result.entries += sum(w["entries"] for w in written)
         result.bytes += sum(w["bytes"] for w in written)
         return state, table
