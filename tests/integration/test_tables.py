@@ -195,3 +195,71 @@ def test_compaction_and_expiry_keep_the_rows_and_the_sync_goes_on(deps, settings
     [r] = _sync(deps, settings, cat)
     assert r.status == "synced" and r.ledgers == [6]
     assert _table_rows(cat, "ns.small")[0] == expected
+
+
+def _json_ledgers(start, n, bad_every=0):
+    import json as _json
+
+    out = []
+    for i in range(start, start + n):
+        if bad_every and i % bad_every == 0:
+            out.append(b"not json" if i % 2 else _json.dumps({"id": "seven", "name": "x"}).encode())
+        else:
+            out.append(_json.dumps({"id": i, "name": f"n{i}", "amount": i * 1.5}).encode())
+    return out
+
+
+def test_json_decoder_dead_letters_and_an_added_field(deps, settings, cat):
+    from tiering.tables.decoder import check_change, parse_fields
+
+    expected = produce(deps, "js", [_json_ledgers(0, 6, bad_every=3), _json_ledgers(6, 4)])
+    rows = TableRows(deps.meta.engine)
+    rows.set_policy("js", "ns.js", "follow", parse_fields("id:int64,name:string"), check_change)
+    [r] = _sync(deps, settings, cat)
+    assert r.status == "synced" and r.dead_letters == 2, r.error
+    got, t = _table_rows(cat, "ns.js")
+    assert got == expected  # every entry is in the table, decoded or not
+    by_key = dict(zip(zip(t["ledger_id"].to_pylist(), t["entry_id"].to_pylist()), t["id"].to_pylist()))
+    assert by_key[(0, 1)] == 1 and by_key[(0, 0)] is None and by_key[(0, 3)] is None and by_key[(1, 0)] == 6
+    dlq = cat.load_table("ns.js__dlq").scan().to_arrow()
+    reasons = dict(zip(zip(dlq["ledger_id"].to_pylist(), dlq["entry_id"].to_pylist()), dlq["reason"].to_pylist()))
+    assert set(reasons) == {(0, 0), (0, 3)}
+    assert "field 'id'" in reasons[(0, 0)] and "not JSON" in reasons[(0, 3)]
+    old_snapshot = cat.load_table("ns.js").current_snapshot().snapshot_id
+
+    with pytest.raises(Exception, match="can only add fields"):
+        rows.set_policy("js", None, None, parse_fields("id:string,name:string"), check_change)
+    rows.set_policy("js", None, None, parse_fields("id:int64,name:string,amount:double"), check_change)
+    from tiering.writer import ManagedLedgerWriter
+
+    w = ManagedLedgerWriter(deps.meta, deps.tier1, "js")
+    for data in _json_ledgers(10, 2):
+        w.append(data)
+    w.seal()
+    w.close()
+    [r] = _sync(deps, settings, cat)
+    assert r.status == "synced" and r.ledgers == [2], r.error
+    table = cat.load_table("ns.js")
+    t = table.scan().to_arrow()
+    amounts = dict(zip(zip(t["ledger_id"].to_pylist(), t["entry_id"].to_pylist()), t["amount"].to_pylist()))
+    assert amounts[(2, 0)] == 15.0 and amounts[(1, 0)] is None  # old files read the new column as null
+    old = table.scan(snapshot_id=old_snapshot).to_arrow()  # the old snapshot still reads, in its schema
+    assert old.num_rows == 10 and "amount" not in old.column_names
+    assert cat.load_table("ns.js__dlq").scan().to_arrow().num_rows == 2
+
+
+def test_stopped_before_the_dead_letters_commit_then_rerun_adds_each_once(deps, settings, cat):
+    from tiering.tables.decoder import check_change, parse_fields
+
+    produce(deps, "jd", [_json_ledgers(0, 6, bad_every=3)])
+    rows = TableRows(deps.meta.engine)
+    rows.set_policy("jd", "ns.jd", "follow", parse_fields("id:int64"), check_change)
+    s = TableSync(deps.meta.engine, settings, cat, fault=_stop_at("before-dlq"))
+    with pytest.raises(Stop):
+        s.sync_topic(rows.get("jd"), local_writer(deps, settings))
+    assert cat.load_table("ns.jd__dlq").scan().to_arrow().num_rows == 0
+    for _ in range(2):
+        [r] = _sync(deps, settings, cat)
+        assert r.status == "up_to_date", r.error
+    dlq = cat.load_table("ns.jd__dlq").scan().to_arrow()
+    assert sorted(dlq["entry_id"].to_pylist()) == [0, 3]

@@ -53,6 +53,9 @@ def test_bad_table_names_exit_2_with_one_line_and_nothing_written(cli, deps):
         assert "NAMESPACE.TABLE" in line or "dead-letter" in line, line
     assert "--table" in cli("topic", "create", "v", "--table-retention", "keep").one_line_error(2)
     assert "no table" in cli("table", "status", "t").one_line_error(2)
+    for fields, why in (("id:int", "types are"), ("id", "NAME:TYPE"), ("payload:string", "own columns")):
+        assert why in cli("topic", "set", "t", "--table", "ns.t", "--table-json-fields", fields).one_line_error(2)
+    assert "no table" in cli("table", "status", "t").one_line_error(2)  # nothing was written
     assert cli("topic", "show", "v").returncode == 2  # the refused create wrote nothing
     cli("topic", "set", "t", "--table", "ns.t").ok()
     produce(deps, "w", [])

@@ -54,10 +54,23 @@ def _table_name(text: str) -> str:
     return text
 
 
+def _json_fields(text: str) -> dict:
+    from tiering.tables.decoder import parse_fields
+
+    try:
+        return parse_fields(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _table_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--table", type=_table_name, default=None, metavar="NAMESPACE.TABLE",
                    help="sync the topic's sealed ledgers to this Iceberg table (DAG tiering_table_sync, "
                         "`tiering table sync`)")
+    p.add_argument("--table-json-fields", type=_json_fields, default=None, metavar="NAME:TYPE[,...]",
+                   help="decode JSON payloads into these nullable columns (types: string, int64, double, boolean, "
+                        "timestamp); entries that do not decode also go to NAMESPACE.TABLE__dlq with the reason; "
+                        "a change may only add fields")
     p.add_argument("--table-retention", choices=("keep", "follow"), default=None,
                    help="follow: ledgers retention or truncate delete are deleted from the table too (default); "
                         "keep: they stay in the table")
@@ -65,12 +78,14 @@ def _table_flags(p: argparse.ArgumentParser) -> None:
 
 def _set_table(ctx: Context, args) -> dict | None:
     """The topic's table policy, when --table or --table-retention was given."""
-    if args.table is None and args.table_retention is None:
+    if args.table is None and args.table_retention is None and args.table_json_fields is None:
         return None
     from tiering.metadata.table_sync import TableRows
+    from tiering.tables.decoder import check_change
 
-    s = TableRows(ctx.engine).set_policy(args.name, args.table, args.table_retention)
-    return {"identifier": s.identifier, "retention": s.retention, "version": s.version}
+    s = TableRows(ctx.engine).set_policy(args.name, args.table, args.table_retention, args.table_json_fields,
+                                         check_change)
+    return {"identifier": s.identifier, "retention": s.retention, "decoder": s.decoder, "version": s.version}
 
 
 def _given(args) -> dict:
@@ -132,8 +147,8 @@ def _topic_dict(t) -> dict:
 
 def cmd_topic(ctx: Context, args, out: Output) -> int:
     if args.topic_command == "create":
-        if args.table_retention is not None and args.table is None:
-            raise BadInput("--table-retention needs --table")
+        if (args.table_retention is not None or args.table_json_fields is not None) and args.table is None:
+            raise BadInput("--table-retention and --table-json-fields need --table")
         if args.table is not None:
             _table_free(ctx, args.table)  # refused before the topic is created: nothing written
         t = ctx.meta.create_topic(args.name, TopicPolicy(**_given(args)))
@@ -142,7 +157,8 @@ def cmd_topic(ctx: Context, args, out: Output) -> int:
     elif args.topic_command == "set":
         from tiering.ops.topics import set_policy
 
-        if not _given(args) and args.table is None and args.table_retention is None:
+        if not _given(args) and args.table is None and args.table_retention is None \
+                and args.table_json_fields is None:
             raise BadInput("topic set needs at least one policy option (see `tiering topic set --help`)")
         if args.table is not None:
             _table_free(ctx, args.table, args.name)

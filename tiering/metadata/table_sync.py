@@ -84,7 +84,7 @@ class TableRows:
             return [_state(r) for r in conn.execute(_SELECT.order_by(topic.c.name))]
 
     def set_policy(self, topic_name: str, identifier: str | None, retention: str | None,
-                   decoder: dict | None = None) -> TableState:
+                   decoder: dict | None = None, check_decoder=None) -> TableState:
         """Create or change the topic's table policy in one transaction, the topic's row locked so that a
         concurrent topic deletion waits. A topic's table cannot be renamed once it holds ledgers (the old
         table would be abandoned half-synced); a name another topic uses is refused."""
@@ -93,11 +93,14 @@ class TableRows:
             cur = conn.execute(select(topic_table).where(topic_table.c.topic_id == t.topic_id)
                                .with_for_update()).one_or_none()
             if cur is None and identifier is None:
-                raise BadInput(f"topic {topic_name!r} has no table: --table-retention needs --table")
+                raise BadInput(f"topic {topic_name!r} has no table: --table-retention and --table-json-fields "
+                               "need --table")
             if cur is not None and identifier is not None and identifier != cur.identifier \
                     and cur.synced_through >= 0:
                 raise BadInput(f"topic {topic_name!r} is already synced to table {cur.identifier!r}; "
                                "its table cannot be renamed")
+            if decoder is not None and check_decoder is not None:
+                check_decoder(None if cur is None else cur.decoder, decoder)  # under the row lock
             values = {k: v for k, v in (("identifier", identifier), ("retention", retention),
                                         ("decoder", decoder)) if v is not None}
             try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tiering.config import Settings, aws_sdk_checksums_when_required
 from tiering.errors import BadInput
-from tiering.tables.naming import PROP_TOPIC, parse_identifier
+from tiering.tables.naming import DLQ_SUFFIX, PROP_TOPIC, parse_identifier
 
 CATALOG_NAME = "tiering"
 PARTITION_FIELD = "sealed_at_day"
@@ -18,11 +18,6 @@ PARTITION_FIELD = "sealed_at_day"
 def warehouse(settings: Settings) -> str:
     """`s3://<bucket>/<prefix>-tables`: beside tier 2's prefix, not inside it."""
     return f"s3://{settings.bucket}/{settings.prefix.rstrip('/') or 'tiering'}-tables"
-
-
-def table_location(settings: Settings, identifier: str) -> str:
-    namespace, name = parse_identifier(identifier)
-    return f"{warehouse(settings)}/{namespace}/{name}"
 
 
 def io_properties(settings: Settings) -> dict[str, str]:
@@ -54,47 +49,80 @@ def catalog(settings: Settings):
     return SqlCatalog(CATALOG_NAME, uri=url, warehouse=warehouse(settings), **io_properties(settings))
 
 
-def table_schema():
-    """The `tiering` Spark source's columns (without `tier`, which changes as ledgers move)."""
+def _iceberg_type(kind: str):
+    from pyiceberg.types import (BinaryType, BooleanType, DoubleType, LongType, StringType, TimestamptzType)
+
+    return {"string": StringType(), "int64": LongType(), "double": DoubleType(), "boolean": BooleanType(),
+            "timestamp": TimestamptzType(), "binary": BinaryType()}[kind]
+
+
+def _arrow_type(kind: str):
+    import pyarrow as pa
+
+    return {"string": pa.string(), "int64": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
+            "timestamp": pa.timestamp("us", tz="UTC"), "binary": pa.binary()}[kind]
+
+
+# The `tiering` Spark source's columns (without `tier`, which changes as ledgers move), then the decoder's.
+BASE = (("topic", "string"), ("ledger_id", "int64"), ("entry_id", "int64"), ("payload", "binary"),
+        ("sealed_at", "timestamp"), ("offloaded_at", "timestamp"))
+DLQ = BASE[:5] + (("reason", "string"),)
+
+
+def columns(decoder: dict | None, dlq: bool = False) -> list[tuple[str, str]]:
+    if dlq:
+        return list(DLQ)
+    return list(BASE) + [(f["name"], f["type"]) for f in (decoder or {}).get("fields", [])]
+
+
+def table_schema(decoder: dict | None = None, dlq: bool = False):
     from pyiceberg.schema import Schema
-    from pyiceberg.types import BinaryType, LongType, NestedField, StringType, TimestamptzType
+    from pyiceberg.types import NestedField
 
-    return Schema(
-        NestedField(1, "topic", StringType(), required=False),
-        NestedField(2, "ledger_id", LongType(), required=False),
-        NestedField(3, "entry_id", LongType(), required=False),
-        NestedField(4, "payload", BinaryType(), required=False),
-        NestedField(5, "sealed_at", TimestamptzType(), required=False),
-        NestedField(6, "offloaded_at", TimestamptzType(), required=False),
-    )
+    return Schema(*(NestedField(i, name, _iceberg_type(kind), required=False)
+                    for i, (name, kind) in enumerate(columns(decoder, dlq), start=1)))
 
 
-def arrow_schema():
+def arrow_schema(decoder: dict | None = None, dlq: bool = False):
     """The Parquet data files' schema (no field ids: add_files maps columns by name)."""
     import pyarrow as pa
 
-    return pa.schema([("topic", pa.string()), ("ledger_id", pa.int64()), ("entry_id", pa.int64()),
-                      ("payload", pa.binary()), ("sealed_at", pa.timestamp("us", tz="UTC")),
-                      ("offloaded_at", pa.timestamp("us", tz="UTC"))])
+    return pa.schema([(name, _arrow_type(kind)) for name, kind in columns(decoder, dlq)])
 
 
-def ensure_table(cat, settings: Settings, identifier: str, topic: str):
-    """The topic's table, created (with its namespace) when missing: partitioned by day of sealed_at, sorted
-    by ledger and entry. A table of that name that is not this topic's is refused."""
+def ensure_table(cat, settings: Settings, identifier: str, topic: str, decoder: dict | None = None,
+                 dlq: bool = False):
+    """The topic's table (`dlq`: its dead-letter table `TABLE__dlq`), created (with its namespace) when
+    missing: partitioned by day of sealed_at, sorted by ledger and entry; a decoder's new fields are added
+    as nullable columns (old files read them as null). A table of that name that is not this topic's is
+    refused."""
     from pyiceberg.partitioning import PartitionField, PartitionSpec
     from pyiceberg.table.sorting import SortField, SortOrder
     from pyiceberg.transforms import DayTransform, IdentityTransform
 
     namespace, _ = parse_identifier(identifier)
+    if dlq:
+        identifier += DLQ_SUFFIX
     cat.create_namespace_if_not_exists(namespace)
     spec = PartitionSpec(PartitionField(source_id=5, field_id=1000, transform=DayTransform(), name=PARTITION_FIELD))
     order = SortOrder(SortField(source_id=2, transform=IdentityTransform()),
                       SortField(source_id=3, transform=IdentityTransform()))
-    table = cat.create_table_if_not_exists(identifier, table_schema(), location=table_location(settings, identifier),
+    location = f"{warehouse(settings)}/{identifier.replace('.', '/')}"
+    table = cat.create_table_if_not_exists(identifier, table_schema(decoder, dlq), location=location,
                                            partition_spec=spec, sort_order=order,
                                            properties={PROP_TOPIC: topic, "format-version": "2"})
     owner = table.properties.get(PROP_TOPIC)
     if owner != topic:
         whose = f"topic {owner!r}" if owner else "no topic (it was not made by tiering)"
         raise BadInput(f"table {identifier!r} exists and belongs to {whose}, not to topic {topic!r}")
+    have = {f.name: f.field_type for f in table.schema().fields}
+    missing = [(n, k) for n, k in columns(decoder, dlq) if n not in have]
+    for n, k in columns(decoder, dlq):
+        if n in have and have[n] != _iceberg_type(k):
+            raise BadInput(f"table {identifier!r} has column {n!r} of type {have[n]}, the decoder says {k}")
+    if missing:
+        with table.update_schema() as update:
+            for n, k in missing:
+                update.add_column(n, _iceberg_type(k), required=False)
+        table = cat.load_table(identifier)
     return table

@@ -23,16 +23,49 @@ def _when(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
 
 
+class _DeadLetters:
+    """The item's dead-letter file, opened at its first dead letter (most files have none)."""
+
+    def __init__(self, filesystem, url: str | None):
+        self.filesystem, self.url, self.writer, self.count = filesystem, url, None, 0
+        self.schema = arrow_schema(dlq=True)
+
+    def add(self, topic: str, ledger_id: int, entry_id: int, data: bytes, sealed, reason: str) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self.writer is None:
+            fs, path = self.filesystem(self.url)
+            self.writer = pq.ParquetWriter(path, self.schema, filesystem=fs, compression="zstd")
+        self.writer.write_batch(pa.record_batch([[topic], [ledger_id], [entry_id], [data], [sealed], [reason]],
+                                                schema=self.schema))
+        self.count += 1
+
+    def close(self) -> str | None:
+        if self.writer is not None:
+            self.writer.close()
+            return self.url
+        return None
+
+
 def write_file(deps, filesystem, item: dict, open_tier2) -> dict:
     """Write the item's ledgers to `item["path"]` (s3://bucket/key); returns the file's path, ledger ids,
     entries and payload bytes. `filesystem(url)` gives (pyarrow filesystem, its path). A ledger trimmed or
-    lost meanwhile fails the item (the whole round is then not committed): the next sync plans again."""
+    lost meanwhile fails the item (the whole round is then not committed): the next sync plans again.
+    With a decoder (`item["decoder"]`), each entry's decoded fields are columns beside its payload; an
+    entry that does not decode keeps null fields and is also written, with the reason, to the dead-letter
+    file `item["dlq_path"]` (returned as "dlq_path" when there was one)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = arrow_schema()
+    from tiering.tables.decoder import decode
+
+    decoder = item.get("decoder")
+    schema = arrow_schema(decoder)
+    names = [f["name"] for f in (decoder or {}).get("fields", [])]
     topic = item["topic"]
     fs, path = filesystem(item["path"])
+    dead = _DeadLetters(filesystem, item.get("dlq_path"))
     entries = nbytes = 0
     with pq.ParquetWriter(path, schema, filesystem=fs, compression="zstd") as out:
         for spec in item["ledgers"]:
@@ -43,18 +76,20 @@ def write_file(deps, filesystem, item: dict, open_tier2) -> dict:
             sealed, offloaded = _when(spec.get("sealed_at")), _when(spec.get("offloaded_at"))
             ids: list[int] = []
             payloads: list[bytes] = []
+            decoded: dict[str, list] = {n: [] for n in names}
             size = 0
 
             def flush() -> None:
-                nonlocal ids, payloads, size
+                nonlocal ids, payloads, size, decoded
                 if ids:
                     n = len(ids)
                     out.write_batch(pa.record_batch([
                         pa.array([topic] * n, pa.string()), pa.array([led.ledger_id] * n, pa.int64()),
                         pa.array(ids, pa.int64()), pa.array(payloads, pa.binary()),
                         pa.array([sealed] * n, schema.field("sealed_at").type),
-                        pa.array([offloaded] * n, schema.field("offloaded_at").type)], schema=schema))
-                ids, payloads, size = [], [], 0
+                        pa.array([offloaded] * n, schema.field("offloaded_at").type),
+                        *(pa.array(decoded[c], schema.field(c).type) for c in names)], schema=schema))
+                ids, payloads, size, decoded = [], [], 0, {c: [] for c in names}
 
             for got in read_ledger_range(deps.meta, led, 0, led.entry_count - 1, deps.tier1, open_tier2,
                                          lambda: None):
@@ -67,6 +102,12 @@ def write_file(deps, filesystem, item: dict, open_tier2) -> dict:
                 for entry_id, data in got.entries:
                     ids.append(entry_id)
                     payloads.append(data)
+                    if decoder is not None:
+                        values, reason = decode(decoder, data)
+                        if reason is not None:
+                            dead.add(topic, led.ledger_id, entry_id, data, sealed, reason)
+                        for c in names:
+                            decoded[c].append(None if values is None else values[c])
                     size += len(data)
                     entries += 1
                     nbytes += len(data)
@@ -74,7 +115,7 @@ def write_file(deps, filesystem, item: dict, open_tier2) -> dict:
                         flush()
             flush()
     return {"path": item["path"], "ledger_ids": [s["ledger_id"] for s in item["ledgers"]], "entries": entries,
-            "bytes": nbytes}
+            "bytes": nbytes, "dlq_path": dead.close(), "dead_letters": dead.count}
 
 
 def s3_filesystem_for(settings):

@@ -28,13 +28,14 @@ from tiering.errors import TieringError
 from tiering.metadata.table_sync import TableRows, TableState, exclusive
 from tiering.model import MIB
 from tiering.tables.catalog import PARTITION_FIELD, ensure_table
-from tiering.tables.naming import (PROP_SYNCED, PROP_TRIMMED, SUMMARY_LEDGERS, SUMMARY_RUN, SUMMARY_TOPIC, batches,
+from tiering.tables.naming import (DLQ_SUFFIX, PROP_SYNCED, PROP_TRIMMED, SUMMARY_LEDGERS, SUMMARY_RUN, SUMMARY_TOPIC, batches,
                                    decode_ledgers, encode_ledgers)
 
 log = logging.getLogger(__name__)
 SUMMARY_THROUGH = "tiering.synced-through"
 SUMMARY_PASSED = "tiering.ledgers-passed"  # deleted or empty ledgers the round passed over
 SUMMARY_DELETED = "tiering.ledgers-deleted"
+SUMMARY_DLQ_FILES = "tiering.dlq-files"  # the round's dead-letter files, committed to TABLE__dlq after it
 COMMIT_ATTEMPTS = 3
 
 
@@ -93,6 +94,7 @@ class TopicResult:
     bytes: int = 0
     rounds: int = 0
     reconciled: bool = False
+    dead_letters: int = 0
     error: str | None = None
 
 
@@ -112,8 +114,8 @@ class TableSync:
     def __init__(self, engine, settings, catalog, limits: Limits = Limits(), fault: Callable[[str], None] | None = None,
                  progress: Callable[[str], None] | None = None):
         """`fault(step)` is called at "planned" (a round planned, nothing written), "written" (its files
-        written, nothing committed) and "committed" (the table committed, the row not yet advanced): the
-        fault tests stop a run there."""
+        written, nothing committed), "committed" (the table committed, the row not yet advanced) and, with a
+        decoder, "before-dlq" (the dead letters not yet committed): the fault tests stop a run there."""
         self.rows = TableRows(engine)
         self.engine = engine
         self.settings = settings
@@ -140,8 +142,12 @@ class TableSync:
 
     def _sync_locked(self, topic: str, write: Writer, dry_run: bool, result: TopicResult) -> None:
         state = self.rows.get(topic)  # re-read under the lock
-        table = ensure_table(self.catalog, self.settings, state.identifier, topic)
+        table = ensure_table(self.catalog, self.settings, state.identifier, topic, state.decoder)
         state, result.reconciled = self.reconcile(state, table)
+        dlq = None
+        if state.decoder is not None:
+            dlq = ensure_table(self.catalog, self.settings, state.identifier, topic, dlq=True)
+            dlq = self.catch_up_dlq(table, dlq)
         if dry_run:
             rnd = self.plan_round(state, table)
             result.planned = rnd.ledger_ids if rnd else []
@@ -155,6 +161,9 @@ class TableSync:
                 break
             self.fault("planned")
             state, table = self.run_round(state, table, rnd, write, result)
+            if dlq is not None:
+                self.fault("before-dlq")
+                dlq = self.catch_up_dlq(table, dlq)
             result.rounds += 1
             result.status = "synced"
         if result.deleted and result.status == "up_to_date":
@@ -202,13 +211,18 @@ class TableSync:
         if through == base:
             return None
         run = uuid.uuid4().hex
+        dlq_location = f"{table.location()}{DLQ_SUFFIX}"
         groups = batches([{"ledger_id": led.ledger_id, "size_bytes": led.size_bytes, "day": led.sealed_at.date(),
                            "led": led} for led in took], self.limits.file_bytes, self.limits.file_ledgers)
         items = [{"topic": state.topic,
                   "path": f"{table.location()}/data/{PARTITION_FIELD}={g[0]['day'].isoformat()}/"
                           f"{run}-{g[0]['ledger_id']:020d}.parquet",
                   "ledgers": [{"ledger_id": x["ledger_id"], "sealed_at": _iso(x["led"].sealed_at),
-                               "offloaded_at": _iso(x["led"].offloaded_at)} for x in g]} for g in groups]
+                               "offloaded_at": _iso(x["led"].offloaded_at)} for x in g],
+                  **({"decoder": state.decoder,
+                      "dlq_path": f"{dlq_location}/data/{PARTITION_FIELD}={g[0]['day'].isoformat()}/"
+                                  f"{run}-{g[0]['ledger_id']:020d}.parquet"} if state.decoder else {})}
+                 for g in groups]
         return Round(base, through, items, passed, run)
 
     # ------------------------------------------------------------------------------------------ a round
@@ -222,11 +236,14 @@ class TableSync:
         self.fault("written")
         summary = {SUMMARY_TOPIC: state.topic, SUMMARY_RUN: rnd.run, SUMMARY_THROUGH: str(rnd.through),
                    SUMMARY_LEDGERS: encode_ledgers(rnd.ledger_ids), SUMMARY_PASSED: encode_ledgers(rnd.passed)}
+        dead = [w["dlq_path"] for w in written if w.get("dlq_path")]
+        if state.decoder is not None:
+            summary[SUMMARY_DLQ_FILES] = ",".join(dead)
         try:
             table = self._commit(table, PROP_SYNCED, rnd.base, rnd.through,
                                  lambda tx: tx.add_files(paths, snapshot_properties=summary) if paths else None)
         except _Lost as lost:
-            self._discard(table, paths)
+            self._discard(table, paths + dead)
             raise TieringError(f"table {state.identifier!r}: another sync committed ledgers through "
                                f"{lost.found} meanwhile; this round's files were discarded") from None
         self.fault("committed")
@@ -241,8 +258,29 @@ class TableSync:
         self.progress(f"{state.topic} -> {state.identifier}: committed {len(rnd.ledger_ids)} ledger(s) through "
                       f"{rnd.through}; {lag} ledger(s), {lag_bytes} bytes to go")
         result.entries += sum(w["entries"] for w in written)
+        result.dead_letters += sum(w.get("dead_letters", 0) for w in written)
         result.bytes += sum(w["bytes"] for w in written)
         return state, table
+
+    def catch_up_dlq(self, table, dlq):
+        """Commit to TABLE__dlq the dead-letter files of the table's rounds it has not taken yet, in order,
+        each guarded by the dead-letter table's own mark: the table's commit (its snapshot summary) is the
+        record, so a run killed between the two commits loses no dead letter and adds none twice."""
+        rounds = []
+        for s in table.snapshots():
+            summary = s.summary.additional_properties if s.summary else {}
+            if summary.get(SUMMARY_DLQ_FILES):
+                rounds.append((int(summary[SUMMARY_THROUGH]), summary[SUMMARY_DLQ_FILES].split(",")))
+        for through, files in sorted(rounds):
+            mark = _prop(dlq, PROP_SYNCED)
+            if through <= mark:
+                continue
+            try:
+                dlq = self._commit(dlq, PROP_SYNCED, mark, through,
+                                   lambda tx: tx.add_files(files, snapshot_properties={SUMMARY_THROUGH: str(through)}))
+            except _Lost:
+                raise TieringError(f"table {'.'.join(dlq.name())!r}: another sync committed meanwhile") from None
+        return dlq
 
     def follow_retention(self, state: TableState, table):
         """Delete from the table the rows of ledgers deleted since the last follow (retention 'follow')."""
