@@ -142,17 +142,19 @@ class TableSync:
 
     def _sync_locked(self, topic: str, write: Writer, dry_run: bool, result: TopicResult) -> None:
         state = self.rows.get(topic)  # re-read under the lock
+        if dry_run:  # plan from the table's own mark; create nothing, change nothing
+            exists = self.catalog.table_exists(state.identifier)
+            table = self.catalog.load_table(state.identifier) if exists else _Absent()
+            rnd = self.plan_round(state, table)
+            result.planned = rnd.ledger_ids if rnd else []
+            result.status = "planned" if rnd else "up_to_date"
+            return
         table = ensure_table(self.catalog, self.settings, state.identifier, topic, state.decoder)
         state, result.reconciled = self.reconcile(state, table)
         dlq = None
         if state.decoder is not None:
             dlq = ensure_table(self.catalog, self.settings, state.identifier, topic, dlq=True)
             dlq = self.catch_up_dlq(table, dlq)
-        if dry_run:
-            rnd = self.plan_round(state, table)
-            result.planned = rnd.ledger_ids if rnd else []
-            result.status = "planned" if rnd else "up_to_date"
-            return
         if state.retention == "follow":
             state, table, result.deleted = self.follow_retention(state, table)
         for _ in range(self.limits.max_rounds):
@@ -333,6 +335,14 @@ class TableSync:
                 table.io.delete(p)
             except Exception as exc:  # noqa: BLE001 - an orphan left is collected later, not a failure
                 log.warning("could not delete the uncommitted file %s: %s", p, type(exc).__name__)
+
+
+class _Absent:
+    """A table not created yet, as a dry run plans from it: no properties (mark -1), a placeholder location."""
+    properties: dict = {}
+
+    def location(self) -> str:
+        return "s3://(not created yet)"
 
 
 class _Lost(Exception):
