@@ -165,6 +165,11 @@ def test_retention_follows_unless_keep(deps, settings, cat):
 
 
 def test_compaction_and_expiry_keep_the_rows_and_the_sync_goes_on(deps, settings, cat):
+    import time
+
+    import pyarrow.fs as pafs
+
+    from tiering.tables.files import s3_filesystem_for
     from tiering.tables.maintenance import maintain_topic
     from tiering.tables.verify import verify_table
 
@@ -178,8 +183,16 @@ def test_compaction_and_expiry_keep_the_rows_and_the_sync_goes_on(deps, settings
     assert len(list(table.scan().plan_files())) == 6 and len(table.snapshots()) == 6
     from datetime import timedelta
 
-    report = maintain_topic(s, rows.get("small"), timedelta(0), min_files=4)
+    fs = s3_filesystem_for(settings)
+    stray = f"{table.location()}/data/sealed_at_day=2026-01-01/killed-run.parquet"  # a killed run's file
+    f, path = fs(stray)
+    with f.open_output_stream(path) as out:
+        out.write(b"x")
+    time.sleep(1.1)
+    report = maintain_topic(s, rows.get("small"), timedelta(0), min_files=4, orphan_grace=timedelta(seconds=1))
     assert report.errors == [] and (report.files_before, report.files_after) == (6, 1)
+    # the stray file, the 6 compacted-away data files, the expired snapshots' manifest lists and manifests
+    assert report.orphans_deleted > 7 and f.get_file_info(path).type == pafs.FileType.NotFound
     table = cat.load_table("ns.small")
     assert len(list(table.scan().plan_files())) == 1 and len(table.snapshots()) == 1
     sealed = {k: v for k, v in expected.items() if k[0] < 6}

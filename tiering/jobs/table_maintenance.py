@@ -1,5 +1,6 @@
 """The job of the DAG tiering_table_maintenance: for every topic with a table, compact each partition's
-small data files and expire snapshots older than 7 days (`--expire-after-seconds`). The work is pyiceberg's, on the driver: Spark is never started (details say so);
+small data files, expire snapshots older than 7 days (`--expire-after-seconds`) and delete unreferenced
+files older than a day (`--orphan-grace-seconds`). The work is pyiceberg's, on the driver: Spark is never started (details say so);
 it runs as a Spark application to share the DAG frame, its job_run row and its settings path."""
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topic", help="limit the job to one topic (which must have a table)")
     p.add_argument("--expire-after-seconds", type=int_arg("--expire-after-seconds", 0, MAX_SECONDS),
                    default=DEFAULT_EXPIRE_SECONDS)
+    p.add_argument("--orphan-grace-seconds", type=int_arg("--orphan-grace-seconds", 0, MAX_SECONDS), default=86400)
     return p
 
 
@@ -50,11 +52,12 @@ def main(argv=None) -> int:
         for state in sync.rows.list(args.topic):
             if state.topic not in wanted:
                 continue
-            r = maintain_topic(sync, state, timedelta(seconds=args.expire_after_seconds))
+            r = maintain_topic(sync, state, timedelta(seconds=args.expire_after_seconds),
+                               orphan_grace=timedelta(seconds=args.orphan_grace_seconds))
             outcome.items_done += 0 if r.errors else 1
             outcome.items_failed += 1 if r.errors else 0
             outcome.errors.extend(f"{state.topic}: {e}" for e in r.errors)
-            for k in ("partitions_compacted", "files_before", "files_after", "snapshots_expired"):
+            for k in ("partitions_compacted", "files_before", "files_after", "snapshots_expired", "orphans_deleted"):
                 outcome.details[k] = outcome.details.get(k, 0) + getattr(r, k)
 
     try:
