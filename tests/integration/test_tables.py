@@ -276,3 +276,35 @@ def test_stopped_before_the_dead_letters_commit_then_rerun_adds_each_once(deps, 
         assert r.status == "up_to_date", r.error
     dlq = cat.load_table("ns.jd__dlq").scan().to_arrow()
     assert sorted(dlq["entry_id"].to_pylist()) == [0, 3]
+
+
+def test_due_topics_in_one_statement(deps, settings, cat):
+    from sqlalchemy import event
+
+    from tiering.model import Position
+    from tiering.ops.retention import truncate
+    from tiering.tables.sync import due_topics
+
+    produce(deps, "open", [], open_tail=entries("o", 2, 10))  # only an open ledger: not due
+    produce(deps, "new", [entries("n", 2, 10)])
+    produce(deps, "done", [entries("d", 2, 10), entries("e", 2, 10)])
+    produce(deps, "none", [entries("x", 1, 10)])  # no table
+    rows = TableRows(deps.meta.engine)
+    for t in ("open", "new", "done"):
+        rows.set_policy(t, f"ns.{t}", "follow")
+    _sync(deps, settings, cat, topic="done")
+    assert [s.topic for s in due_topics(deps.meta.engine)] == ["new"]
+    truncate(deps, "done", Position(1, 0))  # a deleted ledger for 'follow' to delete
+    statements = []
+
+    def count(*_a, **_k):
+        statements.append(1)
+
+    event.listen(deps.meta.engine, "before_cursor_execute", count)
+    try:
+        assert [s.topic for s in due_topics(deps.meta.engine)] == ["done", "new"]
+    finally:
+        event.remove(deps.meta.engine, "before_cursor_execute", count)
+    assert len(statements) == 1
+    with pytest.raises(Exception, match="has no table"):
+        due_topics(deps.meta.engine, "none")

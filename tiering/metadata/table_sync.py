@@ -146,6 +146,24 @@ class TableRows:
         return [PendingLedger(r.ledger_id, str(getattr(r.state, "value", r.state)), r.entry_count, r.size_bytes,
                               r.sealed_at, r.offloaded_at) for r in rows]
 
+    def due(self, topic_name: str | None = None) -> list[TableState]:
+        """The topics a sync has work for, in one statement whatever their number (an idle hourly run costs
+        one query): the first ledger after the table's mark exists and is no longer open, or (retention
+        'follow') a ledger at or below the mark and above the trimmed mark was deleted. Both probes walk
+        the ledger primary key (topic_id, ledger_id)."""
+        t, led = topic_table.c, ledger.alias("l")
+        first = (select(led.c.state).where(led.c.topic_id == t.topic_id, led.c.ledger_id > t.synced_through)
+                 .order_by(led.c.ledger_id).limit(1).scalar_subquery())
+        deleted = select(led.c.ledger_id).where(
+            led.c.topic_id == t.topic_id, led.c.ledger_id > t.trimmed_through, led.c.ledger_id <= t.synced_through,
+            led.c.state == "DELETED").exists()
+        q = _SELECT.where((first != "OPEN") | ((t.retention == "follow") & deleted)).order_by(topic.c.name)
+        if topic_name is not None:
+            self.list(topic_name)  # an unknown topic, or one without a table, is refused
+            q = q.where(topic.c.name == topic_name)
+        with self.engine.connect() as conn:
+            return [_state(r) for r in conn.execute(q)]
+
     def lag(self, state: TableState) -> tuple[int, int]:
         """(ledgers, bytes) sealed but not yet in the table."""
         c = ledger.c

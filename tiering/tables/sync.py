@@ -356,16 +356,8 @@ def sync_tables(sync: TableSync, write: Writer, topic: str | None = None, dry_ru
 
 
 def due_topics(engine, topic: str | None = None) -> list[TableState]:
-    """The topics a sync has work for (the DAG's plan: metadata queries only, no catalog): a ledger after
-    the table's mark that is no longer open, or deleted ledgers retention 'follow' has to delete."""
-    rows = TableRows(engine)
-    due = []
-    for state in rows.list(topic):
-        nxt = rows.pending(state, 1)
-        if (nxt and nxt[0].state != "OPEN") or (
-                state.retention == "follow" and rows.deleted_since(state, state.trimmed_through, state.synced_through)):
-            due.append(state)
-    return due
+    """The topics a sync has work for (the DAG's plan: one metadata query, no catalog)."""
+    return TableRows(engine).due(topic)
 
 
 def outcome_of(results: list[TopicResult], outcome) -> None:
