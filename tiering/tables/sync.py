@@ -65,6 +65,7 @@ class Limits:
     round_bytes: int = 1024 * MIB
     file_bytes: int = 128 * MIB
     file_ledgers: int = 1000
+    spread: int = 4  # a round of a few small ledgers is still at least this many files: Spark writes them in parallel
     max_rounds: int = 1000
 
 
@@ -214,8 +215,9 @@ class TableSync:
             return None
         run = uuid.uuid4().hex
         dlq_location = f"{table.location()}{DLQ_SUFFIX}"
+        per_file = min(self.limits.file_bytes, max(1, -(-size // self.limits.spread)))
         groups = batches([{"ledger_id": led.ledger_id, "size_bytes": led.size_bytes, "day": led.sealed_at.date(),
-                           "led": led} for led in took], self.limits.file_bytes, self.limits.file_ledgers)
+                           "led": led} for led in took], per_file, self.limits.file_ledgers)
         items = [{"topic": state.topic,
                   "path": f"{table.location()}/data/{PARTITION_FIELD}={g[0]['day'].isoformat()}/"
                           f"{run}-{g[0]['ledger_id']:020d}.parquet",
