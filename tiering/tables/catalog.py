@@ -21,8 +21,11 @@ def warehouse(settings: Settings) -> str:
 
 
 def io_properties(settings: Settings) -> dict[str, str]:
-    """PyArrowFileIO's S3 settings (the executors' writers build theirs from the same Settings)."""
-    props = {"py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO", "s3.region": settings.aws_region}
+    """The FileIO's S3 settings: tier 2's filesystem (encryption, CA bundle: tiering/tables/fileio.py); the
+    executors' writers build theirs from the same Settings."""
+    from tiering.tables.fileio import properties
+
+    props = {**properties(settings), "s3.region": settings.aws_region}
     if settings.s3_endpoint_url:
         props["s3.endpoint"] = settings.s3_endpoint_url
     if settings.aws_access_key_id and settings.aws_secret_access_key:
@@ -37,11 +40,6 @@ def catalog(settings: Settings):
     """The SQL catalog (creates its two tables on first use, as the JDBC catalog does)."""
     from pyiceberg.catalog.sql import SqlCatalog
 
-    if settings.s3_encryption.enabled:
-        # pyarrow's S3 filesystem cannot send SSE headers (tiering/tier2/arrowfs.py): refuse rather than write
-        # a table's files unencrypted in a bucket whose every other object is encrypted
-        raise BadInput("Iceberg tables do not support TIERING_S3_SSE / SSE-C yet: the table's files would be "
-                       "written unencrypted")
     aws_sdk_checksums_when_required()  # RGW 16 refuses aws-chunked uploads (config.py)
     url = settings.database_url
     if url.startswith("postgresql://"):

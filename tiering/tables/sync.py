@@ -174,7 +174,8 @@ class TableSync:
 
     # ------------------------------------------------------------------------------------------ reconcile
     def reconcile(self, state: TableState, table) -> tuple[TableState, bool]:
-        """Catch the row up with the table (a run killed after its commit, before its row update)."""
+        """Catch the row up with the table (a run killed after its commit, before its row update); True when
+        the table held commits the row did not (a new metadata location alone is just recorded)."""
         synced, trimmed = _prop(table, PROP_SYNCED), _prop(table, PROP_TRIMMED)
         if synced < state.synced_through or trimmed < state.trimmed_through:
             raise TableAhead(f"table {state.identifier!r} holds ledgers through {synced} but the sync state says "
@@ -183,6 +184,7 @@ class TableSync:
         if synced == state.synced_through and trimmed == state.trimmed_through \
                 and table.metadata_location == state.metadata_location:
             return state, False
+        moved = synced != state.synced_through or trimmed != state.trimmed_through
         ledgers = entries = 0
         for s in table.snapshots():  # commits the row has not counted
             summary = s.summary.additional_properties if s.summary else {}
@@ -193,7 +195,7 @@ class TableSync:
         state = self.rows.advance(state, synced_through=synced, trimmed_through=trimmed, ledgers_added=ledgers,
                                   entries_added=entries, snapshot_id=snap.snapshot_id if snap else None,
                                   metadata_location=table.metadata_location)
-        return state, True
+        return state, moved
 
     # ------------------------------------------------------------------------------------------ plan
     def plan_round(self, state: TableState, table) -> Round | None:
