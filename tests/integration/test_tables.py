@@ -259,6 +259,14 @@ def test_json_decoder_dead_letters_and_an_added_field(deps, settings, cat):
     old = table.scan(snapshot_id=old_snapshot).to_arrow()  # the old snapshot still reads, in its schema
     assert old.num_rows == 10 and "amount" not in old.column_names
     assert cat.load_table("ns.js__dlq").scan().to_arrow().num_rows == 2
+    from tiering.model import Position
+    from tiering.ops.retention import truncate
+
+    truncate(deps, "js", Position(1, 0))  # ledger 0, with both dead letters, deleted: 'follow' in both tables
+    [r] = _sync(deps, settings, cat)
+    assert r.deleted == [0], r.error
+    assert cat.load_table("ns.js__dlq").scan().to_arrow().num_rows == 0
+    assert {k[0] for k in _table_rows(cat, "ns.js")[0]} == {1, 2}
 
 
 def test_stopped_before_the_dead_letters_commit_then_rerun_adds_each_once(deps, settings, cat):

@@ -158,6 +158,8 @@ class TableSync:
             dlq = self.catch_up_dlq(table, dlq)
         if state.retention == "follow":
             state, table, result.deleted = self.follow_retention(state, table)
+            if dlq is not None:
+                dlq = self.follow_retention_dlq(state, table, dlq)
         for _ in range(self.limits.max_rounds):
             rnd = self.plan_round(state, table)
             if rnd is None:
@@ -307,6 +309,21 @@ class TableSync:
                                   ledgers_added=0, entries_added=0, snapshot_id=snap.snapshot_id if snap else None,
                                   metadata_location=table.metadata_location)
         return state, table, ids
+
+    def follow_retention_dlq(self, state: TableState, table, dlq):
+        """The same deletes in TABLE__dlq, from its own trimmed mark (a run killed between the two commits
+        leaves it behind; the next run catches it up)."""
+        base = _prop(dlq, PROP_TRIMMED)
+        ids = self.rows.deleted_since(state, base, _prop(table, PROP_TRIMMED))
+        if not ids:
+            return dlq
+        from pyiceberg.expressions import In
+
+        try:
+            return self._commit(dlq, PROP_TRIMMED, base, ids[-1], lambda tx: tx.delete(
+                In("ledger_id", ids), snapshot_properties={SUMMARY_DELETED: encode_ledgers(ids)}))
+        except _Lost:
+            raise TieringError(f"table {'.'.join(dlq.name())!r}: another sync deleted rows meanwhile") from None
 
     def _commit(self, table, key: str, base: int, to: int, change):
         """One Iceberg commit of `change(tx)` and the property `key` from `base` to `to`, refused unless the
