@@ -54,8 +54,10 @@ class AssertProperty(ValidatableTableRequirement):
             raise CommitFailedException(f"table property {self.key} is {found!r}, expected {self.value!r}")
 
 
-class TableAhead(TieringError):
-    pass
+class TableBehind(TieringError):
+    """The table holds less than its row says: it was dropped and made again, or rolled back by hand. The
+    sync stops rather than guess (appending from the row's mark would skip ledgers, from the table's would
+    need the row reset)."""
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,7 @@ class TableSync:
         the table held commits the row did not (a new metadata location alone is just recorded)."""
         synced, trimmed = _prop(table, PROP_SYNCED), _prop(table, PROP_TRIMMED)
         if synced < state.synced_through or trimmed < state.trimmed_through:
-            raise TableAhead(f"table {state.identifier!r} holds ledgers through {synced} but the sync state says "
+            raise TableBehind(f"table {state.identifier!r} holds ledgers through {synced} but the sync state says "
                              f"{state.synced_through}: the table was replaced or rolled back")
         snap = table.current_snapshot()
         if synced == state.synced_through and trimmed == state.trimmed_through \
