@@ -112,3 +112,32 @@ def test_spark_job_syncs_a_mixed_topic(deps, settings, cli):
     from tiering.jobs.table_sync import build_parser, plan
 
     assert plan(deps, build_parser().parse_args([])) == []
+
+
+def test_maintenance_job_and_command(cli, deps, settings):
+    from tiering.metadata.table_sync import TableRows
+    from tiering.tables.files import local_writer
+    from tiering.tables.sync import Limits, TableSync, sync_tables
+
+    expected = produce(deps, "m", [entries(str(i), 3, 20) for i in range(5)])
+    cli("topic", "set", "m", "--table", "ns.m").ok()
+    sync = TableSync(deps.meta.engine, settings, catalog(settings), limits=Limits(round_ledgers=1))
+    assert [r.rounds for r in sync_tables(sync, local_writer(deps, settings))] == [5]
+    # the job never starts Spark: it runs as a plain Python process here
+    env = {**os.environ, **settings.to_env(), "PYTHONPATH": str(ROOT)}
+    job = subprocess.run([sys.executable, str(ROOT / "tiering" / "jobs" / "table_maintenance.py"),
+                          "--expire-after-seconds=0", "--orphan-grace-seconds=0"], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert job.returncode == 0, job.stderr[-2000:]
+    with deps.meta.engine.connect() as conn:
+        row = conn.execute(text("SELECT status, items_done, details FROM tiering.job_run "
+                                "WHERE job = 'table_maintenance'")).one()
+    assert (row.status, row.items_done) == ("SUCCEEDED", 1)
+    assert (row.details["files_before"], row.details["files_after"], row.details["spark"]) == (5, 1, "skipped")
+    assert _table(settings, "ns.m") == expected
+    out = cli("table", "maintain", "--topic", "m", "--json").ok().json
+    assert out["command"] == "table maintain" and out["failed"] == [] and out["failed_count"] == 0
+    assert out["tables"][0]["partitions_compacted_count"] == 0  # one file left: nothing to compact
+    assert cli("table", "verify", "m").ok().stdout.rstrip().endswith("the same")
+    assert TableRows(deps.meta.engine).get("m").metadata_location == \
+        catalog(settings).load_table("ns.m").metadata_location
