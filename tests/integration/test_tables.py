@@ -316,3 +316,25 @@ def test_due_topics_in_one_statement(deps, settings, cat):
     assert len(statements) == 1
     with pytest.raises(Exception, match="has no table"):
         due_topics(deps.meta.engine, "none")
+
+
+def test_trimmed_head_and_batched_objects_equal_read(db, s3_client, bucket, tier1_root, settings, cat):
+    """Ledgers offloaded together into one object pair (the product's default batching), the head trimmed
+    before the first sync (passed over: never readable), the rest in tier 2 only and tier 1."""
+    from tests.integration.helpers import MIB, make_deps
+    from tiering.model import LedgerState as S, Position
+    from tiering.ops.offload import offload_many
+    from tiering.ops.retention import truncate
+
+    deps = make_deps(db, s3_client, bucket, tier1_root, batch_small_bytes=8 * MIB)
+    produce(deps, "bt", [entries(f"b{i}", 4, 200) for i in range(6)], open_tail=entries("t", 2, 10))
+    report = offload_many(deps, deps.meta.list_ledgers("bt", [S.SEALED])[:4])
+    assert len(report.offloaded) == 4 and len({c.data_key for c in deps.meta.chunks("bt").values()}) == 1
+    for led in deps.meta.list_ledgers("bt", [S.OFFLOADED])[1:]:
+        delete_copy(deps, led)
+    truncate(deps, "bt", Position(2, 0))  # ledgers 0 and 1 deleted before the table existed
+    TableRows(deps.meta.engine).set_policy("bt", "ns.bt", "keep")
+    [r] = _sync(deps, settings, cat)
+    assert r.status == "synced" and r.passed == [0, 1] and r.ledgers == [2, 3, 4, 5], r.error
+    expected = {k: v for k, v in _read(deps, "bt").items() if k[0] < 6}
+    assert _table_rows(cat, "ns.bt")[0] == expected and {k[0] for k in expected} == {2, 3, 4, 5}
