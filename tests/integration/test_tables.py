@@ -338,3 +338,22 @@ def test_trimmed_head_and_batched_objects_equal_read(db, s3_client, bucket, tier
     assert r.status == "synced" and r.passed == [0, 1] and r.ledgers == [2, 3, 4, 5], r.error
     expected = {k: v for k, v in _read(deps, "bt").items() if k[0] < 6}
     assert _table_rows(cat, "ns.bt")[0] == expected and {k[0] for k in expected} == {2, 3, 4, 5}
+
+
+def test_a_round_of_deleted_ledgers_only_moves_the_mark(deps, settings, cat):
+    from tiering.model import Position
+    from tiering.ops.retention import truncate
+
+    produce(deps, "gone", [entries("a", 2, 10), entries("b", 2, 10)], open_tail=entries("c", 1, 10))
+    truncate(deps, "gone", Position(2, 0))
+    TableRows(deps.meta.engine).set_policy("gone", "ns.gone", "follow")
+    [r] = _sync(deps, settings, cat)
+    assert r.status == "synced" and r.ledgers == [] and r.passed == [0, 1], r.error
+    table = cat.load_table("ns.gone")
+    assert table.properties["tiering.synced-through"] == "1" and table.current_snapshot() is None
+    assert TableRows(deps.meta.engine).get("gone").synced_through == 1
+    [r] = _sync(deps, settings, cat)  # the passed-over ledgers need no delete: only the trimmed mark moves
+    assert r.status == "up_to_date" and r.deleted == [] and cat.load_table("ns.gone").current_snapshot() is None
+    from tiering.tables.sync import due_topics
+
+    assert due_topics(deps.meta.engine) == []

@@ -105,6 +105,14 @@ def _prop(table, key: str) -> int:
     return int(table.properties.get(key, "-1"))
 
 
+def _has_rows(table, ids: list[int]) -> bool:
+    """Whether any data file may hold rows of these ledgers (column statistics prune the rest)."""
+    from pyiceberg.expressions import In
+
+    return table.current_snapshot() is not None and \
+        any(True for _ in table.scan(row_filter=In("ledger_id", ids)).plan_files())
+
+
 def _iso(t) -> str | None:
     return None if t is None else t.isoformat()
 
@@ -301,16 +309,20 @@ class TableSync:
         from pyiceberg.expressions import In
 
         summary = {SUMMARY_TOPIC: state.topic, SUMMARY_DELETED: encode_ledgers(ids)}
+        # ledgers deleted before the sync reached them were passed over and have no rows: then only the mark
+        # moves (no empty delete snapshot, and the plan stops finding the topic due)
+        has_rows = _has_rows(table, ids)
         try:
             table = self._commit(table, PROP_TRIMMED, base, ids[-1],
-                                 lambda tx: tx.delete(In("ledger_id", ids), snapshot_properties=summary))
+                                 (lambda tx: tx.delete(In("ledger_id", ids), snapshot_properties=summary))
+                                 if has_rows else (lambda tx: None))
         except _Lost:
             raise TieringError(f"table {state.identifier!r}: another sync deleted rows meanwhile") from None
         snap = table.current_snapshot()
         state = self.rows.advance(state, synced_through=state.synced_through, trimmed_through=ids[-1],
                                   ledgers_added=0, entries_added=0, snapshot_id=snap.snapshot_id if snap else None,
                                   metadata_location=table.metadata_location)
-        return state, table, ids
+        return state, table, ids if has_rows else []
 
     def follow_retention_dlq(self, state: TableState, table, dlq):
         """The same deletes in TABLE__dlq, from its own trimmed mark (a run killed between the two commits
@@ -322,8 +334,9 @@ class TableSync:
         from pyiceberg.expressions import In
 
         try:
-            return self._commit(dlq, PROP_TRIMMED, base, ids[-1], lambda tx: tx.delete(
+            return self._commit(dlq, PROP_TRIMMED, base, ids[-1], (lambda tx: tx.delete(
                 In("ledger_id", ids), snapshot_properties={SUMMARY_DELETED: encode_ledgers(ids)}))
+                if _has_rows(dlq, ids) else (lambda tx: None))
         except _Lost:
             raise TieringError(f"table {'.'.join(dlq.name())!r}: another sync deleted rows meanwhile") from None
 
