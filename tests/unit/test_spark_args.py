@@ -10,7 +10,8 @@ def test_every_dag_of_the_design_is_there():
     assert sorted(JOBS) == sorted([
         "tiering_offload_by_age", "tiering_offload_by_size", "tiering_offload_prefix", "tiering_delete_lagged",
         "tiering_retention", "tiering_defrag", "tiering_gc", "tiering_gc_sweep", "tiering_metadata_export",
-        "tiering_recover", "tiering_scrub"])
+        "tiering_recover", "tiering_scrub", "tiering_table_sync",
+        "tiering_table_maintenance"])
     assert JOBS["tiering_offload_prefix"].schedule is None and JOBS["tiering_recover"].schedule is None
     assert all(JOBS[d].application == "offload.py" for d in JOBS if "offload" in d)
 

@@ -10,13 +10,13 @@ import os
 import sys
 from typing import Sequence
 
-from tiering.cli import data, metadata, pipeline, subscriptions, topics, verify
+from tiering.cli import data, metadata, pipeline, subscriptions, tables, topics, verify
 from tiering.cli.args import Parser
 from tiering.cli.context import Context
 from tiering.cli.output import error, output_for
 from tiering.errors import TieringError
 
-FAMILIES = (topics, subscriptions, data, pipeline, verify, metadata)  # the order of `tiering --help`
+FAMILIES = (topics, subscriptions, data, pipeline, verify, metadata, tables)  # the order of `tiering --help`
 
 
 def build_parser() -> Parser:

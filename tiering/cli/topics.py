@@ -53,6 +53,51 @@ def _policy_flags(p: argparse.ArgumentParser) -> None:
                         "excepted); --no-retain-unread turns it off (default off)")
 
 
+def _table_name(text: str) -> str:
+    """`--table NAMESPACE.TABLE`, refused while parsing (exit 2) when malformed."""
+    from tiering.tables.naming import parse_identifier
+
+    try:
+        parse_identifier(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _json_fields(text: str) -> dict:
+    from tiering.tables.decoder import parse_fields
+
+    try:
+        return parse_fields(text)
+    except BadInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _table_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--table", type=_table_name, default=None, metavar="NAMESPACE.TABLE",
+                   help="sync the topic's sealed ledgers to this Iceberg table (DAG tiering_table_sync, "
+                        "`tiering table sync`)")
+    p.add_argument("--table-json-fields", type=_json_fields, default=None, metavar="NAME:TYPE[,...]",
+                   help="decode JSON payloads into these nullable columns (types: string, int64, double, boolean, "
+                        "timestamp); entries that do not decode also go to NAMESPACE.TABLE__dlq with the reason; "
+                        "a change may only add fields")
+    p.add_argument("--table-retention", choices=("keep", "follow"), default=None,
+                   help="follow: ledgers retention or truncate delete are deleted from the table too (default); "
+                        "keep: they stay in the table")
+
+
+def _set_table(ctx: Context, args) -> dict | None:
+    """The topic's table policy, when --table or --table-retention was given."""
+    if args.table is None and args.table_retention is None and args.table_json_fields is None:
+        return None
+    from tiering.metadata.table_sync import TableRows
+    from tiering.tables.decoder import check_change
+
+    s = TableRows(ctx.engine).set_policy(args.name, args.table, args.table_retention, args.table_json_fields,
+                                         check_change)
+    return {"identifier": s.identifier, "retention": s.retention, "decoder": s.decoder, "version": s.version}
+
+
 def _given(args) -> dict:
     fields = [f for _, f, *_ in POLICY_FLAGS] + ["retain_unread"]
     return {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
@@ -70,10 +115,12 @@ def register(sub) -> None:
     create = t_sub.add_parser("create", help="create a topic with its tiering policy", description=UNITS)
     a.name(create)
     _policy_flags(create)
+    _table_flags(create)
     change = t_sub.add_parser("set", help="change a topic's policy (compare-and-set on its version)",
                               description=UNITS)
     a.name(change)
     _policy_flags(change)
+    _table_flags(change)
     change.add_argument("--expect-version", type=a.nonneg, default=None, metavar="N",
                         help="refuse unless the topic is still at this version (from `topic show`)")
     a.json_flag(change)
@@ -98,6 +145,14 @@ def cmd_db(ctx: Context, args, out: Output) -> int:
     print(f"schema tiering: applied {len(result.applied)} migration(s) {', '.join(result.applied) or ''}".rstrip()
           + f"; {len(result.already)} already applied; {len(result.views)} views")
     return 0
+
+
+def _table_free(ctx: Context, identifier: str, topic: str | None = None) -> None:
+    from tiering.metadata.table_sync import TableRows
+
+    for s in TableRows(ctx.engine).list():
+        if s.identifier == identifier and s.topic != topic:
+            raise BadInput(f"table {identifier!r} is already the table of topic {s.topic!r}")
 
 
 def _topic_dict(t) -> dict:
@@ -145,15 +200,27 @@ def _stats_text(doc: dict):
 
 def cmd_topic(ctx: Context, args, out: Output) -> int:
     if args.topic_command == "create":
+        if (args.table_retention is not None or args.table_json_fields is not None) and args.table is None:
+            raise BadInput("--table-retention and --table-json-fields need --table")
+        if args.table is not None:
+            _table_free(ctx, args.table)  # refused before the topic is created: nothing written
         t = ctx.meta.create_topic(args.name, TopicPolicy(**_given(args)))
-        print(f"created topic {t.name!r}")
+        table = _set_table(ctx, args)
+        print(f"created topic {t.name!r}" + (f" with table {table['identifier']!r}" if table else ""))
     elif args.topic_command == "set":
         from tiering.ops.topics import set_policy
 
-        if not _given(args):
+        if not _given(args) and args.table is None and args.table_retention is None \
+                and args.table_json_fields is None:
             raise BadInput("topic set needs at least one policy option (see `tiering topic set --help`)")
-        t = set_policy(ctx.deps, args.name, _given(args), args.expect_version)
-        out.result(document("topic set", **_topic_dict(t)), f"updated topic {t.name!r}: version {t.version}")
+        if args.table is not None:
+            _table_free(ctx, args.table, args.name)
+        t = set_policy(ctx.deps, args.name, _given(args), args.expect_version) if _given(args) \
+            else ctx.meta.get_topic(args.name)
+        table = _set_table(ctx, args)
+        out.result(document("topic set", **_topic_dict(t), **({"table": table} if table else {})),
+                   f"updated topic {t.name!r}: version {t.version}"
+                   + (f"; table {table['identifier']!r} (retention {table['retention']})" if table else ""))
     elif args.topic_command == "delete":
         from tiering.ops.topics import delete_topic
 

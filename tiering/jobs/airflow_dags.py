@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 # and skips Spark).
 WORK = {"tiering_offload_by_age": "offload", "tiering_offload_by_size": "offload",
         "tiering_offload_prefix": "offload"}
-RUNS_ON = {"tiering_delete_lagged": "offload"}
+RUNS_ON = {"tiering_delete_lagged": "offload", "tiering_table_sync": "offload"}
 
 
 def work_asset(dag_id: str) -> Asset:

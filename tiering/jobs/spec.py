@@ -177,6 +177,14 @@ JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
     JobSpec("tiering_metadata_export", "@daily", "export_metadata.py",
             "Parquet snapshot of the metadata tables (Spark over JDBC).", (), ("metadata",), needs_jdbc=True,
             params=(DEST,), run_kind="export_metadata"),
+    # hourly and after every offload (airflow_dags.RUNS_ON); its plan is metadata queries only
+    JobSpec("tiering_table_sync", "@hourly", "table_sync.py",
+            "Append every sealed ledger of topics with a table to their Iceberg tables, exactly once.", (),
+            ("tables",), planned_before_spark=True),
+    # pyiceberg on the driver only: its plan names the topics whose table exists
+    JobSpec("tiering_table_maintenance", "@daily", "table_maintenance.py",
+            "Compact small data files of the topics' Iceberg tables and expire old snapshots.", (),
+            ("tables",), planned_before_spark=True),
     # weekly and manual, paused when first deployed (dags/tiering_scrub.py): it reads every byte of tier 2
     JobSpec("tiering_scrub", "@weekly", "scrub.py",
             "Scrub every topic through the Spark source: read every entry, check every page (paused by default).",

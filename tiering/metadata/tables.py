@@ -177,3 +177,21 @@ topic_tombstone = Table(  # 0006
     Column("trim_marker_written", BigInteger, nullable=False),
     Column("deleted_at", DateTime(timezone=True), nullable=False),
 )
+
+topic_table = Table(  # 0008: a topic's Iceberg table policy and sync state (metadata/table_sync.py)
+    "topic_table", metadata,
+    Column("topic_id", BigInteger, primary_key=True),
+    Column("identifier", Text, nullable=False),
+    Column("retention", Text, nullable=False),
+    Column("decoder", JSONB),
+    Column("synced_through", BigInteger, nullable=False),
+    Column("trimmed_through", BigInteger, nullable=False),
+    Column("ledgers_committed", BigInteger, nullable=False),
+    Column("entries_committed", BigInteger, nullable=False),
+    Column("snapshot_id", BigInteger),
+    Column("metadata_location", Text),
+    Column("synced_at", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("version", BigInteger, nullable=False),
+)

@@ -1,0 +1,143 @@
+"""`tiering topic set --table`, `tiering table sync|status|verify` as real subprocesses, and the Spark job
+of the DAG tiering_table_sync (one spark-submit), on the run's PostgreSQL and RGW."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from tests.integration.helpers import entries, produce
+from tests.integration.test_cli import Cli
+from tiering.ops.delete_lagged import delete_copy
+from tiering.ops.offload import offload_ledger
+from tiering.read import ReadHandle
+from tiering.tables.catalog import catalog
+from tiering.tier2.reader import tier2_opener
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cli(settings, db, bucket, tier1_root, tmp_path):
+    catalog(settings)  # creates the catalog's tables on first use
+    with db.begin() as conn:
+        conn.execute(text("DELETE FROM iceberg_tables"))
+    env = {**os.environ, **settings.to_env(), "TIERING_TIER1_ROOT": str(tier1_root), "TIERING_BUCKET": bucket,
+           "PYTHONPATH": str(ROOT)}
+    env.pop("PYTHONWARNINGS", None)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    return Cli(env, cwd)
+
+
+def _read(deps, topic):
+    h = ReadHandle(deps.meta, deps.tier1, open_tier2=tier2_opener(deps.bucket))
+    return {(e.ledger_id, e.entry_id): e.data for e in h.read(topic) if hasattr(e, "data")}
+
+
+def _table(settings, identifier):
+    t = catalog(settings).load_table(identifier).scan().to_arrow()
+    keys = list(zip(t["ledger_id"].to_pylist(), t["entry_id"].to_pylist()))
+    assert len(keys) == len(set(keys)), "a row appears twice"
+    return dict(zip(keys, t["payload"].to_pylist()))
+
+
+def test_bad_table_names_exit_2_with_one_line_and_nothing_written(cli, deps):
+    produce(deps, "t", [entries("a", 1, 10)])
+    for bad in ("nodot", "a.b.c", "Upper.case", "1ns.t", "ns.t__dlq", "ns.", ".t", "ns.t\n"):
+        line = cli("topic", "set", "t", "--table", bad).one_line_error(2)
+        assert "NAMESPACE.TABLE" in line or "dead-letter" in line, line
+    assert "--table" in cli("topic", "create", "v", "--table-retention", "keep").one_line_error(2)
+    assert "no table" in cli("table", "status", "t").one_line_error(2)
+    for fields, why in (("id:int", "types are"), ("id", "NAME:TYPE"), ("payload:string", "own columns")):
+        assert why in cli("topic", "set", "t", "--table", "ns.t", "--table-json-fields", fields).one_line_error(2)
+    assert "no table" in cli("table", "status", "t").one_line_error(2)  # nothing was written
+    assert cli("topic", "show", "v").returncode == 2  # the refused create wrote nothing
+    cli("topic", "set", "t", "--table", "ns.t").ok()
+    produce(deps, "w", [])
+    assert "already the table of topic 't'" in cli("topic", "set", "w", "--table", "ns.t").one_line_error(2)
+
+
+def test_sync_status_verify(cli, deps, settings):
+    produce(deps, "orders", [entries("a", 5, 100), entries("b", 3, 50), entries("c", 4, 10)],
+            open_tail=entries("d", 1, 10))
+    delete_copy(deps, offload_ledger(deps, deps.meta.list_ledgers("orders")[0]))  # tier 2 only; 1 both; 2 tier 1
+    offload_ledger(deps, deps.meta.list_ledgers("orders")[1])
+    cli("topic", "set", "orders", "--table", "sales.orders", "--table-retention", "keep").ok()
+    st = cli("table", "status", "orders", "--json").ok().json
+    assert st["command"] == "table status" and st["identifier"] == "sales.orders"
+    assert (st["lag_ledgers"], st["metadata_location"]) == (3, None) and st["lag_bytes"] > 0
+    dry = cli("table", "sync", "--dry-run", "--json").ok().json
+    assert dry["planned"] == [{"topic": "orders", "ledger": i} for i in (0, 1, 2)] and dry["ledgers_count"] == 0
+    assert not catalog(settings).table_exists("sales.orders")  # a dry run creates nothing
+    out = cli("table", "sync", "--topic", "orders", "--json").ok().json
+    assert out["ledgers"] == [{"topic": "orders", "ledger": i} for i in (0, 1, 2)]
+    assert out["failed"] == [] and out["failed_count"] == 0 and out["topics"][0]["entries_count"] == 12
+    assert _table(settings, "sales.orders") == {k: v for k, v in _read(deps, "orders").items() if k[0] < 3}
+    st = cli("table", "status", "orders", "--json").ok().json
+    assert (st["lag_ledgers"], st["lag_bytes"], st["synced_through"]) == (0, 0, 2)
+    assert st["metadata_location"].startswith(f"s3://{settings.bucket}/t-tables/sales/orders/metadata/")
+    assert st["synced_at"].endswith("Z")
+    v = cli("table", "verify", "orders", "--json").ok().json
+    assert (v["failed"], v["ledgers_count"], v["entries_count"]) == ([], 3, 12)
+    from pyiceberg.expressions import EqualTo
+
+    catalog(settings).load_table("sales.orders").delete(EqualTo("ledger_id", 1))  # a difference made by hand
+    bad = cli("table", "verify", "orders", "--json")
+    assert bad.returncode == 1
+    assert bad.json["failed"] == [{"topic": "orders", "ledger": 1, "reason": "not in the table"}]
+
+
+@pytest.mark.slow
+def test_spark_job_syncs_a_mixed_topic(deps, settings, cli):
+    produce(deps, "sp", [entries("a", 50, 200), entries("b", 30, 100), [], entries("c", 20, 10)])
+    delete_copy(deps, offload_ledger(deps, deps.meta.list_ledgers("sp")[0]))
+    cli("topic", "set", "sp", "--table", "ns.sp").ok()
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, **settings.to_env(), "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
+           "PATH": f"{bindir}:{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
+    cmd = [str(bindir / "spark-submit"), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+           str(ROOT / "tiering" / "jobs" / "table_sync.py")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _table(settings, "ns.sp") == _read(deps, "sp")
+    with deps.meta.engine.connect() as conn:
+        row = conn.execute(text("SELECT status, items_done, details FROM tiering.job_run WHERE job = 'table_sync'")).one()
+    assert row.status == "SUCCEEDED" and row.items_done == 3 and row.details["entries"] == 100
+    # nothing new: the plan is empty, Spark is not started
+    from tiering.jobs.table_sync import build_parser, plan
+
+    assert plan(deps, build_parser().parse_args([])) == []
+
+
+def test_maintenance_job_and_command(cli, deps, settings):
+    from tiering.metadata.table_sync import TableRows
+    from tiering.tables.files import local_writer
+    from tiering.tables.sync import Limits, TableSync, sync_tables
+
+    expected = produce(deps, "m", [entries(str(i), 3, 20) for i in range(5)])
+    cli("topic", "set", "m", "--table", "ns.m").ok()
+    sync = TableSync(deps.meta.engine, settings, catalog(settings), limits=Limits(round_ledgers=1))
+    assert [r.rounds for r in sync_tables(sync, local_writer(deps, settings))] == [5]
+    # the job never starts Spark: it runs as a plain Python process here
+    env = {**os.environ, **settings.to_env(), "PYTHONPATH": str(ROOT)}
+    job = subprocess.run([sys.executable, str(ROOT / "tiering" / "jobs" / "table_maintenance.py"),
+                          "--expire-after-seconds=0", "--orphan-grace-seconds=0"], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert job.returncode == 0, job.stderr[-2000:]
+    with deps.meta.engine.connect() as conn:
+        row = conn.execute(text("SELECT status, items_done, details FROM tiering.job_run "
+                                "WHERE job = 'table_maintenance'")).one()
+    assert (row.status, row.items_done) == ("SUCCEEDED", 1)
+    assert (row.details["files_before"], row.details["files_after"], row.details["spark"]) == (5, 1, "skipped")
+    assert _table(settings, "ns.m") == expected
+    out = cli("table", "maintain", "--topic", "m", "--json").ok().json
+    assert out["command"] == "table maintain" and out["failed"] == [] and out["failed_count"] == 0
+    assert out["tables"][0]["partitions_compacted_count"] == 0  # one file left: nothing to compact
+    assert cli("table", "verify", "m").ok().stdout.rstrip().endswith("the same")
+    assert TableRows(deps.meta.engine).get("m").metadata_location == \
+        catalog(settings).load_table("ns.m").metadata_location

@@ -1,0 +1,150 @@
+"""`tiering table sync|status|verify`: topics as Iceberg tables, by hand, with the same code as the DAG
+`tiering_table_sync` (the data files are written in this process instead of on Spark executors)."""
+from __future__ import annotations
+
+from datetime import timezone
+
+from tiering.cli import args as a
+from tiering.cli.context import Context
+from tiering.cli.output import Output
+
+
+def register(sub) -> None:
+    table = sub.add_parser("table", help="topics as Apache Iceberg tables: sync, status, verify")
+    table.set_defaults(handler=cmd_table)
+    t_sub = table.add_subparsers(dest="table_command", required=True, parser_class=a.Parser)
+    sync = t_sub.add_parser("sync", help="append every sealed ledger not yet in its topic's table, exactly once")
+    a.topic_flag(sync)
+    sync.add_argument("--dry-run", action="store_true", help="say which ledgers a sync would commit; write nothing")
+    a.json_flag(sync)
+    status = t_sub.add_parser("status", help="a topic's table: identifier, metadata location, lag")
+    a.name(status)
+    a.json_flag(status)
+    maintain = t_sub.add_parser("maintain", help="compact small data files and expire old snapshots (as the "
+                                "DAG tiering_table_maintenance)")
+    a.topic_flag(maintain)
+    maintain.add_argument("--expire-after-seconds", type=a.seconds, default=7 * 86400, metavar="SECONDS",
+                          help="expire snapshots older than this (default 604800: 7 days; never the current one)")
+    maintain.add_argument("--orphan-grace-seconds", type=a.seconds, default=86400, metavar="SECONDS",
+                          help="delete unreferenced files under the table older than this (default 86400: 1 day)")
+    a.json_flag(maintain)
+    verify = t_sub.add_parser("verify", help="compare the table with `tiering read` (exit 1 on a difference)")
+    a.name(verify)
+    a.json_flag(verify)
+
+
+def _z(t) -> str | None:
+    """ISO 8601 in UTC with Z."""
+    return None if t is None else t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _ledgers(topic: str, ids) -> list[dict]:
+    return [{"topic": topic, "ledger": i} for i in ids]
+
+
+def cmd_table(ctx: Context, args, out: Output) -> int:
+    return {"sync": _sync, "status": _status, "verify": _verify, "maintain": _maintain}[args.table_command](
+        ctx, args, out)
+
+
+def _maintain(ctx: Context, args, out: Output) -> int:
+    from datetime import timedelta
+
+    from tiering.tables.catalog import catalog
+    from tiering.tables.maintenance import maintain_topic
+    from tiering.tables.sync import TableSync
+
+    ctx.check_topic(args.topic)
+    sync = TableSync(ctx.engine, ctx.settings, catalog(ctx.settings))
+    reports = [(s.topic, maintain_topic(sync, s, timedelta(seconds=args.expire_after_seconds),
+                                        orphan_grace=timedelta(seconds=args.orphan_grace_seconds)))
+               for s in sync.rows.list(args.topic)]
+    failed = [{"topic": t, "table": r.table, "error": r.errors[0]} for t, r in reports if r.errors]
+    obj = {"command": "table maintain", "topic": args.topic,
+           "tables": [{"topic": t, "table": r.table, "partitions_compacted_count": r.partitions_compacted,
+                       "files_before_count": r.files_before, "files_after_count": r.files_after,
+                       "snapshots_expired_count": r.snapshots_expired, "orphans_deleted_count": r.orphans_deleted}
+                      for t, r in reports],
+           "failed": failed, "failed_count": len(failed)}
+    out.result(obj, "\n".join(f"{t} -> {r.table}: {r.files_before} small file(s) compacted into {r.files_after} "
+                              f"in {r.partitions_compacted} partition(s), {r.snapshots_expired} snapshot(s) expired, "
+                              f"{r.orphans_deleted} orphan file(s) deleted"
+                              + (f": {r.errors[0]}" if r.errors else "") for t, r in reports) or "no topic has a table")
+    return 1 if failed else 0
+
+
+def _sync(ctx: Context, args, out: Output) -> int:
+    from tiering.tables.catalog import catalog
+    from tiering.tables.files import local_writer
+    from tiering.tables.sync import TableSync, sync_tables
+
+    import sys
+
+    ctx.check_topic(args.topic)
+    # a backfill's progress, one line per committed round, on a terminal only (as the other progress bars)
+    progress = (lambda line: print(line, file=sys.stderr)) if sys.stderr.isatty() else None
+    sync = TableSync(ctx.engine, ctx.settings, catalog(ctx.settings), progress=progress)
+    results = sync_tables(sync, local_writer(ctx.deps, ctx.settings), args.topic, args.dry_run)
+    committed = [x for r in results for x in _ledgers(r.topic, r.ledgers)]
+    planned = [x for r in results for x in _ledgers(r.topic, r.planned)]
+    failed = [{"topic": r.topic, "table": r.table, "error": r.error} for r in results if r.status == "failed"]
+    obj = {"command": "table sync", "topic": args.topic, "dry_run": args.dry_run,
+           "topics": [{"topic": r.topic, "table": r.table, "status": r.status,
+                       "ledgers": _ledgers(r.topic, r.ledgers), "ledgers_count": len(r.ledgers),
+                       "planned": _ledgers(r.topic, r.planned), "planned_count": len(r.planned),
+                       "passed_count": len(r.passed), "deleted": _ledgers(r.topic, r.deleted),
+                       "deleted_count": len(r.deleted), "entries_count": r.entries, "bytes": r.bytes,
+                       "rounds_count": r.rounds, "reconciled": r.reconciled, "error": r.error} for r in results],
+           "ledgers": committed, "ledgers_count": len(committed), "planned": planned, "planned_count": len(planned),
+           "skipped": [r.topic for r in results if r.status == "skipped"],
+           "failed": failed, "failed_count": len(failed)}
+    lines = []
+    for r in results:
+        what = (f"would commit {len(r.planned)} ledger(s)" if args.dry_run else
+                f"{r.status}: {len(r.ledgers)} ledger(s), {r.entries} entries in {r.rounds} commit(s)"
+                + (f", {len(r.deleted)} deleted ledger(s) removed" if r.deleted else ""))
+        lines.append(f"{r.topic} -> {r.table}: {what}" + (f": {r.error}" if r.error else ""))
+    out.result(obj, "\n".join(lines) or "no topic has a table")
+    return 1 if failed else 0
+
+
+def _status(ctx: Context, args, out: Output) -> int:
+    from tiering.metadata.table_sync import TableRows
+    from tiering.tables.catalog import catalog
+
+    rows = TableRows(ctx.engine)
+    [state] = rows.list(args.name)
+    lag_ledgers, lag_bytes = rows.lag(state)
+    cat = catalog(ctx.settings)
+    location = None
+    if cat.table_exists(state.identifier):
+        location = cat.load_table(state.identifier).metadata_location
+    obj = {"command": "table status", "topic": state.topic, "identifier": state.identifier,
+           "retention": state.retention, "metadata_location": location, "snapshot_id": state.snapshot_id,
+           "synced_through": state.synced_through, "trimmed_through": state.trimmed_through,
+           "lag_ledgers": lag_ledgers, "lag_bytes": lag_bytes, "ledgers_count": state.ledgers_committed,
+           "entries_count": state.entries_committed, "synced_at": _z(state.synced_at)}
+    out.result(obj, "\n".join(f"{k:18} {v}" for k, v in obj.items() if k != "command"))
+    return 0
+
+
+def _verify(ctx: Context, args, out: Output) -> int:
+    from tiering.errors import BadInput
+    from tiering.metadata.table_sync import TableRows
+    from tiering.tables.catalog import catalog
+    from tiering.tables.verify import verify_table
+
+    [state] = TableRows(ctx.engine).list(args.name)
+    cat = catalog(ctx.settings)
+    if not cat.table_exists(state.identifier):
+        raise BadInput(f"table {state.identifier!r} of topic {state.topic!r} does not exist yet: run "
+                       "`tiering table sync` first")
+    r = verify_table(ctx.read_handle(), ctx.meta, cat.load_table(state.identifier), state.topic)
+    diffs = [{"topic": r.topic, "ledger": d["ledger"], "reason": d["reason"]} for d in r.differences]
+    obj = {"command": "table verify", "topic": r.topic, "identifier": r.table, "synced_through": r.synced_through,
+           "ledgers_count": r.ledgers, "entries_count": r.entries, "failed": diffs, "failed_count": len(diffs)}
+    text = [f"{r.topic} -> {r.table}: {r.ledgers} ledger(s), {r.entries} entries compared through ledger "
+            f"{r.synced_through}: " + ("the same" if not diffs else f"{len(diffs)} difference(s)")]
+    text += [f"  ledger {d['ledger']}: {d['reason']}" for d in diffs]
+    out.result(obj, "\n".join(text))
+    return 1 if diffs else 0

@@ -1,0 +1,197 @@
+"""Rows of `topic_table`: a topic's Iceberg table policy and its sync state, and the ledger queries the sync
+plans from. Every change is one transaction; the sync state moves only by compare-and-set on `version`.
+
+The Iceberg table is the source of truth for what it holds (its properties move in the same atomic commit
+as its data files, tiering/tables/sync.py); this row mirrors them. `advance` is called after a commit, and
+again by the next sync when a run died between the two."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Iterator
+
+from sqlalchemy import and_, func, literal, select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from tiering.errors import BadInput, ConditionalUpdateFailed
+from tiering.metadata.subscriptions import topic_row
+from tiering.metadata.tables import ledger, topic, topic_table
+
+# Ledgers whose entries are final and readable: what a table takes. OPEN is not yet; DELETED never.
+SYNCABLE = ("SEALED", "OFFLOADING", "OFFLOADED")
+
+
+@dataclass(frozen=True)
+class TableState:
+    topic_id: int
+    topic: str
+    identifier: str
+    retention: str
+    decoder: dict | None
+    synced_through: int
+    trimmed_through: int
+    ledgers_committed: int
+    entries_committed: int
+    snapshot_id: int | None
+    metadata_location: str | None
+    synced_at: datetime | None
+    version: int
+
+
+@dataclass(frozen=True)
+class PendingLedger:
+    ledger_id: int
+    state: str
+    entry_count: int
+    size_bytes: int
+    sealed_at: datetime | None
+    offloaded_at: datetime | None
+
+
+_SELECT = select(topic_table, topic.c.name).join(topic, topic.c.topic_id == topic_table.c.topic_id)
+
+
+def _state(row) -> TableState:
+    m = row._mapping
+    return TableState(m["topic_id"], m["name"], m["identifier"], m["retention"], m["decoder"], m["synced_through"],
+                      m["trimmed_through"], m["ledgers_committed"], m["entries_committed"], m["snapshot_id"],
+                      m["metadata_location"], m["synced_at"], m["version"])
+
+
+class TableRows:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def get(self, topic_name: str) -> TableState | None:
+        """The topic's table row; None when the topic has no table (TopicNotFound when no such topic)."""
+        with self.engine.connect() as conn:
+            t = topic_row(conn, topic_name)
+            row = conn.execute(_SELECT.where(topic_table.c.topic_id == t.topic_id)).one_or_none()
+        return None if row is None else _state(row)
+
+    def list(self, topic_name: str | None = None) -> list[TableState]:
+        """Every topic with a table (or the one named, which must have one), by topic name."""
+        if topic_name is not None:
+            state = self.get(topic_name)
+            if state is None:
+                raise BadInput(f"topic {topic_name!r} has no table (set one with `tiering topic set "
+                               f"{topic_name} --table NAMESPACE.TABLE`)")
+            return [state]
+        with self.engine.connect() as conn:
+            return [_state(r) for r in conn.execute(_SELECT.order_by(topic.c.name))]
+
+    def set_policy(self, topic_name: str, identifier: str | None, retention: str | None,
+                   decoder: dict | None = None, check_decoder=None) -> TableState:
+        """Create or change the topic's table policy in one transaction, the topic's row locked so that a
+        concurrent topic deletion waits. A topic's table cannot be renamed once it holds ledgers (the old
+        table would be abandoned half-synced); a name another topic uses is refused."""
+        with self.engine.begin() as conn:
+            t = topic_row(conn, topic_name, lock="FOR SHARE")
+            cur = conn.execute(select(topic_table).where(topic_table.c.topic_id == t.topic_id)
+                               .with_for_update()).one_or_none()
+            if cur is None and identifier is None:
+                raise BadInput(f"topic {topic_name!r} has no table: --table-retention and --table-json-fields "
+                               "need --table")
+            if cur is not None and identifier is not None and identifier != cur.identifier \
+                    and cur.synced_through >= 0:
+                raise BadInput(f"topic {topic_name!r} is already synced to table {cur.identifier!r}; "
+                               "its table cannot be renamed")
+            if decoder is not None and check_decoder is not None:
+                check_decoder(None if cur is None else cur.decoder, decoder)  # under the row lock
+            values = {k: v for k, v in (("identifier", identifier), ("retention", retention),
+                                        ("decoder", decoder)) if v is not None}
+            try:
+                with conn.begin_nested():
+                    if cur is None:
+                        conn.execute(insert(topic_table).values(topic_id=t.topic_id, **values))
+                    else:
+                        conn.execute(update(topic_table).where(topic_table.c.topic_id == t.topic_id)
+                                     .values(version=topic_table.c.version + 1, updated_at=func.now(), **values))
+            except IntegrityError:
+                raise BadInput(f"table {identifier!r} is already the table of another topic") from None
+            return _state(conn.execute(_SELECT.where(topic_table.c.topic_id == t.topic_id)).one())
+
+    def advance(self, state: TableState, *, synced_through: int, trimmed_through: int, ledgers_added: int,
+                entries_added: int, snapshot_id: int | None, metadata_location: str | None) -> TableState:
+        """Record the table's progress if the row is still at `state.version`; else ConditionalUpdateFailed.
+        The high-water marks only move forward (a stale run cannot move them back)."""
+        c = topic_table.c
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                update(topic_table).where(c.topic_id == state.topic_id, c.version == state.version,
+                                          c.synced_through <= synced_through, c.trimmed_through <= trimmed_through)
+                .values(synced_through=synced_through, trimmed_through=trimmed_through,
+                        ledgers_committed=c.ledgers_committed + ledgers_added,
+                        entries_committed=c.entries_committed + entries_added, snapshot_id=snapshot_id,
+                        metadata_location=metadata_location, synced_at=func.now(), updated_at=func.now(),
+                        version=c.version + 1)
+                .returning(c.topic_id)).first()
+            if row is None:
+                found = conn.execute(select(c.version).where(c.topic_id == state.topic_id)).scalar()
+                raise ConditionalUpdateFailed(f"the table sync state of topic {state.topic!r}",
+                                              f"version {state.version}", f"version {found}")
+            return _state(conn.execute(_SELECT.where(c.topic_id == state.topic_id)).one())
+
+    def pending(self, state: TableState, limit: int) -> list[PendingLedger]:
+        """The ledgers after the table's high-water mark, in id order, at most `limit`: what a sync looks at
+        (it stops at the first one still open, so no ledger is ever passed over)."""
+        c = ledger.c
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(c.ledger_id, c.state, c.entry_count, c.size_bytes, c.sealed_at, c.offloaded_at)
+                                .where(c.topic_id == state.topic_id, c.ledger_id > state.synced_through)
+                                .order_by(c.ledger_id).limit(limit)).all()
+        return [PendingLedger(r.ledger_id, str(getattr(r.state, "value", r.state)), r.entry_count, r.size_bytes,
+                              r.sealed_at, r.offloaded_at) for r in rows]
+
+    def due(self, topic_name: str | None = None) -> list[TableState]:
+        """The topics a sync has work for, in one statement whatever their number (an idle hourly run costs
+        one query): the first ledger after the table's mark exists and is no longer open, or (retention
+        'follow') a ledger at or below the mark and above the trimmed mark was deleted. Both probes walk
+        the ledger primary key (topic_id, ledger_id)."""
+        t, led = topic_table.c, ledger.alias("l")
+        first = (select(led.c.state).where(led.c.topic_id == t.topic_id, led.c.ledger_id > t.synced_through)
+                 .order_by(led.c.ledger_id).limit(1).scalar_subquery())
+        deleted = select(led.c.ledger_id).where(
+            led.c.topic_id == t.topic_id, led.c.ledger_id > t.trimmed_through, led.c.ledger_id <= t.synced_through,
+            led.c.state == "DELETED").exists()
+        q = _SELECT.where((first != "OPEN") | ((t.retention == "follow") & deleted)).order_by(topic.c.name)
+        if topic_name is not None:
+            self.list(topic_name)  # an unknown topic, or one without a table, is refused
+            q = q.where(topic.c.name == topic_name)
+        with self.engine.connect() as conn:
+            return [_state(r) for r in conn.execute(q)]
+
+    def lag(self, state: TableState) -> tuple[int, int]:
+        """(ledgers, bytes) sealed but not yet in the table."""
+        c = ledger.c
+        with self.engine.connect() as conn:
+            row = conn.execute(select(func.count(), func.coalesce(func.sum(c.size_bytes), 0)).where(
+                c.topic_id == state.topic_id, c.ledger_id > state.synced_through, c.state.in_(SYNCABLE))).one()
+        return int(row[0]), int(row[1])
+
+    def deleted_since(self, state: TableState, after: int, through: int) -> list[int]:
+        """Ids of DELETED ledgers in (after, through]: rows retention 'follow' deletes from the table."""
+        c = ledger.c
+        with self.engine.connect() as conn:
+            return list(conn.execute(select(c.ledger_id).where(and_(
+                c.topic_id == state.topic_id, c.ledger_id > after, c.ledger_id <= through,
+                c.state == "DELETED")).order_by(c.ledger_id)).scalars())
+
+
+LOCK_CLASS = 0x74626c73  # "tbls": one sync of a topic's table at a time (two-key advisory locks)
+
+
+@contextmanager
+def exclusive(engine: Engine, topic_id: int) -> Iterator[bool]:
+    """Yields True while this process holds the sync of the topic's table, False when another session does
+    (it does not wait). The lock is a session advisory lock on a connection of its own: a killed sync loses
+    it with its connection. It saves a second sync's work; exactly once does not rest on it (the table's own
+    commit checks its high-water mark, tiering/tables/sync.py)."""
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        yield bool(conn.execute(select(func.pg_try_advisory_lock(literal(LOCK_CLASS), literal(topic_id)))).scalar_one())
+    finally:
+        conn.close()

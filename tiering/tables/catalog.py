@@ -1,0 +1,126 @@
+"""The Iceberg catalog and a topic's table: pyiceberg's SQL catalog in the metadata database (the tables
+Iceberg's JDBC catalog uses, `iceberg_tables` and `iceberg_namespace_properties`, so Spark, Trino, Flink or
+DuckDB with a JDBC catalog named `tiering` read the same tables) and PyArrowFileIO on the tier-2 store,
+under `s3://<bucket>/<prefix>-tables/`, never under tier 2's own prefix (GC's orphan sweep lists that).
+
+Secrets (the database URL, the S3 keys) go into the catalog's properties only: never logged, never in an
+exception this module raises."""
+from __future__ import annotations
+
+from tiering.config import Settings, aws_sdk_checksums_when_required
+from tiering.errors import BadInput
+from tiering.tables.naming import DLQ_SUFFIX, PROP_TOPIC, parse_identifier
+
+CATALOG_NAME = "tiering"
+PARTITION_FIELD = "sealed_at_day"
+
+
+def warehouse(settings: Settings) -> str:
+    """`s3://<bucket>/<prefix>-tables`: beside tier 2's prefix, not inside it."""
+    return f"s3://{settings.bucket}/{settings.prefix.rstrip('/') or 'tiering'}-tables"
+
+
+def io_properties(settings: Settings) -> dict[str, str]:
+    """The FileIO's S3 settings: tier 2's filesystem (encryption, CA bundle: tiering/tables/fileio.py); the
+    executors' writers build theirs from the same Settings."""
+    from tiering.tables.fileio import properties
+
+    props = {**properties(settings), "s3.region": settings.aws_region}
+    if settings.s3_endpoint_url:
+        props["s3.endpoint"] = settings.s3_endpoint_url
+    if settings.aws_access_key_id and settings.aws_secret_access_key:
+        props["s3.access-key-id"] = settings.aws_access_key_id
+        props["s3.secret-access-key"] = settings.aws_secret_access_key
+    if settings.aws_session_token:
+        props["s3.session-token"] = settings.aws_session_token
+    return props
+
+
+def catalog(settings: Settings):
+    """The SQL catalog (creates its two tables on first use, as the JDBC catalog does)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    aws_sdk_checksums_when_required()  # RGW 16 refuses aws-chunked uploads (config.py)
+    url = settings.database_url
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg2://" + url[len("postgresql://"):]
+    return SqlCatalog(CATALOG_NAME, uri=url, warehouse=warehouse(settings), **io_properties(settings))
+
+
+def _iceberg_type(kind: str):
+    from pyiceberg.types import (BinaryType, BooleanType, DoubleType, LongType, StringType, TimestamptzType)
+
+    return {"string": StringType(), "int64": LongType(), "double": DoubleType(), "boolean": BooleanType(),
+            "timestamp": TimestamptzType(), "binary": BinaryType()}[kind]
+
+
+def _arrow_type(kind: str):
+    import pyarrow as pa
+
+    return {"string": pa.string(), "int64": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
+            "timestamp": pa.timestamp("us", tz="UTC"), "binary": pa.binary()}[kind]
+
+
+# The `tiering` Spark source's columns (without `tier`, which changes as ledgers move), then the decoder's.
+BASE = (("topic", "string"), ("ledger_id", "int64"), ("entry_id", "int64"), ("payload", "binary"),
+        ("sealed_at", "timestamp"), ("offloaded_at", "timestamp"))
+DLQ = BASE[:5] + (("reason", "string"),)
+
+
+def columns(decoder: dict | None, dlq: bool = False) -> list[tuple[str, str]]:
+    if dlq:
+        return list(DLQ)
+    return list(BASE) + [(f["name"], f["type"]) for f in (decoder or {}).get("fields", [])]
+
+
+def table_schema(decoder: dict | None = None, dlq: bool = False):
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import NestedField
+
+    return Schema(*(NestedField(i, name, _iceberg_type(kind), required=False)
+                    for i, (name, kind) in enumerate(columns(decoder, dlq), start=1)))
+
+
+def arrow_schema(decoder: dict | None = None, dlq: bool = False):
+    """The Parquet data files' schema (no field ids: add_files maps columns by name)."""
+    import pyarrow as pa
+
+    return pa.schema([(name, _arrow_type(kind)) for name, kind in columns(decoder, dlq)])
+
+
+def ensure_table(cat, settings: Settings, identifier: str, topic: str, decoder: dict | None = None,
+                 dlq: bool = False):
+    """The topic's table (`dlq`: its dead-letter table `TABLE__dlq`), created (with its namespace) when
+    missing: partitioned by day of sealed_at, sorted by ledger and entry; a decoder's new fields are added
+    as nullable columns (old files read them as null). A table of that name that is not this topic's is
+    refused."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.table.sorting import SortField, SortOrder
+    from pyiceberg.transforms import DayTransform, IdentityTransform
+
+    namespace, _ = parse_identifier(identifier)
+    if dlq:
+        identifier += DLQ_SUFFIX
+    cat.create_namespace_if_not_exists(namespace)
+    spec = PartitionSpec(PartitionField(source_id=5, field_id=1000, transform=DayTransform(), name=PARTITION_FIELD))
+    order = SortOrder(SortField(source_id=2, transform=IdentityTransform()),
+                      SortField(source_id=3, transform=IdentityTransform()))
+    location = f"{warehouse(settings)}/{identifier.replace('.', '/')}"
+    table = cat.create_table_if_not_exists(identifier, table_schema(decoder, dlq), location=location,
+                                           partition_spec=spec, sort_order=order,
+                                           properties={PROP_TOPIC: topic, "format-version": "2"})
+    owner = table.properties.get(PROP_TOPIC)
+    if owner != topic:
+        whose = f"topic {owner!r}" if owner else "no topic (it was not made by tiering)"
+        raise BadInput(f"table {identifier!r} exists and belongs to {whose}, not to topic {topic!r}")
+    have = {f.name: f.field_type for f in table.schema().fields}
+    missing = [(n, k) for n, k in columns(decoder, dlq) if n not in have]
+    for n, k in columns(decoder, dlq):
+        if n in have and have[n] != _iceberg_type(k):
+            raise BadInput(f"table {identifier!r} has column {n!r} of type {have[n]}, the decoder says {k}")
+    if missing:
+        with table.update_schema() as update:
+            for n, k in missing:
+                update.add_column(n, _iceberg_type(k), required=False)
+        table = cat.load_table(identifier)
+    return table

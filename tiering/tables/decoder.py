@@ -1,0 +1,105 @@
+"""The optional payload decoder of a topic's table (pure: no I/O). `json` with declared fields turns each
+entry's JSON object into columns beside `payload`; an entry that does not decode (not JSON, not an object,
+a value of the wrong type) is a dead letter with the reason, written to the table `TABLE__dlq`, never dropped.
+
+A decoder spec is `{"kind": "json", "fields": [{"name": "amount", "type": "double"}, ...]}`; on the command
+line `--table-json-fields amount:double,id:int64`. A changed spec may only add fields (each a nullable
+column: old snapshots and files read it as null); changing or removing a field's type is refused."""
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+
+from tiering.errors import BadInput
+
+TYPES = ("string", "int64", "double", "boolean", "timestamp")
+BASE_COLUMNS = ("topic", "ledger_id", "entry_id", "payload", "sealed_at", "offloaded_at")
+_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
+INT64 = 2 ** 63
+
+
+def parse_fields(text: str) -> dict:
+    """`name:type,name:type` as a decoder spec, else BadInput with the reason."""
+    if not isinstance(text, str) or not text.strip():
+        raise BadInput("a JSON decoder needs fields: NAME:TYPE[,NAME:TYPE...], TYPE one of " + ", ".join(TYPES))
+    fields = []
+    for part in text.split(","):
+        name, sep, kind = part.strip().partition(":")
+        if not sep:
+            raise BadInput(f"decoder field {part.strip()!r} is not NAME:TYPE")
+        fields.append({"name": name.strip(), "type": kind.strip()})
+    return check_spec({"kind": "json", "fields": fields})
+
+
+def check_spec(spec: object) -> dict:
+    if not isinstance(spec, dict) or spec.get("kind") != "json" or not isinstance(spec.get("fields"), list) \
+            or not spec["fields"]:
+        raise BadInput("a decoder is {\"kind\": \"json\", \"fields\": [{\"name\": ..., \"type\": ...}, ...]}")
+    seen = set()
+    for f in spec["fields"]:
+        name, kind = (f.get("name"), f.get("type")) if isinstance(f, dict) else (None, None)
+        if not isinstance(name, str) or not _NAME.match(name) or name.endswith("\n"):
+            raise BadInput(f"decoder field name {name!r} is not a lower-case name (letters, digits, _; 1 to 64)")
+        if name in BASE_COLUMNS:
+            raise BadInput(f"decoder field {name!r} is one of the table's own columns")
+        if name in seen:
+            raise BadInput(f"decoder field {name!r} is declared twice")
+        if kind not in TYPES:
+            raise BadInput(f"decoder field {name!r} has type {kind!r}; types are " + ", ".join(TYPES))
+        seen.add(name)
+    return {"kind": "json", "fields": [{"name": f["name"], "type": f["type"]} for f in spec["fields"]]}
+
+
+def check_change(old: dict | None, new: dict) -> None:
+    """A decoder may only gain fields: an old file must still read under the new schema."""
+    if old is None:
+        return
+    new_types = {f["name"]: f["type"] for f in new["fields"]}
+    for f in old["fields"]:
+        if new_types.get(f["name"]) != f["type"]:
+            raise BadInput(f"a decoder can only add fields: {f['name']!r} was {f['type']}, now "
+                           f"{new_types.get(f['name']) or 'removed'}")
+
+
+def _value(kind: str, v):
+    """The column value of a JSON value, or raise ValueError with the reason."""
+    if v is None:
+        return None
+    if kind == "string":
+        if not isinstance(v, str):
+            raise ValueError(f"expected a string, got {type(v).__name__}")
+        return v
+    if kind == "int64":
+        if isinstance(v, bool) or not isinstance(v, int) or not -INT64 <= v < INT64:
+            raise ValueError(f"expected a 64-bit integer, got {type(v).__name__}")
+        return v
+    if kind == "double":
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"expected a number, got {type(v).__name__}")
+        return float(v)
+    if kind == "boolean":
+        if not isinstance(v, bool):
+            raise ValueError(f"expected true or false, got {type(v).__name__}")
+        return v
+    if not isinstance(v, str):  # timestamp
+        raise ValueError(f"expected an ISO 8601 timestamp string, got {type(v).__name__}")
+    t = datetime.fromisoformat(v.replace("Z", "+00:00"))
+    return t.astimezone(timezone.utc) if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def decode(spec: dict, payload: bytes) -> tuple[dict | None, str | None]:
+    """({field: value}, None) of a payload, or (None, reason) for a dead letter."""
+    try:
+        obj = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"not JSON: {str(exc)[:200]}"
+    if not isinstance(obj, dict):
+        return None, f"not a JSON object: {type(obj).__name__}"
+    out = {}
+    for f in spec["fields"]:
+        try:
+            out[f["name"]] = _value(f["type"], obj.get(f["name"]))
+        except ValueError as exc:
+            return None, f"field {f['name']!r}: {str(exc)[:200]}"
+    return out, None

@@ -1,0 +1,164 @@
+"""Table maintenance: compact a partition's small data files into one, and expire old snapshots.
+
+Compaction reads the rows of a partition's small files and writes them back as one file in one overwrite
+commit whose filter is the files' ledger ids: a ledger's rows are all in one file (files.py), so exactly the
+rows read are replaced. The commit asserts the table's current snapshot (pyiceberg adds that requirement),
+so a sync or a retention delete committed meanwhile makes it fail and nothing changes; the sync's own
+commits are retried over a maintenance commit (sync.py). Snapshot expiry removes old snapshots from the
+metadata (never the current one). Orphan removal then deletes the files under the table's location that no
+remaining snapshot or metadata file references and that are older than a grace (files of expired snapshots,
+of compacted-away files, of runs killed before their commit), as GC's sweep does for tier 2: the grace keeps
+a running sync's files, written before its commit, out of reach."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from tiering.model import MIB
+from tiering.tables.naming import DLQ_SUFFIX, encode_ledgers
+
+SUMMARY_COMPACTED = "tiering.compacted-ledgers"
+
+
+@dataclass
+class MaintenanceReport:
+    table: str
+    partitions_compacted: int = 0
+    files_before: int = 0
+    files_after: int = 0
+    snapshots_expired: int = 0
+    orphans_deleted: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def small_file_groups(table, small_bytes: int, min_files: int, max_bytes: int) -> list[list]:
+    """Per partition, its files smaller than `small_bytes`, in groups of at least `min_files` and at most
+    `max_bytes` together."""
+    by_partition: dict = {}
+    for task in table.scan().plan_files():
+        f = task.file
+        if f.file_size_in_bytes < small_bytes:
+            by_partition.setdefault(repr(f.partition), []).append(f)
+    groups = []
+    for files in by_partition.values():
+        files.sort(key=lambda f: f.file_path)
+        cur, size = [], 0
+        for f in files:
+            if cur and size + f.file_size_in_bytes > max_bytes:
+                groups.append(cur)
+                cur, size = [], 0
+            cur.append(f)
+            size += f.file_size_in_bytes
+        groups.append(cur)
+    return [g for g in groups if len(g) >= min_files]
+
+
+def _ledger_ids(table, files) -> list[int]:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    ids: set[int] = set()
+    for f in files:
+        with table.io.new_input(f.file_path).open() as stream:
+            col = pq.read_table(stream, columns=["ledger_id"])["ledger_id"]
+            ids.update(pc.unique(col).to_pylist())
+    return sorted(ids)
+
+
+def compact(table, small_bytes: int = 32 * MIB, min_files: int = 4, max_bytes: int = 256 * MIB,
+            report: MaintenanceReport | None = None) -> MaintenanceReport:
+    from pyiceberg.expressions import In
+
+    report = report or MaintenanceReport(".".join(table.name()))
+    for files in small_file_groups(table, small_bytes, min_files, max_bytes):
+        ids = _ledger_ids(table, files)
+        rows = table.scan(row_filter=In("ledger_id", ids)).to_arrow().sort_by([("ledger_id", "ascending"),
+                                                                              ("entry_id", "ascending")])
+        tx = table.transaction()
+        tx.overwrite(rows, overwrite_filter=In("ledger_id", ids),
+                     snapshot_properties={SUMMARY_COMPACTED: encode_ledgers(ids)})
+        tx.commit_transaction()
+        table = table.refresh()
+        report.partitions_compacted += 1
+        report.files_before += len(files)
+        report.files_after += 1
+    return report
+
+
+def expire_snapshots(table, older_than: timedelta, report: MaintenanceReport | None = None) -> MaintenanceReport:
+    report = report or MaintenanceReport(".".join(table.name()))
+    cutoff = datetime.now(timezone.utc) - older_than
+    before = len(table.snapshots())
+    table.maintenance.expire_snapshots().older_than(cutoff).commit()
+    report.snapshots_expired += before - len(table.refresh().snapshots())
+    return report
+
+
+def referenced_files(table) -> set[str]:
+    """Every file the table's metadata reaches: metadata files (current and logged), and per snapshot its
+    manifest list, manifests and their data and delete files (deleted entries too: an older snapshot
+    still reads them)."""
+    refs = {table.metadata_location, *(m.metadata_file for m in table.metadata.metadata_log)}
+    for snap in table.snapshots():
+        refs.add(snap.manifest_list)
+        for manifest in snap.manifests(table.io):
+            refs.add(manifest.manifest_path)
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+                refs.add(entry.data_file.file_path)
+    for stats in table.metadata.statistics:
+        refs.add(stats.statistics_path)
+    return refs
+
+
+def remove_orphans(table, settings, grace: timedelta, report: MaintenanceReport | None = None) -> MaintenanceReport:
+    """Delete the files under the table's location that nothing references and that are older than
+    `grace`."""
+    import pyarrow.fs as pafs
+
+    from tiering.tables.files import s3_filesystem_for
+
+    report = report or MaintenanceReport(".".join(table.name()))
+    location = table.location().rstrip("/")
+    fs, base = s3_filesystem_for(settings)(location)
+    refs = referenced_files(table)
+    cutoff = datetime.now(timezone.utc) - grace
+    scheme = location.split("://", 1)[0]
+    for info in fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True)):
+        if info.type != pafs.FileType.File or info.mtime is None or info.mtime >= cutoff:
+            continue
+        if f"{scheme}://{info.path}" not in refs:
+            fs.delete_file(info.path)
+            report.orphans_deleted += 1
+    return report
+
+
+def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 * MIB,
+                   min_files: int = 4, orphan_grace: timedelta = timedelta(days=1)) -> MaintenanceReport:
+    """Compact and expire a topic's table under the topic's sync lock (a sync waits for the next run), then
+    bring the row's metadata location up to date. A topic whose table does not exist yet is left alone."""
+    from tiering.metadata.table_sync import exclusive
+
+    report = MaintenanceReport(state.identifier)
+    with exclusive(sync.engine, state.topic_id) as held:
+        if not held:
+            report.errors.append("a sync of this topic is running; maintenance waits for the next run")
+            return report
+        if not sync.catalog.table_exists(state.identifier):
+            return report
+        try:
+            table = sync.catalog.load_table(state.identifier)
+            dlq = state.identifier + DLQ_SUFFIX
+            if sync.catalog.table_exists(dlq):
+                # dead letters a killed sync left uncommitted are referenced only by the table's summaries:
+                # commit them before those can expire and before the orphan removal looks at their files
+                sync.catch_up_dlq(table, sync.catalog.load_table(dlq))
+            compact(table, small_bytes, min_files, report=report)
+            expire_snapshots(table.refresh(), expire_after, report=report)
+            remove_orphans(table.refresh(), sync.settings, orphan_grace, report=report)
+            if sync.catalog.table_exists(dlq):  # the dead letters: expiry and orphans (they are few)
+                expire_snapshots(sync.catalog.load_table(dlq), expire_after, report=report)
+                remove_orphans(sync.catalog.load_table(dlq), sync.settings, orphan_grace, report=report)
+            sync.reconcile(sync.rows.get(state.topic), sync.catalog.load_table(state.identifier))
+        except Exception as exc:  # noqa: BLE001 - this table failed; the others go on
+            report.errors.append(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
+    return report
