@@ -95,7 +95,9 @@ def test_every_command_speaks_one_json_language(cli, deps, tmp_path):
         ("subscription", "create", "j", "s"), ("subscription", "list"), ("subscription", "ack", "j", "s", "0:1"),
         ("offload-by-age",), ("offload-by-size",), ("offload-prefix", "j", "--all-sealed"), ("delete-lagged",),
         ("retention",), ("defrag",), ("gc",), ("gc", "--sweep"), ("verify", "j"),
-        ("export-metadata", str(tmp_path / "export")), ("truncate", "j", "1:0", "--force"),
+        ("export-metadata", str(tmp_path / "export")), ("topic", "set", "j", "--table", "lang.j"),
+        ("table", "sync", "--dry-run"), ("table", "sync"), ("table", "status", "j"), ("table", "verify", "j"),
+        ("table", "maintain"), ("truncate", "j", "1:0", "--force"),
         ("subscription", "delete", "j", "s"), ("topic", "delete", "j"),
     ]
     for args in calls:

@@ -72,24 +72,24 @@ def test_sync_status_verify(cli, deps, settings):
     assert st["command"] == "table status" and st["identifier"] == "sales.orders"
     assert (st["lag_ledgers"], st["metadata_location"]) == (3, None) and st["lag_bytes"] > 0
     dry = cli("table", "sync", "--dry-run", "--json").ok().json
-    assert dry["planned"] == [{"topic": "orders", "ledger": i} for i in (0, 1, 2)] and dry["ledgers_count"] == 0
+    assert dry["planned"] == [{"topic": "orders", "ledger": i} for i in (0, 1, 2)] and dry["ledger_count"] == 0
     assert not catalog(settings).table_exists("sales.orders")  # a dry run creates nothing
     out = cli("table", "sync", "--topic", "orders", "--json").ok().json
     assert out["ledgers"] == [{"topic": "orders", "ledger": i} for i in (0, 1, 2)]
-    assert out["failed"] == [] and out["failed_count"] == 0 and out["topics"][0]["entries_count"] == 12
+    assert out["failed"] == [] and out["failed_count"] == 0 and out["topics"][0]["entry_count"] == 12
     assert _table(settings, "sales.orders") == {k: v for k, v in _read(deps, "orders").items() if k[0] < 3}
     st = cli("table", "status", "orders", "--json").ok().json
     assert (st["lag_ledgers"], st["lag_bytes"], st["synced_through"]) == (0, 0, 2)
     assert st["metadata_location"].startswith(f"s3://{settings.bucket}/t-tables/sales/orders/metadata/")
     assert st["synced_at"].endswith("Z")
     v = cli("table", "verify", "orders", "--json").ok().json
-    assert (v["failed"], v["ledgers_count"], v["entries_count"]) == ([], 3, 12)
+    assert (v["failed"], v["ledger_count"], v["entry_count"]) == ([], 3, 12)
     from pyiceberg.expressions import EqualTo
 
     catalog(settings).load_table("sales.orders").delete(EqualTo("ledger_id", 1))  # a difference made by hand
     bad = cli("table", "verify", "orders", "--json")
-    assert bad.returncode == 1
-    assert bad.json["failed"] == [{"topic": "orders", "ledger": 1, "reason": "not in the table"}]
+    assert bad.returncode == 1, bad.stderr
+    assert bad.json["failed"] == [{"topic": "orders", "ledger": 1, "error": "not in the table"}]
 
 
 @pytest.mark.slow

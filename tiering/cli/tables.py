@@ -2,11 +2,9 @@
 `tiering_table_sync` (the data files are written in this process instead of on Spark executors)."""
 from __future__ import annotations
 
-from datetime import timezone
-
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output
+from tiering.cli.output import Output, document, failures, iso, ledger_refs
 
 
 def register(sub) -> None:
@@ -23,23 +21,14 @@ def register(sub) -> None:
     maintain = t_sub.add_parser("maintain", help="compact small data files and expire old snapshots (as the "
                                 "DAG tiering_table_maintenance)")
     a.topic_flag(maintain)
-    maintain.add_argument("--expire-after-seconds", type=a.seconds, default=7 * 86400, metavar="SECONDS",
-                          help="expire snapshots older than this (default 604800: 7 days; never the current one)")
-    maintain.add_argument("--orphan-grace-seconds", type=a.seconds, default=86400, metavar="SECONDS",
-                          help="delete unreferenced files under the table older than this (default 86400: 1 day)")
+    maintain.add_argument("--expire-after-seconds", type=a.seconds, default=7 * 86400, metavar="DURATION",
+                          help="expire snapshots older than this (default 7d; never the current one)")
+    maintain.add_argument("--orphan-grace-seconds", type=a.seconds, default=86400, metavar="DURATION",
+                          help="delete unreferenced files under the table older than this (default 1d)")
     a.json_flag(maintain)
     verify = t_sub.add_parser("verify", help="compare the table with `tiering read` (exit 1 on a difference)")
     a.name(verify)
     a.json_flag(verify)
-
-
-def _z(t) -> str | None:
-    """ISO 8601 in UTC with Z."""
-    return None if t is None else t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _ledgers(topic: str, ids) -> list[dict]:
-    return [{"topic": topic, "ledger": i} for i in ids]
 
 
 def cmd_table(ctx: Context, args, out: Output) -> int:
@@ -59,13 +48,13 @@ def _maintain(ctx: Context, args, out: Output) -> int:
     reports = [(s.topic, maintain_topic(sync, s, timedelta(seconds=args.expire_after_seconds),
                                         orphan_grace=timedelta(seconds=args.orphan_grace_seconds)))
                for s in sync.rows.list(args.topic)]
-    failed = [{"topic": t, "table": r.table, "error": r.errors[0]} for t, r in reports if r.errors]
-    obj = {"command": "table maintain", "topic": args.topic,
-           "tables": [{"topic": t, "table": r.table, "partitions_compacted_count": r.partitions_compacted,
-                       "files_before_count": r.files_before, "files_after_count": r.files_after,
-                       "snapshots_expired_count": r.snapshots_expired, "orphans_deleted_count": r.orphans_deleted}
-                      for t, r in reports],
-           "failed": failed, "failed_count": len(failed)}
+    failed = failures((t, None, f"table {r.table}: {r.errors[0]}") for t, r in reports if r.errors)
+    obj = document("table maintain", args.topic,
+                   tables=[{"topic": t, "table": r.table, "partitions_compacted_count": r.partitions_compacted,
+                            "files_before_count": r.files_before, "files_after_count": r.files_after,
+                            "snapshots_expired_count": r.snapshots_expired, "orphans_deleted_count": r.orphans_deleted}
+                           for t, r in reports],
+                   failed=failed, failed_count=len(failed))
     out.result(obj, "\n".join(f"{t} -> {r.table}: {r.files_before} small file(s) compacted into {r.files_after} "
                               f"in {r.partitions_compacted} partition(s), {r.snapshots_expired} snapshot(s) expired, "
                               f"{r.orphans_deleted} orphan file(s) deleted"
@@ -85,19 +74,19 @@ def _sync(ctx: Context, args, out: Output) -> int:
     progress = (lambda line: print(line, file=sys.stderr)) if sys.stderr.isatty() else None
     sync = TableSync(ctx.engine, ctx.settings, catalog(ctx.settings), progress=progress)
     results = sync_tables(sync, local_writer(ctx.deps, ctx.settings), args.topic, args.dry_run)
-    committed = [x for r in results for x in _ledgers(r.topic, r.ledgers)]
-    planned = [x for r in results for x in _ledgers(r.topic, r.planned)]
-    failed = [{"topic": r.topic, "table": r.table, "error": r.error} for r in results if r.status == "failed"]
-    obj = {"command": "table sync", "topic": args.topic, "dry_run": args.dry_run,
-           "topics": [{"topic": r.topic, "table": r.table, "status": r.status,
-                       "ledgers": _ledgers(r.topic, r.ledgers), "ledgers_count": len(r.ledgers),
-                       "planned": _ledgers(r.topic, r.planned), "planned_count": len(r.planned),
-                       "passed_count": len(r.passed), "deleted": _ledgers(r.topic, r.deleted),
-                       "deleted_count": len(r.deleted), "entries_count": r.entries, "bytes": r.bytes,
-                       "rounds_count": r.rounds, "reconciled": r.reconciled, "error": r.error} for r in results],
-           "ledgers": committed, "ledgers_count": len(committed), "planned": planned, "planned_count": len(planned),
-           "skipped": [r.topic for r in results if r.status == "skipped"],
-           "failed": failed, "failed_count": len(failed)}
+    committed = [x for r in results for x in ledger_refs((r.topic, i) for i in r.ledgers)]
+    planned = [x for r in results for x in ledger_refs((r.topic, i) for i in r.planned)]
+    failed = failures((r.topic, None, f"table {r.table}: {r.error}") for r in results if r.status == "failed")
+    obj = document("table sync", args.topic, dry_run=args.dry_run,
+                   topics=[{"topic": r.topic, "table": r.table, "status": r.status,
+                            "ledgers": ledger_refs((r.topic, i) for i in r.ledgers), "ledger_count": len(r.ledgers),
+                            "planned": ledger_refs((r.topic, i) for i in r.planned), "planned_count": len(r.planned),
+                            "passed_count": len(r.passed), "deleted": ledger_refs((r.topic, i) for i in r.deleted),
+                            "deleted_count": len(r.deleted), "entry_count": r.entries, "bytes": r.bytes,
+                            "round_count": r.rounds, "reconciled": r.reconciled, "error": r.error} for r in results],
+                   ledgers=committed, ledger_count=len(committed), planned=planned, planned_count=len(planned),
+                   skipped=[r.topic for r in results if r.status == "skipped"],
+                   failed=failed, failed_count=len(failed))
     lines = []
     for r in results:
         what = (f"would commit {len(r.planned)} ledger(s)" if args.dry_run else
@@ -119,11 +108,11 @@ def _status(ctx: Context, args, out: Output) -> int:
     location = None
     if cat.table_exists(state.identifier):
         location = cat.load_table(state.identifier).metadata_location
-    obj = {"command": "table status", "topic": state.topic, "identifier": state.identifier,
+    obj = {**document("table status", state.topic), "identifier": state.identifier,
            "retention": state.retention, "metadata_location": location, "snapshot_id": state.snapshot_id,
            "synced_through": state.synced_through, "trimmed_through": state.trimmed_through,
-           "lag_ledgers": lag_ledgers, "lag_bytes": lag_bytes, "ledgers_count": state.ledgers_committed,
-           "entries_count": state.entries_committed, "synced_at": _z(state.synced_at)}
+           "lag_ledgers": lag_ledgers, "lag_bytes": lag_bytes, "ledger_count": state.ledgers_committed,
+           "entry_count": state.entries_committed, "synced_at": iso(state.synced_at)}
     out.result(obj, "\n".join(f"{k:18} {v}" for k, v in obj.items() if k != "command"))
     return 0
 
@@ -138,13 +127,13 @@ def _verify(ctx: Context, args, out: Output) -> int:
     cat = catalog(ctx.settings)
     if not cat.table_exists(state.identifier):
         raise BadInput(f"table {state.identifier!r} of topic {state.topic!r} does not exist yet: run "
-                       "`tiering table sync` first")
+                            "`tiering table sync` first")
     r = verify_table(ctx.read_handle(), ctx.meta, cat.load_table(state.identifier), state.topic)
-    diffs = [{"topic": r.topic, "ledger": d["ledger"], "reason": d["reason"]} for d in r.differences]
-    obj = {"command": "table verify", "topic": r.topic, "identifier": r.table, "synced_through": r.synced_through,
-           "ledgers_count": r.ledgers, "entries_count": r.entries, "failed": diffs, "failed_count": len(diffs)}
+    diffs = failures((r.topic, d["ledger"], d["reason"]) for d in r.differences)
+    obj = document("table verify", r.topic, identifier=r.table, synced_through=r.synced_through,
+                   ledger_count=r.ledgers, entry_count=r.entries, failed=diffs, failed_count=len(diffs))
     text = [f"{r.topic} -> {r.table}: {r.ledgers} ledger(s), {r.entries} entries compared through ledger "
             f"{r.synced_through}: " + ("the same" if not diffs else f"{len(diffs)} difference(s)")]
-    text += [f"  ledger {d['ledger']}: {d['reason']}" for d in diffs]
+    text += [f"  ledger {d['ledger']}: {d['error']}" for d in diffs]
     out.result(obj, "\n".join(text))
     return 1 if diffs else 0
