@@ -117,6 +117,14 @@ class TieringPlanOperator(LineageMixin, ShortCircuitOperator):
         self.lineage_job = job
         self.lineage_topic = LINEAGE_TOPIC
 
+    def execute(self, context):
+        try:
+            return super().execute(context)
+        finally:
+            # PythonOperator.execute leaves the whole context in op_kwargs, which a listener describing the
+            # task with full task info cannot serialise (the task instance refers back to the task)
+            self.op_kwargs = {}
+
 
 class TieringSparkSubmitOperator(LineageMixin, SparkSubmitOperator):
     """spark-submit of one tiering job; settings from the Airflow connections, passed as environment. With
