@@ -118,3 +118,25 @@ def test_no_transport_means_no_listener(airflow, lineage_airflow):
     listener runs (test_dag_runs.py checks spark-submit gets no parent either); with one, it listens."""
     assert _listeners(airflow) == []
     assert _listeners(lineage_airflow)
+
+
+def test_export_and_an_idle_gc_report_their_datasets(lineage_airflow, deps, database_url, run_bucket):
+    """The export reads the metadata tables and writes its location; an idle GC run ends in `plan` (no Spark)
+    with its job_run row and the bucket's prefix."""
+    done, out = dags_test(lineage_airflow, "tiering_metadata_export", {})
+    assert done.returncode == 0, out[-3000:]
+    [complete] = [e for e in events_of(lineage_airflow, "tiering_metadata_export.export_metadata")
+                  if e["eventType"] == "COMPLETE"]
+    url = make_url(database_url)
+    names = {d["name"] for d in complete["inputs"]}
+    assert {f"{url.database}.tiering.topic", f"{url.database}.tiering.ledger"} <= names
+    assert {d["namespace"] for d in complete["inputs"]} == {f"postgres://{url.host}:{url.port or 5432}"}
+    [export] = datasets(complete, "outputs")
+    assert export[0] == f"s3://{run_bucket}" and export[1].startswith("t-metadata/"), export
+
+    done, out = dags_test(lineage_airflow, "tiering_gc")
+    assert done.returncode == 0, out[-3000:]
+    [gc_plan] = [e for e in events_of(lineage_airflow, "tiering_gc.plan") if e["eventType"] == "COMPLETE"]
+    facet = gc_plan["run"]["facets"]["tiering"]
+    assert facet["planned"] == 0 and facet["sparkStarted"] is False and facet["jobRunId"] > 0
+    assert datasets(gc_plan, "outputs") == {(f"s3://{run_bucket}", "t/")}

@@ -103,7 +103,7 @@ def plan_on_worker(dag_id: str, **context) -> bool:
 
 
 # rendered before the task starts, so the lineage START event names the run's topic (tiering.jobs.lineage)
-LINEAGE_TOPIC = "{{ params.topic or '' }}"
+LINEAGE_TOPIC = "{{ params.get('topic') or '' }}"  # a DAG without the param has none
 
 
 class TieringPlanOperator(LineageMixin, ShortCircuitOperator):

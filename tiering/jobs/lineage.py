@@ -223,7 +223,7 @@ def job_run_row(dag_id: str, dag_run_id: str, try_number: int | None) -> tuple[A
 class LineageMixin:
     """`get_openlineage_facets_on_start/complete/failure` of a tiering DAG's task, which the provider's
     listener calls when it is enabled (never otherwise: lineage off costs nothing). `lineage_job` is the DAG's
-    id in tiering.jobs.spec.JOBS; `lineage_topic` is a template field ("{{ params.topic or '' }}") rendered
+    id in tiering.jobs.spec.JOBS; `lineage_topic` is a template field ("{{ params.get('topic') or '' }}") rendered
     before START, so START names the run's topic before the task has run. `lineage_extra` is what the task
     itself adds to the run facet (the plan task: planned items, whether Spark starts)."""
 
