@@ -85,6 +85,9 @@ def test_offload_emits_start_and_complete_with_its_datasets_and_what_moved(linea
     assert re.search(rf"spark\.openlineage\.parentRunId={task_run}\b", out), out[-3000:]
     assert f"spark.openlineage.parentJobName=tiering_offload_by_age.offload" in out
     assert "spark.openlineage.transport" not in out
+    with deps.meta.engine.connect() as conn:  # the application itself got it
+        assert conn.execute(text("SELECT details->>'lineage_parent_run' FROM tiering.job_run WHERE run_id = :r"),
+                            {"r": run_id}).scalar() == task_run
 
     plan = events_of(lineage_airflow, "tiering_offload_by_age.plan")
     assert [e["eventType"] for e in plan] == ["START", "COMPLETE"]

@@ -236,6 +236,10 @@ def _waited(sc, outcome: JobOutcome) -> None:
     # recorded in the row (spark.tiering.expectedExecutors)
     if missing := wait_on(sc):
         outcome.details["executors_missing"] = missing
+    # the Airflow task's OpenLineage run, which the operator passes when lineage is on: the row names the
+    # lineage run it belongs to (its Spark-side events, where a listener emits them, are that run's children)
+    if parent := sc.getConf().get("spark.openlineage.parentRunId", None):
+        outcome.details["lineage_parent_run"] = parent
 
 
 def fan_out(sc, items: list[dict], task: Callable[[Iterable[dict]], Iterator[dict]],
