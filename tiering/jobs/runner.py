@@ -295,8 +295,11 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
             unfailed = [i for i in items if json.dumps(i, sort_keys=True) not in failed]
             if check is not None:
                 _checked(deps, check, unfailed, outcome)
-            if moved := moved_ledgers(unfailed, deps.meta.planning.entry_counts):
-                outcome.details["moved"] = moved
+            try:
+                if moved := moved_ledgers(unfailed, deps.meta.planning.entry_counts):
+                    outcome.details["moved"] = moved
+            except Exception as exc:  # noqa: BLE001 - lineage's numbers never fail work that was done
+                print(f"{job}: warning: what moved not recorded: {type(exc).__name__}", file=sys.stderr)
         if finish is not None:
             finish(deps, args, outcome)
 
@@ -314,8 +317,8 @@ def _checked(deps: Deps, check: Check, items: list[dict], outcome: JobOutcome) -
 
 def moved_ledgers(items: list[dict], entry_counts: Callable[[list[tuple[str, int]]], dict]) -> dict:
     """Per topic, the ledgers of a run's ledger items that no executor reported failed: how many, their
-    entries and their id range (job_run.details["moved"], which the DAGs' lineage reports). {} when the
-    items are not ledgers."""
+    entries and their id range (job_run.details["moved"], which the DAGs' lineage reports; an item another
+    worker finished first counts too). {} when the items are not ledgers."""
     if not items or planned_ledgers(items) is None:
         return {}
     pairs = [(i["topic"], lid) for i in items for lid in (i["ledger_ids"] if "ledger_ids" in i else [i["ledger_id"]])]
