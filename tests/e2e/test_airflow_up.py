@@ -244,7 +244,8 @@ def _check_lineage(u, bucket, triggered, typo) -> None:
     assert {(d["namespace"], d["name"]) for d in done["outputs"]} == {(f"s3://{bucket}", "t/manual")}
     assert done["run"]["facets"]["tiering"]["ledgers"] == 2
     assert types("tiering_delete_lagged.plan", typo) == ["START", "FAIL"]
-    [fail] = [e for e in events if e["job"]["name"] == "tiering_delete_lagged.plan" and e["eventType"] == "FAIL"]
+    [fail] = [e for e in events if e["job"]["name"] == "tiering_delete_lagged.plan" and e["eventType"] == "FAIL"
+              and _airflow_run(e) == typo]
     assert "typo_param" in fail["run"]["facets"]["errorMessage"]["message"]
     assert "FAIL" in types("tiering_delete_lagged", typo)
 
