@@ -51,6 +51,7 @@ def test_offload_by_age(airflow, deps):
     # the log leads with the outcome, not with Spark's start-up chatter (WARN by default)
     assert "offload_by_age: SUCCEEDED: planned 2, done 2, skipped 0, failed 0" in out, out[-3000:]
     assert " INFO SparkContext" not in out and " INFO Executor" not in out, out[-3000:]
+    assert "spark.openlineage" not in out  # lineage off (no transport): Spark gets no parent run
 
 
 def test_offload_by_size(airflow, deps):

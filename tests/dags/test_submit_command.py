@@ -139,3 +139,10 @@ def test_task_retry_delay_is_configurable_and_checked():
     for bad in ("-1", "1.5", "x", "86401", "٣"):
         with pytest.raises(ValueError, match="TIERING_TASK_RETRY_DELAY_SECONDS"):
             task_retry_delay({"TIERING_TASK_RETRY_DELAY_SECONDS": bad})
+
+
+def test_the_lineage_transport_never_reaches_spark_submit(monkeypatch):
+    """Parent-run properties are names and ids; a transport may hold a key, and would be in argv."""
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__SPARK_INJECT_TRANSPORT_INFO", "True")
+    op = _operator(monkeypatch, "local")
+    assert op._openlineage_inject_transport_info is False

@@ -36,7 +36,7 @@ DB_PASSWORD = f"pw-{secrets.token_hex(6)}"  # trusted local PostgreSQL ignores i
 
 
 @pytest.fixture(scope="module")
-def up(tmp_path_factory, database_url, run_bucket, s3_settings):
+def up(request, tmp_path_factory, database_url, run_bucket, s3_settings):
     local = tmp_path_factory.mktemp("local")
     port = _free_port()
     url = make_url(database_url).set(password=DB_PASSWORD).render_as_string(hide_password=False)
@@ -53,6 +53,12 @@ def up(tmp_path_factory, database_url, run_bucket, s3_settings):
         if name.startswith(("AIRFLOW_CONN_", "AIRFLOW__API", "AIRFLOW_HOME")):
             env.pop(name)
     (local / "tier1").mkdir()
+    # this module's runs also report lineage, through the scheduler path, to a file; the team tests (which
+    # load the machine on purpose) run with lineage off, as `make up` does by default
+    events = local / "lineage.jsonl"
+    if request.module.__name__ == __name__:
+        env["AIRFLOW__OPENLINEAGE__TRANSPORT"] = json.dumps({"type": "file", "log_file_path": str(events),
+                                                            "append": True})
 
     def script(name, timeout=300):
         return subprocess.run(["bash", str(REPO / ".ci" / name)], env=env, capture_output=True, text=True,
@@ -63,6 +69,7 @@ def up(tmp_path_factory, database_url, run_bucket, s3_settings):
 
     u = Up()
     u.local, u.home, u.url, u.env, u.script = local, local / "airflow", f"http://127.0.0.1:{port}", env, script
+    u.events = events
     u.first = script("airflow_up.sh")
     try:
         yield u
@@ -209,6 +216,7 @@ def test_make_up_runs_scheduled_and_triggered_dags_to_success(up, engine, s3_cli
 
     logs = "".join(p.read_text(errors="replace") for p in up.home.rglob("*.log"))
     assert DB_PASSWORD not in logs
+    _check_lineage(up, run_bucket, triggered["dag_run_id"], typo["dag_run_id"])
 
     stop = up.script("stop.sh", timeout=400)
     assert stop.returncode == 0, stop.stdout + stop.stderr
@@ -217,6 +225,34 @@ def test_make_up_runs_scheduled_and_triggered_dags_to_success(up, engine, s3_cli
         time.sleep(0.2)
     assert not _group_alive(pgid), subprocess.run(["ps", "-o", "pid,stat,cmd", "-g", str(pgid)],
                                                   capture_output=True, text=True).stdout
+
+
+def _check_lineage(u, bucket, triggered, typo) -> None:
+    """OpenLineage through the scheduler: the DAG run and its tasks START and COMPLETE with the datasets
+    and what moved; the refused run FAILs in `plan` with the sentence; no secret in any event."""
+    raw = u.events.read_text()
+    assert DB_PASSWORD not in raw and u.env["AWS_SECRET_ACCESS_KEY"] not in raw
+    events = [json.loads(line) for line in raw.splitlines()]
+
+    def types(job, run_id):
+        return [e["eventType"] for e in events if e["job"]["name"] == job and _airflow_run(e) == run_id]
+
+    assert types("tiering_offload_prefix", triggered) == ["START", "COMPLETE"]
+    assert types("tiering_offload_prefix.offload", triggered) == ["START", "COMPLETE"]
+    [done] = [e for e in events if e["job"]["name"] == "tiering_offload_prefix.offload"
+              and e["eventType"] == "COMPLETE" and _airflow_run(e) == triggered]
+    assert {(d["namespace"], d["name"]) for d in done["outputs"]} == {(f"s3://{bucket}", "t/manual")}
+    assert done["run"]["facets"]["tiering"]["ledgers"] == 2
+    assert types("tiering_delete_lagged.plan", typo) == ["START", "FAIL"]
+    [fail] = [e for e in events if e["job"]["name"] == "tiering_delete_lagged.plan" and e["eventType"] == "FAIL"
+              and _airflow_run(e) == typo]
+    assert "typo_param" in fail["run"]["facets"]["errorMessage"]["message"]
+    assert "FAIL" in types("tiering_delete_lagged", typo)
+
+
+def _airflow_run(event) -> str | None:
+    facets = event["run"]["facets"]
+    return ((facets.get("airflow") or facets.get("airflowDagRun") or {}).get("dagRun") or {}).get("run_id")
 
 
 def _task_log(u, dag_id, run_id, task_id) -> str:

@@ -16,6 +16,7 @@ from airflow.sdk import (DAG, Asset, AssetOrTimeSchedule, ExceptionRetryPolicy, 
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.timetables.trigger import CronTriggerTimetable
 
+from tiering.jobs.lineage import LineageMixin
 from tiering.jobs.spec import JOBS, POSITION_PATTERN, SIZE_PATTERN, TOPIC_MAX, TOPIC_PATTERN, JobSpec, RunParam
 
 JDBC_JAR = "/usr/share/java/postgresql.jar"
@@ -90,6 +91,7 @@ def plan_on_worker(dag_id: str, **context) -> bool:
     except BadInput as exc:
         log.error("%s: refused: %s", dag_id, exc)
         raise RefusedInput(f"{dag_id}: {exc}") from None
+    context["task"].lineage_extra = {"planned": result.planned, "sparkStarted": result.run_spark}
     what = _describe(dag_id, params) or "(no parameters)"
     if result.planned is None:
         log.info("%s: %s: planned by the Spark job", dag_id, what)
@@ -100,12 +102,43 @@ def plan_on_worker(dag_id: str, **context) -> bool:
     return result.run_spark
 
 
-class TieringSparkSubmitOperator(SparkSubmitOperator):
-    """spark-submit of one tiering job; settings from the Airflow connections, passed as environment."""
+# rendered before the task starts, so the lineage START event names the run's topic (tiering.jobs.lineage)
+LINEAGE_TOPIC = "{{ params.get('topic') or '' }}"  # a DAG without the param has none
+
+
+class TieringPlanOperator(LineageMixin, ShortCircuitOperator):
+    """The `plan` task (plan_on_worker), with the run's lineage: its datasets, and the refusal's error and
+    job_run row when the input is refused."""
+
+    template_fields = (*ShortCircuitOperator.template_fields, "lineage_topic")
+
+    def __init__(self, *, job: str, **kwargs):
+        super().__init__(python_callable=plan_on_worker, op_args=[job], **kwargs)
+        self.lineage_job = job
+        self.lineage_topic = LINEAGE_TOPIC
+
+    def execute(self, context):
+        try:
+            return super().execute(context)
+        finally:
+            # PythonOperator.execute leaves the whole context in op_kwargs, which a listener describing the
+            # task with full task info cannot serialise (the task instance refers back to the task)
+            self.op_kwargs = {}
+
+
+class TieringSparkSubmitOperator(LineageMixin, SparkSubmitOperator):
+    """spark-submit of one tiering job; settings from the Airflow connections, passed as environment. With
+    lineage on, the Spark application gets the provider's parent-job properties (never its transport, which
+    may hold a key: it would be in spark-submit's argv)."""
+
+    template_fields = (*SparkSubmitOperator.template_fields, "lineage_topic")
 
     def __init__(self, *, job: str, **kwargs):
         super().__init__(**kwargs)
         self.job = job
+        self.lineage_job = job
+        self.lineage_topic = LINEAGE_TOPIC
+        self._openlineage_inject_transport_info = False
 
     def execute(self, context):
         from tiering.jobs.hook import TieringHook
@@ -119,9 +152,13 @@ class TieringSparkSubmitOperator(SparkSubmitOperator):
         ref = _run_ref(self.job, context)  # the job's job_run row carries the Airflow run it belongs to
         self.env_vars.update(TIERING_AIRFLOW_DAG_ID=ref.dag_id, TIERING_AIRFLOW_DAG_RUN_ID=ref.dag_run_id,
                              TIERING_AIRFLOW_TRY_NUMBER=str(ref.try_number))
+        from tiering.jobs import lineage
+
+        self._openlineage_inject_parent_job_info = lineage.enabled()  # the Spark run is the task's child
         try:
             return super().execute(context)
         finally:
+            self.env_vars = {}  # its secrets never outlive the submit (a listener may describe the task)
             self._log_outcome(settings, ref)
 
     def _log_outcome(self, settings, ref) -> None:
@@ -274,8 +311,7 @@ def build_dag(dag_id: str, doc_md: str | None = None) -> DAG:
         default_args={"owner": OWNER, "retries": 2, "retry_delay": task_retry_delay(),
                       "execution_timeout": task_timeout()},
     ) as dag:
-        plan = ShortCircuitOperator(task_id="plan", python_callable=plan_on_worker, op_args=[dag_id],
-                                    retry_policy=RETRY_POLICY)
+        plan = TieringPlanOperator(task_id="plan", job=dag_id, retry_policy=RETRY_POLICY)
         plan >> TieringSparkSubmitOperator(
             task_id=spec.application.removesuffix(".py"),
             job=dag_id,

@@ -236,6 +236,10 @@ def _waited(sc, outcome: JobOutcome) -> None:
     # recorded in the row (spark.tiering.expectedExecutors)
     if missing := wait_on(sc):
         outcome.details["executors_missing"] = missing
+    # the Airflow task's OpenLineage run, which the operator passes when lineage is on: the row names the
+    # lineage run it belongs to (its Spark-side events, where a listener emits them, are that run's children)
+    if parent := sc.getConf().get("spark.openlineage.parentRunId", None):
+        outcome.details["lineage_parent_run"] = parent
 
 
 def fan_out(sc, items: list[dict], task: Callable[[Iterable[dict]], Iterator[dict]],
@@ -287,9 +291,15 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
                 outcome.add(JobOutcome(p["done"], p["failed"], p["bytes"], p["errors"]))
                 outcome.details["skipped"] = outcome.details.get("skipped", 0) + p["skipped"]
                 reported += p["failed_items"]
+            failed = {json.dumps(i, sort_keys=True) for i in reported}
+            unfailed = [i for i in items if json.dumps(i, sort_keys=True) not in failed]
             if check is not None:
-                failed = {json.dumps(i, sort_keys=True) for i in reported}
-                _checked(deps, check, [i for i in items if json.dumps(i, sort_keys=True) not in failed], outcome)
+                _checked(deps, check, unfailed, outcome)
+            try:
+                if moved := moved_ledgers(unfailed, deps.meta.planning.entry_counts):
+                    outcome.details["moved"] = moved
+            except Exception as exc:  # noqa: BLE001 - lineage's numbers never fail work that was done
+                print(f"{job}: warning: what moved not recorded: {type(exc).__name__}", file=sys.stderr)
         if finish is not None:
             finish(deps, args, outcome)
 
@@ -303,6 +313,23 @@ def _checked(deps: Deps, check: Check, items: list[dict], outcome: JobOutcome) -
     outcome.errors.extend(lost)
     if lost:
         outcome.details["lost"] = len(lost)
+
+
+def moved_ledgers(items: list[dict], entry_counts: Callable[[list[tuple[str, int]]], dict]) -> dict:
+    """Per topic, the ledgers of a run's ledger items that no executor reported failed: how many, their
+    entries and their id range (job_run.details["moved"], which the DAGs' lineage reports; an item another
+    worker finished first counts too). {} when the items are not ledgers."""
+    if not items or planned_ledgers(items) is None:
+        return {}
+    pairs = [(i["topic"], lid) for i in items for lid in (i["ledger_ids"] if "ledger_ids" in i else [i["ledger_id"]])]
+    counts = entry_counts(pairs)
+    out: dict[str, dict] = {}
+    for topic, lid in pairs:
+        m = out.setdefault(topic, {"ledgers": 0, "entries": 0, "first_ledger": lid, "last_ledger": lid})
+        m["ledgers"] += 1
+        m["entries"] += counts.get((topic, lid), 0)
+        m["first_ledger"], m["last_ledger"] = min(m["first_ledger"], lid), max(m["last_ledger"], lid)
+    return out
 
 
 def ledger_item(led) -> dict:

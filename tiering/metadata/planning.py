@@ -142,6 +142,19 @@ class Planning:
                 {"names": [p[0] for p in planned], "ids": [p[1] for p in planned]}).all()
         return [(_ledger(r), bool(r.holder_gone)) for r in rows]
 
+    def entry_counts(self, pairs: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The entry count of each (topic name, ledger id) pair that has a row (one statement): what a run
+        moved, for its lineage (tiering.jobs.runner)."""
+        if not pairs:
+            return {}
+        rows = self._rows("""
+            SELECT p.name, p.ledger_id, l.entry_count
+            FROM unnest(CAST(:names AS text[]), CAST(:ids AS bigint[])) AS p (name, ledger_id)
+            JOIN tiering.topic t ON t.name = p.name
+            JOIN tiering.ledger l ON l.topic_id = t.topic_id AND l.ledger_id = p.ledger_id""",
+                          names=[p[0] for p in pairs], ids=[p[1] for p in pairs])
+        return {(r.name, r.ledger_id): r.entry_count for r in rows}
+
     # -------------------------------------------------------------------------------------- delete-lagged
     def lagged_copies(self, topic_name: str | None = None, now: datetime | None = None) -> list[Ledger]:
         """policy.lagged_copies for every topic (partial index ledger_lagged_copies: copies still in tier 1,
