@@ -1,0 +1,192 @@
+"""`tiering repair` on the real S3 endpoint and PostgreSQL: tier-2 objects deleted behind the store's back,
+truncated, or with a flipped byte, for single and batched ledgers, with and without a tier-1 copy. A broken
+copy with a verified tier-1 copy is re-made (new object pair, chunk moved, old keys queued for GC); without
+one the ledger is marked lost and reads give its DATALOSS gap with no tier-2 request; --dry-run writes
+nothing. Kill -9 at each step is in tests/faults/test_repair_kill.py."""
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from tests.integration.helpers import MIB, bucket_keys, entries, make_deps, produce
+from tiering.metadata.tables import chunk as chunk_t, gc_task, ledger as ledger_t
+from tiering.model import LedgerState as S, Position
+from tiering.ops.gc import run_gc
+from tiering.ops.offload import offload_many
+from tiering.ops.repair import plan_repair, repair
+from tiering.read import DATALOSS, Entry, Gap, ReadHandle
+from tiering.tier2.reader import tier2_opener
+
+
+def offloaded(deps, topic: str, n: int = 3, tier1: bool = True) -> dict:
+    expected = produce(deps, topic, [entries(f"{topic}{i}", 20, 700) for i in range(n)])
+    report = offload_many(deps, deps.meta.list_ledgers(topic, [S.SEALED]))
+    assert len(report.offloaded) == n, report.failed
+    if not tier1:
+        for led in deps.meta.list_ledgers(topic):
+            drop_tier1(deps, topic, led.ledger_id)
+    return expected
+
+
+def drop_tier1(deps, topic: str, ledger_id: int) -> None:
+    led = deps.meta.get_ledger(topic, ledger_id)
+    deps.tier1.delete(topic, ledger_id)
+    deps.meta.mark_tier1_deleted(led)
+
+
+def chunk_of(deps, topic: str, ledger_id: int):
+    return deps.meta.get_chunk(deps.meta.get_ledger(topic, ledger_id))
+
+
+def damage(deps, key: str, how: str, at: int = 0) -> None:
+    """Behind the store's back: delete the object, cut it short at `at`, or flip the byte at `at`."""
+    s3, name = deps.bucket.s3, deps.bucket.name
+    if how == "delete":
+        s3.delete_object(Bucket=name, Key=key)
+        return
+    body = bytearray(s3.get_object(Bucket=name, Key=key)["Body"].read())
+    if how == "truncate":
+        body = body[:at]
+    else:
+        body[at] ^= 0x5A
+    s3.put_object(Bucket=name, Key=key, Body=bytes(body))
+
+
+def read_all(deps, topic: str, tier2_only: bool = False) -> tuple[dict, list]:
+    if tier2_only:
+        for led in deps.meta.list_ledgers(topic, [S.OFFLOADED]):
+            if led.tier1_present:
+                drop_tier1(deps, topic, led.ledger_id)
+    handle = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket))
+    got, gaps = {}, []
+    for item in handle.read(topic):
+        if isinstance(item, Entry):
+            got[(item.ledger_id, item.entry_id)] = item.data
+        else:
+            gaps.append(item)
+    return got, gaps
+
+
+@pytest.mark.parametrize("how", ["delete", "truncate", "flip"])
+def test_a_broken_copy_is_remade_from_tier1(deps, how):
+    expected = offloaded(deps, "t")
+    old = chunk_of(deps, "t", 1)
+    damage(deps, old.data_key, how, at=old.data_length // 2)
+    [finding] = plan_repair(deps, "t")
+    assert finding.led.ledger_id == 1 and finding.repairable
+
+    report = repair(deps, "t")
+    assert report.repaired == [("t", 1)] and report.lost == [] and report.failed == []
+    new = chunk_of(deps, "t", 1)
+    assert new.data_key != old.data_key and new.version == old.version + 1
+    assert deps.meta.get_ledger("t", 1).offload_uuid in new.data_key
+    with deps.meta.engine.connect() as c:  # the old keys queued for GC, the new ones not any more
+        queued = set(c.execute(select(gc_task.c.key)).scalars())
+    assert {old.data_key, old.index_key} <= queued and not {new.data_key, new.index_key} & queued
+    # read from tier 2 alone: every entry, byte-exact
+    got, gaps = read_all(deps, "t", tier2_only=True)
+    assert got == expected and gaps == []
+    # a rerun finds nothing to do (no second repair of a repaired ledger)
+    again = repair(deps, "t")
+    assert again.checked == 3 and again.findings == [] and again.repaired == []
+    run_gc(deps)
+    assert bucket_keys(deps) == {k for i in range(3) for ch in [chunk_of(deps, "t", i)]
+                                 for k in (ch.data_key, ch.index_key)}
+
+
+def test_a_lost_index_object_is_remade_too(deps):
+    expected = offloaded(deps, "t", n=1)
+    damage(deps, chunk_of(deps, "t", 0).index_key, "delete")
+    assert repair(deps, "t").repaired == [("t", 0)]
+    assert read_all(deps, "t", tier2_only=True) == (expected, [])
+
+
+def test_no_good_copy_marks_the_ledger_lost_and_reads_gap_at_once(deps):
+    expected = offloaded(deps, "t", tier1=False)
+    damage(deps, chunk_of(deps, "t", 1).data_key, "delete")
+    before = {led.ledger_id: led for led in deps.meta.list_ledgers("t")}
+    report = repair(deps, "t")
+    assert report.lost == [("t", 1)] and report.repaired == [] and report.failed == []
+    lost = deps.meta.get_ledger("t", 1)
+    assert lost.lost and lost.state == S.OFFLOADED and lost.version == before[1].version + 1
+    # nothing else about the topic changed
+    assert [led for led in deps.meta.list_ledgers("t") if led.ledger_id != 1] == \
+        [before[0], before[2]]
+    assert deps.meta.repairs.lost_count("t") == 1 and deps.meta.repairs.lost_count() == 1
+
+    def never(led, ch):  # the lost ledger's gap comes without a tier-2 request
+        if led.ledger_id == 1:
+            raise AssertionError("a lost ledger was read from tier 2")
+        return opener(led, ch)
+    opener = tier2_opener(deps.bucket)
+    handle = ReadHandle(deps.meta, deps.tier1, never)
+    items = list(handle.read("t"))
+    gaps = [g for g in items if isinstance(g, Gap)]
+    assert gaps == [Gap(DATALOSS, Position(1, 0), Position(1, 19))]
+    assert {(e.ledger_id, e.entry_id): e.data for e in items if isinstance(e, Entry)} == \
+        {k: v for k, v in expected.items() if k[0] != 1}
+    # a rerun: still lost, not checked again, nothing written
+    again = repair(deps, "t")
+    assert again.lost == [("t", 1)] and again.checked == 2 and again.findings == []
+
+
+def test_a_corrupt_tier1_copy_is_no_source(deps):
+    offloaded(deps, "t", n=1)
+    damage(deps, chunk_of(deps, "t", 0).data_key, "flip", at=300)
+    path = deps.tier1.path("t", 0)
+    raw = bytearray(path.read_bytes())
+    raw[200] ^= 0xFF  # inside the first entry's payload: its CRC fails
+    path.write_bytes(bytes(raw))
+    [finding] = plan_repair(deps, "t")
+    assert not finding.repairable and "tier-1" in finding.tier1_problem
+    assert repair(deps, "t").lost == [("t", 0)]
+
+
+def test_dry_run_writes_nothing(deps):
+    offloaded(deps, "t")
+    damage(deps, chunk_of(deps, "t", 0).data_key, "flip", at=400)
+    drop_tier1(deps, "t", 2)
+    damage(deps, chunk_of(deps, "t", 2).data_key, "delete")
+
+    def world():
+        with deps.meta.engine.connect() as c:
+            return [c.execute(select(t).order_by(*t.primary_key.columns)).all() for t in (ledger_t, chunk_t)] + \
+                [sorted(c.execute(select(gc_task.c.key)).scalars()), sorted(bucket_keys(deps))]
+    before = world()
+    report = repair(deps, "t", dry_run=True)
+    assert [(f.led.ledger_id, f.repairable) for f in report.findings] == [(0, True), (2, False)]
+    assert report.repaired == report.lost == report.failed == []
+    assert world() == before
+
+
+@pytest.fixture
+def batched(db, s3_client, bucket, tier1_root):
+    return make_deps(db, s3_client, bucket, tier1_root, batch_small_bytes=8 * MIB)
+
+
+def test_a_batched_ledger_is_repaired_alone(batched):
+    deps = batched
+    expected = offloaded(deps, "t", n=4)
+    shared = chunk_of(deps, "t", 0).data_key
+    assert {chunk_of(deps, "t", i).data_key for i in range(4)} == {shared}
+    two = chunk_of(deps, "t", 2)
+    damage(deps, shared, "flip", at=two.data_offset + 300)
+    report = repair(deps, "t")
+    assert report.repaired == [("t", 2)]
+    moved = chunk_of(deps, "t", 2)
+    assert moved.data_key != shared and moved.data_offset == 0 and moved.index_offset == 0
+    assert {chunk_of(deps, "t", i).data_key for i in (0, 1, 3)} == {shared}  # the others untouched
+    run_gc(deps)  # the shared object is still referenced: kept
+    assert shared in bucket_keys(deps)
+    assert read_all(deps, "t", tier2_only=True) == (expected, [])
+
+
+def test_a_batched_object_lost_whole_without_tier1(batched):
+    deps = batched
+    offloaded(deps, "t", n=3)
+    drop_tier1(deps, "t", 1)
+    damage(deps, chunk_of(deps, "t", 0).data_key, "delete")
+    report = repair(deps, "t")
+    assert sorted(report.repaired) == [("t", 0), ("t", 2)] and report.lost == [("t", 1)]
+    got, gaps = read_all(deps, "t", tier2_only=True)
+    assert gaps == [Gap(DATALOSS, Position(1, 0), Position(1, 19))] and len(got) == 40
