@@ -190,3 +190,28 @@ def test_a_batched_object_lost_whole_without_tier1(batched):
     assert sorted(report.repaired) == [("t", 0), ("t", 2)] and report.lost == [("t", 1)]
     got, gaps = read_all(deps, "t", tier2_only=True)
     assert gaps == [Gap(DATALOSS, Position(1, 0), Position(1, 19))] and len(got) == 40
+
+
+def test_lost_ledgers_in_metrics_and_dashboard(deps, database_url):
+    from tests.integration.test_dashboard_api import client_for
+    from tiering import metrics
+    from tiering.dashboard import make_read_only_engine
+    from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
+
+    offloaded(deps, "t", n=2, tier1=False)
+    produce(deps, "u", [entries("u", 3, 10)])
+    damage(deps, chunk_of(deps, "t", 0).index_key, "delete")
+    assert repair(deps).lost == [("t", 0)]
+    JobRuns(deps.meta.engine).record("scrub", None, RunRef("scrub"), JobOutcome(
+        items_done=2, details={"repairable": 3, "unrepairable": 1, "repaired": 0}))
+    with deps.meta.engine.connect() as c:
+        fams = {f.name: f for f in metrics.families(metrics.read(c))}
+    assert {s.labels["topic"]: s.value for s in fams["tiering_ledgers_lost"].samples} == {"t": 1, "u": 0}
+    ro = make_read_only_engine(database_url)
+    try:
+        got = client_for(lambda: ro).get("/api/integrity").json()
+    finally:
+        ro.dispose()
+    assert got["lost"] == 1 and got["by_topic"] == [{"topic": "t", "lost": 1}]
+    assert [(r["topic"], r["ledger_id"]) for r in got["ledgers"]] == [("t", 0)] and "missing" in got["ledgers"][0]["lost_reason"]
+    assert (got["last_scrub"]["repairable"], got["last_scrub"]["unrepairable"]) == (3, 1)
