@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from tests.integration.helpers import MIB, bucket_keys, entries, make_deps, produce
+from tests.integration.test_cli import cli  # noqa: F401  (the `tiering` command on the run's services)
 from tiering.metadata.tables import chunk as chunk_t, gc_task, ledger as ledger_t
 from tiering.model import LedgerState as S, Position
 from tiering.ops.gc import run_gc
@@ -215,3 +216,38 @@ def test_lost_ledgers_in_metrics_and_dashboard(deps, database_url):
     assert got["lost"] == 1 and got["by_topic"] == [{"topic": "t", "lost": 1}]
     assert [(r["topic"], r["ledger_id"]) for r in got["ledgers"]] == [("t", 0)] and "missing" in got["ledgers"][0]["lost_reason"]
     assert (got["last_scrub"]["repairable"], got["last_scrub"]["unrepairable"]) == (3, 1)
+
+
+def test_cli_repair_and_verify(deps, cli):
+    offloaded(deps, "t", n=2)
+    drop_tier1(deps, "t", 1)
+    damage(deps, chunk_of(deps, "t", 0).data_key, "flip", at=500)
+    damage(deps, chunk_of(deps, "t", 1).data_key, "delete")
+    before = [chunk_of(deps, "t", i) for i in (0, 1)]
+
+    verify = cli("verify", "t", "--json")
+    verify.one_line_error(1)
+    assert verify.json["repairable"] == [0] and verify.json["unrepairable_count"] == 1
+    assert "(repairable" in verify.json["problems"][0] and "(not repairable" in verify.json["problems"][1]
+
+    dry = cli("repair", "--topic", "t", "--dry-run", "--json")
+    assert "would be lost" in dry.one_line_error(1)
+    assert (dry.json["problem_count"], dry.json["repairable_count"], dry.json["repaired_count"]) == (2, 1, 0)
+    assert [chunk_of(deps, "t", i) for i in (0, 1)] == before and not deps.meta.get_ledger("t", 1).lost
+
+    run = cli("repair", "--topic", "t", "--json")
+    assert "1 ledger(s) lost" in run.one_line_error(1)
+    j = run.json
+    assert (j["command"], j["topic"], j["dry_run"], j["checked_count"]) == ("repair", "t", False, 2)
+    assert j["repaired"] == [{"topic": "t", "ledger": 0}] and j["lost"] == [{"topic": "t", "ledger": 1}]
+    assert (j["repaired_count"], j["lost_count"], j["failed"], j["failed_count"]) == (1, 1, [], 0)
+
+    again = cli("repair", "--json")  # every topic; the lost ledger is still reported, nothing re-made
+    again.one_line_error(1)
+    assert (again.json["topic"], again.json["checked_count"], again.json["repaired_count"]) == (None, 1, 0)
+    status = {r["ledger"]: r for r in cli("status", "t", "--json").ok().json_lines}
+    assert (status[1]["lost"], status[1]["tiers"], status[0]["lost"]) == (True, [], False)
+    assert "LOST" in cli("status", "t").ok().stdout
+    gap = [r for r in cli("read", "t", "--json").ok().json_lines if "gap" in r]
+    assert gap == [{"gap": "DATALOSS", "from": "1:0", "to": "1:19"}]
+    assert cli("repair", "--topic", "nosuch").one_line_error(2)

@@ -100,8 +100,10 @@ def ledger_status(ctx: Context, name: str) -> list[dict]:
                 pass  # no file yet
         tiers = ([1] if led.tier1_present and led.state != LedgerState.DELETED else []) + \
                 ([2] if led.state == LedgerState.OFFLOADED else [])
+        lost = led.lost and led.state != LedgerState.DELETED  # `tiering repair` found no good copy in any tier
         rows.append({"ledger": led.ledger_id, "state": led.state.value, "entries": entries, "bytes": size,
-                     "tiers": tiers, "sealed_at": led.sealed_at, "offloaded_at": led.offloaded_at})
+                     "tiers": [] if lost else tiers, "lost": lost, "sealed_at": led.sealed_at,
+                     "offloaded_at": led.offloaded_at})
     return rows
 
 
@@ -109,7 +111,7 @@ def _status_table(rows: list[dict]):
     yield f"{'ledger':>8} {'state':<11} {'entries':>9} {'bytes':>12}  tiers"
     for r in rows:
         yield (f"{r['ledger']:>8} {r['state']:<11} {r['entries']:>9} {r['bytes']:>12}  "
-               f"{'+'.join(map(str, r['tiers'])) or '-'}")
+               f"{'LOST (no good copy)' if r['lost'] else '+'.join(map(str, r['tiers'])) or '-'}")
 
 
 def cmd_status(ctx: Context, args, out: Output) -> int:

@@ -35,14 +35,16 @@ def cmd_verify(ctx: Context, args, out: Output) -> int:
     gaps, problems, no_pages = [gap_dict(g) for g in report.gaps], report.problems, report.no_page_index
     result = {"command": "verify", "topic": args.name, "ledgers": report.ledgers, "entries": report.entries,
               "bytes": report.bytes, "tier2_copies_checked": report.tier2_copies_checked, "no_page_index": no_pages,
-              "gaps": gaps, "problems": problems, "ok": report.ok}
+              "gaps": gaps, "problems": problems, "repairable": report.repairable,
+              "repairable_count": len(report.repairable), "unrepairable_count": len(problems) - len(report.repairable),
+              "ok": report.ok}
     kinds = ", ".join(f"{g['gap']} {g['from']}..{g['to']}" for g in gaps[:5])
     out.result(result, f"verified {args.name!r}: {report.ledgers} ledger(s), {report.entries} entries, "
                        f"{report.bytes} bytes, {report.tier2_copies_checked} tier-2 cop(ies) compared, "
                        f"{len(gaps)} gap(s){' (' + kinds + ')' if gaps else ''}"
                        + (f", {len(no_pages)} ledger(s) with no page index (offloaded before page checksums: "
                           f"framing checked, bytes not)" if no_pages else "")
-                       + f"; {'OK' if report.ok else f'{len(problems)} problem(s)'}")
+                       + f"; {'OK' if report.ok else f'{len(problems)} problem(s), {len(report.repairable)} repairable'}")
     if problems:
         error(f"{len(problems)} check(s) of {args.name!r} failed; first: {problems[0]}")
         return 1
