@@ -139,21 +139,25 @@ def _offloaded(deps: Deps, topic: str | None) -> Iterator[tuple[list[Ledger], di
 
 
 def plan_repair(deps: Deps, topic: str | None = None, report: RepairReport | None = None,
-                on_ledger: Callable[[Ledger], None] | None = None) -> list[Finding]:
-    """Every OFFLOADED ledger (of `topic`, or all) whose tier-2 copy fails its check, with whether its tier-1
-    copy verifies. Ledgers already marked lost are counted in `report.lost`, not checked again. Nothing is
-    written. An unknown topic fails here; tier 2 unreachable raises before any ledger is looked at."""
+                on_ledger: Callable[[Ledger], None] | None = None,
+                keep: Callable[[Ledger], bool] | None = None) -> list[Finding]:
+    """Every OFFLOADED ledger (of `topic`, or all; those `keep` keeps) whose tier-2 copy fails its check, with
+    whether its tier-1 copy verifies. Ledgers already marked lost are counted in `report.lost`, not checked
+    again. Nothing is written. An unknown topic fails here; tier 2 unreachable raises before any ledger is
+    looked at (and the bucket is not even asked when no ledger is to be checked)."""
     report = report if report is not None else RepairReport()
     found: list[Finding] = []
-    lengths, opener, checked_bucket = _Lengths(deps), None, False
+    lengths, opener = _Lengths(deps), None
     for leds, chunks in _offloaded(deps, topic):
-        if not checked_bucket:
-            check_bucket(deps.bucket)
-            checked_bucket, opener = True, tier2_opener(deps.bucket)
         for led in leds:
+            if keep is not None and not keep(led):
+                continue
             if led.lost:
                 report.lost.append((led.topic, led.ledger_id))
                 continue
+            if opener is None:
+                check_bucket(deps.bucket)
+                opener = tier2_opener(deps.bucket)
             report.checked += 1
             ch = chunks.get(led.ledger_id)
             problem = check_copy(deps, led, ch, lengths, opener)
@@ -240,11 +244,12 @@ def _discard(deps: Deps, attempt: str, keys: tuple[str, str]) -> None:
 
 
 def repair(deps: Deps, topic: str | None = None, dry_run: bool = False, hook: StepHook = None,
-           on_ledger: Callable[[Ledger], None] | None = None) -> RepairReport:
-    """Check every offloaded ledger (plan_repair) and repair each finding (unless `dry_run`: then nothing
-    is written); one failing ledger does not stop the others."""
+           on_ledger: Callable[[Ledger], None] | None = None,
+           keep: Callable[[Ledger], bool] | None = None) -> RepairReport:
+    """Check every offloaded ledger (plan_repair; those `keep` keeps) and repair each finding (unless
+    `dry_run`: then nothing is written); one failing ledger does not stop the others."""
     report = RepairReport()
-    for finding in plan_repair(deps, topic, report, on_ledger):
+    for finding in plan_repair(deps, topic, report, on_ledger, keep):
         if dry_run:
             continue
         led = finding.led
