@@ -207,10 +207,23 @@ def _rewrite(deps: Deps, finding: Finding, step) -> str:
     except ConditionalUpdateFailed:
         _discard(deps, attempt, keys)
         return "skipped"
+    except TieringError:
+        _discard(deps, attempt, keys)
+        if _moved_on(deps, led):  # e.g. retention deleted it, tier-1 copy included, while it was read
+            return "skipped"
+        raise
     except BaseException:
         _discard(deps, attempt, keys)
         raise
     return "repaired"
+
+
+def _moved_on(deps: Deps, led: Ledger) -> bool:
+    try:
+        now = deps.meta.get_ledger(led.topic, led.ledger_id)
+    except TieringError:
+        return True  # the topic was deleted
+    return now.state != LedgerState.OFFLOADED or now.lost
 
 
 def _commit(deps: Deps, led: Ledger, old: Chunk, new: Chunk, attempt: str) -> None:
