@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from tests.integration.helpers import MIB, bucket_keys, entries, make_deps, produce
 from tests.integration.test_cli import cli  # noqa: F401  (the `tiering` command on the run's services)
+from tests.integration.test_encryption import enc_bucket, sse_c_key_file, tls_rgw  # noqa: F401  (the TLS gateway)
 from tiering.metadata.tables import chunk as chunk_t, gc_task, ledger as ledger_t
 from tiering.model import LedgerState as S, Position
 from tiering.ops.gc import run_gc
@@ -251,3 +252,33 @@ def test_cli_repair_and_verify(deps, cli):
     gap = [r for r in cli("read", "t", "--json").ok().json_lines if "gap" in r]
     assert gap == [{"gap": "DATALOSS", "from": "1:0", "to": "1:19"}]
     assert cli("repair", "--topic", "nosuch").one_line_error(2)
+
+
+def test_repair_with_sse_c(db, database_url, tls_rgw, enc_bucket, s3_settings, tmp_path, sse_c_key_file):
+    """On the TLS gateway with an SSE-C key: the broken copy is read (with the key) and re-made encrypted
+    with it; the check of the new pair and the reads need the key too."""
+    import base64
+    import hashlib
+
+    from tests.integration.test_encryption import _empty, settings_for
+    from tiering.tier2.client import make_client
+    from tiering.tier2.objects import Bucket
+
+    tier1 = tmp_path / "tier1"
+    settings = settings_for(database_url, tls_rgw, s3_settings, enc_bucket, tier1, s3_sse_c_key_file=sse_c_key_file)
+    client = make_client(settings)
+    _empty(Bucket(client, enc_bucket, "t/"))
+    deps = make_deps(db, client, enc_bucket, tier1)
+    expected = offloaded(deps, "t", n=2)
+    old = chunk_of(deps, "t", 1)
+    damage(deps, old.data_key, "flip", at=old.data_length // 3)
+    damage(deps, chunk_of(deps, "t", 0).index_key, "delete")
+    report = repair(deps, "t")
+    assert sorted(report.repaired) == [("t", 0), ("t", 1)] and report.failed == []
+    md5 = base64.b64encode(hashlib.md5(settings.s3_sse_c_key).digest()).decode()
+    for i in (0, 1):
+        ch = chunk_of(deps, "t", i)
+        for key in (ch.data_key, ch.index_key):
+            head = client.head_object(Bucket=enc_bucket, Key=key)
+            assert (head.get("SSECustomerAlgorithm"), head.get("SSECustomerKeyMD5")) == ("AES256", md5), key
+    assert read_all(deps, "t", tier2_only=True) == (expected, [])
