@@ -62,6 +62,41 @@ def test_repair_killed_then_rerun(point, deps, worker_env):
     check_invariants(deps, deps.meta.engine, expected)
 
 
+def batched_scene(deps) -> dict:
+    """Three ledgers in one batched object pair, tier-1 copies kept; ledger 1's bytes in it flipped."""
+    import dataclasses
+
+    from tiering.ops.offload import offload_many
+
+    exp = produce(deps, "k", [entries(f"b{i}", 10, 10 * KIB) for i in range(3)], TopicPolicy(**BIG),
+                  open_tail=[b"tail"])
+    batched = dataclasses.replace(deps, knobs=dataclasses.replace(deps.knobs, batch_small_bytes=8 * 1024 * 1024))
+    assert len(offload_many(batched, deps.meta.list_ledgers("k", [S.SEALED])).offloaded) == 3
+    chunks = deps.meta.chunks("k")
+    assert len({c.data_key for c in chunks.values()}) == 1
+    s3, name = deps.bucket.s3, deps.bucket.name
+    body = bytearray(s3.get_object(Bucket=name, Key=chunks[1].data_key)["Body"].read())
+    body[chunks[1].data_offset + 2000] ^= 1
+    s3.put_object(Bucket=name, Key=chunks[1].data_key, Body=bytes(body))
+    return {"k": exp}
+
+
+@pytest.mark.parametrize("point", ["step:index", "commit-after-step:checked", "step:committed"])
+def test_batched_repair_killed_then_rerun(point, deps, worker_env):
+    """Ledger 1 of a batched pair is repaired alone; the shared pair stays for ledgers 0 and 2 through GC."""
+    expected = batched_scene(deps)
+    shared = deps.meta.chunks("k")[0].data_key
+    w = start_worker("repair", worker_env, ["k"], point)
+    kill_at_point(w, deps.meta.engine)
+    settle(deps.meta.engine)
+    rerun = repair(deps, "k")
+    assert rerun.repaired == ([] if point == "step:committed" else [("k", 1)]) and rerun.failed == []
+    gc_all(deps)
+    chunks = deps.meta.chunks("k")
+    assert chunks[0].data_key == chunks[2].data_key == shared != chunks[1].data_key
+    check_invariants(deps, deps.meta.engine, expected)
+
+
 def test_repair_loses_to_defrag_and_retention_and_gc_keeps_its_objects(deps):
     broken_scene(deps)
     findings = {f.led.ledger_id: f for f in plan_repair(deps, "k")}
