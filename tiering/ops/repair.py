@@ -183,6 +183,8 @@ def repair_ledger(deps: Deps, finding: Finding, hook: StepHook = None) -> str:
 
 def _rewrite(deps: Deps, finding: Finding, step) -> str:
     led, old, b, knobs = finding.led, finding.chunk, deps.bucket, deps.knobs
+    if old is None:  # nothing to compare-and-set against (no completed offload leaves this)
+        raise TieringError(f"ledger {led.topic}/{led.ledger_id} is OFFLOADED with no chunk row: not repaired")
     attempt = str(uuid.uuid4())
     keys = (data_key(b.prefix, led.topic, attempt, led.ledger_id), index_key(b.prefix, led.topic, attempt, led.ledger_id))
     # queued before the first byte: a repair killed from here on leaves GC the new objects, never an orphan
@@ -200,8 +202,6 @@ def _rewrite(deps: Deps, finding: Finding, step) -> str:
         if problem is not None:
             raise TieringError(f"ledger {led.topic}/{led.ledger_id}: the new tier-2 copy fails its check: {problem}")
         step("checked")
-        if old is None:
-            raise TieringError(f"ledger {led.topic}/{led.ledger_id} is OFFLOADED with no chunk row: nothing to move")
         _commit(deps, led, old, new, attempt)
         step("committed")
     except ConditionalUpdateFailed:
