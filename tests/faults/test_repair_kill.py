@@ -137,3 +137,40 @@ def test_gc_collecting_a_slow_repair_s_objects_fails_its_commit(deps):
     assert repair_ledger(hasty, f0, gc_at) == "skipped"
     assert deps.meta.chunks("k")[0] == old
     assert repair(deps, "k").repaired == [("k", 0), ("k", 1)]
+
+
+def test_two_repairs_and_retention_racing_over_the_same_ledgers(deps, worker_env):
+    """Two repair processes and a retention process released at the same instant over four broken ledgers
+    (retention removes the first two): each ledger is repaired at most once (the two kept exactly once),
+    nothing fails, and after GC the bucket holds exactly what the chunk rows name."""
+    from tests.faults.harness import gc_all
+
+    exp = produce(deps, "k", [entries(f"r{i}", 10, 10_000) for i in range(4)],
+                  TopicPolicy(retention_bytes=200_000, **BIG), open_tail=[b"tail"])
+    for led in deps.meta.list_ledgers("k", [S.SEALED]):
+        offload_ledger(deps, led)
+    s3, name = deps.bucket.s3, deps.bucket.name
+    for ch in deps.meta.chunks("k").values():
+        body = bytearray(s3.get_object(Bucket=name, Key=ch.data_key)["Body"].read())
+        body[ch.data_offset + 700] ^= 1
+        s3.put_object(Bucket=name, Key=ch.data_key, Body=bytes(body))
+    workers = [start_worker("repair", worker_env, ["k"]), start_worker("repair", worker_env, ["k"]),
+               start_worker("retention", worker_env, ["k"])]
+    try:
+        for w in workers:
+            w.expect("READY")
+        for w in workers:
+            w.gate.touch()
+        reports = [w.done() for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
+    repaired = [tuple(x) for r in reports[:2] for x in r["repaired"]]
+    assert len(repaired) == len(set(repaired)), f"a ledger repaired twice: {reports}"
+    assert {("k", 2), ("k", 3)} <= set(repaired) and all(not r["failed"] for r in reports[:2]), reports
+    assert sorted(tuple(x) for x in reports[2]["deleted"]) == [("k", 0), ("k", 1)]
+    assert [led.state for led in deps.meta.list_ledgers("k")] == [S.DELETED] * 2 + [S.OFFLOADED] * 2 + [S.OPEN]
+    settle(deps.meta.engine)
+    gc_all(deps)
+    check_invariants(deps, deps.meta.engine, {"k": exp}, {"k": {0, 1}})
+    assert repair(deps, "k").findings == []
