@@ -313,3 +313,13 @@ def test_a_tier1_copy_deleted_by_delete_lagged_during_the_repair(deps):
     from tiering.ops.repair import repair_ledger
     assert repair_ledger(deps, finding, meanwhile) == "repaired"
     assert read_all(deps, "t") == (expected, [])
+
+
+def test_defrag_leaves_a_lost_ledger_alone(deps):
+    offloaded(deps, "t", n=4, tier1=False)
+    damage(deps, chunk_of(deps, "t", 1).data_key, "delete")
+    assert repair(deps, "t").lost == [("t", 1)]
+    from tiering.ops.defrag import defrag
+    report = defrag(deps, "t", small_bytes=8 * MIB)  # runs 0 and 2..3: ledger 0 alone is no group
+    assert report.errors == [] and report.ledgers == 2
+    assert chunk_of(deps, "t", 2).data_key == chunk_of(deps, "t", 3).data_key != chunk_of(deps, "t", 1).data_key
