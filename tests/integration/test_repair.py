@@ -323,3 +323,20 @@ def test_defrag_leaves_a_lost_ledger_alone(deps):
     report = defrag(deps, "t", small_bytes=8 * MIB)  # runs 0 and 2..3: ledger 0 alone is no group
     assert report.errors == [] and report.ledgers == 2
     assert chunk_of(deps, "t", 2).data_key == chunk_of(deps, "t", 3).data_key != chunk_of(deps, "t", 1).data_key
+
+
+def test_a_tier1_copy_this_process_does_not_see_is_no_proof_of_loss(deps, tmp_path):
+    """Metadata records a tier-1 copy, the repair runs where the tier-1 root is not mounted: the ledger fails
+    (exit 1), it is not marked lost; where the root is, it is repaired."""
+    import dataclasses
+
+    from tiering.tier1 import Tier1Store
+
+    expected = offloaded(deps, "t", n=1)
+    damage(deps, chunk_of(deps, "t", 0).data_key, "delete")
+    elsewhere = dataclasses.replace(deps, tier1=Tier1Store(tmp_path / "not-mounted"))
+    report = repair(elsewhere, "t")
+    assert report.lost == [] and [f["ledger"] for f in report.failed] == [0]
+    assert "not marked lost" in report.failed[0]["error"] and not deps.meta.get_ledger("t", 0).lost
+    assert repair(deps, "t").repaired == [("t", 0)]
+    assert read_all(deps, "t", tier2_only=True) == (expected, [])

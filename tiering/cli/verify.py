@@ -81,7 +81,8 @@ def cmd_repair(ctx: Context, args, out: Output) -> int:
         error(f"{len(report.failed)} repair(s) failed; first: topic {f['topic']!r} ledger {f['ledger']}: {f['error']}")
         return 1
     lost = report.lost + ([] if not args.dry_run else
-                          [(f.led.topic, f.led.ledger_id) for f in report.findings if not f.repairable])
+                          [(f.led.topic, f.led.ledger_id) for f in report.findings
+                           if not f.repairable and not f.tier1_unseen])
     if lost:
         t, i = lost[0]
         error(f"{len(lost)} ledger(s) {'would be ' if args.dry_run and not report.lost else ''}lost: no tier holds a "

@@ -40,6 +40,7 @@ from tiering.tier2.offloader import LedgerToUpload, StepHook, upload_ledgers
 from tiering.tier2.reader import check_stored_pages, tier2_opener
 
 log = logging.getLogger(__name__)
+TIER1_UNSEEN = "metadata records a tier-1 copy; this process sees no file at"
 
 
 @dataclass
@@ -49,6 +50,9 @@ class Finding:
     chunk: Chunk | None
     problem: str
     tier1_problem: str | None
+    # metadata says a tier-1 copy exists and this process does not see it (a worker without the tier-1 mount,
+    # a copy being deleted): not proof of loss, so never marked lost on it
+    tier1_unseen: bool = False
 
     @property
     def repairable(self) -> bool:
@@ -118,6 +122,8 @@ def check_tier1(deps: Deps, led: Ledger) -> str | None:
     """Why the ledger's tier-1 copy cannot be repaired from, or None when it verifies."""
     if not led.tier1_present:
         return "no tier-1 copy (deleted after the deletion lag)"
+    if not deps.tier1.exists(led.topic, led.ledger_id):
+        return f"{TIER1_UNSEEN} {str(deps.tier1.path(led.topic, led.ledger_id))!r}"
     try:
         with deps.tier1.reader(led.topic, led.ledger_id) as reader:
             count = size = 0
@@ -162,7 +168,8 @@ def plan_repair(deps: Deps, topic: str | None = None, report: RepairReport | Non
             ch = chunks.get(led.ledger_id)
             problem = check_copy(deps, led, ch, lengths, opener)
             if problem is not None:
-                found.append(Finding(led, ch, problem, check_tier1(deps, led)))
+                tier1 = check_tier1(deps, led)
+                found.append(Finding(led, ch, problem, tier1, tier1 is not None and tier1.startswith(TIER1_UNSEEN)))
             if on_ledger:
                 on_ledger(led)
     report.findings.extend(found)
@@ -172,6 +179,9 @@ def plan_repair(deps: Deps, topic: str | None = None, report: RepairReport | Non
 def repair_ledger(deps: Deps, finding: Finding, hook: StepHook = None) -> str:
     """Repair one finding: "repaired", "lost" (marked), or "skipped" (the ledger or its chunk moved on since
     it was checked: nothing changed). Other failures raise, the new objects discarded."""
+    if finding.tier1_unseen:
+        raise TieringError(f"ledger {finding.led.topic}/{finding.led.ledger_id}: tier-2 copy: {finding.problem}; "
+                           f"{finding.tier1_problem}: not marked lost (run where the tier-1 root is mounted)")
     if not finding.repairable:
         try:
             deps.meta.repairs.mark_lost(finding.led, finding.chunk, f"{finding.problem}; {finding.tier1_problem}")
