@@ -87,16 +87,17 @@ class Counts:
 
 # (label, argv, JSON fields that say work was done)
 COMMANDS = [
-    ("offload-by-age", ["offload-by-age", "--json"], ("planned",)),
-    ("offload-by-size", ["offload-by-size", "--json"], ("planned",)),
+    ("offload-by-age", ["offload-by-age", "--json"], ("planned_count",)),
+    ("offload-by-size", ["offload-by-size", "--json"], ("planned_count",)),
     ("delete-lagged", ["delete-lagged", "--json"], ("deleted", "failed")),
-    ("retention", ["retention", "--json"], ("deleted", "files_removed")),
-    ("retention --dry-run", ["retention", "--dry-run", "--json"], ("topics", "ledgers")),
+    ("retention", ["retention", "--json"], ("deleted", "files_removed_count")),
+    ("retention --dry-run", ["retention", "--dry-run", "--json"], ("plan", "deleted")),
     ("subscription list", ["subscription", "list", "--json"], ()),
-    ("defrag", ["defrag", "--json"], ("planned_groups", "groups")),
-    ("gc", ["gc", "--json"], ("deleted", "orphans_deleted", "uploads_aborted", "retried", "failed")),
+    ("topic stats", ["topic", "stats", "--json"], ()),
+    ("defrag", ["defrag", "--json"], ("planned_group_count", "group_count")),
+    ("gc", ["gc", "--json"], ("deleted_count", "uploads_aborted_count", "retried_count", "failed")),
 ]
-SWEEP = ("gc --sweep", ["gc", "--sweep", "--json"], ("deleted", "orphans_deleted", "uploads_aborted"))
+SWEEP = ("gc --sweep", ["gc", "--sweep", "--json"], ("orphans_deleted_count", "failed"))
 DASHBOARD = [  # (label, function name, kwargs)
     ("dashboard series 24 h", "series", {"hours": 24}),
     ("dashboard series 168 h", "series", {"hours": 168}),

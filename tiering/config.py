@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from tiering.errors import ConfigError
 from tiering.format.block import DEFAULT_BLOCK_SIZE, DEFAULT_PAGE_SIZE, MIN_BLOCK_SIZE
 from tiering.model import INT64_MAX, MAX_SECONDS, MIB, BadInt, parse_int
+from tiering.units import DURATION_HELP, SIZE_HELP, parse_duration, parse_size
 
 @dataclass(frozen=True)
 class IntSetting:
@@ -53,10 +54,13 @@ def _size(n: int) -> str:
 
 
 def _int_variable(field_: str, name: str, default: int, lo: int, hi: int, meaning: str,
-                  out_of_range: str | None = None) -> Variable:
+                  out_of_range: str | None = None, unit: str | None = None) -> Variable:
+    """An integer setting; `unit` "size" or "duration" also takes a number with a unit (tiering/units.py)."""
     setting = IntSetting(name, default, lo, hi, out_of_range)
-    return Variable(name, field_, _size(default), meaning,
-                    lambda raw, var: _int(raw, var, default, lo, hi, out_of_range), ints=setting)
+    def read(raw: str | None, var: str) -> int:  # the readers are defined below
+        parse = {None: _int, "size": _size_value, "duration": _duration_value}[unit]
+        return parse(raw, var, default, lo, hi, out_of_range)
+    return Variable(name, field_, _size(default), meaning, read, ints=setting)
 
 
 # Every variable from_env reads, in one list, in the order it reads them (the first error wins): Settings'
@@ -84,25 +88,25 @@ VARIABLES: tuple[Variable, ...] = (
     _int_variable("block_size", "TIERING_BLOCK_SIZE", DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, 5 * 1024 * MIB,
                   "offload block (= multipart part) size in bytes; 5 MiB to 5 GiB, S3's part limits",
                   "TIERING_BLOCK_SIZE must be at least 5 MiB (S3's minimum part size) and at most 5 GiB "
-                  "(its largest)"),
+                  "(its largest)", unit="size"),
     _int_variable("upload_concurrency", "TIERING_UPLOAD_CONCURRENCY", 4, 1, 64,
                   "parts uploaded in parallel per ledger; 1 to 64"),
     # Small pages cost index bytes (about 12 per page) and CRC calls; 4 KiB keeps a 64 MiB block's page index
     # under 200 KiB. Pages never cross blocks, so a page size above the block size acts as the block's.
     _int_variable("page_size", "TIERING_PAGE_SIZE", DEFAULT_PAGE_SIZE, 4096, INT64_MAX,
-                  "target bytes of a checksummed page of entries in tier 2; at least 4096"),
+                  "target bytes of a checksummed page of entries in tier 2; at least 4096", unit="size"),
     _int_variable("offload_timeout_seconds", "TIERING_OFFLOAD_TIMEOUT_SECONDS", 3600, 1, MAX_SECONDS,
                   "an OFFLOADING attempt older than this is presumed dead and taken over; its objects become "
-                  "collectable"),
+                  "collectable", unit="duration"),
     _int_variable("gc_delay_seconds", "TIERING_GC_DELAY_SECONDS", 600, 0, MAX_SECONDS,
                   "objects merged away by defrag or trimmed by retention are kept this long for readers holding "
-                  "old metadata"),
+                  "old metadata", unit="duration"),
     _int_variable("offload_batch_bytes", "TIERING_OFFLOAD_BATCH_BYTES", 8 * MIB, 0, 5 * 1024 * MIB,
                   "sealed ledgers smaller than this, of one topic in one run, are offloaded together into one "
-                  "object pair; 0: one pair per ledger"),
+                  "object pair; 0: one pair per ledger", unit="size"),
     _int_variable("offload_max_bytes_per_second", "TIERING_OFFLOAD_MAX_BYTES_PER_SECOND", 0, 0, INT64_MAX,
                   "upload rate limit of one offload process; a Spark offload job splits it across its tasks; "
-                  "0: unlimited"),
+                  "0: unlimited", unit="size"),
     Variable("TIERING_S3_SSE", "s3_sse", "none", "server-side encryption of every object written: none, AES256 "
              "(SSE-S3) or aws:kms (SSE-KMS)", lambda raw, var: _sse(raw), lambda v: None if v == "none" else v),
     Variable("TIERING_S3_SSE_KMS_KEY_ID", "s3_sse_kms_key_id", "unset", "the KMS key id, ARN or alias for "
@@ -247,6 +251,36 @@ class Settings:
         return {name: value for name, value in written if value is not None}
 
 
+def settings_present(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every setting that is set or has a default, read and checked as `Settings.from_env` reads it (a
+    malformed one is refused whichever command runs); required ones that are not set are left out: a
+    command that uses only the metadata database (`topic list`, ...) or tier 1 needs no bucket."""
+    env = os.environ if environ is None else environ
+    out = {}
+    for v in VARIABLES:
+        raw = env.get(v.name)
+        if v.default == "required" and (raw is None or not raw.strip()):
+            continue
+        out[v.field] = v.read(raw, v.name)
+    if "tier1_root" in out:
+        _check_tier1_root(out["tier1_root"])
+    return out
+
+
+def setting_from_env(field_: str, environ: Mapping[str, str] | None = None,
+                     present: Mapping[str, Any] | None = None) -> Any:
+    """One setting (a Settings field); a required one that is not set is refused here, when it is used."""
+    present = settings_present(environ) if present is None else present
+    if field_ not in present:
+        [var] = [v for v in VARIABLES if v.field == field_]
+        return var.read(None, var.name)  # raises: "... is not set"
+    return present[field_]
+
+
+def database_url_from_env(environ: Mapping[str, str] | None = None) -> str:
+    return setting_from_env("database_url", environ)
+
+
 # Settings fields that never travel in a pickle (the database URL travels without its password).
 _SECRET_FIELDS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token", "s3_sse_c_key")
 
@@ -386,6 +420,28 @@ def _int(raw: str | None, name: str, default: int, lo: int, hi: int, out_of_rang
     except BadInt as exc:
         raise ConfigError(f"{name} must be an integer in ASCII digits" if exc.reason == "syntax" else
                           out_of_range or f"{name} must be from {lo} to {hi}") from None
+
+
+def _size_value(raw: str | None, name: str, default: int, lo: int, hi: int, out_of_range: str | None = None) -> int:
+    """A size setting: bytes, or a number with a unit (64MiB); the message names the variable, not the value."""
+    return _with_units(parse_size, SIZE_HELP, "a size", raw, name, default, lo, hi, out_of_range)
+
+
+def _duration_value(raw: str | None, name: str, default: int, lo: int, hi: int,
+                    out_of_range: str | None = None) -> int:
+    """A duration setting: seconds, or a number with a unit (15m)."""
+    return _with_units(parse_duration, DURATION_HELP, "a duration", raw, name, default, lo, hi, out_of_range)
+
+
+def _with_units(parse, hint: str, kind: str, raw, name, default, lo, hi, out_of_range) -> int:
+    if raw is None or raw == "":
+        return default
+    try:
+        return parse(raw, name, lo, hi)
+    except BadInt as exc:
+        if exc.reason == "syntax":
+            raise ConfigError(f"{name} must be an integer in ASCII digits, or {kind} with a unit ({hint})") from None
+        raise ConfigError(out_of_range or f"{name} must be from {lo} to {hi}") from None
 
 
 def _check_tier1_root(root: Path) -> None:

@@ -48,24 +48,48 @@ def offload_by_size(ledgers: Sequence[Ledger], policy: TopicPolicy,
 
 
 def offload_prefix(ledgers: Sequence[Ledger], position: Position) -> list[Ledger]:
-    """Pulsar's offloadPrefix: every sealed, non-empty ledger with an id below the position's ledger.
+    """Pulsar's offloadPrefix: every sealed, non-empty ledger wholly before the position: with an id below
+    the position's ledger, or the position's own ledger when the position is one past its last entry (a
+    sealed ledger's `L:<entry count>`, so the last sealed ledger can be offloaded by hand). The end of the
+    topic is a position too: `end_of_sealed`, or the next ledger's `N:0` after a seal.
 
     A position before the first ledger or beyond the end of the topic is an error."""
     live = [led for led in ledgers if led.state != S.DELETED]
     if not live:
         raise BadInput("the topic has no ledgers to offload")
     first, last = min(led.ledger_id for led in live), max(led.ledger_id for led in ledgers)
+    newest = max(ledgers, key=lambda x: x.ledger_id)
+    # after a seal, the next ledger's first position is the end of the topic
+    end = last + 1 if newest.state != S.OPEN else last
     if position.ledger_id < first:
         raise BadInput(f"position {position} is before the first ledger {first} of the topic")
-    if position.ledger_id > last:
-        raise BadInput(f"position {position} is beyond the end of the topic (last ledger {last})")
-    target = next(led for led in ledgers if led.ledger_id == position.ledger_id) \
-        if any(led.ledger_id == position.ledger_id for led in ledgers) else None
+    if position.ledger_id > end or (position.ledger_id == last + 1 and position.entry_id > 0):
+        raise BadInput(f"position {position} is beyond the end of the topic (last ledger {last}"
+                       + (f", {newest.entry_count} entries: its end is {last}:{newest.entry_count} or {last + 1}:0)"
+                          if newest.state != S.OPEN else ", open)"))
+    target = next((led for led in ledgers if led.ledger_id == position.ledger_id), None)
     if target is not None and target.state != S.OPEN and position.entry_id > target.entry_count:
         raise BadInput(f"position {position} is beyond the end of ledger {target.ledger_id} "
                        f"({target.entry_count} entries)")
     return [led for led in sorted(ledgers, key=lambda x: x.ledger_id)
-            if led.ledger_id < position.ledger_id and _offloadable(led)]
+            if before(led, position) and _offloadable(led)]
+
+
+def before(led: Ledger, position: Position) -> bool:
+    """Whether every entry of `led` lies before `position` (offloadPrefix's choice)."""
+    return led.ledger_id < position.ledger_id or (
+        led.ledger_id == position.ledger_id and led.state != S.OPEN and position.entry_id >= led.entry_count)
+
+
+def end_of_sealed(ledgers: Sequence[Ledger]) -> Position:
+    """One past the last entry of the last sealed ledger: offloadPrefix there takes every sealed ledger
+    (`offload-prefix --all-sealed`)."""
+    if not ledgers:
+        raise BadInput("the topic has no ledgers to offload")
+    newest = max(ledgers, key=lambda x: x.ledger_id)
+    if newest.state == S.OPEN:
+        return Position(newest.ledger_id, 0)
+    return Position(newest.ledger_id, newest.entry_count)
 
 
 def lagged_copies(ledgers: Sequence[Ledger], policy: TopicPolicy, now: datetime) -> list[Ledger]:

@@ -93,7 +93,7 @@ class ReadHandle:
         ledgers = self.meta.list_ledgers(topic)
         pending_gap: Gap | None = None
         for led in ledgers:
-            count = self._entry_count(led)
+            count = self.tier1.extent(led)[0]
             if count == 0:
                 continue
             first = start.entry_id if start is not None and start.ledger_id == led.ledger_id else 0
@@ -114,16 +114,6 @@ class ReadHandle:
             yield from self._read_ledger(led, first, last)
         if pending_gap is not None:
             yield pending_gap
-
-    def _entry_count(self, led: Ledger) -> int:
-        if led.state != LedgerState.OPEN:
-            return led.entry_count
-        try:  # an open ledger's length is its tier-1 file's
-            reader = self.tier1.reader(led.topic, led.ledger_id)
-        except LedgerStorageError:
-            return 0
-        with reader:
-            return reader.entry_count
 
     def _read_ledger(self, led: Ledger, first: int, last: int) -> Iterator[Entry | Gap]:
         held = (lambda: self._chunk(led)) if led.state == LedgerState.OFFLOADED else (lambda: None)

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from tests.support.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,12 +56,6 @@ def _run(*cmd: str) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise Unavailable(f"{' '.join(cmd)}: {done.stderr.strip() or done.returncode}")
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -114,7 +109,7 @@ def _start_processes(nodes: TwoNodes, database_url: str, s3_endpoint: str, timeo
         f"spark.scheduler.maxRegisteredResourcesWaitingTime 15s\n")
     pg, s3 = urlsplit(database_url), urlsplit(s3_endpoint)
     pg_port, s3_port = pg.port or 5432, s3.port or (443 if s3.scheme == "https" else 80)
-    fw_pg, fw_s3 = _free_port(host_ip), _free_port(host_ip)
+    fw_pg, fw_s3 = free_port(host_ip), free_port(host_ip)
     py = sys.executable
     env = {**os.environ, "SPARK_CONF_DIR": str(nodes.conf_dir), "SPARK_DAEMON_MEMORY": "256m",
            "PATH": f"{Path(py).parent}:{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
@@ -137,13 +132,13 @@ def _start_processes(nodes: TwoNodes, database_url: str, s3_endpoint: str, timeo
     launch("node-forwarder", ["ip", "netns", "exec", nodes.ns, py, "-m", "tests.cluster.tcp_forward",
                               f"{pg.hostname}:{pg_port}={host_ip}:{fw_pg}",
                               f"{s3.hostname}:{s3_port}={host_ip}:{fw_s3}"], ready="READY")
-    port, ui = _free_port(host_ip), _free_port(host_ip)
+    port, ui = free_port(host_ip), free_port(host_ip)
     nodes.master_url, nodes.ui_url = f"spark://{host_ip}:{port}", f"http://{host_ip}:{ui}"
     launch("master", [_spark_class(), "org.apache.spark.deploy.master.Master", "--host", host_ip, "--port", str(port),
                       "--webui-port", str(ui)], {"SPARK_LOCAL_IP": host_ip})
     (state / "host-worker").mkdir(exist_ok=True)
     launch("host-worker", [_spark_class(), "org.apache.spark.deploy.worker.Worker", nodes.master_url, "--host", host_ip,
-                           "--cores", "1", "--memory", "1g", "--webui-port", str(_free_port(host_ip)),
+                           "--cores", "1", "--memory", "1g", "--webui-port", str(free_port(host_ip)),
                            "--work-dir", str(state / "host-worker")], {"SPARK_LOCAL_IP": host_ip})
     # The second node (2 GiB for executors, the host's 1 GiB: a job asking for more than 1 GiB per executor
     # runs on the second node only). Its own mount namespace where the directory holding the tier-1 root is an empty
@@ -156,7 +151,7 @@ def _start_processes(nodes: TwoNodes, database_url: str, s3_endpoint: str, timeo
     script = (f"set -e; mount --make-rprivate /; mount --bind {_q(root)} {_q(stage)}; "
               f"mount -t tmpfs tmpfs {_q(parent)}; mkdir -p {_q(root)}; mount --move {_q(stage)} {_q(root)}; "
               f"exec {_q(_spark_class())} org.apache.spark.deploy.worker.Worker {nodes.master_url} --host {node_ip} "
-              f"--cores 1 --memory 2g --webui-port {_free_port(host_ip)} --work-dir {_q(node_dir)}")
+              f"--cores 1 --memory 2g --webui-port {free_port(host_ip)} --work-dir {_q(node_dir)}")
     launch("remote-worker", ["ip", "netns", "exec", nodes.ns, "unshare", "--mount", "sh", "-c", script],
            {"SPARK_LOCAL_IP": node_ip, "SPARK_PUBLIC_DNS": node_ip})
     deadline = time.monotonic() + timeout

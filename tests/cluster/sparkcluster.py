@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.processes import free_port
 
 STATE = "cluster.json"
 
@@ -31,12 +32,6 @@ class Cluster:
     def status(self) -> dict:
         with urllib.request.urlopen(f"{self.ui_url}/json/", timeout=5) as r:
             return json.load(r)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _alive(pid: int) -> bool:
@@ -80,7 +75,7 @@ def start(state_dir: Path, workers: int = 1, cores: int = 1, memory: str = "1g",
     (conf / "spark-defaults.conf").write_text(
         f"spark.eventLog.enabled true\nspark.eventLog.dir file://{events}\nspark.eventLog.compress false\n"
         f"spark.eventLog.rolling.enabled false\n")
-    port, ui = _free_port(), _free_port()
+    port, ui = free_port(), free_port()
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_CONF_DIR": str(conf),
            "SPARK_DAEMON_MEMORY": "256m", "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     pids = []
@@ -99,7 +94,7 @@ def start(state_dir: Path, workers: int = 1, cores: int = 1, memory: str = "1g",
         wdir = state_dir / f"worker{i}"
         wdir.mkdir(exist_ok=True)
         launch(f"worker{i}", ["org.apache.spark.deploy.worker.Worker", master, "--host", "127.0.0.1",
-                              "--cores", str(cores), "--memory", memory, "--webui-port", str(_free_port()),
+                              "--cores", str(cores), "--memory", memory, "--webui-port", str(free_port()),
                               "--work-dir", str(wdir)])
     cluster = Cluster(master, f"http://127.0.0.1:{ui}", events, conf, pids)
     try:

@@ -17,51 +17,26 @@ import: about 10 s each) and one refused.
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from tests.support.postgres import private_postgres
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 S3_SECRET = "secret-of-the-test-s3-user"
-
-
-def _as_postgres(*cmd) -> list[str]:
-    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else list(cmd)
 
 
 @pytest.fixture
 def pg_server():
     """A private PostgreSQL cluster on a free port, one per test (under a second to start) so that each
     sequence starts from an empty server; yields its base URL (no database)."""
-    pgbin = Path(sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))[-1]).parent
-    top = Path(tempfile.mkdtemp(prefix="tiering-pg-metastore-"))  # not under pytest's 0700 tmp: postgres reads it
-    top.chmod(0o755)
-    data, sock = top / "data", top / "sock"
-    sock.mkdir()
-    if os.geteuid() == 0:
-        shutil.chown(top, "postgres")
-        shutil.chown(sock, "postgres")
-    subprocess.run(_as_postgres(str(pgbin / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"),
-                   check=True, capture_output=True, timeout=120)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off"
-    subprocess.run(_as_postgres(str(pgbin / "pg_ctl"), "-D", str(data), "-l", str(top / "log"), "-o", opts, "-w",
-                                "start"), check=True, capture_output=True, timeout=60, start_new_session=True)
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}"
-    finally:
-        subprocess.run(_as_postgres(str(pgbin / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"),
-                       capture_output=True, timeout=60)
-        shutil.rmtree(top, ignore_errors=True)
+    with private_postgres("metastore") as base:
+        yield base
 
 
 def _env(server: str, local: Path, **extra) -> dict[str, str]:

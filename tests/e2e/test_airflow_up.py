@@ -25,7 +25,7 @@ from sqlalchemy.engine import make_url
 from tests.conftest import empty_world
 from tests.dags.conftest import airflow_metastore
 from tests.e2e.support.airflow_server import admin_token, request_json as _http
-from tests.e2e.support.processes import free_port as _free_port, group_alive as _group_alive
+from tests.support.processes import free_port as _free_port, group_alive as _group_alive
 from tests.integration.helpers import entries, make_deps, produce
 from tiering.model import LedgerState as S, TopicPolicy
 

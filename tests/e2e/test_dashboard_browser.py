@@ -28,7 +28,7 @@ from sqlalchemy.engine import make_url
 from tests.conftest import empty_world
 from tests.e2e.support.airflow_server import airflow_env, api_server, request
 from tests.e2e.support.browser import headless_chromium, svg
-from tests.e2e.support.processes import free_port
+from tests.support.processes import free_port
 from tests.integration.helpers import entries, make_deps, produce
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
 from tiering.model import Position, TopicPolicy

@@ -27,6 +27,7 @@ from sqlalchemy.exc import OperationalError
 
 from tests.faults.harness import OFFLOAD_TIMEOUT, check_invariants, gc_all, settle
 from tests.integration.helpers import bucket_keys, entries, make_deps, open_uploads, produce
+from tests.support.processes import free_port
 from tiering.cli.main import describe_failure
 from tiering.errors import Tier2Error
 from tiering.metadata import make_engine
@@ -43,9 +44,7 @@ KIB = 1024
 # ------------------------------------------------------------------------------------------------ S3
 class PrivateMoto:
     def __init__(self, log: Path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.proc = None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import bucket_keys, entries, produce
+from tests.support.processes import free_port
 from tiering.format.keys import encode_topic, parse_key
 from tiering.model import TopicPolicy
 from tiering.ops.delete_lagged import delete_lagged
@@ -98,12 +98,6 @@ def read_data(result: Result) -> dict:
     return out
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def snapshot(deps) -> tuple:
     """Everything a bad command could have changed: topics, ledgers, chunks, GC queue, files, objects."""
     from sqlalchemy import text
@@ -127,16 +121,18 @@ def test_topics_produce_seal_status_read(cli):
     cli("topic", "create", "orders", "--rollover-entries", "4", "--deletion-lag", "0", "--offload-after", "60").ok()
     shown, listed = cli.many([("topic", "show", "orders", "--json"), ("topic", "list", "--json")])
     topic = shown.ok().json
-    assert topic["name"] == "orders" and topic["rollover_entries"] == 4 and topic["deletion_lag_seconds"] == 0
+    assert topic["command"] == "topic show"
+    assert topic["topic"] == "orders" and topic["rollover_entries"] == 4 and topic["deletion_lag_seconds"] == 0
     assert topic["offload_after_seconds"] == 60 and topic["retention_bytes"] == -1
-    assert listed.ok().json_lines == [topic]
+    listed = listed.ok().json
+    assert listed["command"] == "topic list" and listed["topics"] == [{k: v for k, v in topic.items() if k != "command"}]
 
     assert cli("produce", "orders", "--entries", "10", "--entry-size", "100", "--seed", "s").ok().stdout == "2:1\n"
     lines = b"alpha\n\ngamma \xce\xb2\ntab\there\n"  # an empty line is an empty entry
     assert cli("produce", "orders", "--stdin-lines", stdin=lines).ok().stdout == "3:1\n"
 
-    status = cli("status", "orders", "--json").ok().json_lines
-    assert [(r["ledger"], r["state"], r["entries"], r["bytes"], r["tiers"]) for r in status] == [
+    status = cli("status", "orders", "--json").ok().json["ledgers"]
+    assert [(r["ledger"], r["state"], r["entry_count"], r["bytes"], r["tiers"]) for r in status] == [
         (0, "SEALED", 4, 400, [1]), (1, "SEALED", 4, 400, [1]), (2, "SEALED", 4, 205, [1]),
         (3, "OPEN", 2, 16, [1])]  # the open ledger's counts come from its tier-1 file
 
@@ -192,13 +188,14 @@ def test_offload_prefix_delete_lagged_truncate_and_read_back(cli, deps):
                        TopicPolicy(deletion_lag_seconds=0, **BIG), open_tail=entries("d", 1, 1000))
 
     out = cli("offload-prefix", "t", "2:0", "--json").ok().json
-    assert out["offloaded"] == [0, 1] and out["failed"] == {} and out["first_not_offloaded"] == "2:0"
+    assert out["offloaded"] == [{"topic": "t", "ledger": 0}, {"topic": "t", "ledger": 1}]
+    assert out["failed"] == [] and out["first_not_offloaded"] == "2:0"
     assert out["bytes"] == 6000
     deleted = cli("delete-lagged", "--json").ok().json
     assert deleted["deleted"] == [{"topic": "t", "ledger": 0}, {"topic": "t", "ledger": 1}]
     assert not deps.tier1.exists("t", 0) and not deps.tier1.exists("t", 1) and deps.tier1.exists("t", 2)
     status, read = cli.many([("offload-status", "t", "--json"), ("read", "t", "--json")])
-    rows = status.ok().json_lines
+    rows = status.ok().json["ledgers"]
     assert [(r["state"], r["tier1_present"]) for r in rows] == [
         ("OFFLOADED", False), ("OFFLOADED", False), ("SEALED", True), ("OPEN", True)]
     keys = {r["data_key"] for r in rows[:2]} | {r["index_key"] for r in rows[:2]}
@@ -212,7 +209,7 @@ def test_offload_prefix_delete_lagged_truncate_and_read_back(cli, deps):
     assert rows[0] == {"gap": "TRIMMED", "from": "0:0", "to": "0:2"}
     assert read_data(read) == {k: v for k, v in expected.items() if k[0] >= 1}
     report = verify.ok().json
-    assert report["ok"] and report["entries"] == 7 and report["bytes"] == 7000
+    assert report["ok"] and report["entry_count"] == 7 and report["bytes"] == 7000
     assert report["gaps"] == [{"gap": "TRIMMED", "from": "0:0", "to": "0:2"}]
 
 
@@ -224,7 +221,7 @@ def test_offload_by_age_and_size_retention_with_topic_filter(cli, deps):
 
     age_other, size_other = cli.many([("offload-by-age", "--topic", "kept", "--json"),
                                       ("offload-by-size", "--topic", "aged", "--json")])
-    assert age_other.ok().json["planned"] == 0 and size_other.ok().json["planned"] == 0
+    assert age_other.ok().json["planned_count"] == 0 and size_other.ok().json["planned_count"] == 0
     age = cli("offload-by-age", "--json").ok().json
     assert age["offloaded"] == [{"topic": "aged", "ledger": 0}, {"topic": "aged", "ledger": 1}]
     assert age["bytes"] == 600 and age["failed"] == []
@@ -234,7 +231,7 @@ def test_offload_by_age_and_size_retention_with_topic_filter(cli, deps):
             if led.state.value != "OPEN"} == {("aged", "OFFLOADED"), ("big", "OFFLOADED"), ("kept", "SEALED")}
 
     ret = cli("retention", "--topic", "kept", "--json").ok().json
-    assert ret["deleted"] == [{"topic": "kept", "ledger": 0}] and ret["files_removed"] == 1 and ret["bytes"] == 300
+    assert ret["deleted"] == [{"topic": "kept", "ledger": 0}] and ret["files_removed_count"] == 1 and ret["bytes"] == 300
 
 
 def test_defrag_gc_verify_and_loss_behind_metadatas_back(cli, deps, s3_client, bucket):
@@ -245,10 +242,11 @@ def test_defrag_gc_verify_and_loss_behind_metadatas_back(cli, deps, s3_client, b
     assert len(before) == 8
 
     out = cli("defrag", "--topic", "small", "--small-bytes", "1000000", "--json").ok().json
-    assert out["groups"] == 1 and out["ledgers"] == 4 and out["objects_after"] == 2 and out["errors"] == []
+    assert out["group_count"] == 1 and out["ledger_count"] == 4 and out["objects_after_count"] == 2
+    assert out["failed"] == []
     s3_client.put_object(Bucket=bucket, Key="t/stray/0-ledger-0", Body=b"left behind by a killed process")
     gc = cli("gc", "--sweep", "--orphan-grace-seconds", "0", "--json").ok().json
-    assert gc["orphans_deleted"] == 1 and gc["failed"] == 0  # the merged-away objects wait for their delay
+    assert gc["orphans_deleted_count"] == 1 and gc["failed"] == []  # the merged-away objects wait for their delay
     chunks = deps.meta.chunks("small")
     assert {c.data_key for c in chunks.values()} | {c.index_key for c in chunks.values()} <= bucket_keys(deps)
     assert "t/stray/0-ledger-0" not in bucket_keys(deps)
@@ -302,6 +300,14 @@ BAD_INPUT = [
     ("offload-by-age", "--topic", LONG), ("topic", "create", ""), ("topic", "create", "a\x00b"),
     ("status", "a\x00b"), ("defrag", "--topic", "\x00"),                             # NUL: not possible in argv
     ("bogus-command",), (), ("topic",), ("gc", "--topic", "t"),
+    # units, repeated flags, sizes below their minimum, reads outside the topic, offload-prefix's two forms
+    ("topic", "create", "n", "--retention-time", "4x"), ("topic", "create", "n", "--retention-size", "10QB"),
+    ("topic", "create", "n", "--retention-time", "-1h"), ("topic", "create", "n", "--retention-time", "1.5"),
+    ("topic", "create", "n", "--offload-after", "3600", "--offload-after", "60"),
+    ("topic", "create", "n", "--rollover-bytes", "1"), ("defrag", "--small-bytes", "1MiB", "--small-bytes", "2MiB"),
+    ("read", "t", "--from", "9:0"), ("read", "t", "--from", "0:5000"), ("read", "t", "--json", "--format", "hex"),
+    ("read", "t", "--format", "latin1"), ("offload-prefix", "t"), ("offload-prefix", "t", "0:0", "--all-sealed"),
+    ("offload-prefix", "t", "5:0"), ("gc", "--orphan-grace-seconds", "2x"),
 ]
 
 
@@ -358,8 +364,8 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(cli, deps, monkeypatch
 def test_services_down_exit_1_without_traceback_or_secrets(cli, deps):
     produce(deps, "t", [entries("a", 3, 10)], TopicPolicy(offload_after_seconds=0, **BIG))
     offload_many(deps, deps.meta.list_ledgers("t"))
-    db_down = f"postgresql://tiering:Sup3rS3cret-pw@127.0.0.1:{closed_port()}/tiering"
-    s3_down = {"TIERING_S3_ENDPOINT_URL": f"http://127.0.0.1:{closed_port()}"}
+    db_down = f"postgresql://tiering:Sup3rS3cret-pw@127.0.0.1:{free_port()}/tiering"
+    s3_down = {"TIERING_S3_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
     results = cli.many([(("topic", "list"), {"env": {"TIERING_DATABASE_URL": db_down}}),
                         (("produce", "t", "--entries", "1", "--entry-size", "1"),
                          {"env": {"TIERING_DATABASE_URL": db_down}}),

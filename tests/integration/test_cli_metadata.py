@@ -38,7 +38,7 @@ def test_export_import_and_recover_by_hand(cli, db, s3_client, bucket, tier1_roo
 
     dest = str(tmp_path / "snap")
     out = cli("export-metadata", dest, "--json").ok().json_lines[0]
-    assert out["rows"]["ledger"] == 2 and out["rows"]["chunk"] == 2
+    assert out["row_counts"]["ledger"] == 2 and out["row_counts"]["chunk"] == 2
     assert "already" in cli("export-metadata", dest).one_line_error(2)  # no silent overwrite
     refused = cli("export-metadata", f"s3://{bucket}/t/snap").one_line_error(2)
     assert "GC" in refused
@@ -52,9 +52,9 @@ def test_export_import_and_recover_by_hand(cli, db, s3_client, bucket, tier1_roo
         conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
                           "tiering.attribute, tiering.job_run CASCADE"))
     rec = cli("recover-from-bucket", "--json", env=elsewhere).ok().json_lines[0]
-    assert rec["ledgers_recovered"] == 2 and rec["topics_created"] == ["m"]
+    assert rec["ledgers_recovered_count"] == 2 and rec["topics_created"] == ["m"]
     assert "subscriptions" in rec["not_recovered"] and "topic set" in rec["not_recovered"]  # says what it cannot know
     # tier 1 still holds the copies; remove them from this view so reads come from tier 2 only
     assert read_data(cli("read", "m", "--json", env={**elsewhere, "TIERING_TIER1_ROOT": str(tmp_path / "none")})) \
         == before
-    assert cli("recover-from-bucket", "--json", env=elsewhere).ok().json_lines[0]["ledgers_recovered"] == 0
+    assert cli("recover-from-bucket", "--json", env=elsewhere).ok().json_lines[0]["ledgers_recovered_count"] == 0

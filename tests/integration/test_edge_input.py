@@ -14,7 +14,8 @@ import pytest
 from sqlalchemy import text
 
 from tests.integration.helpers import entries, produce
-from tests.integration.test_cli import ROOT, cli, closed_port, snapshot  # noqa: F401 - cli: the fixture
+from tests.integration.test_cli import ROOT, cli, snapshot  # noqa: F401 - cli: the fixture
+from tests.support.processes import free_port
 from tiering.errors import LedgerStorageError
 from tiering.model import TopicPolicy
 from tiering.tier1 import Tier1Store
@@ -88,7 +89,7 @@ def _metadata(deps) -> tuple:
 @pytest.mark.parametrize("fault", ["endpoint-down", "bucket-missing"])
 def test_tier2_unreachable_offload_fails_before_touching_metadata(fault, cli, deps):
     produce(deps, "t", [entries(f"o{i}", 3, 100) for i in range(4)], POLICY, open_tail=entries("tail", 1, 10))
-    env = ({"TIERING_S3_ENDPOINT_URL": f"http://127.0.0.1:{closed_port()}"} if fault == "endpoint-down"
+    env = ({"TIERING_S3_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"} if fault == "endpoint-down"
            else {"TIERING_BUCKET": f"{deps.bucket.name}-missing"})
     before = _metadata(deps)
     assert before[1] == 0
@@ -115,7 +116,7 @@ def test_tier2_unreachable_defrag_queues_nothing(cli, deps):
     produce(deps, "t", [entries(f"d{i}", 3, 100) for i in range(3)], POLICY)
     cli("offload-by-age").ok()
     before = _metadata(deps)
-    down = {"TIERING_S3_ENDPOINT_URL": f"http://127.0.0.1:{closed_port()}"}
+    down = {"TIERING_S3_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
     for res in cli.many([(("defrag",), {"env": down}), (("defrag", "--topic", "t"), {"env": down})]):
         assert "tier 2 is unreachable" in res.one_line_error(1)
     assert _metadata(deps) == before, "a defrag with tier 2 down queued merged keys for GC"

@@ -82,7 +82,7 @@ def test_scheduled_gc_with_nothing_due_costs_the_same_whatever_the_bucket_holds(
     counted = Counted(monkeypatch)
     code, out, err = run_cli(["gc", "--json"], settings, bucket, tier1_root, monkeypatch, capsys)
     assert code == 0, err
-    assert '"deleted": 0' in out and '"uploads_aborted": 0' in out
+    assert '"deleted_count": 0' in out and '"uploads_aborted_count": 0' in out
     s3 = dict(counted.s3)
     print(f"scheduled gc, nothing due, {FILLER + 2} objects: S3 {s3}, SQL {len(counted.sql)}: {counted.sql}")
     assert s3["total"] <= 5 and not any("ListObjects" in k for k in s3), s3
@@ -179,9 +179,10 @@ def test_cli_sweep_by_hand_reports_pages_cursor_and_pass(deps, db, settings, buc
                              settings, bucket, tier1_root, monkeypatch, capsys)
     assert code == 0, err
     doc = json.loads(out)
-    assert doc["sweep"] is True and doc["taken"] is False and doc["pages"] == 1 and doc["objects_listed"] == 3
-    assert doc["orphans_deleted"] == 1 and doc["pass_complete"] is True and doc["cursor"] == ""
-    assert doc["passes_completed"] == 1 and doc["last_pass_completed_at"]
+    assert doc["sweep"] is True and doc["taken"] is False and doc["page_count"] == 1
+    assert doc["objects_listed_count"] == 3
+    assert doc["orphans_deleted_count"] == 1 and doc["pass_complete"] is True and doc["cursor"] == ""
+    assert doc["passes_completed_count"] == 1 and doc["last_pass_completed_at"].endswith("Z")
     assert "t/stray/0-ledger-0" not in bucket_keys(deps) and bucket_keys(deps) == referenced_keys(db)
     code, out, err = run_cli(["gc", "--max-pages", "3"], settings, bucket, tier1_root, monkeypatch, capsys)
     assert code == 2 and "--max-pages is for --sweep" in err and out == ""

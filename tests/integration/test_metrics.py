@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from tests.integration.helpers import entries, make_deps, produce
+from tests.support.processes import free_port
 from tiering.dashboard import make_read_only_engine
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
 from tiering.model import Position, TopicPolicy
@@ -233,12 +233,6 @@ def test_an_unreachable_database_fails_the_scrape(token_file):
 
 # ---------------------------------------------------------------------------------------------- Prometheus
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.loads(r.read())
@@ -249,7 +243,7 @@ def dashboard_server(ro_engine, token_file):
     """The plugin app served by uvicorn (the ASGI server Airflow's API server runs) on a free loopback port."""
     import uvicorn
 
-    port = _free_port()
+    port = free_port()
     app = create_app(lambda: ro_engine, login_required=False, metrics_token_file=str(token_file))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -268,7 +262,7 @@ def prometheus(tmp_path, dashboard_server, token_file):
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.fail("Debian's `prometheus` is not installed (.ci/sysdeps.sh installs it)", pytrace=False)
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "prometheus.yml"
     # The scrape config README documents: bearer token from a file, the path under the plugin's prefix (here
     # the app is served alone, at the root).

@@ -22,7 +22,7 @@ def test_a_missing_tier1_file_fails_its_ledger_and_the_others_of_its_batch_offlo
     run = cli("offload-by-age", "--json")
     assert run.returncode == 1, (run.stdout, run.stderr)
     report = run.json
-    assert report["planned"] == 3
+    assert report["planned_count"] == 3
     assert sorted((p["topic"], p["ledger"]) for p in report["offloaded"]) == [("t", 0), ("t", 2)], report
     assert report["skipped"] == []
     assert [(f["topic"], f["ledger"]) for f in report["failed"]] == [("t", 1)], report["failed"]

@@ -105,3 +105,18 @@ def test_a_due_trim_writes_its_marker_once(store):
     with counts.window():
         again = retention(store)
     assert not again.deleted and counts.s3 == 0 and counts.sql <= MAX_SQL
+
+
+def test_topic_stats_is_one_statement_whatever_the_history(store):
+    """`tiering topic stats` over 1,000 topics with history: one SQL statement (the maintained totals and
+    partial indexes, metadata/stats.py), and the same one for one topic; no S3 request."""
+    from tiering.metadata.stats import topic_stats
+
+    counts = Counts(store)
+    with counts.window():
+        every, _ = topic_stats(store.meta.engine)
+    assert (counts.sql, counts.s3) == (1, 0) and len(every) == TOPICS
+    with counts.window():
+        [one], _ = topic_stats(store.meta.engine, every[0]["topic"])
+    assert (counts.sql, counts.s3) == (1, 0) and one["live_count"] == every[0]["live_count"]
+    assert sum(r["deleted_count"] for r in every) > 0  # the history is there, and not read ledger by ledger

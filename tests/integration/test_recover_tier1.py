@@ -23,7 +23,7 @@ def lose_metadata(cli, db) -> None:
 
 
 def rows(status) -> list[tuple]:
-    return [(r["ledger"], r["state"], r["entries"], r["bytes"], r["tiers"]) for r in status.ok().json_lines]
+    return [(r["ledger"], r["state"], r["entry_count"], r["bytes"], r["tiers"]) for r in status.ok().json["ledgers"]]
 
 
 def test_a_lost_database_with_tier1_ahead_of_the_bucket_ends_with_a_writable_topic(cli, db):
@@ -34,10 +34,10 @@ def test_a_lost_database_with_tier1_ahead_of_the_bucket_ends_with_a_writable_top
     lose_metadata(cli, db)
 
     rec = cli("recover-from-bucket", "--json").ok().json_lines[0]
-    assert rec["ledgers_recovered"] == 1 and rec["topics_created"] == ["r1"]
+    assert rec["ledgers_recovered_count"] == 1 and rec["topics_created"] == ["r1"]
     # today's code: "ledger 1 of topic 'r1' already exists in tier 1"
     assert cli("produce", "r1", "--entries", "3", "--entry-size", "100", "--seed", "c").ok().stdout == "2:2\n"
-    assert rec["tier1_adopted"] == 1 and rec["tier1_copies_recorded"] == 1, rec
+    assert rec["tier1_adopted_count"] == 1 and rec["tier1_copies_recorded_count"] == 1, rec
     assert rec["unknown"] == {} and rec["errors"] == []
     assert rows(cli("status", "r1", "--json")) == [
         (0, "OFFLOADED", 3, 300, [1, 2]),  # its tier-1 copy is recorded (delete-lagged will remove it)
@@ -49,10 +49,10 @@ def test_a_lost_database_with_tier1_ahead_of_the_bucket_ends_with_a_writable_top
     cli("produce", "r1", "--entries", "2", "--entry-size", "10", "--seal").ok()  # and again: still writable
     assert cli("produce", "r1", "--entries", "1", "--entry-size", "10").ok().stdout == "3:0\n"
     # ledgers 1 and 2 are ordinary SEALED ones (policies are not in the bucket: offload by prefix)
-    assert cli("offload-prefix", "r1", "3:0", "--json").ok().json["offloaded"] == [1, 2]
+    assert [x["ledger"] for x in cli("offload-prefix", "r1", "3:0", "--json").ok().json["offloaded"]] == [1, 2]
     # a second run adds nothing and changes nothing
     again = cli("recover-from-bucket", "--json").ok().json_lines[0]
-    assert again["ledgers_recovered"] == 0 and again["tier1_adopted"] == 0 and again["tier1_sealed"] == 0
+    assert again["ledgers_recovered_count"] == 0 and again["tier1_adopted_count"] == 0 and again["tier1_sealed_count"] == 0
 
 
 def test_an_open_ledger_file_is_sealed_and_a_tier1_only_topic_comes_back(cli, db, tier1_root):
@@ -67,7 +67,7 @@ def test_an_open_ledger_file_is_sealed_and_a_tier1_only_topic_comes_back(cli, db
 
     rec = cli("recover-from-bucket", "--json").ok().json_lines[0]
     assert sorted(rec["topics_created"]) == ["o", "only/in tier 1"], rec
-    assert rec["tier1_adopted"] == 3 and rec["tier1_sealed"] == 2, rec  # o/1, only/0, only/1 (the last two open)
+    assert rec["tier1_adopted_count"] == 3 and rec["tier1_sealed_count"] == 2, rec  # o/1, only/0, only/1 (the last two open)
     assert rows(cli("status", "o", "--json")) == [(0, "OFFLOADED", 4, 200, [1, 2]), (1, "SEALED", 2, 100, [1])]
     assert rows(cli("status", "only/in tier 1", "--json")) == [(0, "SEALED", 5, 100, [1]), (1, "SEALED", 1, 20, [1])]
     assert cli("produce", "o", "--entries", "1", "--entry-size", "5", "--seed", "n").ok().stdout == "2:0\n"

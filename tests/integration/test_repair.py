@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from tests.integration.helpers import MIB, bucket_keys, entries, make_deps, produce
 from tests.integration.test_cli import cli  # noqa: F401  (the `tiering` command on the run's services)
+from tiering.cli.output import check_document
 from tests.integration.test_encryption import enc_bucket, sse_c_key_file, tls_rgw  # noqa: F401  (the TLS gateway)
 from tiering.metadata.tables import chunk as chunk_t, gc_task, ledger as ledger_t
 from tiering.model import LedgerState as S, Position
@@ -228,7 +229,8 @@ def test_cli_repair_and_verify(deps, cli):
 
     verify = cli("verify", "t", "--json")
     verify.one_line_error(1)
-    assert verify.json["repairable"] == [0] and verify.json["unrepairable_count"] == 1
+    assert verify.json["repairable"] == [{"topic": "t", "ledger": 0}] and verify.json["unrepairable_count"] == 1
+    assert check_document(verify.json) == []
     assert "(repairable" in verify.json["problems"][0] and "(not repairable" in verify.json["problems"][1]
 
     dry = cli("repair", "--topic", "t", "--dry-run", "--json")
@@ -242,11 +244,12 @@ def test_cli_repair_and_verify(deps, cli):
     assert (j["command"], j["topic"], j["dry_run"], j["checked_count"]) == ("repair", "t", False, 2)
     assert j["repaired"] == [{"topic": "t", "ledger": 0}] and j["lost"] == [{"topic": "t", "ledger": 1}]
     assert (j["repaired_count"], j["lost_count"], j["failed"], j["failed_count"]) == (1, 1, [], 0)
+    assert check_document(j) == [] and check_document(dry.json) == []
 
     again = cli("repair", "--json")  # every topic; the lost ledger is still reported, nothing re-made
     again.one_line_error(1)
     assert (again.json["topic"], again.json["checked_count"], again.json["repaired_count"]) == (None, 1, 0)
-    status = {r["ledger"]: r for r in cli("status", "t", "--json").ok().json_lines}
+    status = {r["ledger"]: r for r in cli("status", "t", "--json").ok().json["ledgers"]}
     assert (status[1]["lost"], status[1]["tiers"], status[0]["lost"]) == (True, [], False)
     assert "LOST" in cli("status", "t").ok().stdout
     gap = [r for r in cli("read", "t", "--json").ok().json_lines if "gap" in r]

@@ -19,7 +19,8 @@ TEN = dict(rollover_entries=10, rollover_bytes=2**40)
 
 
 def subs(cli, topic=None) -> dict:
-    return {s["name"]: s for s in cli("subscription", "list", *([topic] if topic else []), "--json").ok().json_lines}
+    listed = cli("subscription", "list", *([topic] if topic else []), "--json").ok().json
+    return {s["subscription"]: s for s in listed["subscriptions"]}
 
 
 def states(deps, topic) -> list:
@@ -33,15 +34,16 @@ def test_a_reader_holds_retention_until_it_has_read(cli, deps):
     late = cli("subscription", "create", "t", "late", "--from", "latest", "--json").ok().json
     assert late["position"] == "3:3"  # the open ledger's last entry, from its tier-1 file
     listed = subs(cli, "t")
-    assert listed["slow"]["position"] is None and listed["slow"]["backlog_entries"] == 34
-    assert listed["slow"]["backlog_bytes"] == 3000 + 4 and listed["late"]["backlog_entries"] == 0
-    assert set(listed["slow"]) >= {"topic", "name", "position", "backlog_entries", "backlog_bytes", "state",
-                                   "oldest_unread_age_seconds", "last_ack_at", "entries_deleted_unread",
-                                   "bytes_deleted_unread"}
+    assert listed["slow"]["position"] is None and listed["slow"]["backlog_entry_count"] == 34
+    assert listed["slow"]["backlog_bytes"] == 3000 + 4 and listed["late"]["backlog_entry_count"] == 0
+    assert set(listed["slow"]) >= {"topic", "subscription", "position", "backlog_entry_count", "backlog_bytes",
+                                   "state", "oldest_unread_age_seconds", "last_ack_at", "unread_deleted_entry_count",
+                                   "unread_deleted_bytes"}
     plan = cli("retention", "--dry-run", "--json").ok().json
-    [item] = plan["topics"]
-    assert item["ledgers"] == 0 and item["held_back"]["ledgers"] == 3
-    assert item["held_back"]["by_subscription"] == [{"subscription": "slow", "position": None, "entries": 30,
+    assert plan["dry_run"] is True and plan["deleted"] == []
+    [item] = plan["plan"]
+    assert item["ledger_count"] == 0 and item["held_back"]["ledger_count"] == 3
+    assert item["held_back"]["by_subscription"] == [{"subscription": "slow", "position": None, "entry_count": 30,
                                                      "bytes": 3000}]
     assert cli("retention", "--json").ok().json["deleted"] == [] and states(deps, "t")[0] == S.SEALED
 
@@ -77,9 +79,9 @@ def test_ceilings_and_expiry_delete_unread_and_record_the_loss(cli, deps):
     got = cli("retention", "--json").ok().json
     assert got["reasons"] == {"ceiling-size": 2}
     [loss] = got["unread_deleted"]
-    assert (loss["entries"], loss["from"], loss["to"]) == (15, "0:5", "1:9")
+    assert (loss["entry_count"], loss["from"], loss["to"]) == (15, "0:5", "1:9")
     r = subs(cli, "c")["r"]
-    assert (r["position"], r["entries_deleted_unread"], r["bytes_deleted_unread"]) == ("1:9", 15, 1500)
+    assert (r["position"], r["unread_deleted_entry_count"], r["unread_deleted_bytes"]) == ("1:9", 15, 1500)
     assert "ceiling-size" in r["last_loss_reason"] and r["last_loss_at"]
     with deps.meta.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM tiering.subscription_loss")).scalar() == 1
@@ -89,7 +91,7 @@ def test_ceilings_and_expiry_delete_unread_and_record_the_loss(cli, deps):
     assert subs(cli, "c")["r"]["state"] == "EXPIRED"
     got = cli("retention", "--json").ok().json
     assert [d["ledger"] for d in got["deleted"]] == [2]
-    assert "expired" in got["unread_deleted"][0]["reason"] and subs(cli, "c")["r"]["entries_deleted_unread"] == 25
+    assert "expired" in got["unread_deleted"][0]["reason"] and subs(cli, "c")["r"]["unread_deleted_entry_count"] == 25
     assert cli("subscription", "ack", "c", "r", "2:9", "--json").ok().json["state"] == "ACTIVE"  # an ack revives it
 
 
@@ -101,7 +103,7 @@ def test_truncate_refuses_to_cut_past_an_active_reader_unless_forced(cli, deps):
     assert "subscription 'r'" in cli("truncate", "k", "2:0").one_line_error(2)
     assert snapshot(deps) == before
     got = cli("truncate", "k", "2:0", "--force", "--json").ok().json
-    assert got["unread_deleted"][0]["entries"] == 10 and "--force" in got["unread_deleted"][0]["reason"]
+    assert got["unread_deleted"][0]["entry_count"] == 10 and "--force" in got["unread_deleted"][0]["reason"]
 
 
 def test_topic_set_is_a_compare_and_set(cli, deps):
@@ -132,7 +134,7 @@ def test_topic_delete_goes_through_gc_and_frees_the_name(cli, deps, tier1_root):
     assert "active subscription" in cli("topic", "delete", "d").one_line_error(2)
     assert snapshot(deps) == before
     got = cli("topic", "delete", "d", "--force", "--json").ok().json
-    assert got["ledgers_deleted"] == 4 and got["subscriptions_deleted"] == ["reader"]
+    assert got["deleted_count"] == 4 and got["subscriptions_deleted"] == ["reader"]
     assert "does not exist" in cli("topic", "show", "d").one_line_error(2)
     with deps.meta.engine.connect() as conn:
         queued = set(conn.execute(text("SELECT key FROM tiering.gc_task")).scalars())

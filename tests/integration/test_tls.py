@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from sqlalchemy import text
 from tests.conftest import RUN_ID
 from tests.integration.helpers import entries, produce
 from tests.integration.test_encryption import enc_bucket, tls_rgw  # noqa: F401 - module fixtures, shared
+from tests.support.postgres import give_to_postgres, private_postgres
 from tiering import clients
 from tiering.config import Settings
 from tiering.metadata import upgrade
@@ -36,45 +35,22 @@ ROOT = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
 
 
-def _as_postgres(*cmd) -> list[str]:
-    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else list(cmd)
-
-
 @pytest.fixture(scope="module")
 def pg_tls(tls_rgw):  # noqa: F811 - the gateway's CA also signs this server's certificate (127.0.0.1)
     """A private PostgreSQL cluster that refuses connections without TLS; its server certificate is the one
     ceph.sh generated for 127.0.0.1. Yields the base URL (no database) and the CA."""
-    pgbin = Path(sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))[-1]).parent
-    top = Path(tempfile.mkdtemp(prefix="tiering-pg-tls-"))  # not under pytest's 0700 tmp: postgres reads it
-    top.chmod(0o755)
-    data, sock = top / "data", top / "sock"
-    sock.mkdir()
-    if os.geteuid() == 0:
-        shutil.chown(top, "postgres")
-        shutil.chown(sock, "postgres")
-    subprocess.run(_as_postgres(str(pgbin / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"),
-                   check=True, capture_output=True, timeout=120)
-    tls = tls_rgw["ca"].parent
-    for name in ("server.pem", "server.key"):
-        shutil.copy(tls / name, data / name)
-        if os.geteuid() == 0:
-            shutil.chown(data / name, "postgres")
-    (data / "server.key").chmod(0o600)
-    (data / "pg_hba.conf").write_text("local all all trust\nhostssl all all 127.0.0.1/32 trust\n"
-                                      "hostnossl all all 0.0.0.0/0 reject\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    opts = (f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c ssl=on -c ssl_cert_file=server.pem "
-            f"-c ssl_key_file=server.key -c fsync=off")
-    subprocess.run(_as_postgres(str(pgbin / "pg_ctl"), "-D", str(data), "-l", str(top / "log"), "-o", opts, "-w",
-                                "start"), check=True, capture_output=True, timeout=60, start_new_session=True)
-    try:
-        yield {"base": f"postgresql://postgres@127.0.0.1:{port}", "ca": tls_rgw["ca"]}
-    finally:
-        subprocess.run(_as_postgres(str(pgbin / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"),
-                       capture_output=True, timeout=60)
-        shutil.rmtree(top, ignore_errors=True)
+    def certificates(data: Path) -> None:
+        tls = tls_rgw["ca"].parent
+        for name in ("server.pem", "server.key"):
+            shutil.copy(tls / name, data / name)
+            give_to_postgres(data / name)
+        (data / "server.key").chmod(0o600)
+        (data / "pg_hba.conf").write_text("local all all trust\nhostssl all all 127.0.0.1/32 trust\n"
+                                          "hostnossl all all 0.0.0.0/0 reject\n")
+
+    with private_postgres("tls", "-c ssl=on -c ssl_cert_file=server.pem -c ssl_key_file=server.key",
+                          certificates) as base:
+        yield {"base": base, "ca": tls_rgw["ca"]}
 
 
 @pytest.fixture(scope="module")

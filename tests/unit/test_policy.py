@@ -55,6 +55,23 @@ def test_offload_prefix_semantics():
         policy.offload_prefix([L(5), L(6, S.OPEN)], Position(2, 0))
 
 
+def test_offload_prefix_reaches_the_end_of_a_sealed_topic():
+    ledgers = [L(0), L(1, S.OFFLOADED), L(2, entries=10)]  # sealed: no open ledger
+    assert ids(policy.offload_prefix(ledgers, Position(2, 9))) == [0]
+    assert ids(policy.offload_prefix(ledgers, Position(2, 10))) == [0, 2]  # one past its last entry
+    assert ids(policy.offload_prefix(ledgers, Position(3, 0))) == [0, 2]  # the next ledger's first position
+    assert policy.end_of_sealed(ledgers) == Position(2, 10)
+    assert ids(policy.offload_prefix(ledgers, policy.end_of_sealed(ledgers))) == [0, 2]
+    for beyond in (Position(3, 1), Position(4, 0), Position(2, 11)):
+        with pytest.raises(BadInput, match="beyond the end"):
+            policy.offload_prefix(ledgers, beyond)
+    with_open = ledgers + [L(3, S.OPEN)]
+    assert policy.end_of_sealed(with_open) == Position(3, 0)
+    assert ids(policy.offload_prefix(with_open, Position(3, 0))) == [0, 2]
+    with pytest.raises(BadInput, match="beyond the end"):
+        policy.offload_prefix(with_open, Position(4, 0))
+
+
 def test_lagged_copies():
     ledgers = [L(0, S.OFFLOADED, offloaded_ago=300), L(1, S.OFFLOADED, offloaded_ago=10),
                L(2, S.OFFLOADED, offloaded_ago=999, tier1=False), L(3)]

@@ -36,6 +36,7 @@ def test_every_dag_of_the_design_is_there():
     ("tiering_scrub", {"repair": False}, []),
     # the offload DAGs' upload limit; 0 is a value (unlimited for this run), not "absent"
     ("tiering_offload_by_age", {"max_bytes_per_second": 8388608}, ["--by=age", "--max-bytes-per-second=8388608"]),
+    ("tiering_offload_by_age", {"max_bytes_per_second": "8MiB"}, ["--by=age", "--max-bytes-per-second=8388608"]),
     ("tiering_offload_prefix", {"topic": "t", "position": "1:0", "max_bytes_per_second": 0},
      ["--prefix=t", "--position=1:0", "--max-bytes-per-second=0"]),
 ])
@@ -60,7 +61,8 @@ def test_args(dag_id, kwargs, expected):
     ("tiering_gc", {"max_bytes_per_second": 5}),
     ("tiering_metadata_export", {"max_bytes_per_second": 0}),
     ("tiering_offload_by_age", {"max_bytes_per_second": -1}),
-    ("tiering_offload_by_age", {"max_bytes_per_second": "8M"}),
+    ("tiering_offload_by_age", {"max_bytes_per_second": "8Q"}),
+    ("tiering_offload_by_age", {"max_bytes_per_second": "-8M"}),
     ("tiering_offload_by_age", {"max_bytes_per_second": True}),
     ("nope", {}),
 ])

@@ -8,6 +8,7 @@ import sys
 from tiering.errors import BadInput
 from tiering.model import (INT64_MAX, MAX_SECONDS, BadInt, Position, check_subscription_name, check_topic_name,
                            parse_int)
+from tiering.units import DURATION_HELP, SIZE_HELP, format_duration, format_size, parse_duration, parse_size
 
 EXIT_BAD_INPUT = 2
 
@@ -18,9 +19,49 @@ def one_line(text: str) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse prints usage on two)
-        sys.stderr.write(one_line(f"{self.prog}: error: {message}") + "\n")
+    """One line, exit 2 (argparse prints usage on two), with the one prefix of every error (`tiering: error:`,
+    also from a subcommand's parser: the command is named in the message instead); a single-valued option
+    given twice is refused (argparse would silently keep the last)."""
+
+    def error(self, message):
+        command = self.prog.split(" ", 1)[1] if " " in self.prog else ""
+        where = f"{command}: " if command else ""
+        sys.stderr.write(one_line(f"tiering: error: {where}{message}") + "\n")
         raise SystemExit(EXIT_BAD_INPUT)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name, action in _ONCE.items():  # groups share the registry: their options too
+            self.register("action", name, action)
+        self.register("action", None, _ONCE["store"])
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace = namespace if namespace is not None else argparse.Namespace()
+        setattr(namespace, _SEEN, set())
+        return super().parse_known_args(args, namespace)
+
+
+_SEEN = "_options_seen"
+
+
+def _once(base: type[argparse.Action]) -> type[argparse.Action]:
+    """`base` that refuses a second occurrence of its option in one command line."""
+    class Once(base):
+        def __call__(self, parser, namespace, values, option_string=None):
+            seen = getattr(namespace, _SEEN, None)
+            if seen is None:
+                seen = set()
+                setattr(namespace, _SEEN, seen)
+            if self.dest in seen:
+                raise argparse.ArgumentError(self, "given more than once (it takes one value)")
+            seen.add(self.dest)
+            super().__call__(parser, namespace, values, option_string)
+    Once.__name__ = f"Once{base.__name__}"
+    return Once
+
+
+_ONCE = {"store": _once(argparse._StoreAction), "store_true": _once(argparse._StoreTrueAction),
+         "store_false": _once(argparse._StoreFalseAction), "store_const": _once(argparse._StoreConstAction)}
 
 
 def _int(text: str, lo: int, hi: int) -> int:
@@ -50,20 +91,65 @@ def policy_int(text: str) -> int:
     return _int(text, -1, INT64_MAX)
 
 
+def _units(parse, text: str, lo: int, hi: int) -> int:
+    """A duration or a size (tiering/units.py) within [lo, hi], phrased as argparse errors (as `_int`)."""
+    shown = text[:40] + ("..." if len(text) > 40 else "")
+    try:
+        return parse(text, "the value", lo, hi)
+    except BadInt as exc:
+        duration = parse is parse_duration
+        if exc.reason == "syntax":
+            raise argparse.ArgumentTypeError(
+                f"{shown!r} is not {'a duration' if duration else 'a size'}: "
+                f"{DURATION_HELP if duration else SIZE_HELP}, in ASCII digits only") from None
+        if exc.reason == "high":
+            top = format_duration(hi) if duration else format_size(hi)
+            raise argparse.ArgumentTypeError(f"{shown} is too large (at most {top})") from None
+        if lo > 1:
+            bottom = format_duration(lo) if duration else format_size(lo)
+            raise argparse.ArgumentTypeError(f"{shown} is too small (at least {bottom})") from None
+        raise argparse.ArgumentTypeError(f"{shown} is not positive" if lo > 0 else
+                                         f"{shown} is negative" + (" (use -1 to disable)" if lo < 0 else "")) from None
+
+
 def seconds(text: str) -> int:
-    return _int(text, 0, MAX_SECONDS)
+    """A duration: seconds, or with a unit (90s, 15m, 4h, 7d)."""
+    return _units(parse_duration, text, 0, MAX_SECONDS)
 
 
 def policy_seconds(text: str) -> int:
-    return _int(text, -1, MAX_SECONDS)
+    """-1 (disabled) or a duration."""
+    return _units(parse_duration, text, -1, MAX_SECONDS)
 
 
 def expiry_seconds(text: str) -> int:
-    """-1 (never) or a positive number of seconds."""
-    value = _int(text, -1, MAX_SECONDS)
+    """-1 (never) or a positive duration."""
+    value = _units(parse_duration, text, -1, MAX_SECONDS)
     if value == 0:
-        raise argparse.ArgumentTypeError("0 is not allowed (use -1 for never, or a positive number of seconds)")
+        raise argparse.ArgumentTypeError("0 is not allowed (use -1 for never, or a positive duration)")
     return value
+
+
+def size(text: str) -> int:
+    """A positive size: bytes, or with a unit (512KiB, 64MiB, 10GB, 1TiB)."""
+    return _units(parse_size, text, 1, INT64_MAX)
+
+
+def size_or_zero(text: str) -> int:
+    """A size, 0 allowed."""
+    return _units(parse_size, text, 0, INT64_MAX)
+
+
+def policy_size(text: str) -> int:
+    """-1 (disabled) or a size."""
+    return _units(parse_size, text, -1, INT64_MAX)
+
+
+def size_at_least(lo: int):
+    """A size of at least `lo` bytes (a smaller one is a mistake: a ledger of one entry, ...)."""
+    def parse(text: str) -> int:
+        return _units(parse_size, text, lo, INT64_MAX)
+    return parse
 
 
 def position(text: str) -> Position:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from tiering import clients
-from tiering.config import Settings
+from tiering.config import Settings, setting_from_env, settings_present
 from tiering.errors import ConfigError
 
 
@@ -16,11 +16,29 @@ class Context:
         return Settings.from_env()
 
     @cached_property
+    def database_url(self) -> str:
+        """Only TIERING_DATABASE_URL: a command that reads the metadata alone needs no other setting (the
+        bucket, tier 1 and the rest are read, and checked, by the first use of `settings`)."""
+        return self.setting("database_url")
+
+    @cached_property
+    def _present(self) -> dict:
+        return settings_present()
+
+    def setting(self, name: str):
+        """One setting: from the settings when they were read already, else from those that are set (every
+        one of them checked; a required one that is not set is refused only when used)."""
+        return getattr(self.settings, name) if "settings" in self.__dict__ else \
+            setting_from_env(name, present=self._present)
+
+    @cached_property
     def engine(self):
         from sqlalchemy.exc import ArgumentError  # heavy: see the module docstring
 
+        from tiering.metadata.db import make_engine
+
         try:
-            return clients.engine(self.settings)
+            return make_engine(self.database_url)
         except (ArgumentError, ValueError):  # e.g. a port that is not a number; the message may hold the URL
             raise ConfigError("TIERING_DATABASE_URL is malformed: expected "
                               "postgresql://USER:PASSWORD@HOST:PORT/DATABASE") from None
@@ -36,7 +54,7 @@ class Context:
     def tier1(self):
         from tiering.tier1 import Tier1Store
 
-        return Tier1Store(self.settings.tier1_root)
+        return Tier1Store(self.setting("tier1_root"))
 
     @cached_property
     def bucket(self):
@@ -72,7 +90,7 @@ class Context:
         from tiering.read import ReadHandle
 
         return ReadHandle(self.meta, self.tier1, open_tier2=opener or self.tier2_opener(),
-                          raise_on_dataloss=raise_on_dataloss, gc_delay_seconds=self.settings.gc_delay_seconds)
+                          raise_on_dataloss=raise_on_dataloss, gc_delay_seconds=self.setting("gc_delay_seconds"))
 
     def close(self) -> None:
         if "engine" in self.__dict__:

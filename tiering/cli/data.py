@@ -8,8 +8,8 @@ import sys
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output, gap_dict, progress
-from tiering.errors import BadInput, LedgerStorageError
+from tiering.cli.output import PAYLOAD_FORMATS, Output, document, gap_dict, iso, progress
+from tiering.errors import BadInput
 from tiering.model import LedgerState
 
 
@@ -20,7 +20,7 @@ def register(sub) -> None:
     src = produce.add_mutually_exclusive_group(required=True)
     src.add_argument("--entries", type=a.nonneg, metavar="N", help="N deterministic payloads (needs --entry-size)")
     src.add_argument("--stdin-lines", action="store_true", help="one entry per line of standard input")
-    produce.add_argument("--entry-size", type=a.nonneg, metavar="BYTES")
+    produce.add_argument("--entry-size", type=a.size_or_zero, metavar="SIZE", help="bytes or e.g. 1KiB")
     produce.add_argument("--seed", default="demo", help="seed of the deterministic payloads (default 'demo')")
     produce.add_argument("--seal", action="store_true", help="seal the open ledger at the end")
 
@@ -38,7 +38,11 @@ def register(sub) -> None:
     a.name(read)
     read.add_argument("--from", dest="start", type=a.position, metavar="L:E")
     read.add_argument("--to", dest="end", type=a.position, metavar="L:E")
-    read.add_argument("--json", action="store_true", help="JSON lines (data in base64)")
+    read.add_argument("--json", action="store_true",
+                      help="JSON lines, one per entry {ledger, entry, data} (data in base64) or gap {gap, from, to}")
+    read.add_argument("--format", choices=sorted(PAYLOAD_FORMATS), default=None,
+                      help="how text output prints a payload: text (UTF-8, other bytes and control characters as "
+                           "backslash escapes; the default), hex or base64")
     read.add_argument("--fail-on-dataloss", action="store_true", help="exit 1 instead of printing a DATALOSS gap")
     read.add_argument("--subscription", type=a.subscription_name, metavar="NAME",
                       help="read from the entry after the subscription's position")
@@ -91,32 +95,48 @@ def cmd_seal(ctx: Context, args, out: Output) -> int:
 def ledger_status(ctx: Context, name: str) -> list[dict]:
     rows = []
     for led in ctx.meta.list_ledgers(name):
-        entries, size = led.entry_count, led.size_bytes
-        if led.state == LedgerState.OPEN:  # metadata learns counts at seal: the tier-1 file knows them now
-            try:
-                with ctx.tier1.reader(name, led.ledger_id) as r:
-                    entries, size = r.entry_count, r.size_bytes
-            except LedgerStorageError:
-                pass  # no file yet
+        entries, size = ctx.tier1.extent(led)
         tiers = ([1] if led.tier1_present and led.state != LedgerState.DELETED else []) + \
                 ([2] if led.state == LedgerState.OFFLOADED else [])
         lost = led.lost and led.state != LedgerState.DELETED  # `tiering repair` found no good copy in any tier
-        rows.append({"ledger": led.ledger_id, "state": led.state.value, "entries": entries, "bytes": size,
-                     "tiers": [] if lost else tiers, "lost": lost, "sealed_at": led.sealed_at,
-                     "offloaded_at": led.offloaded_at})
+        rows.append({"topic": name, "ledger": led.ledger_id, "state": led.state.value, "entry_count": entries,
+                     "bytes": size, "tiers": [] if lost else tiers, "lost": lost, "sealed_at": iso(led.sealed_at),
+                     "offloaded_at": iso(led.offloaded_at)})
     return rows
 
 
 def _status_table(rows: list[dict]):
     yield f"{'ledger':>8} {'state':<11} {'entries':>9} {'bytes':>12}  tiers"
     for r in rows:
-        yield (f"{r['ledger']:>8} {r['state']:<11} {r['entries']:>9} {r['bytes']:>12}  "
+        yield (f"{r['ledger']:>8} {r['state']:<11} {r['entry_count']:>9} {r['bytes']:>12}  "
                f"{'LOST (no good copy)' if r['lost'] else '+'.join(map(str, r['tiers'])) or '-'}")
 
 
 def cmd_status(ctx: Context, args, out: Output) -> int:
-    out.rows(ledger_status(ctx, args.name), _status_table)
+    out.listing(document("status", args.name, ledgers=ledger_status(ctx, args.name)), "ledgers", _status_table)
     return 0
+
+
+def check_start(ctx: Context, topic: str, start) -> None:
+    """A read's first position must be in the topic: past the end of the topic, or past the end of its ledger,
+    is a mistake (exit 2), not an empty read. Its end itself is fine (nothing to print yet): one past the last
+    entry of a ledger, or the next ledger's first position once the last one is sealed. A trimmed ledger
+    reads as a TRIMMED gap."""
+    ledgers = ctx.meta.list_ledgers(topic)  # an unknown topic fails here
+    led = next((x for x in ledgers if x.ledger_id == start.ledger_id), None)
+    if led is None:
+        newest = ledgers[-1] if ledgers else None
+        at_end = start.entry_id == 0 and (newest is None and start.ledger_id == 0 or newest is not None and
+                                          newest.state != LedgerState.OPEN and start.ledger_id == newest.ledger_id + 1)
+        if at_end or (newest is not None and start.ledger_id < newest.ledger_id):
+            return
+        raise BadInput(f"position {start} is beyond the end of topic {topic!r}"
+                       + (f" (last ledger {newest.ledger_id})" if newest else " (no ledgers)"))
+    if led.state == LedgerState.DELETED:
+        return
+    count = ctx.tier1.extent(led)[0]
+    if start.entry_id > count:
+        raise BadInput(f"position {start} is beyond the end of ledger {led.ledger_id} ({count} entries)")
 
 
 ACK_EVERY = 1000  # a long `read --ack` acknowledges as it goes, each time after flushing what it printed
@@ -136,6 +156,10 @@ def cmd_read(ctx: Context, args, out: Output) -> int:
         start = read_from(sub)
     elif args.ack:
         raise BadInput("--ack needs --subscription NAME")
+    if args.format is not None and args.json:
+        raise BadInput("--format is for text output (--json prints data in base64)")
+    if args.start is not None:
+        check_start(ctx, args.name, args.start)
     printed, last, acked = 0, None, None
 
     def ack_printed():

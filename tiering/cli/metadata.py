@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output, error
+from tiering.cli.output import Output, document, error, iso
 from tiering.errors import BadInput
 
 
@@ -59,7 +59,8 @@ def cmd_export_metadata(ctx: Context, args, out: Output) -> int:
 
     fs, base = _location(ctx, args.dest)
     manifest = export_metadata(ctx.engine, fs, base, overwrite=args.overwrite)
-    out.result({"dest": args.dest, "exported_at": manifest.exported_at, "rows": manifest.row_counts},
+    out.result(document("export-metadata", None, dest=args.dest, exported_at=iso(manifest.exported_at),
+                        row_count=sum(manifest.row_counts.values()), row_counts=manifest.row_counts),
                f"exported {sum(manifest.row_counts.values())} rows to {args.dest} "
                f"({', '.join(f'{t} {n}' for t, n in manifest.row_counts.items())})")
     return 0
@@ -70,7 +71,8 @@ def cmd_import_metadata(ctx: Context, args, out: Output) -> int:
 
     fs, base = _location(ctx, args.source)
     report = import_metadata(ctx.engine, fs, base)
-    out.result({"source": args.source, "rows": report.rows, "exported_at": report.exported_at},
+    out.result(document("import-metadata", None, source=args.source, exported_at=iso(report.exported_at),
+                        row_count=sum(report.rows.values()), row_counts=report.rows),
                f"imported {sum(report.rows.values())} rows exported at {report.exported_at} from {args.source}")
     return 0
 
@@ -87,15 +89,16 @@ def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
         raise BadInput("--check-pages and --skip-page-check contradict each other")
     report = recover_from_bucket(ctx.engine, ctx.bucket, args.topic, check_pages=args.check_pages,
                                  tier1=ctx.tier1, concurrency=args.concurrency)
-    result = {"topics_created": report.topics_created, "ledgers_recovered": len(report.ledgers_recovered),
-              "pages_checked": report.pages_checked, "without_page_index": report.without_page_index,
-              "already_known": len(report.already_known), "ignored": len(report.ignored),
-              "tier1_adopted": len(report.tier1_adopted), "tier1_sealed": len(report.tier1_sealed),
-              "tier1_copies_recorded": len(report.tier1_copies_recorded),
-              "tier1_ignored": [f"{what}: {why}" for what, why in report.tier1_ignored],
-              "unnamed_tier1_dirs": report.unnamed_tier1_dirs,
-              "unknown": {t: [list(r) for r in rs] for t, rs in report.unknown.items()}, "errors": report.errors,
-              "not_recovered": NOT_RECOVERED}
+    result = document("recover-from-bucket", args.topic, topics_created=report.topics_created,
+                      ledgers_recovered_count=len(report.ledgers_recovered), pages_checked=report.pages_checked,
+                      without_page_index_count=report.without_page_index,
+                      already_known_count=len(report.already_known), ignored_count=len(report.ignored),
+                      tier1_adopted_count=len(report.tier1_adopted), tier1_sealed_count=len(report.tier1_sealed),
+                      tier1_copies_recorded_count=len(report.tier1_copies_recorded),
+                      tier1_ignored=[f"{what}: {why}" for what, why in report.tier1_ignored],
+                      unnamed_tier1_dirs=report.unnamed_tier1_dirs,
+                      unknown={t: [list(r) for r in rs] for t, rs in report.unknown.items()}, errors=report.errors,
+                      not_recovered=NOT_RECOVERED)
     out.result(result, f"recovered {len(report.ledgers_recovered)} offloaded ledger(s) from the bucket and "
                        f"{len(report.tier1_adopted)} sealed ledger(s) from tier 1 ({len(report.tier1_sealed)} "
                        f"sealed now), {len(report.tier1_copies_recorded)} tier-1 copie(s) recorded, "

@@ -1,11 +1,21 @@
 """What the `tiering` command writes: one output object, text or JSON, chosen once from `--json` (handlers
-never branch on it); one-line, redacted error messages on stderr; progress bars on a terminal only."""
+never branch on it); one-line, redacted error messages on stderr; progress bars on a terminal only.
+
+The JSON language of every command (README, "The `tiering` command"), built here so every command speaks it:
+one object per command (`document`): `"command"` (the command line's words, e.g. "topic show"), `"topic"`
+(the topic it was limited to, or null), ledgers as `{"topic", "ledger"}` (`ledger_refs`), `"failed"` always
+a list of `{"topic", "ledger", "error"}` (or `{"key", "error"}` for an object of tier 2; `failures`),
+counts as integers named `*_count`, byte amounts named `bytes` or `*_bytes`, timestamps ISO 8601 UTC with
+`Z` (`iso`), `"dry_run": true` on a preview. `read --json` alone streams: one JSON line per entry or gap.
+`check_document` states the rules as a check (the tests walk every command with it)."""
 from __future__ import annotations
 
 import base64
 import json
 import os
+import re
 import sys
+from datetime import date, datetime, timezone
 from typing import Callable, Iterable
 
 from tiering.cli.args import one_line
@@ -32,8 +42,43 @@ def error(message: str) -> None:
     sys.stderr.flush()
 
 
+def _json_default(value):
+    if isinstance(value, datetime):
+        return iso(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)  # Position, Path, enums: their text
+
+
 def print_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.write(json.dumps(obj, default=_json_default) + "\n")
+
+
+def document(command: str, topic: str | None = None, **fields) -> dict:
+    """One command's JSON object: "command" and "topic" first, then its fields."""
+    return {"command": command, "topic": topic, **fields}
+
+
+def ledger_refs(pairs: Iterable) -> list[dict]:
+    """Ledgers as `{"topic", "ledger"}`, from (topic, ledger id) pairs or Ledger rows."""
+    out = []
+    for p in pairs:
+        topic, ledger = (p.topic, p.ledger_id) if hasattr(p, "ledger_id") else p
+        out.append({"topic": topic, "ledger": ledger})
+    return out
+
+
+def failures(items: Iterable) -> list[dict]:
+    """`failed` as a list of `{"topic", "ledger", "error"}`: from (topic, ledger, error) triples, or dicts
+    that already have those keys (or `{"key", "error"}`: an object of tier 2)."""
+    out = []
+    for item in items:
+        if isinstance(item, dict):
+            out.append(dict(item))
+        else:
+            topic, ledger, err = item
+            out.append({"topic": topic, "ledger": ledger, "error": err})
+    return out
 
 
 def printable(data: bytes) -> str:
@@ -52,29 +97,99 @@ def printable(data: bytes) -> str:
 
 
 def iso(t) -> str | None:
-    """A timestamp as ISO 8601 (None stays None)."""
-    return None if t is None else t.isoformat()
+    """A timestamp as ISO 8601 in UTC with `Z` (None stays None): 2026-11-25T14:15:41.084535Z."""
+    if t is None:
+        return None
+    if isinstance(t, str):  # an ISO 8601 text with an offset (a manifest's): the same instant, with Z
+        try:
+            t = datetime.fromisoformat(t)
+        except ValueError:
+            return t
+    if isinstance(t, datetime):
+        if t.tzinfo is not None:
+            t = t.astimezone(timezone.utc).replace(tzinfo=None)
+        return t.isoformat() + "Z"
+    if isinstance(t, date):
+        return t.isoformat()
+    return str(t)
+
+
+_ISO_Z = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?Z")
+LEDGER_LISTS = ("offloaded", "skipped", "deleted", "ledgers")  # lists of ledgers wherever they appear
+
+
+def check_document(obj: object, stream: bool = False) -> list[str]:
+    """What breaks the JSON language in one command's output object (empty: none); `stream` for the
+    lines of `read --json`. The rules of the module docstring, spelled out for the tests."""
+    problems: list[str] = []
+    if not isinstance(obj, dict):
+        return [f"not one object: {type(obj).__name__}"]
+    if not stream:
+        if not isinstance(obj.get("command"), str):
+            problems.append("no \"command\"")
+        if "topic" not in obj or not isinstance(obj["topic"], (str, type(None))):
+            problems.append("no \"topic\" (a name or null)")
+        if "failed" in obj and not (isinstance(obj["failed"], list) and all(
+                isinstance(f, dict) and "error" in f and ({"topic", "ledger"} <= f.keys() or "key" in f)
+                for f in obj["failed"])):
+            problems.append("\"failed\" is not a list of {topic, ledger, error} / {key, error}")
+        for name in LEDGER_LISTS:
+            value = obj.get(name)
+            if isinstance(value, list) and not all(isinstance(x, dict) and {"topic", "ledger"} <= x.keys()
+                                                   for x in value):
+                problems.append(f"{name!r} is not a list of {{topic, ledger}}")
+
+    def walk(value, path: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                where = f"{path}.{k}" if path else k
+                if k.endswith("_count") and (isinstance(v, bool) or not isinstance(v, int)):
+                    problems.append(f"{where} is a count but not an integer")
+                if k.endswith("_at") and v is not None and not (isinstance(v, str) and _ISO_Z.fullmatch(v)):
+                    problems.append(f"{where} is not an ISO 8601 UTC timestamp with Z: {v!r}")
+                if isinstance(v, int) and not isinstance(v, bool) and k in ("deleted", "failed", "planned",
+                                                                            "ledgers", "entries", "pages"):
+                    problems.append(f"{where} is a count not named *_count")
+                walk(v, where)
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{path}[{i}]")
+    walk(obj, "")
+    return problems
 
 
 def gap_dict(gap) -> dict:
     return {"gap": gap.kind, "from": str(gap.start), "to": str(gap.end)}
 
 
+PAYLOAD_FORMATS = {"text": printable, "hex": lambda data: data.hex(),
+                   "base64": lambda data: base64.b64encode(data).decode("ascii")}
+
+
 class TextOutput:
-    """For a person: summaries as sentences, rows as aligned tables, entries as `L:E<TAB>data`."""
+    """For a person: summaries as sentences, rows as aligned tables, entries as `L:E<TAB>payload` (the
+    payload in one declared form: `text` escapes what is not printable UTF-8, or `hex`, or `base64`), a gap
+    as a line starting with `#`, which no entry line does."""
+
+    def __init__(self, payload_format: str = "text"):
+        self.payload = PAYLOAD_FORMATS[payload_format]
 
     def result(self, obj: dict, text: str) -> None:
         print(text)
+
+    def listing(self, doc: dict, key: str, table: Callable[[list[dict]], Iterable[str]]) -> None:
+        for line in table(doc[key]):
+            print(line)
 
     def rows(self, rows: list[dict], table: Callable[[list[dict]], Iterable[str]]) -> None:
         for line in table(rows):
             print(line)
 
     def entry(self, ledger_id: int, entry_id: int, data: bytes) -> None:
-        sys.stdout.write(f"{ledger_id}:{entry_id}\t{printable(data)}\n")
+        sys.stdout.write(f"{ledger_id}:{entry_id}\t{self.payload(data)}\n")
 
     def gap(self, obj: dict) -> None:
-        print_json(obj)  # a gap is a JSON line in both outputs: a reader of text output can still tell
+        print(f"# {obj['gap']} gap from {obj['from']} to {obj['to']}")
 
 
 class JsonOutput:
@@ -83,7 +198,11 @@ class JsonOutput:
     def result(self, obj: dict, text: str) -> None:
         print_json(obj)
 
+    def listing(self, doc: dict, key: str, table: Callable[[list[dict]], Iterable[str]]) -> None:
+        print_json(doc)  # one object, its rows under `key`, also when there are none
+
     def rows(self, rows: list[dict], table: Callable[[list[dict]], Iterable[str]]) -> None:
+        # a line per row, nothing when empty: not the JSON language; commands list rows with `listing`
         for r in rows:
             print_json(r)
 
@@ -98,7 +217,7 @@ Output = TextOutput | JsonOutput
 
 
 def output_for(args) -> Output:
-    return JsonOutput() if getattr(args, "json", False) else TextOutput()
+    return JsonOutput() if getattr(args, "json", False) else TextOutput(getattr(args, "format", None) or "text")
 
 
 class NoBar:

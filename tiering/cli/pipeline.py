@@ -6,21 +6,30 @@ tiering.ops is imported inside the handlers: it loads boto3 and SQLAlchemy, whic
 invocation, `--help`, a refused argument) must not pay for."""
 from __future__ import annotations
 
-from dataclasses import asdict
 from datetime import timedelta
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output, error, progress_bar
+from tiering.cli.output import Output, document, error, failures, iso, ledger_refs, progress_bar
 from tiering.errors import BadInput
 from tiering.model import MIB
 
 
+def _dry_run_flag(p) -> None:
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan a real run would execute now, as its output with \"dry_run\": true; "
+                        "change nothing (no row, no object, no file)")
+
+
 def register(sub) -> None:
-    op = sub.add_parser("offload-prefix", help="offload every sealed ledger before L:E (Pulsar's offloadPrefix)")
+    op = sub.add_parser("offload-prefix", help="offload every sealed ledger wholly before L:E (Pulsar's offloadPrefix)")
     op.set_defaults(handler=cmd_offload_prefix)
     a.name(op)
-    op.add_argument("position", type=a.position, metavar="L:E")
+    op.add_argument("position", type=a.position, metavar="L:E", nargs="?",
+                    help="the first position kept in tier 1 only; the end of the topic is one past the last "
+                         "sealed entry (L:<its entry count>) or, after a seal, the next ledger's N:0")
+    op.add_argument("--all-sealed", action="store_true", help="instead of L:E: every sealed ledger")
+    _dry_run_flag(op)
     a.json_flag(op)
     ost = sub.add_parser("offload-status", help="per ledger: state, attempt, offloaded time, keys")
     ost.set_defaults(handler=cmd_offload_status)
@@ -32,16 +41,19 @@ def register(sub) -> None:
         ob = sub.add_parser(f"offload-by-{by}", help=f"offload the sealed ledgers the topics' {knob} selects")
         ob.set_defaults(handler=cmd_offload_by)
         a.topic_flag(ob)
+        _dry_run_flag(ob)
         a.json_flag(ob)
     dl = sub.add_parser("delete-lagged", help="delete tier-1 copies offloaded longer ago than the deletion lag")
     dl.set_defaults(handler=cmd_delete_lagged)
     a.topic_flag(dl)
+    _dry_run_flag(dl)
     a.json_flag(dl)
     ret = sub.add_parser("retention", help="truncate topic heads by retention time and size, bounded by readers")
     ret.set_defaults(handler=cmd_retention)
     a.topic_flag(ret)
     ret.add_argument("--dry-run", action="store_true",
-                     help="show what a run would delete now and what subscriptions hold back; change nothing")
+                     help="print what a run would delete now (as its output, with \"dry_run\": true and the plan "
+                          "per topic: reasons, what subscriptions hold back); change nothing")
     a.json_flag(ret)
     tr = sub.add_parser("truncate", help="delete every whole ledger before L:E (never the open one)")
     tr.set_defaults(handler=cmd_truncate)
@@ -49,23 +61,27 @@ def register(sub) -> None:
     tr.add_argument("position", type=a.position, metavar="L:E")
     tr.add_argument("--force", action="store_true",
                     help="delete even entries an ACTIVE subscription has not read (the loss is recorded)")
+    _dry_run_flag(tr)
     a.json_flag(tr)
     dfr = sub.add_parser("defrag", help="merge runs of small tier-2 objects")
     dfr.set_defaults(handler=cmd_defrag)
     a.topic_flag(dfr)
-    dfr.add_argument("--small-bytes", type=a.positive, default=8 * MIB, metavar="N",
-                     help="a data object below this is small (default 8 MiB)")
-    dfr.add_argument("--max-merged-bytes", type=a.positive, default=256 * MIB, metavar="N",
-                     help="a merged object stays within this (default 256 MiB)")
+    dfr.add_argument("--small-bytes", type=a.size, default=8 * MIB, metavar="SIZE",
+                     help="a data object below this is small (bytes or e.g. 8MiB; default 8MiB)")
+    dfr.add_argument("--max-merged-bytes", type=a.size, default=256 * MIB, metavar="SIZE",
+                     help="a merged object stays within this (bytes or e.g. 256MiB; default 256MiB)")
+    _dry_run_flag(dfr)
     a.json_flag(dfr)
     gc = sub.add_parser("gc", help="delete due queued tier-2 objects and stale uploads; --sweep: orphans")
     gc.set_defaults(handler=cmd_gc)
-    gc.add_argument("--orphan-grace-seconds", type=a.seconds, default=None, metavar="N",
-                    help="unreferenced objects and uploads older than this are deleted (default 2 h)")
+    gc.add_argument("--orphan-grace-seconds", type=a.seconds, default=None, metavar="DURATION",
+                    help="unreferenced objects and uploads older than this are deleted (seconds or e.g. 2h; "
+                         "default twice TIERING_OFFLOAD_TIMEOUT_SECONDS: 2h)")
     gc.add_argument("--sweep", action="store_true",
                     help="instead: sweep orphaned objects, resuming the listing where the last sweep stopped")
     gc.add_argument("--max-pages", type=a.positive, default=None, metavar="N",
                     help="with --sweep: list at most N pages of 1,000 keys (default 10,000)")
+    _dry_run_flag(gc)
     a.json_flag(gc)
 
 
@@ -74,44 +90,66 @@ def _fail(count: int, what: str, first: str) -> int:
     return 1
 
 
-def _pairs(items) -> list[dict]:
-    return [{"topic": t, "ledger": i} for t, i in items]
+def _preview(args) -> dict:
+    return {"dry_run": True} if getattr(args, "dry_run", False) else {}
+
+
+def _would(args, text: str) -> str:
+    return f"[dry run] {text}" if getattr(args, "dry_run", False) else text
 
 
 # ------------------------------------------------------------------------------------------------ offload
 def cmd_offload_prefix(ctx: Context, args, out: Output) -> int:
-    from tiering.ops.offload import offload_prefix, plan_offload_prefix
+    from tiering.ops.offload import end_of_sealed, first_not_offloaded, offload_prefix, plan_offload_prefix
 
-    planned = plan_offload_prefix(ctx.deps, args.name, args.position)  # an unknown topic fails here
-    # bytes, so the bar shows the rate and an ETA (tqdm), as offload-by-* does
-    bar = progress_bar("offload-prefix", sum(led.size_bytes for led in planned), "B")
-    report, first = offload_prefix(ctx.deps, args.name, args.position,
-                                   on_done=lambda led: bar.update(led.size_bytes), planned=planned)
-    bar.close()
-    result = {"command": "offload-prefix", "topic": args.name, "position": str(args.position),
-              "offloaded": report.offloaded, "skipped": report.skipped, "failed": report.failed,
-              "bytes": report.bytes, "first_not_offloaded": str(first)}
-    out.result(result, f"offloaded {len(report.offloaded)} ledger(s) ({report.bytes} bytes), skipped "
-                       f"{len(report.skipped)}, failed {len(report.failed)}; first position not offloaded: {first}")
-    if report.first_error:
-        return _fail(len(report.failed), "ledger(s)", report.first_error)
+    if (args.position is None) == (not args.all_sealed):
+        raise BadInput("offload-prefix takes a position L:E or --all-sealed (one of them)")
+    position = end_of_sealed(ctx.deps, args.name) if args.all_sealed else args.position  # unknown topic: here
+    planned = plan_offload_prefix(ctx.deps, args.name, position)
+    if args.dry_run:
+        first = first_not_offloaded(ctx.deps, args.name, assume_offloaded={led.ledger_id for led in planned})
+        offloaded, skipped, failed = [led.ledger_id for led in planned], [], {}
+        size = sum(led.size_bytes for led in planned)
+        first_error = None
+    else:
+        # bytes, so the bar shows the rate and an ETA (tqdm), as offload-by-* does
+        bar = progress_bar("offload-prefix", sum(led.size_bytes for led in planned), "B")
+        report, first = offload_prefix(ctx.deps, args.name, position,
+                                       on_done=lambda led: bar.update(led.size_bytes), planned=planned)
+        bar.close()
+        offloaded, skipped, failed, size = report.offloaded, report.skipped, report.failed, report.bytes
+        first_error = report.first_error
+    result = document("offload-prefix", args.name, **_preview(args), position=str(position),
+                      offloaded=ledger_refs((args.name, i) for i in offloaded),
+                      skipped=ledger_refs((args.name, i) for i in skipped),
+                      failed=failures((args.name, i, e) for i, e in failed.items()),
+                      offloaded_count=len(offloaded), bytes=size, first_not_offloaded=str(first))
+    out.result(result, _would(args, f"offloaded {len(offloaded)} ledger(s) ({size} bytes), skipped {len(skipped)}, "
+                                    f"failed {len(failed)}; first position not offloaded: {first}"))
+    if first_error:
+        return _fail(len(failed), "ledger(s)", first_error)
     return 0
 
 
 def cmd_offload_by(ctx: Context, args, out: Output) -> int:
-    from tiering.ops.offload import offload_by_topic, plan_offload
+    from tiering.ops.offload import TopicsOffloadReport, offload_by_topic, plan_offload
 
     by = args.command.rsplit("-", 1)[1]
     ctx.check_topic(args.topic)
     ledgers = plan_offload(ctx.deps, by, args.topic)
-    bar = progress_bar(f"offload by {by}", sum(led.size_bytes for led in ledgers), "B")
-    report = offload_by_topic(ctx.deps, ledgers, on_done=lambda done: bar.update(done.size_bytes))
-    bar.close()
-    result = {"command": args.command, "topic": args.topic, "planned": report.planned,
-              "offloaded": _pairs(report.offloaded), "skipped": _pairs(report.skipped), "failed": report.failed,
-              "bytes": report.bytes}
-    out.result(result, f"offload by {by}: {report.planned} planned; offloaded {len(report.offloaded)} ledger(s) "
-                       f"({report.bytes} bytes), skipped {len(report.skipped)}, failed {len(report.failed)}")
+    if args.dry_run:
+        report = TopicsOffloadReport(planned=len(ledgers), offloaded=[(led.topic, led.ledger_id) for led in ledgers],
+                                     bytes=sum(led.size_bytes for led in ledgers))
+    else:
+        bar = progress_bar(f"offload by {by}", sum(led.size_bytes for led in ledgers), "B")
+        report = offload_by_topic(ctx.deps, ledgers, on_done=lambda done: bar.update(done.size_bytes))
+        bar.close()
+    result = document(args.command, args.topic, **_preview(args), planned_count=report.planned,
+                      offloaded=ledger_refs(report.offloaded), skipped=ledger_refs(report.skipped),
+                      failed=failures(report.failed), offloaded_count=len(report.offloaded), bytes=report.bytes)
+    out.result(result, _would(args, f"offload by {by}: {report.planned} planned; offloaded {len(report.offloaded)} "
+                                    f"ledger(s) ({report.bytes} bytes), skipped {len(report.skipped)}, failed "
+                                    f"{len(report.failed)}"))
     if report.failed:
         f = report.failed[0]
         return _fail(len(report.failed), "ledger(s)", f"topic {f['topic']!r} ledger {f['ledger']}: {f['error']}")
@@ -130,57 +168,65 @@ def cmd_offload_status(ctx: Context, args, out: Output) -> int:
     rows = []
     for led in ledgers:
         ch = chunks.get(led.ledger_id)
-        rows.append({"ledger": led.ledger_id, "state": led.state.value, "attempt": led.offload_uuid,
-                     "offload_started_at": led.offload_started_at, "offloaded_at": led.offloaded_at,
-                     "tier1_present": led.tier1_present,
+        rows.append({"topic": args.name, "ledger": led.ledger_id, "state": led.state.value,
+                     "attempt": led.offload_uuid, "offload_started_at": iso(led.offload_started_at),
+                     "offloaded_at": iso(led.offloaded_at), "tier1_present": led.tier1_present,
                      "data_key": ch.data_key if ch else None, "index_key": ch.index_key if ch else None})
-    out.rows(rows, _offload_table)
+    out.listing(document("offload-status", args.name, ledgers=rows), "ledgers", _offload_table)
     return 0
 
 
 # ------------------------------------------------------------------------------- tier-1 copies, retention
 def cmd_delete_lagged(ctx: Context, args, out: Output) -> int:
-    from tiering.ops.delete_lagged import delete_lagged
+    from tiering.ops.delete_lagged import delete_lagged, preview
 
     ctx.check_topic(args.topic)
-    report = delete_lagged(ctx.deps, args.topic)
-    result = {"command": "delete-lagged", "topic": args.topic, "deleted": _pairs(report.deleted),
-              "skipped": _pairs(report.skipped), "bytes": report.bytes,
-              "failed": [{"topic": t, "ledger": i, "error": e} for t, i, e in report.failed]}
-    out.result(result, f"deleted {len(report.deleted)} tier-1 cop(ies) ({report.bytes} bytes); skipped "
-                       f"{len(report.skipped)} that changed meanwhile; kept {len(report.failed)} that failed")
+    report = preview(ctx.deps, args.topic) if args.dry_run else delete_lagged(ctx.deps, args.topic)
+    result = document("delete-lagged", args.topic, **_preview(args), deleted=ledger_refs(report.deleted),
+                      skipped=ledger_refs(report.skipped), failed=failures(report.failed),
+                      deleted_count=len(report.deleted), bytes=report.bytes)
+    out.result(result, _would(args, f"deleted {len(report.deleted)} tier-1 cop(ies) ({report.bytes} bytes); skipped "
+                                    f"{len(report.skipped)} that changed meanwhile; kept {len(report.failed)} that "
+                                    "failed"))
     if report.failed:
         return _fail(len(report.failed), "ledger(s)", report.failed[0][2])
     return 0
 
 
-def _retention_result(args, report) -> dict:
-    return {"command": args.command, "topic": getattr(args, "topic", None) or getattr(args, "name", None),
-            "deleted": _pairs(report.deleted), "files_removed": report.files_removed, "bytes": report.bytes,
-            "reasons": dict(sorted(report.reasons.items())), "unread_deleted": report.losses}
+def _retention_result(args, report, topic: str | None) -> dict:
+    return document(args.command, topic, **_preview(args), deleted=ledger_refs(report.deleted),
+                    deleted_count=len(report.deleted), files_removed_count=report.files_removed, bytes=report.bytes,
+                    reasons=dict(sorted(report.reasons.items())), unread_deleted=report.losses)
 
 
 def _losses(report) -> str:
     if not report.losses:
         return ""
-    return "; deleted unread: " + ", ".join(f"{x['subscription']!r} of {x['topic']!r} {x['entries']} entries "
+    return "; deleted unread: " + ", ".join(f"{x['subscription']!r} of {x['topic']!r} {x['entry_count']} entries "
                                             f"({x['reason']})" for x in report.losses)
 
 
 def cmd_retention(ctx: Context, args, out: Output) -> int:
-    from tiering.ops.retention import describe_plan, dry_run, retention
+    from tiering.ops.retention import RetentionReport, describe_plan, dry_run, retention
 
     ctx.check_topic(args.topic)
     if args.dry_run:
         plan = dry_run(ctx.deps, args.topic)
-        result = {"command": "retention", "dry_run": True, "topic": args.topic, "topics": plan,
-                  "ledgers": sum(p["ledgers"] for p in plan), "bytes": sum(p["bytes"] for p in plan)}
+        report = RetentionReport()
+        for p in plan:
+            report.deleted += [(p["topic"], i) for i in p["ledger_ids"]]
+            report.bytes += p["bytes"]
+            report.files_removed += p["tier1_copies"]
+            report.reasons.update(p["reasons"].values())
+            report.losses += [{"topic": p["topic"], **u} for u in p["unread_deleted"]]
+        plan = [{k: v for k, v in p.items() if k not in ("reasons", "ledger_ids")} for p in plan]
+        result = {**_retention_result(args, report, args.topic), "plan": plan}
         out.result(result, "\n".join(["retention --dry-run: nothing due" if not plan else
-                                      f"retention --dry-run: would delete {result['ledgers']} ledger(s), "
-                                      f"{result['bytes']} bytes"] + [f"  {describe_plan(p)}" for p in plan]))
+                                      f"retention --dry-run: would delete {len(report.deleted)} ledger(s), "
+                                      f"{report.bytes} bytes"] + [f"  {describe_plan(p)}" for p in plan]))
         return 0
     report = retention(ctx.deps, args.topic)
-    out.result(_retention_result(args, report),
+    out.result(_retention_result(args, report, args.topic),
                f"retention: deleted {len(report.deleted)} ledger(s) ({report.bytes} bytes), removed "
                f"{report.files_removed} tier-1 file(s); their tier-2 objects are queued for gc" + _losses(report))
     return 0
@@ -190,47 +236,61 @@ def cmd_truncate(ctx: Context, args, out: Output) -> int:
     from tiering.ops.retention import truncate
 
     # unknown topic, position past the end, unread entries of an ACTIVE subscription without --force: exit 2
-    report = truncate(ctx.deps, args.name, args.position, args.force)
-    result = {**_retention_result(args, report), "position": str(args.position)}
-    out.result(result, f"truncated {args.name!r} before {args.position}: deleted {len(report.deleted)} ledger(s) "
-                       f"({report.bytes} bytes), removed {report.files_removed} tier-1 file(s); their tier-2 "
-                       f"objects are queued for gc" + _losses(report))
+    report = truncate(ctx.deps, args.name, args.position, args.force, dry_run=args.dry_run)
+    result = {**_retention_result(args, report, args.name), "position": str(args.position)}
+    out.result(result, _would(args, f"truncated {args.name!r} before {args.position}: deleted {len(report.deleted)} "
+                                    f"ledger(s) ({report.bytes} bytes), removed {report.files_removed} tier-1 "
+                                    f"file(s); their tier-2 objects are queued for gc" + _losses(report)))
     return 0
 
 
 # --------------------------------------------------------------------------------------------- defrag, gc
 def cmd_defrag(ctx: Context, args, out: Output) -> int:
-    from tiering.ops.defrag import merge_groups, plan_defrag
+    from tiering.ops.defrag import DefragReport, merge_groups, plan_defrag
 
     ctx.check_topic(args.topic)
     groups = plan_defrag(ctx.deps, args.topic, args.small_bytes, args.max_merged_bytes)
-    bar = progress_bar("defrag", sum(g.data_bytes for g in groups), "B")
-    report = merge_groups(ctx.deps, groups, on_group=lambda g: bar.update(g.data_bytes))
-    bar.close()
-    result = {"command": "defrag", "topic": args.topic, "planned_groups": len(groups), **asdict(report)}
-    out.result(result, f"defrag: merged {report.groups} group(s) of {report.ledgers} ledger(s), "
-                       f"{report.objects_before} object(s) -> {report.objects_after}; "
-                       f"{report.bytes_copied_server_side} bytes copied server-side, {report.bytes_downloaded} "
-                       f"downloaded; {report.lost_races} lost race(s), {len(report.errors)} failed")
+    if args.dry_run:
+        n = sum(len(g.ledgers) for g in groups)
+        report = DefragReport(groups=len(groups), ledgers=n, objects_before=2 * n, objects_after=2 * len(groups))
+    else:
+        bar = progress_bar("defrag", sum(g.data_bytes for g in groups), "B")
+        report = merge_groups(ctx.deps, groups, on_group=lambda g: bar.update(g.data_bytes))
+        bar.close()
+    result = document("defrag", args.topic, **_preview(args), planned_group_count=len(groups),
+                      ledgers=ledger_refs(led for g in groups for led in g.ledgers),
+                      group_count=report.groups, ledger_count=report.ledgers,
+                      objects_before_count=report.objects_before, objects_after_count=report.objects_after,
+                      planned_bytes=sum(g.data_bytes for g in groups),
+                      bytes_copied_server_side=report.bytes_copied_server_side,
+                      bytes_downloaded=report.bytes_downloaded, lost_race_count=report.lost_races,
+                      failed=failures(report.failures))
+    out.result(result, _would(args, f"defrag: merged {report.groups} group(s) of {report.ledgers} ledger(s), "
+                                    f"{report.objects_before} object(s) -> {report.objects_after}; "
+                                    f"{report.bytes_copied_server_side} bytes copied server-side, "
+                                    f"{report.bytes_downloaded} downloaded; {report.lost_races} lost race(s), "
+                                    f"{len(report.errors)} failed"))
     if report.errors:
         return _fail(len(report.errors), "group(s)", report.errors[0])
     return 0
 
 
 def cmd_gc(ctx: Context, args, out: Output) -> int:
-    from tiering.ops.gc import run_gc
+    from tiering.ops.gc import preview_gc, run_gc
 
     grace = None if args.orphan_grace_seconds is None else timedelta(seconds=args.orphan_grace_seconds)
     if args.sweep:
         return _gc_sweep(ctx, args, out, grace)
     if args.max_pages is not None:
         raise BadInput("--max-pages is for --sweep")
-    report = run_gc(ctx.deps, orphan_grace=grace)
-    result = {"command": "gc", "deleted": len(report.deleted), "still_referenced": report.still_referenced,
-              "retried": report.retried, "failed": report.failed, "uploads_aborted": report.uploads_aborted}
-    out.result(result, f"gc: deleted {len(report.deleted)} queued object(s), aborted {report.uploads_aborted} "
-                       f"stale upload(s); {report.still_referenced} still referenced, {report.retried} to retry, "
-                       f"{report.failed} failed for good")
+    report = preview_gc(ctx.deps, orphan_grace=grace) if args.dry_run else run_gc(ctx.deps, orphan_grace=grace)
+    result = document("gc", None, **_preview(args), deleted_count=len(report.deleted),
+                      still_referenced_count=report.still_referenced, retried_count=report.retried,
+                      failed_count=report.failed, failed=failures(report.failed_keys),
+                      uploads_aborted_count=report.uploads_aborted)
+    out.result(result, _would(args, f"gc: deleted {len(report.deleted)} queued object(s), aborted "
+                                    f"{report.uploads_aborted} stale upload(s); {report.still_referenced} still "
+                                    f"referenced, {report.retried} to retry, {report.failed} failed for good"))
     if report.retried or report.failed:
         error(f"{report.retried + report.failed} queued object(s) could not be deleted from S3 "
               f"({report.failed} marked FAILED after their last attempt)")
@@ -239,20 +299,24 @@ def cmd_gc(ctx: Context, args, out: Output) -> int:
 
 
 def _gc_sweep(ctx: Context, args, out: Output, grace) -> int:
-    from tiering.ops.gc import SWEEP_MAX_PAGES, sweep_orphans
+    from tiering.ops.gc import SWEEP_MAX_PAGES, preview_sweep, sweep_orphans
 
-    r = sweep_orphans(ctx.deps, orphan_grace=grace, max_pages=args.max_pages or SWEEP_MAX_PAGES)
-    result = {"command": "gc", "sweep": True, "taken": r.taken, "pages": r.pages, "objects_listed": r.objects_listed,
-              "orphans_deleted": len(r.orphans_deleted), "failed": len(r.failed), "started_from": r.started_from,
-              "cursor": r.cursor, "pass_complete": r.pass_complete, "passes_completed": r.passes_completed,
-              "last_pass_completed_at": r.last_pass_completed_at.isoformat() if r.last_pass_completed_at else None}
+    sweep = preview_sweep if args.dry_run else sweep_orphans
+    r = sweep(ctx.deps, orphan_grace=grace, max_pages=args.max_pages or SWEEP_MAX_PAGES)
+    result = document("gc", None, **_preview(args), sweep=True, taken=r.taken, page_count=r.pages,
+                      objects_listed_count=r.objects_listed, orphans_deleted_count=len(r.orphans_deleted),
+                      failed=[{"key": k, "error": "S3 delete failed"} for k in r.failed],
+                      started_from=r.started_from, cursor=r.cursor, pass_complete=r.pass_complete,
+                      passes_completed_count=r.passes_completed, last_pass_completed_at=iso(r.last_pass_completed_at))
+    if args.dry_run:
+        result["orphans"] = r.orphans_deleted
     if r.taken and not r.pages:
         out.result(result, "gc --sweep: taken by another worker; nothing done")
         return 0
     where = "pass complete, next run starts a new pass" if r.pass_complete else f"next run resumes after {r.cursor!r}"
-    out.result(result, f"gc --sweep: listed {r.pages} page(s), {r.objects_listed} object(s); deleted "
-                       f"{len(r.orphans_deleted)} orphan(s); {where}"
-                       + (" (stopped: taken by another worker)" if r.taken else ""))
+    out.result(result, _would(args, f"gc --sweep: listed {r.pages} page(s), {r.objects_listed} object(s); deleted "
+                                    f"{len(r.orphans_deleted)} orphan(s); {where}"
+                                    + (" (stopped: taken by another worker)" if r.taken else "")))
     if r.failed:
         error(f"{len(r.failed)} orphan(s) could not be deleted from S3; first: {r.failed[0]}; "
               f"the next sweep lists that page again")

@@ -5,7 +5,7 @@ import argparse
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output, iso
+from tiering.cli.output import Output, document, iso
 
 
 def _start(text: str) -> str:
@@ -52,10 +52,10 @@ def _pos(p) -> str | None:
 def listed_dict(item, now) -> dict:
     s = item.subscription
     age = 0.0 if item.oldest_unread_at is None else max(0.0, (now - item.oldest_unread_at).total_seconds())
-    return {"topic": s.topic, "name": s.name, "position": _pos(s.position), "backlog_entries": item.backlog_entries,
-            "backlog_bytes": item.backlog_bytes, "oldest_unread_age_seconds": round(age, 3),
+    return {"topic": s.topic, "subscription": s.name, "position": _pos(s.position),
+            "backlog_entry_count": item.backlog_entries, "backlog_bytes": item.backlog_bytes, "oldest_unread_age_seconds": round(age, 3),
             "last_ack_at": iso(s.last_ack_at), "created_at": iso(s.created_at), "state": s.state,
-            "entries_deleted_unread": s.entries_deleted_unread, "bytes_deleted_unread": s.bytes_deleted_unread,
+            "unread_deleted_entry_count": s.entries_deleted_unread, "unread_deleted_bytes": s.bytes_deleted_unread,
             "last_loss_at": iso(s.last_loss_at), "last_loss_reason": s.last_loss_reason, "version": s.version}
 
 
@@ -63,13 +63,13 @@ def _table(rows: list[dict]):
     yield (f"{'topic':<20} {'name':<20} {'position':<14} {'state':<8} {'backlog':>9} {'bytes':>12} "
            f"{'age_s':>9} {'lost':>8}")
     for r in rows:
-        yield (f"{r['topic']:<20} {r['name']:<20} {r['position'] or '-':<14} {r['state']:<8} "
-               f"{r['backlog_entries']:>9} {r['backlog_bytes']:>12} {r['oldest_unread_age_seconds']:>9.0f} "
-               f"{r['entries_deleted_unread']:>8}")
+        yield (f"{r['topic']:<20} {r['subscription']:<20} {r['position'] or '-':<14} {r['state']:<8} "
+               f"{r['backlog_entry_count']:>9} {r['backlog_bytes']:>12} {r['oldest_unread_age_seconds']:>9.0f} "
+               f"{r['unread_deleted_entry_count']:>8}")
 
 
 def _one(s) -> dict:
-    return {"topic": s.topic, "name": s.name, "position": _pos(s.position), "state": s.state,
+    return {"topic": s.topic, "subscription": s.name, "position": _pos(s.position), "state": s.state,
             "last_ack_at": iso(s.last_ack_at), "version": s.version}
 
 
@@ -79,15 +79,16 @@ def cmd_subscription(ctx: Context, args, out: Output) -> int:
     cmd = args.subscription_command
     if cmd == "create":
         s = ops.create(ctx.deps, args.name, args.subscription, args.start)
-        out.result({"command": "subscription create", **_one(s)},
+        out.result(document("subscription create", **_one(s)),
                    f"created subscription {s.name!r} of {s.topic!r} at {_pos(s.position) or 'the start (nothing read)'}")
     elif cmd == "ack":
         s = ops.ack(ctx.deps, args.name, args.subscription, args.position, args.reset)
-        out.result({"command": "subscription ack", **_one(s)}, f"subscription {s.name!r} of {s.topic!r} at {s.position}")
+        out.result(document("subscription ack", **_one(s)), f"subscription {s.name!r} of {s.topic!r} at {s.position}")
     elif cmd == "list":
         now = ctx.meta.now()
-        out.rows([listed_dict(x, now) for x in ops.list_subscriptions(ctx.deps, args.name)], _table)
+        rows = [listed_dict(x, now) for x in ops.list_subscriptions(ctx.deps, args.name)]
+        out.listing(document("subscription list", args.name, subscriptions=rows), "subscriptions", _table)
     else:
         s = ops.delete(ctx.deps, args.name, args.subscription)
-        out.result({"command": "subscription delete", **_one(s)}, f"deleted subscription {s.name!r} of {s.topic!r}")
+        out.result(document("subscription delete", **_one(s)), f"deleted subscription {s.name!r} of {s.topic!r}")
     return 0

@@ -6,33 +6,43 @@ from dataclasses import asdict
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output
+from tiering.cli.output import Output, document, iso
 from tiering.errors import BadInput
 from tiering.model import MIB, TopicPolicy
 
 # (flag, policy field, argument type, metavar, help); the defaults are TopicPolicy's (shown by `create`).
+# Durations: seconds or 90s/15m/4h/7d; sizes: bytes or 512KiB/64MiB/10GB/1TiB (tiering/units.py).
+MIN_ROLLOVER_BYTES = 4096  # smaller: a ledger (a tier-1 file, a tier-2 object pair) per entry or two
 POLICY_FLAGS = (
-    ("--offload-after", "offload_after_seconds", a.policy_seconds, "SECONDS",
-     "offload sealed ledgers this long after their seal (-1: never, 0: at once; default -1)"),
-    ("--offload-threshold", "offload_threshold_bytes", a.policy_int, "BYTES",
-     "offload the oldest ledgers while the topic holds more than this (-1: never; default -1)"),
-    ("--deletion-lag", "deletion_lag_seconds", a.seconds, "SECONDS",
-     "keep tier-1 copies this long after offload (default 14400: 4 h)"),
-    ("--retention-time", "retention_seconds", a.policy_seconds, "SECONDS",
-     "delete whole ledgers sealed longer ago than this (-1: keep; default -1)"),
-    ("--retention-size", "retention_bytes", a.policy_int, "BYTES",
-     "delete the oldest ledgers while the topic's live ledgers (both tiers, counted once) exceed this "
-     "(-1: keep; default -1)"),
-    ("--max-retention-time", "max_retention_seconds", a.policy_seconds, "SECONDS",
+    ("--offload-after", "offload_after_seconds", a.policy_seconds, "DURATION",
+     "offload sealed ledgers this long after their seal (e.g. 4h; -1: never, 0: at once; default -1)"),
+    ("--offload-threshold", "offload_threshold_bytes", a.policy_size, "SIZE",
+     "offload the oldest sealed ledgers once the topic's ledgers, newest first and in either tier, exceed this "
+     "(Pulsar's rule; e.g. 10GiB; -1: never; default -1)"),
+    ("--deletion-lag", "deletion_lag_seconds", a.seconds, "DURATION",
+     "keep tier-1 copies this long after offload (default 4h)"),
+    ("--retention-time", "retention_seconds", a.policy_seconds, "DURATION",
+     "delete whole ledgers sealed longer ago than this, measured from each ledger's seal (e.g. 7d; -1: keep; "
+     "default -1)"),
+    ("--retention-size", "retention_bytes", a.policy_size, "SIZE",
+     "delete the oldest ledgers while the topic's live ledgers exceed this: every ledger not deleted, in tier 1 "
+     "or tier 2, each counted once (e.g. 10GB; -1: keep; default -1)"),
+    ("--max-retention-time", "max_retention_seconds", a.policy_seconds, "DURATION",
      "ceiling: delete ledgers sealed longer ago than this even when unread (-1: none; default -1)"),
-    ("--max-retention-size", "max_retention_bytes", a.policy_int, "BYTES",
+    ("--max-retention-size", "max_retention_bytes", a.policy_size, "SIZE",
      "ceiling: delete the oldest ledgers while the topic exceeds this, even unread (-1: none; default -1)"),
-    ("--subscription-expiry", "subscription_expiry_seconds", a.expiry_seconds, "SECONDS",
-     "a subscription with no ack for this long is EXPIRED and holds nothing back (-1: never; default -1)"),
+    ("--subscription-expiry", "subscription_expiry_seconds", a.expiry_seconds, "DURATION",
+     "a subscription with no ack for this long is EXPIRED and holds nothing back (e.g. 7d; -1: never; "
+     "default -1)"),
     ("--rollover-entries", "rollover_entries", a.positive, "N", "start a new ledger after N entries (default 50000)"),
-    ("--rollover-bytes", "rollover_bytes", a.positive, "BYTES",
-     f"start a new ledger after this many payload bytes (default {64 * MIB}: 64 MiB)"),
+    ("--rollover-bytes", "rollover_bytes", a.size_at_least(MIN_ROLLOVER_BYTES), "SIZE",
+     f"start a new ledger after this many payload bytes (at least 4KiB; default {64 * MIB // MIB}MiB)"),
 )
+
+
+UNITS = ("DURATION: seconds, or a number with a unit s, m, h, d, w (90s, 15m, 4h, 7d). SIZE: bytes, or a number "
+         "with a unit KiB, MiB, GiB, TiB (1024), KB, MB, GB, TB (1000) or K, M, G, T (1024): 512KiB, 64MiB, 10GB. "
+         "-1 (a bare -1) disables a limit.")
 
 
 def _policy_flags(p: argparse.ArgumentParser) -> None:
@@ -57,10 +67,11 @@ def register(sub) -> None:
     topic = sub.add_parser("topic", help="create, change, delete, list and show topics")
     topic.set_defaults(handler=cmd_topic)
     t_sub = topic.add_subparsers(dest="topic_command", required=True, parser_class=a.Parser)
-    create = t_sub.add_parser("create", help="create a topic with its tiering policy")
+    create = t_sub.add_parser("create", help="create a topic with its tiering policy", description=UNITS)
     a.name(create)
     _policy_flags(create)
-    change = t_sub.add_parser("set", help="change a topic's policy (compare-and-set on its version)")
+    change = t_sub.add_parser("set", help="change a topic's policy (compare-and-set on its version)",
+                              description=UNITS)
     a.name(change)
     _policy_flags(change)
     change.add_argument("--expect-version", type=a.nonneg, default=None, metavar="N",
@@ -74,6 +85,10 @@ def register(sub) -> None:
     show = t_sub.add_parser("show", help="a topic's policy and counters")
     a.name(show)
     a.json_flag(show)
+    stats = t_sub.add_parser("stats", help="per topic: ledgers and bytes per tier and state, offload backlog, "
+                                           "lagged copies, GC queue, oldest ledger, last successful runs")
+    stats.add_argument("name", nargs="?", type=a.topic_name, metavar="TOPIC", help="one topic only")
+    a.json_flag(stats)
 
 
 def cmd_db(ctx: Context, args, out: Output) -> int:
@@ -86,8 +101,46 @@ def cmd_db(ctx: Context, args, out: Output) -> int:
 
 
 def _topic_dict(t) -> dict:
-    return {"name": t.name, "topic_id": t.topic_id, "next_ledger_id": t.next_ledger_id, "version": t.version,
+    return {"topic": t.name, "topic_id": t.topic_id, "next_ledger_id": t.next_ledger_id, "version": t.version,
             **asdict(t.policy)}
+
+
+def _stats_doc(ctx: Context, name: str | None) -> dict:
+    from tiering.metadata.stats import topic_stats
+
+    rows, common = topic_stats(ctx.engine, name)
+    if name is not None and not rows:
+        ctx.meta.get_topic(name)  # the one-line "does not exist", exit 2
+    topics = []
+    for r in rows:
+        oldest = r.pop("oldest_created_at")
+        r["oldest_ledger_age_seconds"] = None if oldest is None else round((common["now"] - oldest).total_seconds(), 3)
+        r["oldest_ledger_created_at"] = iso(oldest)
+        topics.append({k: iso(v) if k.endswith("_at") else v for k, v in r.items()})
+    gc = {"pending_count": common["gc_pending_count"], "due_count": common["gc_due_count"],
+          "failed_count": common["gc_failed_count"]}
+    return document("topic stats", name, topics=topics, gc_queue=gc,
+                    last_success_by_job=dict(sorted(common["last_success"].items())))
+
+
+def _stats_text(doc: dict):
+    for t in doc["topics"]:
+        yield (f"{t['topic']}: {t['live_count']} live ledger(s) ({t['open_count']} open, {t['sealed_count']} sealed, "
+               f"{t['offloading_count']} offloading, {t['offloaded_count']} offloaded), {t['deleted_count']} deleted; "
+               f"{t['live_entry_count']} entries, {t['live_bytes']} bytes")
+        yield (f"  tier 1: {t['tier1_count']} ledger(s), {t['tier1_bytes']} bytes; tier 2: {t['tier2_count']} "
+               f"ledger(s), {t['tier2_bytes']} bytes ({t['tier2_stored_bytes']} stored)")
+        yield (f"  offload backlog: {t['backlog_count']} ledger(s), {t['backlog_bytes']} bytes "
+               f"({t['backlog_offloading_count']} offloading); lagged tier-1 copies: {t['lagged_count']} "
+               f"({t['lagged_bytes']} bytes, {t['lagged_due_count']} due)")
+        age = t["oldest_ledger_age_seconds"]
+        yield (f"  oldest live ledger: " + ("none" if t["oldest_ledger"] is None else
+               f"{t['oldest_ledger']}, created {t['oldest_ledger_created_at']} ({age:.0f} s ago)")
+               + f"; {t['subscription_count']} subscription(s)")
+    gc = doc["gc_queue"]
+    yield f"gc queue (all topics): {gc['pending_count']} pending, {gc['due_count']} due, {gc['failed_count']} failed"
+    runs = doc["last_success_by_job"]
+    yield "last successful runs: " + (", ".join(f"{k} {v}" for k, v in runs.items()) or "none")
 
 
 def cmd_topic(ctx: Context, args, out: Output) -> int:
@@ -100,19 +153,23 @@ def cmd_topic(ctx: Context, args, out: Output) -> int:
         if not _given(args):
             raise BadInput("topic set needs at least one policy option (see `tiering topic set --help`)")
         t = set_policy(ctx.deps, args.name, _given(args), args.expect_version)
-        out.result(_topic_dict(t), f"updated topic {t.name!r}: version {t.version}")
+        out.result(document("topic set", **_topic_dict(t)), f"updated topic {t.name!r}: version {t.version}")
     elif args.topic_command == "delete":
         from tiering.ops.topics import delete_topic
 
         r = delete_topic(ctx.deps, args.name, args.force)
-        result = {"command": "topic delete", "topic": r.topic, "subscriptions_deleted": r.subscriptions_deleted,
-                  "ledgers_deleted": r.ledgers_deleted, "bytes": r.bytes, "files_removed": r.files_removed}
+        result = document("topic delete", r.topic, subscriptions_deleted=r.subscriptions_deleted,
+                          deleted_count=r.ledgers_deleted, bytes=r.bytes, files_removed_count=r.files_removed)
         out.result(result, f"deleted topic {r.topic!r}: {r.ledgers_deleted} ledger(s) ({r.bytes} bytes), "
                            f"{r.files_removed} tier-1 file(s) removed, {len(r.subscriptions_deleted)} subscription(s) "
                            "deleted; its tier-2 objects are queued for gc")
     elif args.topic_command == "list":
-        out.rows([_topic_dict(t) for t in ctx.meta.list_topics()], lambda rows: (r["name"] for r in rows))
+        doc = document("topic list", None, topics=[_topic_dict(t) for t in ctx.meta.list_topics()])
+        out.listing(doc, "topics", lambda rows: (r["topic"] for r in rows))
+    elif args.topic_command == "stats":
+        doc = _stats_doc(ctx, args.name)
+        out.result(doc, "\n".join(_stats_text(doc)))
     else:
         t = _topic_dict(ctx.meta.get_topic(args.name))
-        out.result(t, "\n".join(f"{k:28} {v}" for k, v in t.items()))
+        out.result(document("topic show", **t), "\n".join(f"{k:28} {v}" for k, v in t.items()))
     return 0

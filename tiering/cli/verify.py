@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output, error, gap_dict, progress_bar
+from tiering.cli.output import Output, document, error, failures, gap_dict, ledger_refs, progress_bar
 
 
 def register(sub) -> None:
@@ -33,11 +33,12 @@ def cmd_verify(ctx: Context, args, out: Output) -> int:
                           gc_delay_seconds=ctx.settings.gc_delay_seconds)
     bar.close()
     gaps, problems, no_pages = [gap_dict(g) for g in report.gaps], report.problems, report.no_page_index
-    result = {"command": "verify", "topic": args.name, "ledgers": report.ledgers, "entries": report.entries,
-              "bytes": report.bytes, "tier2_copies_checked": report.tier2_copies_checked, "no_page_index": no_pages,
-              "gaps": gaps, "problems": problems, "repairable": report.repairable,
-              "repairable_count": len(report.repairable), "unrepairable_count": len(problems) - len(report.repairable),
-              "ok": report.ok}
+    result = document("verify", args.name, ledger_count=report.ledgers, entry_count=report.entries,
+                      bytes=report.bytes, tier2_copies_checked_count=report.tier2_copies_checked,
+                      no_page_index=ledger_refs((args.name, i) for i in no_pages), gaps=gaps, problems=problems,
+                      repairable=ledger_refs((args.name, i) for i in report.repairable),
+                      repairable_count=len(report.repairable),
+                      unrepairable_count=len(problems) - len(report.repairable), ok=report.ok)
     kinds = ", ".join(f"{g['gap']} {g['from']}..{g['to']}" for g in gaps[:5])
     out.result(result, f"verified {args.name!r}: {report.ledgers} ledger(s), {report.entries} entries, "
                        f"{report.bytes} bytes, {report.tier2_copies_checked} tier-2 cop(ies) compared, "
@@ -51,10 +52,6 @@ def cmd_verify(ctx: Context, args, out: Output) -> int:
     return 0
 
 
-def _pairs(items) -> list[dict]:
-    return [{"topic": t, "ledger": i} for t, i in items]
-
-
 def cmd_repair(ctx: Context, args, out: Output) -> int:
     from tiering.ops.repair import repair
 
@@ -64,12 +61,12 @@ def cmd_repair(ctx: Context, args, out: Output) -> int:
     bar.close()
     problems = [f.as_dict() for f in report.findings]
     repairable = sum(1 for f in report.findings if f.repairable)
-    result = {"command": "repair", "topic": args.topic, "dry_run": args.dry_run, "checked_count": report.checked,
-              "problems": problems, "problem_count": len(problems), "repairable_count": repairable,
-              "unrepairable_count": len(problems) - repairable, "repaired": _pairs(report.repaired),
-              "repaired_count": len(report.repaired), "lost": _pairs(report.lost), "lost_count": len(report.lost),
-              "skipped": _pairs(report.skipped), "skipped_count": len(report.skipped), "failed": report.failed,
-              "failed_count": len(report.failed), "bytes": report.bytes}
+    result = document("repair", args.topic, dry_run=args.dry_run, checked_count=report.checked, problems=problems,
+                      problem_count=len(problems), repairable_count=repairable,
+                      unrepairable_count=len(problems) - repairable, repaired=ledger_refs(report.repaired),
+                      repaired_count=len(report.repaired), lost=ledger_refs(report.lost), lost_count=len(report.lost),
+                      skipped=ledger_refs(report.skipped), skipped_count=len(report.skipped),
+                      failed=failures(report.failed), failed_count=len(report.failed), bytes=report.bytes)
     verb = "would repair" if args.dry_run else "repaired"
     out.result(result, f"repair{' (dry run)' if args.dry_run else ''}: {report.checked} tier-2 cop(ies) checked, "
                        f"{len(problems)} problem(s) ({repairable} repairable); {verb} "

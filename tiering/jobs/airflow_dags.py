@@ -16,7 +16,7 @@ from airflow.sdk import (DAG, Asset, AssetOrTimeSchedule, ExceptionRetryPolicy, 
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from tiering.jobs.spec import JOBS, POSITION_PATTERN, TOPIC_MAX, TOPIC_PATTERN, JobSpec, RunParam
+from tiering.jobs.spec import JOBS, POSITION_PATTERN, SIZE_PATTERN, TOPIC_MAX, TOPIC_PATTERN, JobSpec, RunParam
 
 JDBC_JAR = "/usr/share/java/postgresql.jar"
 LOG4J = Path(__file__).resolve().parent / "log4j2.properties"  # Spark at WARN (TIERING_SPARK_LOG_LEVEL)
@@ -249,9 +249,11 @@ def _form_field(param: RunParam) -> Param:
                                  "with no good copy left is marked lost. Off: report only, e.g. on after a "
                                  "bucket restore.")
     if param.name == "max_bytes_per_second":
-        return Param(None, type=["null", "integer"], title="Upload limit (bytes per second, optional)", minimum=0,
-                     description="Bound this run's upload rate, split across its Spark tasks, e.g. 8388608 for "
-                                 "8 MiB/s; 0: unlimited; empty: TIERING_OFFLOAD_MAX_BYTES_PER_SECOND.")
+        return Param(None, type=["null", "integer", "string"], title="Upload limit (per second, optional)",
+                     minimum=0, pattern=SIZE_PATTERN,
+                     description="Bound this run's upload rate, split across its Spark tasks: bytes per second or "
+                                 "a size with a unit, e.g. 8MiB or 8388608 for 8 MiB/s; 0: unlimited; empty: "
+                                 "TIERING_OFFLOAD_MAX_BYTES_PER_SECOND.")
     raise ValueError(f"no form field for the run parameter {param.name!r}")
 
 

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from tiering.jobs.runner import run, topic_arg
-from tiering.jobs.spec import int_arg
+from tiering.jobs.spec import size_arg
 from tiering.model import INT64_MAX
 from tiering.model import MIB
 from tiering.ops.defrag import DefragReport, merge_group, plan_defrag
@@ -14,8 +14,8 @@ from tiering.ops.defrag import DefragReport, merge_group, plan_defrag
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tiering-defrag")
     topic_arg(p)
-    p.add_argument("--small-bytes", type=int_arg("--small-bytes", 1, INT64_MAX), default=8 * MIB)
-    p.add_argument("--max-merged-bytes", type=int_arg("--max-merged-bytes", 1, INT64_MAX), default=256 * MIB)
+    p.add_argument("--small-bytes", type=size_arg("--small-bytes", 1, INT64_MAX), default=8 * MIB)
+    p.add_argument("--max-merged-bytes", type=size_arg("--max-merged-bytes", 1, INT64_MAX), default=256 * MIB)
     return p
 
 

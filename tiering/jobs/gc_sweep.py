@@ -9,7 +9,7 @@ import sys
 from datetime import timedelta
 
 from tiering.jobs.runner import run
-from tiering.jobs.spec import int_arg
+from tiering.jobs.spec import duration_arg, int_arg
 from tiering.ops.gc import SWEEP_MAX_PAGES, sweep_orphans
 
 
@@ -37,7 +37,7 @@ def finish(deps, args, outcome) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tiering-gc-sweep")
     p.add_argument("--max-pages", type=int_arg("--max-pages", 1, 10**9), default=SWEEP_MAX_PAGES)
-    p.add_argument("--orphan-grace-seconds", type=int_arg("--orphan-grace-seconds", 0, 10**9), default=None)
+    p.add_argument("--orphan-grace-seconds", type=duration_arg("--orphan-grace-seconds", 0, 10**9), default=None)
     p.add_argument("--topic", help="accepted for symmetry; the sweep works on the whole bucket prefix")
     return p
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from tiering.errors import BadInput, TieringError
 from tiering.jobs.runner import ledger_item, run, topic_arg
-from tiering.jobs.spec import int_arg, position_arg
+from tiering.jobs.spec import position_arg, size_arg
 from tiering.model import LedgerState
 from tiering.ops import offload
 from tiering.ops.offload_batch import batches
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", choices=["age", "size"])
     p.add_argument("--prefix", metavar="TOPIC", help="offloadPrefix: the topic")
     p.add_argument("--position", type=position_arg, metavar="L:E", help="offloadPrefix: offload every sealed ledger before it")
-    p.add_argument("--max-bytes-per-second", type=int_arg("--max-bytes-per-second", 0, INT64_MAX), default=None,
+    p.add_argument("--max-bytes-per-second", type=size_arg("--max-bytes-per-second", 0, INT64_MAX), default=None,
                    metavar="N", help="upload limit of the whole job, split across its tasks (default: "
                                      "TIERING_OFFLOAD_MAX_BYTES_PER_SECOND; 0: unlimited)")
     topic_arg(p)

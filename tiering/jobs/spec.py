@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tiering.errors import BadInput
 from tiering.model import INT64_MAX, TOPIC_MAX, Position, check_topic_name, parse_int
+from tiering.units import SIZE_HELP, parse_duration, parse_size
 
 JOBS_DIR = Path(__file__).resolve().parent
 # Airflow's trigger form validates with these (JSON-schema patterns, which Airflow checks with Python's
@@ -25,6 +26,26 @@ def int_arg(what: str, lo: int, hi: int):
     def parse(text: str) -> int:
         try:
             return parse_int(text, what, lo, hi)
+        except BadInput as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+def size_arg(what: str, lo: int, hi: int):
+    """An argparse `type` for a job's size argument: bytes, or a number with a unit (tiering/units.py)."""
+    def parse(text: str) -> int:
+        try:
+            return parse_size(text, what, lo, hi)
+        except BadInput as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+def duration_arg(what: str, lo: int, hi: int):
+    """An argparse `type` for a job's duration argument: seconds, or a number with a unit."""
+    def parse(text: str) -> int:
+        try:
+            return parse_duration(text, what, lo, hi)
         except BadInput as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
     return parse
@@ -58,9 +79,17 @@ def _check_switch(value: object) -> bool:
     return value
 
 
+# the form's pattern of a size with a unit (the Param also takes a JSON integer); parse_size decides
+SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)? ?([KMGTkmgt]([iI]?[bB])?|[bB])?$(?!\n)"
+
+
 def _check_rate(value: object) -> str:
+    """Bytes per second: a JSON integer, or a string with a unit ("10MiB"); passed on as bytes."""
+    if isinstance(value, str):
+        return str(parse_size(value, "an upload limit (per second, 0: unlimited)", 0, INT64_MAX))
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT64_MAX:
-        raise BadInput(f"an upload limit is a whole number of bytes per second (0: unlimited), got {value!r}")
+        raise BadInput(f"an upload limit is a whole number of bytes per second, or a size per second "
+                       f"({SIZE_HELP}; 0: unlimited), got {value!r}")
     return str(value)
 
 

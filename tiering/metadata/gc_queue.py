@@ -58,6 +58,17 @@ def claim_due(conn: Connection, limit: int) -> list[GcTask]:
     return [GcTask(*r) for r in rows]
 
 
+def due_tasks(engine: Engine, limit: int | None = None) -> tuple[list[GcTask], set[str]]:
+    """What a GC run would claim now, read without claiming (no row lock): the due tasks, in the order a run
+    takes them, and those of their keys a chunk still references. For `gc --dry-run`."""
+    with engine.connect() as conn:
+        q = (select(gc_task.c.task_id, gc_task.c.key, gc_task.c.attempts, gc_task.c.reason)
+             .where(gc_task.c.state == "PENDING", gc_task.c.not_before <= func.now())
+             .order_by(gc_task.c.not_before, gc_task.c.task_id))
+        tasks = [GcTask(*r) for r in conn.execute(q.limit(limit) if limit else q).all()]
+        return tasks, referenced(conn, (t.key for t in tasks))
+
+
 def referenced(conn: Connection, keys: Iterable[str]) -> set[str]:
     keys = sorted(set(keys))
     if not keys:

@@ -95,6 +95,14 @@ def load(engine: Engine, bucket: str, prefix: str) -> SweepState:
     return _state(row)
 
 
+def peek(engine: Engine, bucket: str, prefix: str) -> SweepState:
+    """The sweep's row as it is, without creating it (a first pass's state when there is none): for
+    `gc --sweep --dry-run`, which writes nothing."""
+    with engine.connect() as conn:
+        row = conn.execute(select(gc_sweep).where(gc_sweep.c.bucket == bucket, gc_sweep.c.prefix == prefix)).first()
+    return _state(row) if row is not None else SweepState(bucket, prefix, "", 0, None, None, 0)
+
+
 def advance(engine: Engine, state: SweepState, cursor: str, pass_complete: bool, orphans: int) -> SweepState:
     """Move the cursor past a decided page (to '' when the page was the prefix's last: a pass completed),
     if the row is still at `state.version`; else ConditionalUpdateFailed."""

@@ -74,13 +74,15 @@ class Trims:
             return TrimResult(deleted, reasons, losses)
 
     # ------------------------------------------------------------------------------------------ truncate
-    def truncate(self, topic_name: str, before: Position, force: bool, gc_delay: timedelta) -> TrimResult:
+    def truncate(self, topic_name: str, before: Position, force: bool, gc_delay: timedelta,
+                 dry_run: bool = False) -> TrimResult:
         """Delete every whole ledger before `before`'s ledger (never the open one). Refused (BadInput, nothing
         changed) when that deletes entries an ACTIVE subscription has not read, unless `force`, which records
-        the loss."""
+        the loss. `dry_run`: the same decision, without locks, returning what it would delete and take from
+        each subscription; nothing is written."""
         with self.engine.begin() as conn:
-            t = topic_row(conn, topic_name, "NO KEY UPDATE")
-            subs = self.store.subs.of_topic(conn, t.topic_id, lock=True)
+            t = topic_row(conn, topic_name, "" if dry_run else "NO KEY UPDATE")
+            subs = self.store.subs.of_topic(conn, t.topic_id, lock=not dry_run)
             last, doomed = self.store.planning.truncate_before(t.topic_id, t.name, before.ledger_id, conn=conn)
             if last is None or before.ledger_id > last:
                 raise BadInput(f"position {before} is beyond the end of the topic")
@@ -92,6 +94,9 @@ class Trims:
                             f"truncate before {before} would delete {loss.entries} entries subscription {sub.name!r} "
                             f"has not read (its position: {sub.position or 'nothing read'}); use --force to delete "
                             "them anyway (the loss is recorded)")
+            if dry_run:
+                return TrimResult(list(doomed), {led.ledger_id: "truncate" for led in doomed},
+                                  _unrecorded(subs, doomed, f"truncate before {before}", force))
             deleted = self.store.delete_ledgers_in(conn, doomed, f"truncate before {before}", gc_delay)
             losses = []
             for sub in subs:
@@ -153,6 +158,17 @@ class Trims:
     def _record(self, conn: Connection, sub: Subscription, loss: policy.UnreadLoss, reason: str) -> Loss:
         self.store.subs.record_loss(conn, sub, loss, reason)
         return Loss(sub.name, loss.entries, loss.bytes, loss.first, loss.new_position, reason)
+
+
+def _unrecorded(subs: Sequence[Subscription], doomed: Sequence[Ledger], reason: str, force: bool) -> list[Loss]:
+    """The losses a truncate would record, for its dry run."""
+    out = []
+    for sub in subs:
+        loss = policy.unread_loss(sub.position, doomed)
+        if loss.entries:
+            note = " (subscription expired)" if sub.state == EXPIRED else " --force" if force else ""
+            out.append(Loss(sub.name, loss.entries, loss.bytes, loss.first, loss.new_position, reason + note))
+    return out
 
 
 def _check_holds(t: Topic, subs: Sequence[Subscription], plan: Sequence[tuple[Ledger, str]]) -> None:

@@ -43,6 +43,7 @@ class DefragReport:
     bytes_downloaded: int = 0
     lost_races: int = 0
     errors: list[str] = field(default_factory=list)
+    failures: list[dict] = field(default_factory=list)  # per failed group: {"topic", "ledger" (its first), "error"}
 
 
 def plan_defrag(deps: Deps, topic: str | None = None, small_bytes: int = 8 * MIB,
@@ -180,6 +181,7 @@ def merge_groups(deps: Deps, groups: list[policy.DefragGroup],
         except TieringError as exc:
             first, last = group.ledgers[0], group.ledgers[-1]
             report.errors.append(f"topic {first.topic!r} ledgers {first.ledger_id}..{last.ledger_id}: {exc}")
+            report.failures.append({"topic": first.topic, "ledger": first.ledger_id, "error": str(exc)})
         if on_group:
             on_group(group)
     return report

@@ -80,6 +80,24 @@ def sweep_tombstones(deps: Deps, topics: list[str]) -> int:
     return sum(deps.tier1.purge_retired(name, lid) for name, lid in found if (name, lid) not in present)
 
 
+def preview(deps: Deps, topic: str | None = None) -> DeleteLaggedReport:
+    """What `delete_lagged` would do now (`delete-lagged --dry-run`): the same plan, without sweeping
+    tombstones, and the same HEAD checks of the tier-2 copies (a copy that fails one would be kept and
+    reported failed); nothing is written."""
+    select_topics(deps.meta, topic)  # an unknown topic fails here
+    report = DeleteLaggedReport()
+    for led in deps.meta.planning.lagged_copies(topic):
+        try:
+            if led.state == LedgerState.OFFLOADED:
+                check_tier2_copy(deps, led)
+        except TieringError as exc:
+            report.failed.append((led.topic, led.ledger_id, str(exc)))
+            continue
+        report.deleted.append((led.topic, led.ledger_id))
+        report.bytes += led.size_bytes
+    return report
+
+
 def delete_lagged(deps: Deps, topic: str | None = None) -> DeleteLaggedReport:
     """Every due copy; a ledger whose tier-2 copy fails the check (or any other error) is reported in
     `failed` and does not stop the others."""

@@ -78,6 +78,7 @@ class GcReport:
     retried: int = 0
     failed: int = 0
     uploads_aborted: int = 0
+    failed_keys: list[dict] = field(default_factory=list)  # {"key", "error"}: retried or failed for good
 
 
 @dataclass
@@ -118,6 +119,48 @@ def plan_gc(deps: Deps, orphan_grace: timedelta | None = None) -> tuple[int, int
     return gc_queue.due_count(deps.meta.engine), len(stale_uploads(deps, grace_of(deps, orphan_grace)))
 
 
+def preview_gc(deps: Deps, orphan_grace: timedelta | None = None) -> GcReport:
+    """What `run_gc` would do now (`gc --dry-run`): the due keys it would delete and those it would drop as
+    still referenced (read without claiming them), and the stale uploads it would abort; nothing written."""
+    report = GcReport()
+    check_bucket(deps.bucket)
+    tasks, refs = gc_queue.due_tasks(deps.meta.engine)
+    report.deleted = sorted({t.key for t in tasks if t.key not in refs})
+    report.still_referenced = sum(1 for t in tasks if t.key in refs)
+    report.uploads_aborted = len(stale_uploads(deps, grace_of(deps, orphan_grace)))
+    return report
+
+
+def preview_sweep(deps: Deps, orphan_grace: timedelta | None = None, max_pages: int = SWEEP_MAX_PAGES,
+                  page_keys: int = PAGE_KEYS) -> SweepReport:
+    """What `sweep_orphans` would do now (`gc --sweep --dry-run`): the same pages from the persisted cursor,
+    each judged on one snapshot taken after its listing; the orphans it would delete in `orphans_deleted`
+    and where its cursor would end. Nothing is deleted, the cursor does not move, no lock is taken."""
+    if max_pages < 1 or not 1 <= page_keys <= PAGE_KEYS:
+        raise BadInput("a sweep takes at least one page of 1 to 1,000 keys")
+    grace = grace_of(deps, orphan_grace)
+    b, engine = deps.bucket, deps.meta.engine
+    state = gc_sweep.peek(engine, b.name, b.prefix)
+    report = SweepReport(started_from=state.cursor, cursor=state.cursor, passes_completed=state.passes_completed,
+                         last_pass_completed_at=state.last_pass_completed_at)
+    cursor = state.cursor
+    while report.pages < max_pages and not report.pass_complete:
+        cutoff = datetime.now(timezone.utc) - grace
+        page = list_page(b, cursor, page_keys)
+        report.pages += 1
+        report.objects_listed += len(page.objects)
+        old = [o["Key"] for o in page.objects if not is_trim_marker(b.prefix, o["Key"]) and o["LastModified"] <= cutoff]
+        keep = gc_queue.kept_in_one_snapshot(engine, old)
+        orphans = [k for k in old if k not in keep]
+        if orphans and any(parse_key(b.prefix, k) is not None for k in orphans) and \
+                not gc_sweep.references_any(engine):
+            _refuse_if_metadata_empty(engine, b)
+        report.orphans_deleted += orphans
+        cursor = "" if not page.truncated else (page.last_key or "")
+        report.cursor, report.pass_complete = cursor, not page.truncated
+    return report
+
+
 def _gc_batch(deps: Deps, batch: int, max_attempts: int, backoff: timedelta, report: GcReport) -> bool:
     with gc_queue.claimed(deps.meta.engine, batch) as claim:
         tasks = claim.tasks
@@ -132,6 +175,7 @@ def _gc_batch(deps: Deps, batch: int, max_attempts: int, backoff: timedelta, rep
         report.still_referenced += len(live)
         report.deleted += sorted({t.key for t in todo if t.key not in failed})
         report.retried += sum(1 for t in todo if t.key in failed)
+        report.failed_keys += [{"key": k, "error": "S3 delete failed"} for k in sorted(failed)]
     return len(tasks) == batch  # a full batch: there may be more
 
 

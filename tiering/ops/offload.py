@@ -146,8 +146,13 @@ def plan_offload_prefix(deps: Deps, topic: str, position: Position) -> list[Ledg
     """The ledgers offloadPrefix takes on, in ledger order: the sealed ones before `position`'s ledger, and
     attempts among them older than the offload timeout. An unknown topic fails here, before any write."""
     targets = policy.offload_prefix(deps.meta.list_ledgers(topic), position)
-    targets += _stale(deps, topic, lambda led: led.ledger_id < position.ledger_id)
+    targets += _stale(deps, topic, lambda led: policy.before(led, position))
     return sorted(targets, key=lambda x: x.ledger_id)
+
+
+def end_of_sealed(deps: Deps, topic: str) -> Position:
+    """The position offloadPrefix takes every sealed ledger of the topic at (`--all-sealed`)."""
+    return policy.end_of_sealed(deps.meta.list_ledgers(topic))
 
 
 def _stale(deps: Deps, topic: str, keep: Callable[[Ledger], bool]) -> list[Ledger]:
@@ -156,11 +161,12 @@ def _stale(deps: Deps, topic: str, keep: Callable[[Ledger], bool]) -> list[Ledge
     return [led for led in deps.meta.stale_offloads(deps.knobs.offload_timeout, topic) if keep(led)]
 
 
-def first_not_offloaded(deps: Deps, topic: str) -> Position:
-    """The first position whose entry is not in tier 2 (trimmed and empty ledgers count as done)."""
+def first_not_offloaded(deps: Deps, topic: str, assume_offloaded: frozenset[int] | set[int] = frozenset()) -> Position:
+    """The first position whose entry is not in tier 2 (trimmed and empty ledgers count as done);
+    `assume_offloaded`: ledger ids to count as offloaded (a dry run's plan)."""
     ledgers = deps.meta.list_ledgers(topic)
     for led in ledgers:
-        if led.state in (LedgerState.DELETED, LedgerState.OFFLOADED):
+        if led.state in (LedgerState.DELETED, LedgerState.OFFLOADED) or led.ledger_id in assume_offloaded:
             continue
         if led.state != LedgerState.OPEN and led.entry_count == 0:
             continue

@@ -62,13 +62,18 @@ def apply_retention(deps: Deps, topic: str) -> RetentionReport:
     return _finish(deps, topic, deps.meta.trims.retention(topic, deps.knobs.gc_delay))
 
 
-def _finish(deps: Deps, topic: str, trim: TrimResult) -> RetentionReport:
+def _report(topic: str, trim: TrimResult) -> RetentionReport:
     report = RetentionReport()
     report.deleted += [(topic, led.ledger_id) for led in trim.deleted]
     report.bytes += sum(led.size_bytes for led in trim.deleted)
     report.reasons.update(trim.reasons.values())
-    report.losses += [{"topic": topic, "subscription": x.subscription, "entries": x.entries, "bytes": x.bytes,
+    report.losses += [{"topic": topic, "subscription": x.subscription, "entry_count": x.entries, "bytes": x.bytes,
                        "from": str(x.first), "to": str(x.last), "reason": x.reason} for x in trim.losses]
+    return report
+
+
+def _finish(deps: Deps, topic: str, trim: TrimResult) -> RetentionReport:
+    report = _report(topic, trim)
     _move_trim_marker(deps, topic)
     for led in deps.meta.planning.deleted_with_copy(topic):
         if delete_copy(deps, led):
@@ -92,17 +97,23 @@ def retention(deps: Deps, topic: str | None = None) -> RetentionReport:
     return total
 
 
-def truncate(deps: Deps, topic: str, position: Position, force: bool = False) -> RetentionReport:
+def truncate(deps: Deps, topic: str, position: Position, force: bool = False,
+             dry_run: bool = False) -> RetentionReport:
     """`tiering truncate NAME L:E`: delete every whole ledger before the position's ledger. Refused when it
-    would delete entries an ACTIVE subscription has not read, unless `force` (the loss is recorded)."""
+    would delete entries an ACTIVE subscription has not read, unless `force` (the loss is recorded).
+    `dry_run`: the same decision and refusals, reporting what it would delete; nothing is written."""
     deps.meta.get_topic(topic)  # an unknown topic fails here
-    trim = deps.meta.trims.truncate(topic, position, force, deps.knobs.gc_delay)
+    trim = deps.meta.trims.truncate(topic, position, force, deps.knobs.gc_delay, dry_run=dry_run)
+    if dry_run:
+        report = _report(topic, trim)
+        report.files_removed = sum(1 for led in trim.deleted if led.tier1_present)
+        return report
     return _finish(deps, topic, trim)
 
 
 # ------------------------------------------------------------------------------------------------ dry run
 def _sums(ledgers) -> dict:
-    return {"ledgers": len(ledgers), "entries": sum(led.entry_count for led in ledgers),
+    return {"ledger_count": len(ledgers), "entry_count": sum(led.entry_count for led in ledgers),
             "bytes": sum(led.size_bytes for led in ledgers)}
 
 
@@ -132,14 +143,16 @@ def dry_run(deps: Deps, topic: str | None = None) -> list[dict]:
                 loss = policy.unread_loss(sub.position, held)
                 if loss.entries:
                     holders.append({"subscription": sub.name, "position": _pos(sub.position),
-                                    "entries": loss.entries, "bytes": loss.bytes})
+                                    "entry_count": loss.entries, "bytes": loss.bytes})
         unread = []
         for sub in subs.get(name, []):
             loss = policy.unread_loss(sub.position, doomed)
             if loss.entries:
-                unread.append({"subscription": sub.name, "state": sub.state, "entries": loss.entries,
+                unread.append({"subscription": sub.name, "state": sub.state, "entry_count": loss.entries,
                                "bytes": loss.bytes})
         out.append({"topic": name, **_sums(doomed), "ledger_ids": [led.ledger_id for led in doomed],
+                    "tier1_copies": sum(1 for led in doomed if led.tier1_present),
+                    "reasons": {led.ledger_id: why for led, why in plan},
                     "by_reason": {why: _sums(leds) for why, leds in sorted(by_reason.items())},
                     "held_back": {**_sums(held), "by_subscription": holders},
                     "unread_deleted": unread})
@@ -152,16 +165,17 @@ def _pos(p: Position | None) -> str | None:
 
 def describe_plan(item: dict) -> str:
     """One line of a dry run (the CLI's text output and the retention DAG's plan log)."""
-    reasons = ", ".join(f"{why} {r['ledgers']}" for why, r in item["by_reason"].items())
-    line = (f"{item['topic']!r}: delete {item['ledgers']} ledger(s), {item['entries']} entries, {item['bytes']} bytes"
+    reasons = ", ".join(f"{why} {r['ledger_count']}" for why, r in item["by_reason"].items())
+    line = (f"{item['topic']!r}: delete {item['ledger_count']} ledger(s), {item['entry_count']} entries, "
+            f"{item['bytes']} bytes"
             + (f" ({reasons})" if reasons else ""))
     held = item["held_back"]
-    if held["ledgers"]:
-        who = "; ".join(f"{h['subscription']!r} {h['entries']} entries / {h['bytes']} bytes unread"
+    if held["ledger_count"]:
+        who = "; ".join(f"{h['subscription']!r} {h['entry_count']} entries / {h['bytes']} bytes unread"
                         for h in held["by_subscription"])
-        line += f"; held back by subscriptions: {held['ledgers']} ledger(s), {held['bytes']} bytes ({who})"
+        line += f"; held back by subscriptions: {held['ledger_count']} ledger(s), {held['bytes']} bytes ({who})"
     if item["unread_deleted"]:
         line += "; deletes unread: " + "; ".join(
-            f"{u['subscription']!r} ({u['state']}) {u['entries']} entries / {u['bytes']} bytes"
+            f"{u['subscription']!r} ({u['state']}) {u['entry_count']} entries / {u['bytes']} bytes"
             for u in item["unread_deleted"])
     return line

@@ -12,7 +12,7 @@ again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from tiering.errors import BadInput, ConditionalUpdateFailed, LedgerNotFound, LedgerStorageError
+from tiering.errors import BadInput, ConditionalUpdateFailed, LedgerNotFound
 from tiering.metadata.subscriptions import Backlog
 from tiering.model import Ledger, LedgerState, Position, Subscription
 from tiering.ops.context import Deps
@@ -23,13 +23,7 @@ CAS_ATTEMPTS = 5  # an ack that keeps losing its compare-and-set to other acks o
 
 def open_entries(deps: Deps, led: Ledger) -> int:
     """Entries of the ledger: an open ledger's from its tier-1 file (metadata learns the count at seal)."""
-    if led.state != S.OPEN:
-        return led.entry_count
-    try:
-        with deps.tier1.reader(led.topic, led.ledger_id) as r:
-            return r.entry_count
-    except LedgerStorageError:
-        return 0  # no file yet: nothing written
+    return deps.tier1.extent(led)[0]
 
 
 def _last_entry(deps: Deps, topic: str, ledgers: list[Ledger]) -> Position | None:
@@ -128,13 +122,8 @@ def list_subscriptions(deps: Deps, topic: str | None = None) -> list[Listed]:
 def _open_part(deps: Deps, sub: Subscription, b: Backlog, cache) -> tuple[int, int, object]:
     key = (sub.topic, b.open_ledger_id)
     if key not in cache:
-        count, size = 0, 0  # the ledger's created_at came with the backlog: no statement per topic
-        try:
-            with deps.tier1.reader(sub.topic, b.open_ledger_id) as r:
-                count, size = r.entry_count, r.size_bytes
-        except LedgerStorageError:
-            pass
-        cache[key] = (count, size, b.open_created_at)
+        # the ledger's created_at came with the backlog: no statement per topic
+        cache[key] = (*deps.tier1.written(sub.topic, b.open_ledger_id), b.open_created_at)
     count, size, created = cache[key]
     pos = sub.position
     read = 0 if pos is None or pos.ledger_id < b.open_ledger_id else (

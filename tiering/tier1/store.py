@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from tiering.errors import LedgerStorageError
+from tiering.model import Ledger, LedgerState
 from tiering.tier1.ledger_file import (LedgerFileExists, LedgerFileMissing, LedgerReader, LedgerWriter,
                                        RecoveryInfo, fsync_dir, recover)
 from tiering.tier1.paths import LEDGER_FILE, ledger_path, topic_dir
@@ -86,6 +87,22 @@ class Tier1Store:
             return LedgerReader(self.path(topic, ledger_id))
         except LedgerFileMissing:
             raise self._missing(topic, ledger_id) from None
+
+    def written(self, topic: str, ledger_id: int) -> tuple[int, int]:
+        """Entries and payload bytes in the ledger's file so far; (0, 0) when there is no readable file yet
+        (an open ledger whose writer has not created it: nothing a reader could get)."""
+        try:
+            with self.reader(topic, ledger_id) as r:
+                return r.entry_count, r.size_bytes
+        except LedgerStorageError:
+            return 0, 0
+
+    def extent(self, led: Ledger) -> tuple[int, int]:
+        """Entries and payload bytes of a ledger: its row's once sealed, its tier-1 file's while open (the
+        metadata learns the counts at seal)."""
+        if led.state != LedgerState.OPEN:
+            return led.entry_count, led.size_bytes
+        return self.written(led.topic, led.ledger_id)
 
     def exists(self, topic: str, ledger_id: int) -> bool:
         return self.path(topic, ledger_id).is_file()

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.e2e.support.processes import kill_group
+from tests.support.processes import kill_group
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -23,7 +23,7 @@ from typing import Iterator
 import pytest
 from websockets.sync.client import connect
 
-from tests.e2e.support.processes import kill_group
+from tests.support.processes import kill_group
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 

@@ -1,4 +1,4 @@
-"""Loopback ports and process groups for the servers and browsers the end-to-end tests start."""
+"""Loopback ports and process groups for the servers, clusters and browsers the tests start."""
 from __future__ import annotations
 
 import os
@@ -8,9 +8,10 @@ import subprocess
 import time
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at the moment (the kernel's pick); also what a test uses as a closed port."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
