@@ -62,6 +62,34 @@ def test_repair_killed_then_rerun(point, deps, worker_env):
     check_invariants(deps, deps.meta.engine, expected)
 
 
+@pytest.mark.parametrize("point", ["step:marking-lost", "commit-after-step:marking-lost", "step:marked-lost"])
+def test_marking_lost_killed_then_rerun(point, deps, worker_env):
+    """No tier-1 copy and a deleted data object: the mark is one transaction, whole or not at all; the rerun
+    marks what is not marked yet, once, and the ledger reads as its DATALOSS gap."""
+    from tiering.read import DATALOSS, Entry, Gap, ReadHandle
+    from tiering.tier2.reader import tier2_opener
+
+    exp = produce(deps, "k", [entries(f"k{i}", 10, 10 * KIB) for i in range(2)], TopicPolicy(**BIG))
+    for led in deps.meta.list_ledgers("k", [S.SEALED]):
+        done = offload_ledger(deps, led)
+        deps.tier1.delete("k", led.ledger_id)
+        deps.meta.mark_tier1_deleted(done)
+    deps.bucket.s3.delete_object(Bucket=deps.bucket.name, Key=deps.meta.chunks("k")[0].data_key)
+    version = deps.meta.get_ledger("k", 0).version
+    w = start_worker("repair", worker_env, ["k"], point)
+    kill_at_point(w, deps.meta.engine)
+    marked = deps.meta.get_ledger("k", 0).lost
+    assert marked == (point == "step:marked-lost")
+    rerun = repair(deps, "k")
+    assert rerun.lost == [("k", 0)] and rerun.failed == [] and rerun.checked == (1 if marked else 2)
+    led = deps.meta.get_ledger("k", 0)
+    assert led.lost and led.version == version + 1  # marked once
+    items = list(ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket)).read("k"))
+    assert [g for g in items if isinstance(g, Gap)] == [Gap(DATALOSS, Position(0, 0), Position(0, 9))]
+    assert {(e.ledger_id, e.entry_id): e.data for e in items if isinstance(e, Entry)} == \
+        {k: v for k, v in exp.items() if k[0] == 1}
+
+
 def batched_scene(deps) -> dict:
     """Three ledgers in one batched object pair, tier-1 copies kept; ledger 1's bytes in it flipped."""
     import dataclasses

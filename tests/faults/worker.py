@@ -107,7 +107,7 @@ class Stopper:
 
     step:NAME[:N]              the StepHook reaching NAME for the N-th time (offload: initiated, part,
                                completed, index; defrag: part, merged; repair: queued, the offload's,
-                               checked, committed)
+                               checked, committed, marking-lost, marked-lost)
     commit-after-step:NAME     the first metadata COMMIT after step NAME, inside the open transaction
                                (offload: after `index` that is complete_offload's commit)
     done[:N]                   after the N-th ledger's offload committed (offload_many's on_done)

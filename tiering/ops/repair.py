@@ -182,13 +182,16 @@ def repair_ledger(deps: Deps, finding: Finding, hook: StepHook = None) -> str:
     if finding.tier1_unseen:
         raise TieringError(f"ledger {finding.led.topic}/{finding.led.ledger_id}: tier-2 copy: {finding.problem}; "
                            f"{finding.tier1_problem}: not marked lost (run where the tier-1 root is mounted)")
+    step = hook or (lambda _step: None)
     if not finding.repairable:
+        step("marking-lost")
         try:
             deps.meta.repairs.mark_lost(finding.led, finding.chunk, f"{finding.problem}; {finding.tier1_problem}")
         except ConditionalUpdateFailed:
             return "skipped"
+        step("marked-lost")
         return "lost"
-    return _rewrite(deps, finding, hook or (lambda _step: None))
+    return _rewrite(deps, finding, step)
 
 
 def _rewrite(deps: Deps, finding: Finding, step) -> str:
