@@ -7,6 +7,11 @@ parallel (a Spark task per ledger or run of pages). The result, entries and byte
 failed (a corrupt page names its object, page and offset; data loss names the ledger) is one `job_run` row
 of kind `scrub`. It downloads all of tier 2, so the DAG is created paused: unpause it for the weekly run,
 or trigger it with `topic` to scrub one topic, e.g. after a suspected disk or bucket problem.
+
+Then the repair's check (`tiering repair`) of what the Spark read did not read from tier 2 counts the broken
+tier-2 copies that are repairable from a verified tier-1 copy and those that are not (the run's details, the
+dashboard's Integrity card). Tick `repair` (off by default) to repair them: a new object pair per broken
+copy, and ledgers with no good copy left marked lost (read as DATALOSS gaps at once).
 """
 from tiering.jobs.airflow_dags import build_dag
 

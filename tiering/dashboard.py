@@ -211,6 +211,28 @@ def subscriptions(conn: Connection, limit: int = 100) -> dict:
     return {"total": total, "subscriptions": out}
 
 
+def integrity(conn: Connection, limit: int = 100) -> dict:
+    """Lost ledgers (marked by `tiering repair`: no tier holds a good copy; reads give their DATALOSS gap),
+    from the partial index `ledger_lost`, and what the newest scrub that looked found: tier-2 copies
+    `repairable` from a verified tier-1 copy and `unrepairable` ones (null before any such scrub)."""
+    by_topic = _rows(conn, """
+        SELECT t.name AS topic, count(*) AS lost FROM tiering.ledger l JOIN tiering.topic t USING (topic_id)
+        WHERE l.lost_at IS NOT NULL AND l.state <> 'DELETED' GROUP BY t.name ORDER BY t.name""")
+    ledgers = _rows(conn, """
+        SELECT t.name AS topic, l.ledger_id, l.entry_count, l.size_bytes, l.lost_at, l.lost_reason
+        FROM tiering.ledger l JOIN tiering.topic t USING (topic_id)
+        WHERE l.lost_at IS NOT NULL AND l.state <> 'DELETED' ORDER BY l.lost_at DESC, t.name, l.ledger_id
+        LIMIT :limit""", limit=_limit(limit))
+    last = _rows(conn, """
+        SELECT run_id, started_at, (details->>'repairable')::bigint AS repairable,
+               (details->>'unrepairable')::bigint AS unrepairable, (details->>'repaired')::bigint AS repaired
+        FROM tiering.job_run WHERE job = 'scrub' AND status <> 'RUNNING' AND details ? 'repairable'
+        ORDER BY started_at DESC LIMIT 1""")
+    scrub = last[0] if last else {"run_id": None, "started_at": None, "repairable": None, "unrepairable": None,
+                                  "repaired": None}
+    return {"lost": sum(r["lost"] for r in by_topic), "by_topic": by_topic, "ledgers": ledgers, "last_scrub": scrub}
+
+
 def job_runs(conn: Connection, limit: int = 50) -> dict:
     """The most recent pipeline runs (table `job_run`), newest first, with their kind (offload_by_age, ...)
     and the Airflow DAG run and try that ran them (null for runs started by hand)."""

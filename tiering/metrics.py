@@ -23,6 +23,7 @@ Families (all gauges; labels in braces):
     tiering_offload_backlog_oldest_age_seconds{topic}   age of the oldest backlog ledger's seal (0: none)
     tiering_lagged_copies{topic} / _bytes{topic}        tier-1 copies of offloaded ledgers waiting for their lag
     tiering_lagged_copies_due{topic} / _due_bytes{topic}  of those, past their lag (the next delete run's work)
+    tiering_ledgers_lost{topic}                         ledgers marked lost by `tiering repair` (no good copy left)
     tiering_gc_tasks{state}                             GC queue: PENDING, FAILED
     tiering_gc_tasks_due                                PENDING tasks whose not-before has passed
     tiering_job_last_run_status{job,kind,status}        1 for the last run's status (RUNNING/SUCCEEDED/FAILED), else 0
@@ -117,8 +118,14 @@ _SUBSCRIPTIONS = f"""
     FROM tiering.subscription s JOIN tiering.topic t ON t.topic_id = s.topic_id
     CROSS JOIN LATERAL {BACKLOG_LATERAL} b
     ORDER BY t.name, s.name"""
+# Ledgers `tiering repair` marked lost (no tier holds a good copy) and not deleted since: the partial index
+# ledger_lost holds the marked rows only, so this reads nothing when nothing is lost.
+_LOST = """
+    SELECT t.name AS topic, count(*) AS ledgers
+    FROM tiering.ledger l JOIN tiering.topic t ON t.topic_id = l.topic_id
+    WHERE l.lost_at IS NOT NULL AND l.state <> 'DELETED' GROUP BY t.name"""
 STATEMENTS = {"tiers": _TIERS, "backlog": _BACKLOG, "lagged": _LAGGED, "gc": _GC, "last_runs": _LAST_RUNS,
-              "subscriptions": _SUBSCRIPTIONS}
+              "subscriptions": _SUBSCRIPTIONS, "lost": _LOST}
 
 
 def read(conn: Connection) -> dict[str, list[dict]]:
@@ -165,6 +172,10 @@ def families(data: dict[str, list[dict]]) -> list[GaugeMetricFamily]:
         ("tiering_lagged_copies_bytes", "Bytes of those copies.", "bytes"),
         ("tiering_lagged_copies_due", "Copies past their lag (the next delete run's work).", "due"),
         ("tiering_lagged_copies_due_bytes", "Bytes of the due copies.", "due_bytes")])
+
+    out += _per_topic(topics, {r["topic"]: r for r in data["lost"]}, [
+        ("tiering_ledgers_lost", "Ledgers no tier holds a good copy of (marked lost by `tiering repair`; reads "
+         "give their DATALOSS gap).", "ledgers")])
 
     [gc] = data["gc"]
     tasks = gauge("tiering_gc_tasks", "Tier-2 keys in the GC queue, by state.", ("state",))

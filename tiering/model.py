@@ -223,6 +223,12 @@ class Ledger:
     offloaded_at: object
     deleted_at: object
     version: int
+    # Set when no tier holds a good copy any more (tiering/ops/repair.py): reads give a DATALOSS gap at once.
+    lost_at: object = None
+
+    @property
+    def lost(self) -> bool:
+        return self.lost_at is not None
 
     @property
     def last_entry_id(self) -> int:

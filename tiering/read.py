@@ -162,7 +162,11 @@ def read_ledger_range(meta: MetadataStore, led: Ledger, first: int, last: int, t
     the ledger's current row (offloaded or trimmed since it was listed). A held row may be stale (defrag
     moved the ledger and GC collected the object it names): when reading it fails, the row is re-read once
     and the read goes on from the next entry with the new one. A corrupt page is never read around. A ledger
-    trimmed meanwhile ends in a TRIMMED gap; one no tier holds (or tier 2 not configured) in a DATALOSS gap."""
+    trimmed meanwhile ends in a TRIMMED gap; one no tier holds (or tier 2 not configured) in a DATALOSS gap, and
+    one marked lost is a DATALOSS gap whole, without a request."""
+    if led.lost_at is not None:  # marked lost by `tiering repair`: no tier holds a good copy, no GET to fail
+        yield Gap(DATALOSS, Position(led.ledger_id, first), Position(led.ledger_id, last))
+        return
     at = _At(first)
     if tier1 is not None and led.tier1_present:
         try:

@@ -6,6 +6,8 @@ plugins/tiering_plugin.py): a read-only JSON API over the metadata views and one
     /tiering/api/tier-usage         bytes and ledgers per tier per topic (view tiering.tier_usage)
     /tiering/api/offload-backlog    sealed ledgers not yet offloaded (view tiering.offload_backlog)
     /tiering/api/lagged-copies      tier-1 copies waiting for their deletion lag (view tiering.lagged_copies)
+    /tiering/api/integrity          ledgers marked lost (no good copy in any tier) and the newest scrub's
+                                    repairable / unrepairable tier-2 copies
     /tiering/api/gc-queue           GC queue by state and reason, due count, next tasks (view tiering.gc_queue)
     /tiering/api/job-runs?limit=50  recent pipeline runs (table tiering.job_run)
     /tiering/api/subscriptions?limit=100  subscriptions, largest backlog first: position, state, backlog
@@ -231,6 +233,10 @@ def create_app(engine_factory: EngineFactory | None = None, *, login_required: b
     @app.get("/api/lagged-copies", dependencies=guard)
     def lagged_copies(limit: int = Query(100, ge=1, le=queries.MAX_LIMIT)):
         return read(queries.lagged_copies, limit)
+
+    @app.get("/api/integrity", dependencies=guard)
+    def integrity(limit: int = Query(100, ge=1, le=queries.MAX_LIMIT)):
+        return read(queries.integrity, limit)
 
     @app.get("/api/gc-queue", dependencies=guard)
     def gc_queue(limit: int = Query(20, ge=1, le=queries.MAX_LIMIT)):

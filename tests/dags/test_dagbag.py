@@ -121,3 +121,10 @@ def test_only_the_scrub_is_created_paused(dagbag):
     # it downloads the whole bucket: an operator turns it on
     assert dagbag.dags["tiering_scrub"].is_paused_upon_creation is True
     assert not any(d.is_paused_upon_creation for i, d in dagbag.dags.items() if i != "tiering_scrub")
+
+
+def test_the_scrub_repairs_only_when_asked(dagbag):
+    params = dagbag.dags["tiering_scrub"].params
+    assert set(params.keys()) == {"topic", "repair"}
+    assert params["repair"] is False  # a scheduled run checks and reports; a ticked box repairs
+    assert params.get_param("repair").schema["type"] == "boolean"

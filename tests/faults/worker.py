@@ -31,7 +31,7 @@ from datetime import timedelta
 
 from tiering.model import LedgerState
 
-OPS = ("offload", "offload+delete-lagged", "delete-lagged", "retention", "defrag", "gc", "gc-sweep")
+OPS = ("offload", "offload+delete-lagged", "delete-lagged", "retention", "defrag", "gc", "gc-sweep", "repair")
 
 
 def say(line: str) -> None:
@@ -91,6 +91,12 @@ def run_op(deps, op: str, topics: list[str], hook=None, on_done=None, gc_batch: 
 
         r = sweep_orphans(deps, orphan_grace=timedelta(0), page_keys=2)
         out.update(deleted=r.orphans_deleted, failed=r.failed, taken=r.taken, pass_complete=r.pass_complete)
+    elif op == "repair":
+        from tiering.ops.repair import repair
+
+        reports = [repair(deps, t, hook=hook) for t in topics]
+        out.update(repaired=[list(x) for r in reports for x in r.repaired], lost=[list(x) for r in reports for x in r.lost],
+                   skipped=[list(x) for r in reports for x in r.skipped], failed=[f for r in reports for f in r.failed])
     elif op not in OPS:
         raise SystemExit(f"unknown op {op!r}; expected one of {', '.join(OPS)}")
     return out
@@ -100,7 +106,8 @@ class Stopper:
     """Stops the process dead (announce, then sleep until killed) at one point:
 
     step:NAME[:N]              the StepHook reaching NAME for the N-th time (offload: initiated, part,
-                               completed, index; defrag: part, merged)
+                               completed, index; defrag: part, merged; repair: queued, the offload's,
+                               checked, committed, marking-lost, marked-lost)
     commit-after-step:NAME     the first metadata COMMIT after step NAME, inside the open transaction
                                (offload: after `index` that is complete_offload's commit)
     done[:N]                   after the N-th ledger's offload committed (offload_many's on_done)

@@ -93,6 +93,9 @@ CALLS = {
     "series 16h by minute": lambda c: dashboard.series(c, 16, 1),
     "subscriptions": lambda c: dashboard.subscriptions(c, 500),
     "metrics subscriptions": lambda c: c.exec_driver_sql(metrics.STATEMENTS["subscriptions"]).all(),
+    # lost ledgers: the partial index ledger_lost (empty here), never the history
+    "integrity": lambda c: dashboard.integrity(c, 500),
+    "metrics lost": lambda c: c.exec_driver_sql(metrics.STATEMENTS["lost"]).all(),
 }
 SUBSCRIPTIONS_PER_TOPIC = 10
 

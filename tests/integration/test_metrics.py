@@ -133,7 +133,7 @@ def test_metrics_equal_the_views(world, ro_engine, token_file, db):
     assert by_label(m, "tiering_job_last_run_items_failed", "kind") == {"offload_by_age": 1, "gc": 0}
     assert by_label(m, "tiering_job_last_run_bytes", "kind") == {"offload_by_age": 0, "gc": 0}
     assert all(v >= 0 for v in by_label(m, "tiering_job_last_run_duration_seconds", "kind").values())
-    assert m[("tiering_metrics_scrape_statements", ())] == 6
+    assert m[("tiering_metrics_scrape_statements", ())] == 7
     # the subscription: every sealed entry of orders unread (the open tail is not counted: tier-1 is not here)
     audit = (("subscription", "audit"), ("topic", "orders"))
     assert m[("tiering_subscription_backlog_entries", audit)] == 35

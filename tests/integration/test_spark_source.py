@@ -218,6 +218,8 @@ def test_scrub_records_every_topic_then_names_a_corrupt_one(world, spark, monkey
     row = _scrub_row(deps)
     expected = sum(len(read_handle(deps, t)[0]) for t in ("big", "mix", "pair"))
     assert row["status"] == "SUCCEEDED" and row["items_done"] == 3 and row["details"]["entries"] == expected
+    # nothing broken: the repair's check found nothing (no listing: it read the chunk rows' objects only)
+    assert (row["details"]["repairable"], row["details"]["unrepairable"], row["details"]["repair"]) == (0, 0, False)
     ch = deps.meta.chunks("big")[0]
     b = deps.bucket
     original = b.s3.get_object(Bucket=b.name, Key=ch.data_key)["Body"].read()
@@ -231,6 +233,34 @@ def test_scrub_records_every_topic_then_names_a_corrupt_one(world, spark, monkey
     row = _scrub_row(deps)
     assert row["status"] == "FAILED" and row["items_failed"] == 1 and row["details"]["failed_topics"] == ["big"]
     assert ch.data_key in row["error"]
+    # big has no tier-1 copy: its broken copy is not repairable (checked only: nothing marked)
+    assert (row["details"]["repairable"], row["details"]["unrepairable"], row["details"]["lost"]) == (0, 1, 0)
+    assert not deps.meta.get_ledger("big", 0).lost
+
+
+def test_scrub_repairs_a_broken_copy_it_read_from_tier1(world, spark, monkeypatch):
+    """mix's ledger 2 is read from its tier-1 copy: the Spark scrub passes, the repair's check of its tier-2
+    copy finds the flipped byte and, with --repair, re-makes the copy."""
+    from tiering.jobs import scrub
+
+    deps, settings = world
+    for key, value in settings.to_env().items():
+        monkeypatch.setenv(key, value)
+    ch = deps.meta.chunks("mix")[2]
+    b = deps.bucket
+    original = b.s3.get_object(Bucket=b.name, Key=ch.data_key)["Body"].read()
+    spot = ch.data_offset + 150
+    b.s3.put_object(Bucket=b.name, Key=ch.data_key,
+                    Body=original[:spot] + bytes([original[spot] ^ 1]) + original[spot + 1:])
+    assert scrub.main(["--topic", "mix"]) == 1  # found, reported, not repaired
+    row = _scrub_row(deps)
+    assert (row["details"]["repairable"], row["details"]["repaired"]) == (1, 0) and "repairable" in row["error"]
+    assert deps.meta.chunks("mix")[2] == ch
+    assert scrub.main(["--topic", "mix", "--repair"]) == 0
+    row = _scrub_row(deps)
+    assert (row["status"], row["details"]["repairable"], row["details"]["repaired"]) == ("SUCCEEDED", 1, 1)
+    assert deps.meta.chunks("mix")[2].data_key != ch.data_key
+    assert scrub.main(["--topic", "mix"]) == 0 and _scrub_row(deps)["details"]["repairable"] == 0
 
 
 def test_ad_hoc_sql_joins_entries_with_the_metadata_tables(world, spark):

@@ -12,7 +12,7 @@ from tiering.errors import CorruptObjectError, LedgerStorageError
 from tiering.model import LedgerState as S, Position
 from tiering.read import DATALOSS, TIER1, TIER2, TRIMMED, Gap, Run, read_ledger_range
 
-LED = SimpleNamespace(topic="t", ledger_id=7, tier1_present=False, state=S.OFFLOADED)
+LED = SimpleNamespace(topic="t", ledger_id=7, tier1_present=False, state=S.OFFLOADED, lost_at=None)
 
 
 class Meta:
@@ -111,3 +111,13 @@ def test_a_ledger_no_tier_holds_is_a_dataloss_gap():
     got = flat(read_ledger_range(Meta(S.SEALED, None), led, 1, 3, SimpleNamespace(reader=gone), Tier2({}),
                                  lambda: None))
     assert got == [Gap(DATALOSS, Position(7, 1), Position(7, 3))]
+
+
+def test_a_ledger_marked_lost_is_a_dataloss_gap_without_a_request():
+    """`tiering repair` found no good copy: the gap comes at once, neither tier asked."""
+    def never(*_args):
+        raise AssertionError("a lost ledger was read")
+    led = SimpleNamespace(**{**vars(LED), "lost_at": "2026-11-25", "tier1_present": True})
+    got = flat(read_ledger_range(Meta(S.OFFLOADED, "new"), led, 2, 5, SimpleNamespace(reader=never), never,
+                                 never))
+    assert got == [Gap(DATALOSS, Position(7, 2), Position(7, 5))]

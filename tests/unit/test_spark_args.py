@@ -31,6 +31,10 @@ def test_every_dag_of_the_design_is_there():
     ("tiering_recover", {"check_pages": False}, []),
     ("tiering_recover", {"topic": "-x", "check_pages": True}, ["--topic=-x", "--check-pages"]),
     ("tiering_gc", {"check_pages": False}, []),  # false is "not asked for", whatever the job
+    # the scrub's repair step: off unless asked for
+    ("tiering_scrub", {}, []),
+    ("tiering_scrub", {"topic": "t", "repair": True}, ["--topic=t", "--repair"]),
+    ("tiering_scrub", {"repair": False}, []),
     # the offload DAGs' upload limit; 0 is a value (unlimited for this run), not "absent"
     ("tiering_offload_by_age", {"max_bytes_per_second": 8388608}, ["--by=age", "--max-bytes-per-second=8388608"]),
     ("tiering_offload_by_age", {"max_bytes_per_second": "8MiB"}, ["--by=age", "--max-bytes-per-second=8388608"]),
@@ -53,6 +57,8 @@ def test_args(dag_id, kwargs, expected):
     ("tiering_gc", {"check_pages": True}),
     ("tiering_recover", {"check_pages": "false"}),  # a string is not a switch: "false" would read as true
     ("tiering_recover", {"check_pages": 1}),
+    ("tiering_offload_by_age", {"repair": True}),  # only the scrub repairs
+    ("tiering_scrub", {"repair": "true"}),
     ("tiering_gc", {"max_bytes_per_second": 5}),
     ("tiering_metadata_export", {"max_bytes_per_second": 0}),
     ("tiering_offload_by_age", {"max_bytes_per_second": -1}),

@@ -98,8 +98,10 @@ def ledger_status(ctx: Context, name: str) -> list[dict]:
         entries, size = ctx.tier1.extent(led)
         tiers = ([1] if led.tier1_present and led.state != LedgerState.DELETED else []) + \
                 ([2] if led.state == LedgerState.OFFLOADED else [])
+        lost = led.lost and led.state != LedgerState.DELETED  # `tiering repair` found no good copy in any tier
         rows.append({"topic": name, "ledger": led.ledger_id, "state": led.state.value, "entry_count": entries,
-                     "bytes": size, "tiers": tiers, "sealed_at": iso(led.sealed_at), "offloaded_at": iso(led.offloaded_at)})
+                     "bytes": size, "tiers": [] if lost else tiers, "lost": lost, "sealed_at": iso(led.sealed_at),
+                     "offloaded_at": iso(led.offloaded_at)})
     return rows
 
 
@@ -107,7 +109,7 @@ def _status_table(rows: list[dict]):
     yield f"{'ledger':>8} {'state':<11} {'entries':>9} {'bytes':>12}  tiers"
     for r in rows:
         yield (f"{r['ledger']:>8} {r['state']:<11} {r['entry_count']:>9} {r['bytes']:>12}  "
-               f"{'+'.join(map(str, r['tiers'])) or '-'}")
+               f"{'LOST (no good copy)' if r['lost'] else '+'.join(map(str, r['tiers'])) or '-'}")
 
 
 def cmd_status(ctx: Context, args, out: Output) -> int:

@@ -1,12 +1,14 @@
-"""`tiering verify TOPIC`: renders tiering.ops.verify's report; exit 1 on loss or corruption.
+"""`tiering verify TOPIC`: renders tiering.ops.verify's report; exit 1 on loss or corruption. `tiering repair`:
+re-makes broken tier-2 copies from verified tier-1 copies and marks lost what no tier holds
+(tiering.ops.repair); exit 1 when a ledger is lost or a repair failed.
 
-tiering.ops.verify is imported inside the handler (it loads the reader and SQLAlchemy): building the parser
+tiering.ops is imported inside the handlers (it loads the reader and SQLAlchemy): building the parser
 must not pay for it."""
 from __future__ import annotations
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output, document, error, gap_dict, ledger_refs, progress_bar
+from tiering.cli.output import Output, document, error, failures, gap_dict, ledger_refs, progress_bar
 
 
 def register(sub) -> None:
@@ -14,6 +16,12 @@ def register(sub) -> None:
     ver.set_defaults(handler=cmd_verify)
     a.name(ver)
     a.json_flag(ver)
+    rep = sub.add_parser("repair", help="re-make missing, short or corrupt tier-2 copies from verified tier-1 "
+                                        "copies; mark lost what no tier holds (exit 1)")
+    rep.set_defaults(handler=cmd_repair)
+    a.topic_flag(rep)
+    rep.add_argument("--dry-run", action="store_true", help="check and report what a run would do; change nothing")
+    a.json_flag(rep)
 
 
 def cmd_verify(ctx: Context, args, out: Output) -> int:
@@ -28,15 +36,53 @@ def cmd_verify(ctx: Context, args, out: Output) -> int:
     result = document("verify", args.name, ledger_count=report.ledgers, entry_count=report.entries,
                       bytes=report.bytes, tier2_copies_checked_count=report.tier2_copies_checked,
                       no_page_index=ledger_refs((args.name, i) for i in no_pages), gaps=gaps, problems=problems,
-                      ok=report.ok)
+                      repairable=ledger_refs((args.name, i) for i in report.repairable),
+                      repairable_count=len(report.repairable),
+                      unrepairable_count=len(problems) - len(report.repairable), ok=report.ok)
     kinds = ", ".join(f"{g['gap']} {g['from']}..{g['to']}" for g in gaps[:5])
     out.result(result, f"verified {args.name!r}: {report.ledgers} ledger(s), {report.entries} entries, "
                        f"{report.bytes} bytes, {report.tier2_copies_checked} tier-2 cop(ies) compared, "
                        f"{len(gaps)} gap(s){' (' + kinds + ')' if gaps else ''}"
                        + (f", {len(no_pages)} ledger(s) with no page index (offloaded before page checksums: "
                           f"framing checked, bytes not)" if no_pages else "")
-                       + f"; {'OK' if report.ok else f'{len(problems)} problem(s)'}")
+                       + f"; {'OK' if report.ok else f'{len(problems)} problem(s), {len(report.repairable)} repairable'}")
     if problems:
         error(f"{len(problems)} check(s) of {args.name!r} failed; first: {problems[0]}")
+        return 1
+    return 0
+
+
+def cmd_repair(ctx: Context, args, out: Output) -> int:
+    from tiering.ops.repair import repair
+
+    ctx.check_topic(args.topic)
+    bar = progress_bar("repair: checking", None, "ledger")
+    report = repair(ctx.deps, args.topic, dry_run=args.dry_run, on_ledger=lambda _led: bar.update())
+    bar.close()
+    problems = [f.as_dict() for f in report.findings]
+    repairable = sum(1 for f in report.findings if f.repairable)
+    result = document("repair", args.topic, dry_run=args.dry_run, checked_count=report.checked, problems=problems,
+                      problem_count=len(problems), repairable_count=repairable,
+                      unrepairable_count=len(problems) - repairable, repaired=ledger_refs(report.repaired),
+                      repaired_count=len(report.repaired), lost=ledger_refs(report.lost), lost_count=len(report.lost),
+                      skipped=ledger_refs(report.skipped), skipped_count=len(report.skipped),
+                      failed=failures(report.failed), failed_count=len(report.failed), bytes=report.bytes)
+    verb = "would repair" if args.dry_run else "repaired"
+    out.result(result, f"repair{' (dry run)' if args.dry_run else ''}: {report.checked} tier-2 cop(ies) checked, "
+                       f"{len(problems)} problem(s) ({repairable} repairable); {verb} "
+                       f"{repairable if args.dry_run else len(report.repaired)}, lost {len(report.lost)}"
+                       + (" (after this run)" if args.dry_run and len(problems) > repairable else "")
+                       + f", skipped {len(report.skipped)}, failed {len(report.failed)}")
+    if report.failed:
+        f = report.failed[0]
+        error(f"{len(report.failed)} repair(s) failed; first: topic {f['topic']!r} ledger {f['ledger']}: {f['error']}")
+        return 1
+    lost = report.lost + ([] if not args.dry_run else
+                          [(f.led.topic, f.led.ledger_id) for f in report.findings
+                           if not f.repairable and not f.tier1_unseen])
+    if lost:
+        t, i = lost[0]
+        error(f"{len(lost)} ledger(s) {'would be ' if args.dry_run and not report.lost else ''}lost: no tier holds a "
+              f"good copy; first: topic {t!r} ledger {i}")
         return 1
     return 0

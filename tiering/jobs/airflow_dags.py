@@ -50,6 +50,9 @@ RETRY_POLICY = ExceptionRetryPolicy(rules=[RetryRule(exception=f"{__name__}.Refu
                                                      action=RetryAction.FAIL, reason="bad input: not retried")])
 
 
+_SWITCH_WORDS = {"check_pages": "check every page", "repair": "repair what it finds"}
+
+
 def _describe(dag_id: str, params: dict) -> str:
     """The run's parameters as the trigger form names them (Topic 'orders', Position 12:0)."""
     parts = []
@@ -57,7 +60,7 @@ def _describe(dag_id: str, params: dict) -> str:
         value = params.get(p.name)
         if value not in (None, "", False):
             parts.append(f"{_form_field(p).schema.get('title', p.name).split(' (')[0]} {value!r}"
-                         if p.name != "check_pages" else "check every page")
+                         if p.name not in _SWITCH_WORDS else _SWITCH_WORDS[p.name])
     if not parts and "topic" in JOBS[dag_id].param_names():
         return "every topic"
     return ", ".join(parts)
@@ -276,6 +279,12 @@ def _form_field(param: RunParam) -> Param:
                      description="Also download every data object and check its page CRC32Cs, so a corrupt "
                                  "copy is not recovered; this reads the whole bucket. Off: objects' lengths "
                                  "and indexes are checked, pages when read, e.g. on for a suspect bucket.")
+    if param.name == "repair":
+        return Param(False, type="boolean", title="Repair",
+                     description="Then repair the topics the scrub found broken (tiering repair): a missing, "
+                                 "short or corrupt tier-2 copy is re-made from its verified tier-1 copy, a ledger "
+                                 "with no good copy left is marked lost. Off: report only, e.g. on after a "
+                                 "bucket restore.")
     if param.name == "max_bytes_per_second":
         return Param(None, type=["null", "integer", "string"], title="Upload limit (per second, optional)",
                      minimum=0, pattern=SIZE_PATTERN,

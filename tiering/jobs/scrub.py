@@ -6,6 +6,14 @@ One query reads all topics in parallel (a partition per ledger or run of pages).
 page names its object, page and offset; DATALOSS names the ledger), each topic is then scrubbed alone so
 the row says which topics are sound and which are not: a healthy run costs one query, a broken one a query
 per topic. DATALOSS is never skipped here: a scrub that skipped it would report loss as success.
+
+Then the repair's check (tiering/ops/repair.py) looks at what the scrub did not read from tier 2: every
+offloaded ledger of a topic that failed, and the tier-2 copies of ledgers read from their tier-1 copy
+(offloaded, within their deletion lag: the only copies still repairable, and what a healthy run checks: no
+listing of the bucket, nothing when no such copy exists). It says which broken tier-2 copies are repairable
+from a verified tier-1 copy and which are not; with `--repair` (the DAG's `repair` Param) they are repaired
+and ledgers with no good copy marked lost. The counts go to the row's details (`repairable`, `unrepairable`, `repaired`, `lost`), which
+the dashboard shows; the topics' scrub errors stay: the run found them.
 """
 from __future__ import annotations
 
@@ -57,9 +65,42 @@ def scrub(spark, topics: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
     return results, errors
 
 
+def repair_broken(settings, topics: list[str], failed: set[str], do_repair: bool, errors: list[str]) -> dict:
+    """The repair's counts over `topics` (checked only, or repaired with `do_repair`): every offloaded
+    ledger of the `failed` ones, the others' ledgers with a tier-1 copy (whose tier-2 copy the scrub did not
+    read). Its failures and lost ledgers are appended to `errors`."""
+    counts = {"repairable": 0, "unrepairable": 0, "repaired": 0, "lost": 0, "repair": do_repair}
+    from tiering.jobs.runner import deps_from
+    from tiering.ops.repair import repair
+
+    deps = deps_from(settings)
+    try:
+        for t in topics:
+            try:
+                report = repair(deps, t, dry_run=not do_repair,
+                                keep=None if t in failed else (lambda led: led.tier1_present))
+            except Exception as exc:  # noqa: BLE001 - recorded in job_run; the other topics go on
+                errors.append(f"{t}: repair: {type(exc).__name__}: {str(exc)[:500]}")
+                continue
+            repairable = sum(1 for f in report.findings if f.repairable)
+            counts["repairable"] += repairable
+            counts["unrepairable"] += len(report.findings) - repairable
+            counts["repaired"] += len(report.repaired)
+            counts["lost"] += len(report.lost)
+            if not do_repair:  # found, not repaired: the run says so (a repaired copy is no error)
+                errors.extend(f"{t}: ledger {f.led.ledger_id}: tier-2 copy: {f.problem} "
+                              f"({'repairable' if f.repairable else 'not repairable'})" for f in report.findings)
+            errors.extend(f"{t}: repair: ledger {f['ledger']}: {f['error']}" for f in report.failed)
+            errors.extend(f"{t}: ledger {i} is lost: no tier holds a good copy" for _, i in report.lost)
+    finally:
+        deps.meta.engine.dispose()
+    return counts
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="tiering-scrub")
     p.add_argument("--topic", help="scrub one topic (default: every topic)")
+    p.add_argument("--repair", action="store_true", help="repair the topics found broken (tiering repair)")
     args = p.parse_args(argv)
 
     from tiering.jobs.runner import load_settings, recorded, run_ref, spark_session
@@ -89,6 +130,7 @@ def main(argv=None) -> int:
                                    ledgers=sum(r["ledgers"] for r in results.values()),
                                    failed_topics=sorted(t for t in errors if t != "*"))
             outcome.errors.extend(f"{t}: {e}" for t, e in errors.items())
+            outcome.details.update(repair_broken(settings, topics, set(errors), args.repair, outcome.errors))
         except Exception as exc:  # noqa: BLE001 - a Spark failure's useful line, not its JVM trace
             outcome.errors.append(f"{type(exc).__name__}: {_first_line(exc)}")
 

@@ -94,15 +94,17 @@ def _check_rate(value: object) -> str:
 
 
 CHECKS = {"topic": check_topic_name, "position": _check_position, "dest": lambda text: text,
-          "check_pages": _check_switch, "max_bytes_per_second": _check_rate}
+          "check_pages": _check_switch, "max_bytes_per_second": _check_rate, "repair": _check_switch}
 NOUNS = {"topic": "topic", "position": "position", "dest": "destination",  # in "<dag> takes no <noun>"
-         "check_pages": "page check", "max_bytes_per_second": "upload limit"}
-SWITCHES = frozenset({"check_pages"})
+         "check_pages": "page check", "max_bytes_per_second": "upload limit", "repair": "repair"}
+SWITCHES = frozenset({"check_pages", "repair"})
 TOPIC = RunParam("topic", "--topic")
 DEST = RunParam("dest", "--dest")
 CHECK_PAGES = RunParam("check_pages", "--check-pages")
 # the offload job's rate budget for this run (split across its tasks; tiering/tier2/throttle.py)
 RATE = RunParam("max_bytes_per_second", "--max-bytes-per-second")
+# the scrub's repair step (tiering/ops/repair.py) on the topics it found broken; off unless asked for
+REPAIR = RunParam("repair", "--repair")
 
 
 @dataclass(frozen=True)
@@ -188,23 +190,23 @@ JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
     # weekly and manual, paused when first deployed (dags/tiering_scrub.py): it reads every byte of tier 2
     JobSpec("tiering_scrub", "@weekly", "scrub.py",
             "Scrub every topic through the Spark source: read every entry, check every page (paused by default).",
-            (), ("verify", "tier2")),
+            (), ("verify", "tier2"), params=(TOPIC, REPAIR)),
 ]}
 
 
 def spark_submit_args(dag_id: str, topic: str | None = None, position: str | None = None,
                       dest: str | None = None, check_pages: bool | None = None,
-                      max_bytes_per_second: int | None = None) -> list[str]:
+                      max_bytes_per_second: int | None = None, repair: bool | None = None) -> list[str]:
     """`application_args` of a job: its fixed flags plus the run's parameters (those its spec takes),
     validated. Required parameters are checked first, then a parameter the job does not take is refused."""
     spec = JOBS.get(dag_id)
     if spec is None:
         raise BadInput(f"unknown job {dag_id!r}")
     given = {"topic": topic, "position": position, "dest": dest, "check_pages": check_pages,
-             "max_bytes_per_second": max_bytes_per_second}
+             "max_bytes_per_second": max_bytes_per_second, "repair": repair}
     if any(p.required and not given[p.name] for p in spec.params):
         raise BadInput(spec.missing or f"{dag_id} needs {' and '.join(p.name for p in spec.params if p.required)}")
-    for name in ("position", "topic", "dest", "check_pages", "max_bytes_per_second"):
+    for name in ("position", "topic", "dest", "check_pages", "max_bytes_per_second", "repair"):
         if given[name] is not None and given[name] != "" and given[name] is not False \
                 and name not in spec.param_names():
             raise BadInput(f"{dag_id} takes no {NOUNS[name]}")

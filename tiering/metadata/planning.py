@@ -295,7 +295,7 @@ class Planning:
 
     # --------------------------------------------------------------------------------------------- defrag
     def defrag_candidates(self, small_bytes: int, topic_name: str | None = None) -> list[DefragCandidate]:
-        """OFFLOADED ledgers whose chunk is shorter than `small_bytes` and alone in its data object (partial
+        """OFFLOADED ledgers (not marked lost) whose chunk is shorter than `small_bytes` and alone in its data object (partial
         index chunk_defrag_candidates on the maintained chunk.data_alone, re-checked on chunk_data_key), each
         with whether it continues the previous candidate's run (one backward probe of ledger_live_by_topic)."""
         rows = self._rows(f"""
@@ -313,7 +313,8 @@ class Planning:
                           AND NOT (p.state = 'SEALED' AND p.entry_count = 0)) AS prev_kept
                 FROM cand JOIN tiering.topic t ON t.topic_id = cand.c_topic
                 JOIN tiering.ledger l ON l.topic_id = cand.c_topic AND l.ledger_id = cand.c_ledger
-                WHERE l.state = 'OFFLOADED' AND (CAST(:name AS text) IS NULL OR t.name = :name)
+                WHERE l.state = 'OFFLOADED' AND l.lost_at IS NULL  -- a lost ledger's objects are no source
+                  AND (CAST(:name AS text) IS NULL OR t.name = :name)
             )
             SELECT {_LEDGER_COLS}, l.data_key, l.data_offset, l.data_length, l.index_key, l.index_offset,
                    l.index_length, l.first_entry_id, l.last_entry_id, l.chunk_version, l.prev_kept,

@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from tiering.errors import ConditionalUpdateFailed, LedgerNotFound, TopicExists, TopicNotFound
 from tiering.metadata import attempt_locks
 from tiering.metadata.planning import Planning
+from tiering.metadata.repair import Repairs
 from tiering.metadata.subscriptions import Subscriptions
 from tiering.metadata.trim import Trims
 from tiering.metadata.tables import chunk, gc_task, ledger, topic, topic_tombstone
@@ -37,7 +38,7 @@ def _topic_row(row) -> Topic:
 def _ledger_row(row, name: str | None = None) -> Ledger:
     return Ledger(row.topic_id, row.name if name is None else name, row.ledger_id, S(row.state), row.entry_count, row.size_bytes,
                   row.created_at, row.sealed_at, row.tier1_present, row.offload_uuid, row.offload_started_at,
-                  row.offloaded_at, row.deleted_at, row.version)
+                  row.offloaded_at, row.deleted_at, row.version, row.lost_at)
 
 
 def _chunk_row(row) -> Chunk:
@@ -56,6 +57,7 @@ class MetadataStore:
         self.planning = Planning(engine)  # set-based planning queries
         self.subs = Subscriptions(engine)  # reader positions (metadata/subscriptions.py)
         self.trims = Trims(self)  # retention, truncate, topic deletion under locks (metadata/trim.py)
+        self.repairs = Repairs(self)  # a tier-2 copy re-made or a ledger marked lost (metadata/repair.py)
 
     # ---------------------------------------------------------------- topics
     def create_topic(self, name: str, policy: TopicPolicy = TopicPolicy()) -> Topic:

@@ -47,6 +47,8 @@ ledger = Table(
     Column("offloaded_at", DateTime(timezone=True)),
     Column("deleted_at", DateTime(timezone=True)),
     Column("version", BigInteger, nullable=False),
+    Column("lost_at", DateTime(timezone=True)),  # 0009: no tier holds a good copy (tiering repair marks it)
+    Column("lost_reason", Text),
 )
 
 chunk = Table(

@@ -15,6 +15,8 @@ from tiering.read import DATALOSS, Gap, ReadHandle
 from tiering.tier1 import Tier1Store
 
 _MAX_ENTRY = 2**62
+REPAIRABLE = " (repairable: `tiering repair` re-makes the tier-2 copy from the verified tier-1 copy)"
+NOT_REPAIRABLE = " (not repairable: no verified copy in another tier)"
 _FRAME = struct.Struct(">qq")
 
 # (ledger, chunk) -> a tier-2 ledger reader (tiering.tier2.reader.tier2_opener's)
@@ -30,7 +32,8 @@ class VerifyReport:
     tier2_copies_checked: int = 0
     no_page_index: list[int] = field(default_factory=list)  # offloaded before page checksums
     gaps: list[Gap] = field(default_factory=list)  # adjacent gaps of one kind merged
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # each ends saying whether `tiering repair` fixes it
+    repairable: list[int] = field(default_factory=list)  # ledgers whose tier-2 copy repair re-makes from tier 1
 
     @property
     def ok(self) -> bool:
@@ -82,14 +85,15 @@ def verify_topic(meta: MetadataStore, tier1: Tier1Store, opener: Tier2Opener, to
                     if on_entry:
                         on_entry()
         except (DataLossError, CorruptObjectError, EntryNotFound, LedgerStorageError) as exc:
-            problems.append(f"ledger {led.ledger_id}: {exc}")
+            problems.append(f"ledger {led.ledger_id}: {exc}{NOT_REPAIRABLE}")
             continue
         for gap in scan.gaps:
             if gap.kind == DATALOSS:
-                problems.append(f"ledger {led.ledger_id}: entries {gap.start}..{gap.end} are in no tier (DATALOSS)")
+                problems.append(f"ledger {led.ledger_id}: entries {gap.start}..{gap.end} are in no tier (DATALOSS"
+                                f"{', marked lost' if led.lost else ''}){NOT_REPAIRABLE}")
             _add_gap(report.gaps, gap)
         if scan.problem:
-            problems.append(f"ledger {led.ledger_id}: {scan.problem}")
+            problems.append(f"ledger {led.ledger_id}: {scan.problem}{NOT_REPAIRABLE}")
         report.entries += scan.entries
         report.bytes += scan.bytes
         # One problem per cause and ledger: a lost tier-2 index is this ledger's tier-2 copy problem when that
@@ -103,15 +107,16 @@ def verify_topic(meta: MetadataStore, tier1: Tier1Store, opener: Tier2Opener, to
             pass
         elif (scan.entries, scan.bytes) != (led.entry_count, led.size_bytes):
             problems.append(f"ledger {led.ledger_id}: read {scan.entries} entries ({scan.bytes} bytes), metadata "
-                            f"says {led.entry_count} ({led.size_bytes} bytes)")
+                            f"says {led.entry_count} ({led.size_bytes} bytes){NOT_REPAIRABLE}")
         elif led.state == LedgerState.OFFLOADED and led.tier1_present and led.entry_count:
             report.tier2_copies_checked += 1
             problem = _check_tier2(meta, opener, led, scan)
-            if problem:
-                problems.append(f"ledger {led.ledger_id}: tier-2 copy: {problem}")
+            if problem:  # tier 1 was just read whole, every CRC checked, counts and bytes as metadata says
+                problems.append(f"ledger {led.ledger_id}: tier-2 copy: {problem}{REPAIRABLE}")
+                report.repairable.append(led.ledger_id)
             continue
         if index_problem:
-            problems.append(f"ledger {led.ledger_id}: tier-2 copy: {index_problem}")
+            problems.append(f"ledger {led.ledger_id}: tier-2 copy: {index_problem}{NOT_REPAIRABLE}")
     return report
 
 

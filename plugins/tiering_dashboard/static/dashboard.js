@@ -77,7 +77,7 @@
       h("div", { class: "card-value", text: value }),
       h("div", { class: "card-sub", text: sub }));
   }
-  function renderCards(usage, backlog, lagged, gc) {
+  function renderCards(usage, backlog, lagged, gc, integrity) {
     const t = usage.totals;
     replace("cards",
       card("Topics", formatInt(t.topics), `${formatInt(t.deleted_ledgers)} ledgers deleted by retention`),
@@ -86,7 +86,13 @@
       card("Offload backlog", formatBytes(backlog.total.bytes), `${formatInt(backlog.total.ledgers)} ledgers, ${formatInt(backlog.total.offloading)} offloading`, "backlog"),
       card("Lagged tier-1 copies", formatInt(lagged.total.copies), `${formatInt(lagged.total.due)} due for deletion (${formatBytes(lagged.total.due_bytes)})`),
       // pending is what the queue holds; due is the part the next GC run may take (the rest waits for its delay)
-      card("GC queue", `${formatInt(gc.pending)} pending`, `${formatInt(gc.due)} due now, ${formatInt(gc.failed)} failed`, gc.failed ? "alert" : ""));
+      card("GC queue", `${formatInt(gc.pending)} pending`, `${formatInt(gc.due)} due now, ${formatInt(gc.failed)} failed`, gc.failed ? "alert" : ""),
+      // lost: no tier holds a good copy (reads give a DATALOSS gap); repairable: the last scrub's broken tier-2
+      // copies that `tiering repair` can re-make from tier 1
+      card("Integrity", `${formatInt(integrity.lost)} lost`,
+        integrity.last_scrub.repairable === null ? "no scrub has checked copies yet"
+          : `${formatInt(integrity.last_scrub.repairable)} repairable, ${formatInt(integrity.last_scrub.unrepairable)} unrepairable at the last scrub`,
+        integrity.lost || integrity.last_scrub.unrepairable ? "alert" : ""));
   }
 
   // ------------------------------------------------------------------ chart: bytes per tier per topic
@@ -362,11 +368,11 @@
     busy = true;
     clearTimeout(timer);
     try {
-      const [usage, backlog, lagged, gc, runs, series, topics, subs] = await Promise.all([
+      const [usage, backlog, lagged, gc, runs, series, topics, subs, integrity] = await Promise.all([
         getJSON("api/tier-usage"), getJSON("api/offload-backlog?limit=20"), getJSON("api/lagged-copies?limit=20"),
         getJSON("api/gc-queue"), getJSON("api/job-runs?limit=50"), getJSON("api/series?hours=24&step_minutes=60"),
-        getJSON("api/topics"), getJSON("api/subscriptions?limit=100")]);
-      renderCards(usage, backlog, lagged, gc);
+        getJSON("api/topics"), getJSON("api/subscriptions?limit=100"), getJSON("api/integrity?limit=20")]);
+      renderCards(usage, backlog, lagged, gc, integrity);
       renderTierChart(usage);
       renderSeriesChart(series);
       renderTables(backlog, lagged, gc, runs, topics);

@@ -1,0 +1,101 @@
+"""The rows `tiering repair` changes (tiering/ops/repair.py): a ledger's chunk moved to a new object pair, or
+the ledger marked lost. Each is one transaction of compare-and-sets: the ledger row at the version the
+repair read, still OFFLOADED and not lost, and its chunk row still the one the repair checked (version and
+data key), so a repair racing retention (the ledger DELETED, its chunk gone), defrag (the chunk moved) or
+another repair changes nothing and says so (`ConditionalUpdateFailed`).
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from sqlalchemy import and_, delete, func, select, update
+from sqlalchemy.engine import Connection
+
+from tiering.errors import ConditionalUpdateFailed
+from tiering.metadata.tables import chunk, gc_task, ledger, topic
+from tiering.model import Chunk, Ledger, LedgerState
+
+if TYPE_CHECKING:  # the store is passed in; importing it here would be circular
+    from tiering.metadata.repository import MetadataStore
+
+S = LedgerState
+
+
+class Repairs:
+    def __init__(self, store: "MetadataStore"):
+        self.store = store
+        self.engine = store.engine
+
+    def move_chunk(self, led: Ledger, old: Chunk, new: Chunk, attempt: str, old_keys_delay: timedelta) -> Ledger:
+        """The ledger's chunk from `old` to `new` (the repair's object pair, queued under `attempt` for GC
+        until now), the new keys dequeued and the old ones queued, the ledger's row bumped with the new
+        attempt: all or nothing. Returns the ledger's new row."""
+        with self.engine.begin() as conn:
+            self._lock(conn, led)
+            self._check_chunk(conn, led, old)
+            res = conn.execute(
+                update(chunk).where(chunk.c.topic_id == led.topic_id, chunk.c.ledger_id == led.ledger_id,
+                                    chunk.c.version == old.version, chunk.c.data_key == old.data_key)
+                .values(version=chunk.c.version + 1, data_key=new.data_key, data_offset=new.data_offset,
+                        data_length=new.data_length, index_key=new.index_key, index_offset=new.index_offset,
+                        index_length=new.index_length, first_entry_id=new.first_entry_id,
+                        last_entry_id=new.last_entry_id))
+            assert res.rowcount == 1  # the chunk row is locked and was just compared
+            done = self._cas_ledger(conn, led, offload_uuid=attempt, offloaded_at=func.now())
+            keys = sorted({new.data_key, new.index_key})
+            gone = conn.execute(delete(gc_task).where(gc_task.c.owner_uuid == attempt,
+                                                      gc_task.c.key.in_(keys))).rowcount
+            if gone != len(keys):
+                raise ConditionalUpdateFailed(f"gc queue of repair {attempt}", f"{len(keys)} queued keys",
+                                              f"{gone} (collected meanwhile)")
+            # GC skips a key another chunk still references (the other ledgers of a batched object)
+            self.store._enqueue(conn, sorted({old.data_key, old.index_key}), reason="repair: replaced",
+                                owner=None, delay=old_keys_delay)
+            return done
+
+    def mark_lost(self, led: Ledger, checked: Chunk | None, reason: str) -> Ledger:
+        """The ledger marked lost (reads give a DATALOSS gap at once), if its row and chunk are still what the
+        repair found broken."""
+        with self.engine.begin() as conn:
+            self._lock(conn, led)
+            if checked is not None:
+                self._check_chunk(conn, led, checked)
+            return self._cas_ledger(conn, led, lost_at=func.now(), lost_reason=reason[:1000])
+
+    def lost_count(self, topic_name: str | None = None) -> int:
+        """Lost ledgers not deleted since (on the partial index `ledger_lost`)."""
+        q = select(func.count()).select_from(ledger).where(ledger.c.lost_at.is_not(None),
+                                                           ledger.c.state != S.DELETED.value)
+        if topic_name is not None:
+            q = q.join(topic, topic.c.topic_id == ledger.c.topic_id).where(topic.c.name == topic_name)
+        with self.engine.connect() as conn:
+            return conn.execute(q).scalar_one()
+
+    def _lock(self, conn: Connection, led: Ledger) -> None:
+        # every row first, in one order (repository._lock_rows: the topic_usage triggers' deadlock rule)
+        self.store._lock_rows(conn, [led], chunks=True)
+
+    def _check_chunk(self, conn: Connection, led: Ledger, expected: Chunk) -> None:
+        found = self.store.get_chunk(led, conn)
+        if found is None or (found.version, found.data_key) != (expected.version, expected.data_key):
+            raise ConditionalUpdateFailed(f"chunk of {led.topic}/{led.ledger_id}",
+                                          f"version {expected.version} at {expected.data_key}",
+                                          "no chunk" if found is None else
+                                          f"version {found.version} at {found.data_key}")
+
+    def _cas_ledger(self, conn: Connection, led: Ledger, **values) -> Ledger:
+        """OFFLOADED, not lost, at the version read -> values, version + 1."""
+        from tiering.metadata.repository import _ledger_row
+
+        row = conn.execute(update(ledger).where(and_(
+            ledger.c.topic_id == led.topic_id, ledger.c.ledger_id == led.ledger_id, ledger.c.version == led.version,
+            ledger.c.state == S.OFFLOADED.value, ledger.c.lost_at.is_(None)))
+            .values(version=ledger.c.version + 1, **values).returning(*ledger.c)).one_or_none()
+        if row is None:
+            now = self.store.get_ledger(led.topic, led.ledger_id, conn)
+            raise ConditionalUpdateFailed(f"ledger {led.topic}/{led.ledger_id}",
+                                          f"version {led.version}, OFFLOADED, not lost",
+                                          f"version {now.version}, {now.state.value}"
+                                          + (", lost" if now.lost else ""))
+        return _ledger_row(row, led.topic)
