@@ -4,7 +4,8 @@ summarise, each returning plain JSON-ready values (ints, floats, strings, ISO ti
 
 Each answer costs what it shows, not what the store has held: per-topic counts come from the maintained
 totals (`topic_usage`, migration 0003), the backlog, lagged copies and GC queue from partial indexes, job
-runs from the newest ones, the series from range scans over its window (see `_SERIES_SQL`), the
+runs from the newest ones, the series from maintained hourly counters (`ledger_hourly`, migration 0010;
+steps of whole hours) or range scans over its window (other steps; see `_SERIES_SQL`), the
 subscriptions' backlogs from one range scan per subscription from its position (see `subscriptions`).
 
 Every function takes an open `Connection` and only reads. `make_read_only_engine` builds the engine the
@@ -307,6 +308,48 @@ _SERIES_SQL = """
     LEFT JOIN counts c ON c.k = bk.bucket_start
     WINDOW upto AS (ORDER BY bk.i ROWS UNBOUNDED PRECEDING)
     ORDER BY bk.i"""
+# Buckets of whole hours (the page's 24 h and the API's week and month) read the maintained hourly counters
+# (`ledger_hourly`, migration 0010) instead: one row per topic and hour of the window, whatever number of
+# ledgers the window holds. Offloads per bucket are the sum of its hours. The backlog at a bucket's end is
+# the backlog now (partial index ledger_series_unended, as small as the backlog) minus the net changes of
+# the hours after the bucket: the counters put an event at t in the hour (h, h + 1 h], as the query above
+# puts it in its bucket, so the two agree (tests/integration/test_dashboard_scale.py compares both with the
+# old per-bucket definition). The last bucket holds now: its backlog is the backlog now.
+_SERIES_HOURLY_SQL = """
+    WITH buckets AS (
+        SELECT i, CAST(:w AS timestamptz) + make_interval(secs => :step * i) AS bucket_start,
+               CAST(:w AS timestamptz) + make_interval(secs => :step * (i + 1)) AS bucket_end
+        FROM generate_series(0, :count - 1) AS i),
+    backlog_now AS (
+        SELECT count(*) AS n, coalesce(sum(l.size_bytes), 0) AS b
+        FROM tiering.ledger l
+        WHERE l.offloaded_at IS NULL AND l.deleted_at IS NULL AND l.entry_count > 0 AND l.sealed_at <= :now),
+    counts AS (
+        SELECT k, sum(ob) AS offloaded_bytes, sum(ol) AS offloaded_ledgers, sum(bb) AS backlog_bytes,
+               sum(bn) AS backlog_ledgers, sum(jr) AS job_runs, sum(jb) AS job_bytes
+        FROM (
+            SELECT date_bin(make_interval(secs => :step), h.hour, :w) AS k,
+                   h.offloaded_bytes AS ob, h.offloaded_ledgers AS ol, h.backlog_bytes AS bb,
+                   h.backlog_ledgers AS bn, 0 AS jr, 0 AS jb
+            FROM tiering.ledger_hourly h WHERE h.hour >= :w AND h.hour < :w_end
+            UNION ALL
+            SELECT date_bin(make_interval(secs => :step), j.started_at, :w), 0, 0, 0, 0, 1, 0
+            FROM tiering.job_run j WHERE j.started_at >= :w AND j.started_at < :w_end
+            UNION ALL
+            SELECT date_bin(make_interval(secs => :step), j.ended_at, :w), 0, 0, 0, 0, 0, j.bytes
+            FROM tiering.job_run j WHERE j.ended_at >= :w AND j.ended_at < :w_end) AS x
+        GROUP BY k)
+    SELECT bk.bucket_start, bk.bucket_end,
+           coalesce(c.offloaded_bytes, 0)::bigint AS offloaded_bytes,
+           coalesce(c.offloaded_ledgers, 0)::bigint AS offloaded_ledgers,
+           (bn.b - coalesce(sum(c.backlog_bytes) OVER later, 0))::bigint AS backlog_bytes,
+           (bn.n - coalesce(sum(c.backlog_ledgers) OVER later, 0))::bigint AS backlog_ledgers,
+           coalesce(c.job_runs, 0)::bigint AS job_runs, coalesce(c.job_bytes, 0)::bigint AS job_bytes
+    FROM buckets bk
+    CROSS JOIN backlog_now bn
+    LEFT JOIN counts c ON c.k = bk.bucket_start
+    WINDOW later AS (ORDER BY bk.i ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING)
+    ORDER BY bk.i"""
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
@@ -337,5 +380,6 @@ def series(conn: Connection, hours: int = 24, step_minutes: int = 60) -> dict:
         raise ValueError(f"hours/step_minutes give {count} points; 1 to {MAX_SERIES_POINTS} allowed")
     # the database's clock, bound into the query with the window it gives (constants the planner can use)
     now = conn.execute(text("SELECT now()")).scalar_one()
-    points = _rows(conn, _SERIES_SQL, **series_window(now, step, count))
+    sql = _SERIES_HOURLY_SQL if step % 3600 == 0 else _SERIES_SQL
+    points = _rows(conn, sql, **series_window(now, step, count))
     return {"hours": int(hours), "step_seconds": step, "points": points}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from functools import partial
-from itertools import starmap
+from itertools import chain, count, repeat, starmap
 from typing import Callable, Iterator, NamedTuple, Protocol
 
 from tiering.errors import BadInput, CorruptObjectError, DataLossError, LedgerStorageError
@@ -57,6 +57,8 @@ class Gap:
 
 class Tier2Ledger(Protocol):
     def iter_entries(self, first: int, last: int) -> Iterator[tuple[int, bytes]]: ...
+
+    def iter_batches(self, first: int, last: int) -> Iterator[tuple[int, list[bytes]]]: ...
 
 
 # Opens a tier-2 ledger for reading from its chunk; None when tier 2 is not configured.
@@ -119,8 +121,11 @@ class ReadHandle:
         held = (lambda: self._chunk(led)) if led.state == LedgerState.OFFLOADED else (lambda: None)
         entry = partial(Entry, led.ledger_id)
         for got in read_ledger_range(self.meta, led, first, last, self.tier1, self.open_tier2, held):
-            if isinstance(got, Run):
-                # starmap: no Python frame per entry on this, the hottest loop of a catch-up read
+            if isinstance(got, Run) and got.batches is not None:
+                # per page, not per entry: Entry tuples built in C (map, zip, tuple.__new__), no Python frame
+                # per entry on this, the hottest loop of a catch-up read
+                yield from chain.from_iterable(map(partial(_batch_entries, led.ledger_id), got.batches))
+            elif isinstance(got, Run):
                 yield from starmap(entry, got.entries)
             elif got.kind == DATALOSS:
                 yield from self._dataloss(led, got.start.entry_id, got.end.entry_id)
@@ -135,10 +140,25 @@ class ReadHandle:
         yield gap
 
 
+_new_entry = partial(tuple.__new__, Entry)  # Entry from a (ledger_id, entry_id, data) tuple, without a frame
+
+
+def _batch_entries(ledger_id: int, batch: tuple[int, list[bytes]]) -> Iterator[Entry]:
+    first, payloads = batch
+    return map(_new_entry, zip(repeat(ledger_id), count(first), payloads))
+
+
+def _batch_pairs(first: int, payloads: list[bytes]) -> Iterator[tuple[int, bytes]]:
+    return zip(count(first), payloads)
+
+
 class Run(NamedTuple):
-    """Consecutive entries of a ledger from one tier (TIER1 or TIER2), as (entry_id, data) pairs."""
+    """Consecutive entries of a ledger from one tier (TIER1 or TIER2), as (entry_id, data) pairs; from tier 2
+    also as `batches` (first entry id, [payloads]) of one page each. `entries` and `batches` draw from the
+    same source: a consumer reads one of them, not both."""
     tier: str
     entries: Iterator[tuple[int, bytes]]
+    batches: Iterator[tuple[int, list[bytes]]] | None = None
 
 
 class _At:
@@ -188,7 +208,8 @@ def read_ledger_range(meta: MetadataStore, led: Ledger, first: int, last: int, t
     if chunk is None or open_tier2 is None:
         yield Gap(DATALOSS, Position(led.ledger_id, at.next), Position(led.ledger_id, last))
         return
-    yield Run(TIER2, _tier2_entries(meta, led, chunk, last, open_tier2, at))
+    batches = _tier2_batches(meta, led, chunk, last, open_tier2, at)
+    yield Run(TIER2, chain.from_iterable(starmap(_batch_pairs, batches)), batches)
     if at.trimmed:
         yield Gap(TRIMMED, Position(led.ledger_id, at.next), Position(led.ledger_id, last))
 
@@ -201,13 +222,13 @@ def _tier1_entries(reader, first: int, last: int, at: _At) -> Iterator[tuple[int
             at.next = entry_id + 1
 
 
-def _tier2_entries(meta: MetadataStore, led: Ledger, chunk: Chunk, last: int, open_tier2: Tier2Opener,
-                   at: _At) -> Iterator[tuple[int, bytes]]:
+def _tier2_batches(meta: MetadataStore, led: Ledger, chunk: Chunk, last: int, open_tier2: Tier2Opener,
+                   at: _At) -> Iterator[tuple[int, list[bytes]]]:
     for attempt in range(2):
         try:
-            for pair in open_tier2(led, chunk).iter_entries(at.next, last):
-                yield pair
-                at.next = pair[0] + 1
+            for batch in open_tier2(led, chunk).iter_batches(at.next, last):
+                yield batch
+                at.next = batch[0] + len(batch[1])  # resumed: the consumer took the whole batch
             return
         except CorruptObjectError:
             raise  # the bytes are wrong: never read around them

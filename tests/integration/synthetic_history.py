@@ -1,6 +1,7 @@
 """A synthetic metadata history of any size, written in a few set-based statements (INSERT ... SELECT
 generate_series) with the per-row triggers off (session_replication_role = replica), then the per-topic
-totals rebuilt (tiering.recompute_topic_usage) and the tables analysed.
+totals and hourly counters rebuilt (tiering.recompute_topic_usage, recompute_ledger_hourly) and the
+tables analysed.
 
 Its shape follows the pipeline: every topic seals ledgers at a steady rate over `history_days`; a ledger is
 offloaded 5 min to 3 h after its seal (OFFLOADING in its last 10 min, SEALED before), its tier-1 copy goes 4 h
@@ -131,9 +132,13 @@ def load(engine, topics: int, ledgers: int, history_days: int = 40) -> dict:
         conn.execute(text("UPDATE tiering.topic t SET next_ledger_id = coalesce(m.next, 0) FROM "
                           "(SELECT topic_id, max(ledger_id) + 1 AS next FROM tiering.ledger GROUP BY topic_id) m "
                           "WHERE m.topic_id = t.topic_id"))
-        if conn.execute(text("SELECT to_regproc('tiering.recompute_topic_usage')")).scalar():
-            conn.execute(text("SET LOCAL session_replication_role = origin"))
-            conn.execute(text("SELECT tiering.recompute_topic_usage()"))
+        # the maintained derivations the dashboard reads, rebuilt from the rows (the schema may predate them)
+        for fn in ("recompute_topic_usage", "recompute_ledger_hourly"):
+            if conn.execute(text(f"SELECT to_regproc('tiering.{fn}')")).scalar():
+                conn.execute(text("SET LOCAL session_replication_role = origin"))
+                conn.execute(text(f"SELECT tiering.{fn}()"))
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("ANALYZE tiering.topic, tiering.ledger, tiering.chunk, tiering.job_run, tiering.gc_task"))
+        if conn.execute(text("SELECT to_regclass('tiering.ledger_hourly')")).scalar():
+            conn.execute(text("ANALYZE tiering.ledger_hourly"))
     return params

@@ -246,7 +246,8 @@ def test_the_upload_limit_paces_every_byte_of_the_data_object_and_nothing_else(d
             asked.append(nbytes)
             return super().acquire(nbytes)
 
-    monkeypatch.setitem(throttle._shared, rate, Recording(rate, clock=clock, sleep=clock.sleep))
+    rec = Recording(rate, clock=clock, sleep=clock.sleep)
+    monkeypatch.setitem(throttle._shared, rate, rec)
     paced = make_deps(db, s3_client, bucket, tier1_root, max_bytes_per_second=rate)
     produce(paced, "t", [entries("big", 130, 100 * 1024), [b"small"]])
     leds = paced.meta.list_ledgers("t")
@@ -256,4 +257,4 @@ def test_the_upload_limit_paces_every_byte_of_the_data_object_and_nothing_else(d
                   if not o["Key"].endswith("-index"))
     assert sum(asked) == sum(data), (asked, data)  # every data byte paced once, index objects not
     assert len(asked) == 3 + 1  # 13 MiB in three 5 MiB-block parts, the small ledger one PUT
-    assert clock.t - 1000.0 == pytest.approx(sum(data) / rate)  # and the pace is the rate's
+    assert rec._tat - 1000.0 == pytest.approx(sum(data) / rate)  # the reservations end at the rate's pace

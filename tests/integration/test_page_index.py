@@ -213,8 +213,8 @@ def test_a_scan_is_one_streaming_get_and_every_range_reads_exactly(deps, s3_sett
 
 
 def test_a_scan_stopped_early_gives_its_thread_back(deps):
-    """A reader that stops after a few entries of a long scan: the streaming thread stops at the next group
-    and drops the GET, so the pool is free again (a shutdown returns) and nothing keeps reading."""
+    """A reader that stops after a few entries of a long scan: closing it drops the scan's GET (the scan
+    reads in the caller's thread), so the pool is free (a shutdown returns) and nothing keeps reading."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 

@@ -2,7 +2,8 @@
 operation that changes ledgers or chunks, done by the real code on the real PostgreSQL and loopback S3:
 produce and seal, offload (one pair per ledger and batched), delete-lagged, retention, truncate, defrag, GC,
 an aborted offload, recovery from the bucket into an empty database, a topic's deletion, TRUNCATE; and
-tiering.recompute_topic_usage() repairs totals written past the triggers."""
+tiering.recompute_topic_usage() repairs totals written past the triggers. The dashboard series' hourly
+counters (tiering.ledger_hourly, migration 0010) are checked against their definition at every step too."""
 from __future__ import annotations
 
 import secrets
@@ -61,9 +62,43 @@ def reference(engine) -> dict[int, tuple]:
         return {r[0]: tuple(int(v) for v in r[1:]) for r in conn.execute(text(REFERENCE))}
 
 
+# The hourly counters by definition (migration 0010, the dashboard's series): offloads in the hour holding
+# offloaded_at; a non-empty sealed ledger's +1 in the hour holding sealed_at and -1 in the one holding its
+# end (first of offload and deletion), an event at t in the hour (h, h + 1 h]. Rows of all zeros excluded.
+HOURLY_REFERENCE = """
+    WITH l AS (SELECT topic_id, entry_count, size_bytes, sealed_at, offloaded_at,
+                      least(offloaded_at, deleted_at) AS end_at FROM tiering.ledger),
+    e AS (
+        SELECT date_bin('1 hour', offloaded_at, '1970-01-01Z') AS hour, topic_id, 1 AS ol, size_bytes AS ob,
+               0 AS bn, 0 AS bb FROM l WHERE offloaded_at IS NOT NULL
+        UNION ALL
+        SELECT date_bin('1 hour', sealed_at - interval '1 microsecond', '1970-01-01Z'), topic_id, 0, 0, 1, size_bytes
+        FROM l WHERE entry_count > 0 AND sealed_at IS NOT NULL AND (end_at IS NULL OR end_at > sealed_at)
+        UNION ALL
+        SELECT date_bin('1 hour', end_at - interval '1 microsecond', '1970-01-01Z'), topic_id, 0, 0, -1, -size_bytes
+        FROM l WHERE entry_count > 0 AND sealed_at IS NOT NULL AND end_at > sealed_at)
+    SELECT hour, topic_id, sum(ol), sum(ob), sum(bn), sum(bb) FROM e GROUP BY hour, topic_id
+    HAVING (sum(ol), sum(ob), sum(bn), sum(bb)) <> (0, 0, 0, 0)"""
+
+
+def hourly(engine) -> dict[tuple, tuple]:
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT hour, topic_id, offloaded_ledgers, offloaded_bytes, backlog_ledgers, backlog_bytes "
+            "FROM tiering.ledger_hourly WHERE (offloaded_ledgers, offloaded_bytes, backlog_ledgers, "
+            "backlog_bytes) <> (0, 0, 0, 0)")).all()
+    return {(r[0], r[1]): tuple(int(v) for v in r[2:]) for r in rows}
+
+
+def hourly_reference(engine) -> dict[tuple, tuple]:
+    with engine.connect() as conn:
+        return {(r[0], r[1]): tuple(int(v) for v in r[2:]) for r in conn.execute(text(HOURLY_REFERENCE))}
+
+
 def assert_exact(engine) -> dict[int, tuple]:
     expected = reference(engine)
     assert usage(engine) == expected
+    assert hourly(engine) == hourly_reference(engine)  # the series' counters follow the same statements
     return expected
 
 
@@ -162,8 +197,10 @@ def test_the_check_fails_on_totals_written_past_the_triggers_and_recompute_repai
         conn.execute(text("UPDATE tiering.ledger SET size_bytes = size_bytes + 1"))
         conn.execute(text("INSERT INTO tiering.topic (name) VALUES ('loaded')"))
     assert usage(db) != reference(db)
+    assert hourly(db) != hourly_reference(db)
     with db.begin() as conn:
         conn.execute(text("SELECT tiering.recompute_topic_usage()"))
+        conn.execute(text("SELECT tiering.recompute_ledger_hourly()"))
     assert by_name(db, "r")["live_bytes"] == 502 and len(assert_exact(db)) == 2
 
 

@@ -45,6 +45,16 @@ class Tier2:
                     if fails is not None and e >= served:
                         raise fails
                     yield e, b"%d@%s" % (e, chunk.encode())
+
+            def iter_batches(self, first, last):  # pages of two entries, as OffloadedLedger's (one per page)
+                batch = []
+                for e, data in self.iter_entries(first, last):
+                    batch.append(data)
+                    if len(batch) == 2:
+                        yield e - 1, batch
+                        batch = []
+                if batch:
+                    yield last, batch
         return Ledger()
 
 

@@ -99,6 +99,16 @@ topic_usage = Table(  # 0003: per-topic totals, maintained by triggers
     Column("tier2_stored_bytes", BigInteger, nullable=False),
 )
 
+ledger_hourly = Table(  # 0010: per topic and hour, offloads and the backlog's net change (dashboard series)
+    "ledger_hourly", metadata,
+    Column("hour", DateTime(timezone=True), primary_key=True),
+    Column("topic_id", BigInteger, primary_key=True),
+    Column("offloaded_ledgers", BigInteger, nullable=False),
+    Column("offloaded_bytes", BigInteger, nullable=False),
+    Column("backlog_ledgers", BigInteger, nullable=False),
+    Column("backlog_bytes", BigInteger, nullable=False),
+)
+
 attribute = Table(
     "attribute", metadata,
     Column("topic_id", BigInteger, primary_key=True),

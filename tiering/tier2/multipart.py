@@ -25,7 +25,8 @@ accepts a wrong one), so readers check page CRCs themselves.
 Hook: `hook(name)` at "initiated" (upload created), "part" (a part stored; from the part's thread) and
 "completed" (object complete), so fault tests can fail or kill the process exactly there.
 
-Limiter (tiering/tier2/throttle.py): each uploaded part, and the single PUT, first waits for its bytes.
+Limiter (tiering/tier2/throttle.py): each uploaded part, and the single PUT, first waits for its turn (start
+times are paced; the request then goes at link speed).
 """
 from __future__ import annotations
 

@@ -1,13 +1,18 @@
 """Upload rate limit of one process (TIERING_OFFLOAD_MAX_BYTES_PER_SECOND): offload must not flood the link
 (Pulsar PIP-211, Kafka KIP-956).
 
-A virtual-clock limiter (GCRA, the token bucket without a timer): each `acquire(n)` reserves the next n/rate
-seconds of the link and sleeps until its reservation ends, so after any number of acquisitions the bytes
-released by time t are at most rate * (t - t0) + burst. A request larger than the burst is not refused: it
-waits its whole share (a 64 MiB part at 8 MiB/s waits 8 s) and is then sent at link speed, so the rate is
-bounded on average over a part; smaller blocks (TIERING_BLOCK_SIZE) make it smoother. A part waits its share
-before it is sent, so on a link slower than the limit the rate is below both (sending time is not credited
-unless a burst is given).
+A virtual-clock limiter (GCRA, the token bucket without a timer) that paces START times: each `acquire(n)`
+reserves the next n/rate seconds of the link and sleeps until its reservation BEGINS, then the caller sends
+at link speed. So a request's own sending time counts towards its share: the rate is min(limit, link), not
+the harmonic mix of the two that waiting for a reservation's END gave (32 MiB under 8 MiB/s on a ~9 MiB/s
+link took 7.6 s, 0.53 of the limit). The bytes started by time t are at most rate * (t - t0) + burst + the
+request being started: the limit holds on average over any window longer than one request's share, and a
+burst is at most one part or single PUT (TIERING_BLOCK_SIZE; smaller blocks make it smoother). A request
+larger than the burst is not refused.
+
+Pacing inside a request (a body whose reads wait for their bytes) would bound the burst to one socket write,
+but over http botocore's SigV4 signer reads the whole body first to hash it, so the body would be paid for
+twice (measured: 128 MiB under 8 MiB/s took 33 s instead of 16).
 
 Thread-safe: an upload's part threads share one limiter, and every upload of the process shares the one
 `shared(rate)` returns, so concurrent offloads in one process stay under the limit together. Clock and
@@ -34,14 +39,14 @@ class RateLimiter:
         self._tat: float | None = None  # theoretical arrival time: when the reservations made so far end
 
     def acquire(self, nbytes: int) -> float:
-        """Reserve `nbytes` of the link and wait for it; returns the seconds waited."""
+        """Reserve `nbytes` of the link and wait until the reservation begins; returns the seconds waited."""
         if nbytes <= 0:
             return 0.0
         with self._lock:
             now = self._clock()
             start = now - self._burst if self._tat is None else max(self._tat, now - self._burst)
             self._tat = start + nbytes / self.rate
-            wait = self._tat - now
+            wait = start - now
         if wait > 0:
             self._sleep(wait)
             return wait

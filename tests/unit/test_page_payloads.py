@@ -1,0 +1,74 @@
+"""format/pages.page_payloads: every page of packed blocks parses back to exactly the entries packed, whether
+its entries have one length (the vectorised pass) or several (the per-entry loop), and a page whose structure
+is wrong fails with CorruptObjectError naming the place, on either path."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from tiering.errors import CorruptObjectError
+from tiering.format.block import ENTRY_HEADER_LEN, HEADER_LEN, pack_blocks
+from tiering.format.pages import page_entries, page_payloads
+
+
+def packed(payloads, block_size=64 * 1024, page_size=4096):
+    """The blocks' bytes joined, with every page as (first entry, last entry, start, end, block start, end)."""
+    blocks = list(pack_blocks(enumerate(payloads), block_size, page_size))
+    data, pages, off = b"", [], 0
+    for block in blocks:
+        firsts = block.pages
+        for i, (first, start, _crc) in enumerate(firsts):
+            end = firsts[i + 1][1] if i + 1 < len(firsts) else len(block.data)
+            last = (firsts[i + 1][0] if i + 1 < len(firsts) else block.first_entry_id + block.entry_count) - 1
+            pages.append((first, last, off + start, off + end, start == 0, end == len(block.data)))
+        data += block.data
+        off += len(block.data)
+    return data, pages
+
+
+def parse(data, page):
+    first, last, start, end, bstart, bend = page
+    return page_payloads(data, start, end, first, last, block_start=bstart, block_end=bend, where="t", base=0)
+
+
+@pytest.mark.parametrize("sizes", [[100] * 3000, [0] * 500, [4096] * 100, [10, 2000, 7, 7, 7] * 300,
+                                   [100] * 50 + [101] + [100] * 50])
+def test_every_page_parses_back_to_the_entries_packed(sizes):
+    payloads = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    data, pages = packed(payloads)
+    got = []
+    for page in pages:
+        got += parse(data, page)
+        assert page_entries(data, *page[2:4], page[0], page[1], block_start=page[4], block_end=page[5],
+                            where="t", base=0) == list(zip(range(page[0], page[1] + 1), parse(data, page)))
+    assert got == payloads
+
+
+def _uniform_page(data, pages):
+    return next(p for p in pages if p[1] - p[0] >= 20)
+
+
+def test_a_wrong_id_inside_a_uniform_page_is_corruption():
+    data, pages = packed([b"x" * 100] * 500)
+    first, last, start, end, bstart, _ = page = _uniform_page(data, pages)
+    pos = start + (HEADER_LEN if bstart else 0) + 10 * (ENTRY_HEADER_LEN + 100)
+    bad = data[:pos + 4] + struct.pack(">q", first + 99) + data[pos + 12:]
+    with pytest.raises(CorruptObjectError, match=f"entry {first + 99} of 100 bytes where entry {first + 10}"):
+        parse(bad, page)
+
+
+def test_a_wrong_length_inside_a_uniform_page_is_corruption():
+    data, pages = packed([b"x" * 100] * 500)
+    first, last, start, end, bstart, _ = page = _uniform_page(data, pages)
+    pos = start + (HEADER_LEN if bstart else 0) + 3 * (ENTRY_HEADER_LEN + 100)
+    bad = data[:pos] + struct.pack(">i", 90) + data[pos + 4:]
+    with pytest.raises(CorruptObjectError):
+        parse(bad, page)
+
+
+def test_bytes_after_the_last_entry_of_a_page_that_ends_no_block_are_corruption():
+    data, pages = packed([b"x" * 100] * 500)
+    first, last, start, end, bstart, bend = next(p for p in pages if not p[5] and p[1] - p[0] >= 20)
+    with pytest.raises(CorruptObjectError):  # one entry fewer than the page holds: 112 bytes left over
+        page_payloads(data, start, end, first, last - 1, block_start=bstart, block_end=False, where="t", base=0)
