@@ -143,3 +143,20 @@ def test_export_and_an_idle_gc_report_their_datasets(lineage_airflow, deps, data
     facet = gc_plan["run"]["facets"]["tiering"]
     assert facet["planned"] == 0 and facet["sparkStarted"] is False and facet["jobRunId"] > 0
     assert datasets(gc_plan, "outputs") == {(f"s3://{run_bucket}", "t/")}
+
+
+def test_a_table_sync_reports_the_iceberg_table_it_wrote(lineage_airflow, deps, run_bucket):
+    """The sync's COMPLETE names the topic it read and the Iceberg table it appended to (the bucket and the
+    table's location, as Iceberg datasets are named), with what reached the table."""
+    from tiering.metadata.table_sync import TableRows
+
+    produce(deps, "tab", [entries("t", 6, 40), entries("u", 4, 40)], TopicPolicy(**BIG), open_tail=[b"open"])
+    TableRows(deps.meta.engine).set_policy("tab", "lineage.tab", "follow")
+    done, out = dags_test(lineage_airflow, "tiering_table_sync", {})
+    assert done.returncode == 0, out[-3000:]
+    [complete] = [e for e in events_of(lineage_airflow, "tiering_table_sync.table_sync")
+                  if e["eventType"] == "COMPLETE"]
+    assert (f"s3://{run_bucket}", "t-tables/lineage/tab") in datasets(complete, "outputs")
+    assert {name for _, name in datasets(complete, "inputs")} == {"tab"}
+    facet = complete["run"]["facets"]["tiering"]
+    assert (facet["ledgers"], facet["entries"], facet["firstLedgerId"], facet["lastLedgerId"]) == (2, 10, 0, 1)

@@ -38,6 +38,9 @@ ROLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "recover": (("tier2",), ("topic",)),
     "export_metadata": (("tables",), ("export",)),
     "scrub": (("topic", "tier2"), ()),
+    # the tables themselves come from the run's row (details["lineage"]), which knows the identifiers
+    "table_sync": (("topic",), ()),
+    "table_maintenance": ((), ()),
 }
 DEFAULT_ROLES: tuple[tuple[str, ...], tuple[str, ...]] = (("topic",), ())
 

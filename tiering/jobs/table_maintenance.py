@@ -32,7 +32,7 @@ def plan(deps, args) -> list[dict]:
 
 def main(argv=None) -> int:
     from tiering.jobs.runner import deps_from, load_settings, recorded, run_ref
-    from tiering.tables.catalog import catalog
+    from tiering.tables.catalog import catalog, table_dataset
     from tiering.tables.maintenance import maintain_topic
     from tiering.tables.sync import TableSync
 
@@ -59,6 +59,10 @@ def main(argv=None) -> int:
             outcome.errors.extend(f"{state.topic}: {e}" for e in r.errors)
             for k in ("partitions_compacted", "files_before", "files_after", "snapshots_expired", "orphans_deleted"):
                 outcome.details[k] = outcome.details.get(k, 0) + getattr(r, k)
+            # the table is what maintenance reads and rewrites (the DAG's OpenLineage datasets)
+            named = outcome.details.setdefault("lineage", {"inputs": [], "outputs": []})
+            named["inputs"].append(table_dataset(settings, state.identifier))
+            named["outputs"].append(table_dataset(settings, state.identifier))
 
     try:
         return recorded("table_maintenance", run_ref("table_maintenance"), args.topic, deps.meta.engine, body)

@@ -91,7 +91,7 @@ def main(argv=None) -> int:
         write, started = spark_writer(settings, outcome)
         results = [sync.sync_topic(state, write) for state in sync.rows.list(args.topic)
                    if state.topic in {i["topic"] for i in items}]
-        outcome_of(results, outcome)
+        outcome_of(results, outcome, settings)
         if "sc" not in started:
             outcome.details["spark"] = "skipped"
 

@@ -20,6 +20,12 @@ def warehouse(settings: Settings) -> str:
     return f"s3://{settings.bucket}/{settings.prefix.rstrip('/') or 'tiering'}-tables"
 
 
+def table_dataset(settings: Settings, identifier: str) -> dict[str, str]:
+    """A table as an OpenLineage dataset, named as Iceberg tables are (the bucket, the table's location)."""
+    location = f"{warehouse(settings)}/{identifier.replace('.', '/')}"
+    return {"namespace": f"s3://{settings.bucket}", "name": location.removeprefix(f"s3://{settings.bucket}/")}
+
+
 def io_properties(settings: Settings) -> dict[str, str]:
     """The FileIO's S3 settings: tier 2's filesystem (encryption, CA bundle: tiering/tables/fileio.py); the
     executors' writers build theirs from the same Settings."""
@@ -105,7 +111,7 @@ def ensure_table(cat, settings: Settings, identifier: str, topic: str, decoder: 
     spec = PartitionSpec(PartitionField(source_id=5, field_id=1000, transform=DayTransform(), name=PARTITION_FIELD))
     order = SortOrder(SortField(source_id=2, transform=IdentityTransform()),
                       SortField(source_id=3, transform=IdentityTransform()))
-    location = f"{warehouse(settings)}/{identifier.replace('.', '/')}"
+    location = f"{warehouse(settings)}/{identifier.replace('.', '/')}"  # as table_dataset names it
     table = cat.create_table_if_not_exists(identifier, table_schema(decoder, dlq), location=location,
                                            partition_spec=spec, sort_order=order,
                                            properties={PROP_TOPIC: topic, "format-version": "2"})

@@ -24,10 +24,11 @@ from typing import Callable, Literal
 
 from pyiceberg.table.update import ValidatableTableRequirement
 
+from tiering.config import Settings
 from tiering.errors import TieringError
 from tiering.metadata.table_sync import TableRows, TableState, exclusive
 from tiering.model import MIB
-from tiering.tables.catalog import PARTITION_FIELD, ensure_table
+from tiering.tables.catalog import PARTITION_FIELD, ensure_table, table_dataset
 from tiering.tables.naming import (DLQ_SUFFIX, PROP_SYNCED, PROP_TRIMMED, SUMMARY_LEDGERS, SUMMARY_RUN, SUMMARY_TOPIC, batches,
                                    decode_ledgers, encode_ledgers)
 
@@ -396,8 +397,9 @@ def due_topics(engine, topic: str | None = None) -> list[TableState]:
     return TableRows(engine).due(topic)
 
 
-def outcome_of(results: list[TopicResult], outcome) -> None:
-    """A job_run row's counts from a sync's results: ledgers done, topics failed, payload bytes."""
+def outcome_of(results: list[TopicResult], outcome, settings: Settings) -> None:
+    """A job_run row's counts from a sync's results: ledgers done, topics failed, payload bytes; what moved
+    and into which tables."""
     outcome.items_done += sum(len(r.ledgers) for r in results)
     outcome.items_failed += sum(r.status == "failed" for r in results)
     outcome.bytes += sum(r.bytes for r in results)
@@ -408,3 +410,12 @@ def outcome_of(results: list[TopicResult], outcome) -> None:
         skipped=sum(r.status == "skipped" for r in results),
         failed_topics=sorted(r.topic for r in results if r.status == "failed"))
     outcome.errors.extend(f"{r.topic}: {r.error}" for r in results if r.status == "failed")
+    # what the DAG's OpenLineage events report (tiering/jobs/lineage.py): per topic what reached its table,
+    # and the tables as the run's outputs (Iceberg's dataset naming: the warehouse's bucket, the table's path)
+    moved = {r.topic: {"ledgers": len(r.ledgers), "entries": r.entries, "first_ledger": min(r.ledgers),
+                       "last_ledger": max(r.ledgers)} for r in results if r.ledgers}
+    if moved:
+        outcome.details["moved"] = moved
+    if results:
+        outcome.details["lineage"] = {"outputs": [table_dataset(settings, r.table) for r in results
+                                                  if r.status != "failed"]}
