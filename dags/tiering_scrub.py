@@ -10,8 +10,9 @@ or trigger it with `topic` to scrub one topic, e.g. after a suspected disk or bu
 
 Then the repair's check (`tiering repair`) of what the Spark read did not read from tier 2 counts the broken
 tier-2 copies that are repairable from a verified tier-1 copy and those that are not (the run's details, the
-dashboard's Integrity card). Tick `repair` (off by default) to repair them: a new object pair per broken
-copy, and ledgers with no good copy left marked lost (read as DATALOSS gaps at once).
+dashboard's Integrity card). A run triggered by hand repairs them (Param `repair` empty; false: report
+only), the scheduled run reports only (unless `repair` is true): a new object pair per broken copy, and
+ledgers with no good copy left marked lost (read as DATALOSS gaps at once).
 """
 from tiering.jobs.airflow_dags import build_dag
 

@@ -47,7 +47,8 @@ def test_scrub_through_the_source_on_the_cluster(cluster_airflow, deps):
     b.s3.put_object(Bucket=b.name, Key=ch.data_key,
                     Body=original[:spot] + bytes([original[spot] ^ 1]) + original[spot + 1:])
     try:
-        done, out, _apps = cluster_dags_test(cluster_airflow, "tiering_scrub", {"topic": "scrub"})
+        # report only: a run triggered by hand would otherwise mark the tier-2-only ledger lost
+        done, out, _apps = cluster_dags_test(cluster_airflow, "tiering_scrub", {"topic": "scrub", "repair": False})
     finally:
         b.s3.put_object(Bucket=b.name, Key=ch.data_key, Body=original)
     assert done.returncode != 0

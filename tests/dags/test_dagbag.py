@@ -123,8 +123,22 @@ def test_only_the_scrub_is_created_paused(dagbag):
     assert not any(d.is_paused_upon_creation for i, d in dagbag.dags.items() if i != "tiering_scrub")
 
 
-def test_the_scrub_repairs_only_when_asked(dagbag):
+def test_the_scrub_repairs_when_triggered_by_hand_or_asked(dagbag):
     params = dagbag.dags["tiering_scrub"].params
     assert set(params.keys()) == {"topic", "repair"}
-    assert params["repair"] is False  # a scheduled run checks and reports; a ticked box repairs
-    assert params.get_param("repair").schema["type"] == "boolean"
+    assert params["repair"] is None  # empty: decided by how the run started (run_params)
+    assert params.get_param("repair").schema["type"] == ["null", "boolean"]
+    from types import SimpleNamespace
+
+    from airflow.utils.types import DagRunType
+
+    from tiering.jobs.airflow_dags import run_params
+
+    def resolved(run_type, repair=None):
+        return run_params({"params": {"topic": None, "repair": repair},
+                           "dag_run": SimpleNamespace(run_type=run_type)})["repair"]
+
+    # the weekly run reports; a run triggered by hand repairs unless told not to; a ticked box always repairs
+    assert resolved(DagRunType.SCHEDULED) is False and resolved(DagRunType.MANUAL) is True
+    assert resolved(DagRunType.MANUAL, False) is False and resolved(DagRunType.SCHEDULED, True) is True
+    assert resolved(DagRunType.ASSET_TRIGGERED) is False

@@ -87,7 +87,7 @@ def plan_on_worker(dag_id: str, **context) -> bool:
     from tiering.jobs.preflight import preflight
     from tiering.jobs.runner import deps_from
 
-    params = dict(context["params"])
+    params = run_params(context)
     try:
         result = preflight(dag_id, context["dag_run"].conf, params, set(context["dag"].params.keys()),
                            lambda: deps_from(TieringHook().get_settings()), _run_ref(dag_id, context))
@@ -103,6 +103,16 @@ def plan_on_worker(dag_id: str, **context) -> bool:
     else:
         log.info("%s: %s: %s to do", dag_id, what, _planned(result))
     return result.run_spark
+
+
+def run_params(context) -> dict:
+    """The run's parameters as its job gets them. The scrub's `repair` left empty follows how the run
+    started: an operator who triggers a scrub by hand wants what it finds repaired, the weekly run reports."""
+    params = dict(context["params"])
+    if "repair" in params and params["repair"] is None:
+        run_type = context["dag_run"].run_type
+        params["repair"] = getattr(run_type, "value", run_type) == "manual"
+    return params
 
 
 # rendered before the task starts, so the lineage START event names the run's topic (tiering.jobs.lineage)
@@ -146,7 +156,7 @@ class TieringSparkSubmitOperator(LineageMixin, SparkSubmitOperator):
     def execute(self, context):
         from tiering.jobs.hook import TieringHook
 
-        params = context["params"]
+        params = run_params(context)
         from tiering.jobs.preflight import job_args
 
         self.application_args = job_args(self.job, params)
@@ -280,11 +290,12 @@ def _form_field(param: RunParam) -> Param:
                                  "copy is not recovered; this reads the whole bucket. Off: objects' lengths "
                                  "and indexes are checked, pages when read, e.g. on for a suspect bucket.")
     if param.name == "repair":
-        return Param(False, type="boolean", title="Repair",
+        return Param(None, type=["null", "boolean"], title="Repair",
                      description="Then repair the topics the scrub found broken (tiering repair): a missing, "
                                  "short or corrupt tier-2 copy is re-made from its verified tier-1 copy, a ledger "
-                                 "with no good copy left is marked lost. Off: report only, e.g. on after a "
-                                 "bucket restore.")
+                                 "with no good copy left is marked lost. Empty: on for a run triggered by hand, "
+                                 "off for the scheduled run (which reports only); false: report only, e.g. true in a "
+                                 "scheduled run after a bucket restore.")
     if param.name == "max_bytes_per_second":
         return Param(None, type=["null", "integer", "string"], title="Upload limit (per second, optional)",
                      minimum=0, pattern=SIZE_PATTERN,
