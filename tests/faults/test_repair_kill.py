@@ -202,3 +202,55 @@ def test_two_repairs_and_retention_racing_over_the_same_ledgers(deps, worker_env
     gc_all(deps)
     check_invariants(deps, deps.meta.engine, {"k": exp}, {"k": {0, 1}})
     assert repair(deps, "k").findings == []
+
+
+def lost_scene(deps, tier1_back: bool) -> tuple[dict, int]:
+    """Two offloaded ledgers, tier-1 copies deleted after the lag; ledger 0's data object lost, the ledger
+    marked lost by a repair; then its good copy put back: the object itself, or (`tier1_back`) the tier-1
+    file, its object staying corrupt. Returns what was produced and the marked row's version."""
+    exp = produce(deps, "k", [entries(f"l{i}", 10, 10 * KIB) for i in range(2)], TopicPolicy(**BIG))
+    files = {}
+    for led in deps.meta.list_ledgers("k", [S.SEALED]):
+        done = offload_ledger(deps, led)
+        files[led.ledger_id] = deps.tier1.path("k", led.ledger_id).read_bytes()
+        deps.tier1.delete("k", led.ledger_id)
+        deps.meta.mark_tier1_deleted(done)
+    s3, name, key = deps.bucket.s3, deps.bucket.name, deps.meta.chunks("k")[0].data_key
+    body = s3.get_object(Bucket=name, Key=key)["Body"].read()
+    s3.put_object(Bucket=name, Key=key, Body=body[:100])
+    assert repair(deps, "k").lost == [("k", 0)]
+    if tier1_back:
+        path = deps.tier1.path("k", 0)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(files[0])
+    else:
+        s3.put_object(Bucket=name, Key=key, Body=body)
+    return {"k": exp}, deps.meta.get_ledger("k", 0).version
+
+
+# point -> whether the recovery committed before the kill
+RECOVER_POINTS = {
+    (False, "step:recovering"): False, (False, "commit-after-step:recovering"): False,
+    (False, "step:recovered"): True,
+    (True, "step:queued"): False, (True, "step:index"): False, (True, "step:checked"): False,
+    (True, "commit-after-step:checked"): False, (True, "step:committed"): True,
+}
+
+
+@pytest.mark.parametrize("tier1_back,point", list(RECOVER_POINTS))
+def test_recovering_a_lost_ledger_killed_then_rerun(tier1_back, point, deps, worker_env):
+    """The mark cleared (or the copy re-made and the mark cleared) in one transaction: killed anywhere, the
+    ledger is still lost or recovered; the rerun recovers it once; every entry reads back byte-exact."""
+    expected, version = lost_scene(deps, tier1_back)
+    w = start_worker("repair", worker_env, ["k"], point)
+    kill_at_point(w, deps.meta.engine)
+    done = RECOVER_POINTS[(tier1_back, point)]
+    assert deps.meta.get_ledger("k", 0).lost == (not done)
+    settle(deps.meta.engine)
+    rerun = repair(deps, "k")
+    assert rerun.recovered == ([] if done else [("k", 0)]) and rerun.lost == [] and rerun.failed == []
+    led = deps.meta.get_ledger("k", 0)
+    assert not led.lost and led.version == version + 1 and led.tier1_present == tier1_back  # recovered once
+    assert repair(deps, "k").findings == []
+    gc_all(deps)
+    check_invariants(deps, deps.meta.engine, expected)

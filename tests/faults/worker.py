@@ -96,7 +96,8 @@ def run_op(deps, op: str, topics: list[str], hook=None, on_done=None, gc_batch: 
 
         reports = [repair(deps, t, hook=hook) for t in topics]
         out.update(repaired=[list(x) for r in reports for x in r.repaired], lost=[list(x) for r in reports for x in r.lost],
-                   skipped=[list(x) for r in reports for x in r.skipped], failed=[f for r in reports for f in r.failed])
+                   skipped=[list(x) for r in reports for x in r.skipped], failed=[f for r in reports for f in r.failed],
+                   recovered=[list(x) for r in reports for x in r.recovered])
     elif op not in OPS:
         raise SystemExit(f"unknown op {op!r}; expected one of {', '.join(OPS)}")
     return out
@@ -107,7 +108,7 @@ class Stopper:
 
     step:NAME[:N]              the StepHook reaching NAME for the N-th time (offload: initiated, part,
                                completed, index; defrag: part, merged; repair: queued, the offload's,
-                               checked, committed, marking-lost, marked-lost)
+                               checked, committed, marking-lost, marked-lost, recovering, recovered)
     commit-after-step:NAME     the first metadata COMMIT after step NAME, inside the open transaction
                                (offload: after `index` that is complete_offload's commit)
     done[:N]                   after the N-th ledger's offload committed (offload_many's on_done)

@@ -1,6 +1,6 @@
 """`tiering verify TOPIC`: renders tiering.ops.verify's report; exit 1 on loss or corruption. `tiering repair`:
-re-makes broken tier-2 copies from verified tier-1 copies and marks lost what no tier holds
-(tiering.ops.repair); exit 1 when a ledger is lost or a repair failed.
+re-makes broken tier-2 copies from verified tier-1 copies, marks lost what no tier holds and clears the mark
+of a lost ledger whose good copy is back (tiering.ops.repair); exit 1 when a ledger is lost or a repair failed.
 
 tiering.ops is imported inside the handlers (it loads the reader and SQLAlchemy): building the parser
 must not pay for it."""
@@ -17,7 +17,8 @@ def register(sub) -> None:
     a.name(ver)
     a.json_flag(ver)
     rep = sub.add_parser("repair", help="re-make missing, short or corrupt tier-2 copies from verified tier-1 "
-                                        "copies; mark lost what no tier holds (exit 1)")
+                                        "copies; mark lost what no tier holds (exit 1); recover lost ledgers whose "
+                                        "copy is back")
     rep.set_defaults(handler=cmd_repair)
     a.topic_flag(rep)
     rep.add_argument("--dry-run", action="store_true", help="check and report what a run would do; change nothing")
@@ -65,12 +66,15 @@ def cmd_repair(ctx: Context, args, out: Output) -> int:
                       problem_count=len(problems), repairable_count=repairable,
                       unrepairable_count=len(problems) - repairable, repaired=ledger_refs(report.repaired),
                       repaired_count=len(report.repaired), lost=ledger_refs(report.lost), lost_count=len(report.lost),
+                      recovered=ledger_refs(report.recovered), recovered_count=len(report.recovered),
                       skipped=ledger_refs(report.skipped), skipped_count=len(report.skipped),
                       failed=failures(report.failed), failed_count=len(report.failed), bytes=report.bytes)
     verb = "would repair" if args.dry_run else "repaired"
     out.result(result, f"repair{' (dry run)' if args.dry_run else ''}: {report.checked} tier-2 cop(ies) checked, "
                        f"{len(problems)} problem(s) ({repairable} repairable); {verb} "
-                       f"{repairable if args.dry_run else len(report.repaired)}, lost {len(report.lost)}"
+                       f"{repairable if args.dry_run else len(report.repaired)}, "
+                       f"{'would recover' if args.dry_run else 'recovered'} {len(report.recovered)} lost, "
+                       f"lost {len(report.lost)}"
                        + (" (after this run)" if args.dry_run and len(problems) > repairable else "")
                        + f", skipped {len(report.skipped)}, failed {len(report.failed)}")
     if report.failed:

@@ -12,8 +12,8 @@ offloaded ledger of a topic that failed, and the tier-2 copies of ledgers read f
 (offloaded, within their deletion lag: the only copies still repairable, and what a healthy run checks: no
 listing of the bucket, nothing when no such copy exists). It says which broken tier-2 copies are repairable
 from a verified tier-1 copy and which are not; with `--repair` (the DAG's `repair` Param) they are repaired
-and ledgers with no good copy marked lost. The counts go to the row's details (`repairable`, `unrepairable`, `repaired`, `lost`), which
-the dashboard shows; the topics' scrub errors stay: the run found them.
+and ledgers with no good copy marked lost (a lost ledger whose good copy is back is recovered). The counts go
+to the row's details (`repairable`, `unrepairable`, `repaired`, `lost`, `recovered`), which the dashboard shows; the topics' scrub errors stay: the run found them.
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def repair_broken(settings, topics: list[str], failed: set[str], do_repair: bool
     """The repair's counts over `topics` (checked only, or repaired with `do_repair`): every offloaded
     ledger of the `failed` ones, the others' ledgers with a tier-1 copy (whose tier-2 copy the scrub did not
     read). Its failures and lost ledgers are appended to `errors`."""
-    counts = {"repairable": 0, "unrepairable": 0, "repaired": 0, "lost": 0, "repair": do_repair}
+    counts = {"repairable": 0, "unrepairable": 0, "repaired": 0, "lost": 0, "recovered": 0, "repair": do_repair}
     from tiering.jobs.runner import deps_from
     from tiering.ops.repair import repair
 
@@ -87,9 +87,12 @@ def repair_broken(settings, topics: list[str], failed: set[str], do_repair: bool
             counts["unrepairable"] += len(report.findings) - repairable
             counts["repaired"] += len(report.repaired)
             counts["lost"] += len(report.lost)
+            counts["recovered"] += len(report.recovered)  # with do_repair cleared, else would be
             if not do_repair:  # found, not repaired: the run says so (a repaired copy is no error)
                 errors.extend(f"{t}: ledger {f.led.ledger_id}: tier-2 copy: {f.problem} "
                               f"({'repairable' if f.repairable else 'not repairable'})" for f in report.findings)
+                errors.extend(f"{t}: ledger {i} is marked lost and its good copy is back (recoverable)"
+                              for _, i in report.recovered)
             errors.extend(f"{t}: repair: ledger {f['ledger']}: {f['error']}" for f in report.failed)
             errors.extend(f"{t}: ledger {i} is lost: no tier holds a good copy" for _, i in report.lost)
     finally:

@@ -1,6 +1,7 @@
-"""The rows `tiering repair` changes (tiering/ops/repair.py): a ledger's chunk moved to a new object pair, or
-the ledger marked lost. Each is one transaction of compare-and-sets: the ledger row at the version the
-repair read, still OFFLOADED and not lost, and its chunk row still the one the repair checked (version and
+"""The rows `tiering repair` changes (tiering/ops/repair.py): a ledger's chunk moved to a new object pair, the
+ledger marked lost, or a lost ledger's mark cleared once a good copy is back. Each is one transaction of
+compare-and-sets: the ledger row at the version the repair read, still OFFLOADED and lost or not as the
+repair saw it, and its chunk row still the one the repair checked (version and
 data key), so a repair racing retention (the ledger DELETED, its chunk gone), defrag (the chunk moved) or
 another repair changes nothing and says so (`ConditionalUpdateFailed`).
 """
@@ -27,10 +28,12 @@ class Repairs:
         self.store = store
         self.engine = store.engine
 
-    def move_chunk(self, led: Ledger, old: Chunk, new: Chunk, attempt: str, old_keys_delay: timedelta) -> Ledger:
+    def move_chunk(self, led: Ledger, old: Chunk, new: Chunk, attempt: str, old_keys_delay: timedelta,
+                   recover: bool = False, tier1_present: bool | None = None) -> Ledger:
         """The ledger's chunk from `old` to `new` (the repair's object pair, queued under `attempt` for GC
         until now), the new keys dequeued and the old ones queued, the ledger's row bumped with the new
-        attempt: all or nothing. Returns the ledger's new row."""
+        attempt (`recover`: a lost ledger, its mark cleared; `tier1_present`: recorded so, for a tier-1 file
+        put back that the repair read at this row's version): all or nothing. Returns the ledger's new row."""
         with self.engine.begin() as conn:
             self._lock(conn, led)
             self._check_chunk(conn, led, old)
@@ -42,7 +45,10 @@ class Repairs:
                         index_length=new.index_length, first_entry_id=new.first_entry_id,
                         last_entry_id=new.last_entry_id))
             assert res.rowcount == 1  # the chunk row is locked and was just compared
-            done = self._cas_ledger(conn, led, offload_uuid=attempt, offloaded_at=func.now())
+            values = {"lost_at": None, "lost_reason": None} if recover else {}
+            if tier1_present is not None:
+                values["tier1_present"] = tier1_present
+            done = self._cas_ledger(conn, led, lost=recover, offload_uuid=attempt, offloaded_at=func.now(), **values)
             keys = sorted({new.data_key, new.index_key})
             gone = conn.execute(delete(gc_task).where(gc_task.c.owner_uuid == attempt,
                                                       gc_task.c.key.in_(keys))).rowcount
@@ -62,6 +68,32 @@ class Repairs:
             if checked is not None:
                 self._check_chunk(conn, led, checked)
             return self._cas_ledger(conn, led, lost_at=func.now(), lost_reason=reason[:1000])
+
+    def clear_lost(self, led: Ledger, checked: Chunk) -> Ledger:
+        """A lost ledger's mark cleared (reads go to its tier-2 copy again), if its row is still the lost one
+        the repair read and its chunk still the one whose copy the repair found sound."""
+        with self.engine.begin() as conn:
+            self._lock(conn, led)
+            self._check_chunk(conn, led, checked)
+            return self._cas_ledger(conn, led, lost=True, lost_at=None, lost_reason=None)
+
+    def lost_ledgers(self, topic_name: str | None = None) -> list[tuple[Ledger, Chunk | None]]:
+        """OFFLOADED ledgers marked lost (of `topic_name`, or all) with their chunk rows: what the marked rows
+        cost, not the topics' size (lost_select)."""
+        from tiering.metadata.repository import _ledger_row
+
+        with self.engine.connect() as conn:
+            leds = [_ledger_row(r) for r in conn.execute(self.lost_select(topic_name))]
+            return [(led, self.store.get_chunk(led, conn)) for led in leds]
+
+    @staticmethod
+    def lost_select(topic_name: str | None = None):
+        """The lost ledgers' query, on the partial index `ledger_lost` (its predicate is in the WHERE)."""
+        from tiering.metadata.repository import _LEDGER_SELECT
+
+        q = (_LEDGER_SELECT.where(ledger.c.lost_at.is_not(None), ledger.c.state == S.OFFLOADED.value)
+             .order_by(topic.c.name, ledger.c.ledger_id))
+        return q if topic_name is None else q.where(topic.c.name == topic_name)
 
     def lost_count(self, topic_name: str | None = None) -> int:
         """Lost ledgers not deleted since (on the partial index `ledger_lost`)."""
@@ -84,18 +116,19 @@ class Repairs:
                                           "no chunk" if found is None else
                                           f"version {found.version} at {found.data_key}")
 
-    def _cas_ledger(self, conn: Connection, led: Ledger, **values) -> Ledger:
-        """OFFLOADED, not lost, at the version read -> values, version + 1."""
+    def _cas_ledger(self, conn: Connection, led: Ledger, lost: bool = False, **values) -> Ledger:
+        """OFFLOADED, not lost (`lost`: lost), at the version read -> values, version + 1."""
         from tiering.metadata.repository import _ledger_row
 
         row = conn.execute(update(ledger).where(and_(
             ledger.c.topic_id == led.topic_id, ledger.c.ledger_id == led.ledger_id, ledger.c.version == led.version,
-            ledger.c.state == S.OFFLOADED.value, ledger.c.lost_at.is_(None)))
+            ledger.c.state == S.OFFLOADED.value,
+            ledger.c.lost_at.is_not(None) if lost else ledger.c.lost_at.is_(None)))
             .values(version=ledger.c.version + 1, **values).returning(*ledger.c)).one_or_none()
         if row is None:
             now = self.store.get_ledger(led.topic, led.ledger_id, conn)
             raise ConditionalUpdateFailed(f"ledger {led.topic}/{led.ledger_id}",
-                                          f"version {led.version}, OFFLOADED, not lost",
+                                          f"version {led.version}, OFFLOADED, {'lost' if lost else 'not lost'}",
                                           f"version {now.version}, {now.state.value}"
                                           + (", lost" if now.lost else ""))
         return _ledger_row(row, led.topic)

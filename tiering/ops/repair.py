@@ -20,6 +20,14 @@ discards the new pair and skips the ledger.
 Where the tier-1 copy is absent or fails, the ledger is marked lost by compare-and-set on the same row and
 chunk the check saw; nothing else changes (its chunk row stays for retention to collect). Tier 2 unreachable
 is never a finding: the check raises before anything is marked.
+
+A lost mark is undone when a good copy comes back (recover_lost; an operator restored the bucket from a
+backup, or put the tier-1 file back): every ledger marked lost (read on the partial index `ledger_lost`,
+never a scan of the topic's ledgers) is checked again first. Its chunk's objects present and every page
+sound: the mark is cleared by compare-and-set on the row and chunk checked. Else a tier-1 file that verifies
+(even one metadata recorded deleted: it was put back): the copy is re-made from it as above, the mark cleared
+and the file recorded present (delete-lagged removes it after the lag) in the chunk move's transaction.
+Killed anywhere, the ledger is still lost or recovered, never half: a rerun recovers it or finds it sound.
 """
 from __future__ import annotations
 
@@ -68,7 +76,8 @@ class RepairReport:
     checked: int = 0
     findings: list[Finding] = field(default_factory=list)
     repaired: list[tuple[str, int]] = field(default_factory=list)
-    lost: list[tuple[str, int]] = field(default_factory=list)  # marked now, or before and still live
+    lost: list[tuple[str, int]] = field(default_factory=list)  # marked now, or before and still no good copy
+    recovered: list[tuple[str, int]] = field(default_factory=list)  # lost before, a good copy back: mark cleared
     skipped: list[tuple[str, int]] = field(default_factory=list)  # moved on meanwhile (a lost race)
     failed: list[dict] = field(default_factory=list)  # {"topic", "ledger", "error"}
     bytes: int = 0
@@ -118,9 +127,10 @@ def check_copy(deps: Deps, led: Ledger, ch: Chunk | None, lengths: Callable[[str
     return None
 
 
-def check_tier1(deps: Deps, led: Ledger) -> str | None:
-    """Why the ledger's tier-1 copy cannot be repaired from, or None when it verifies."""
-    if not led.tier1_present:
+def check_tier1(deps: Deps, led: Ledger, put_back: bool = False) -> str | None:
+    """Why the ledger's tier-1 copy cannot be repaired from, or None when it verifies. `put_back`: a file
+    where metadata records the copy deleted counts too (an operator put it back to recover a lost ledger)."""
+    if not led.tier1_present and not (put_back and deps.tier1.exists(led.topic, led.ledger_id)):
         return "no tier-1 copy (deleted after the deletion lag)"
     if not deps.tier1.exists(led.topic, led.ledger_id):
         return f"{TIER1_UNSEEN} {str(deps.tier1.path(led.topic, led.ledger_id))!r}"
@@ -148,8 +158,8 @@ def plan_repair(deps: Deps, topic: str | None = None, report: RepairReport | Non
                 on_ledger: Callable[[Ledger], None] | None = None,
                 keep: Callable[[Ledger], bool] | None = None) -> list[Finding]:
     """Every OFFLOADED ledger (of `topic`, or all; those `keep` keeps) whose tier-2 copy fails its check, with
-    whether its tier-1 copy verifies. Ledgers already marked lost are counted in `report.lost`, not checked
-    again. Nothing is written. An unknown topic fails here; tier 2 unreachable raises before any ledger is
+    whether its tier-1 copy verifies. Ledgers already marked lost are skipped (recover_lost checks them).
+    Nothing is written. An unknown topic fails here; tier 2 unreachable raises before any ledger is
     looked at (and the bucket is not even asked when no ledger is to be checked)."""
     report = report if report is not None else RepairReport()
     found: list[Finding] = []
@@ -159,7 +169,6 @@ def plan_repair(deps: Deps, topic: str | None = None, report: RepairReport | Non
             if keep is not None and not keep(led):
                 continue
             if led.lost:
-                report.lost.append((led.topic, led.ledger_id))
                 continue
             if opener is None:
                 check_bucket(deps.bucket)
@@ -194,7 +203,58 @@ def repair_ledger(deps: Deps, finding: Finding, hook: StepHook = None) -> str:
     return _rewrite(deps, finding, step)
 
 
-def _rewrite(deps: Deps, finding: Finding, step) -> str:
+def recover_lost(deps: Deps, topic: str | None = None, report: RepairReport | None = None, dry_run: bool = False,
+                 hook: StepHook = None, keep: Callable[[Ledger], bool] | None = None) -> RepairReport:
+    """Every ledger marked lost (of `topic`, or all; those `keep` keeps) checked again: recovered (its mark
+    cleared, the copy re-made from a verified tier-1 file first where the tier-2 copy still fails) into
+    `report.recovered`, else still lost into `report.lost`. `dry_run`: what would be recovered, nothing
+    written. The bucket is not asked when no ledger is marked lost."""
+    report = report if report is not None else RepairReport()
+    step = hook or (lambda _step: None)
+    lengths, checked_bucket = _Lengths(deps), False
+    for led, ch in deps.meta.repairs.lost_ledgers(topic):
+        if keep is not None and not keep(led):
+            continue
+        if not checked_bucket:
+            check_bucket(deps.bucket)
+            checked_bucket = True
+        ref = (led.topic, led.ledger_id)
+        problem = check_copy(deps, led, ch, lengths)
+        if problem is not None and (ch is None or check_tier1(deps, led, put_back=True) is not None):
+            report.lost.append(ref)  # still no good copy
+            continue
+        if dry_run:
+            report.recovered.append(ref)
+            continue
+        try:
+            outcome = _recover(deps, led, ch, problem, step)
+        except TieringError as exc:
+            report.failed.append({"topic": led.topic, "ledger": led.ledger_id, "error": str(exc)})
+            continue
+        if outcome == "skipped":  # the ledger moved on since it was read (retention, another repair)
+            report.skipped.append(ref)
+            continue
+        report.recovered.append(ref)
+        report.bytes += led.size_bytes if outcome == "remade" else 0
+    return report
+
+
+def _recover(deps: Deps, led: Ledger, ch: Chunk, problem: str | None, step) -> str:
+    """A lost ledger whose copy checks (`problem` None) or whose tier-1 file verifies: "recovered" (mark
+    cleared), "remade" (copy re-made from tier 1, mark cleared with the chunk move) or "skipped"."""
+    if problem is not None:
+        return "remade" if _rewrite(deps, Finding(led, ch, problem, None), step, recover=True) == "repaired" \
+            else "skipped"
+    step("recovering")
+    try:
+        deps.meta.repairs.clear_lost(led, ch)
+    except ConditionalUpdateFailed:
+        return "skipped"
+    step("recovered")
+    return "recovered"
+
+
+def _rewrite(deps: Deps, finding: Finding, step, recover: bool = False) -> str:
     led, old, b, knobs = finding.led, finding.chunk, deps.bucket, deps.knobs
     if old is None:  # nothing to compare-and-set against (no completed offload leaves this)
         raise TieringError(f"ledger {led.topic}/{led.ledger_id} is OFFLOADED with no chunk row: not repaired")
@@ -215,14 +275,14 @@ def _rewrite(deps: Deps, finding: Finding, step) -> str:
         if problem is not None:
             raise TieringError(f"ledger {led.topic}/{led.ledger_id}: the new tier-2 copy fails its check: {problem}")
         step("checked")
-        _commit(deps, led, old, new, attempt)
+        _commit(deps, led, old, new, attempt, recover)
         step("committed")
     except ConditionalUpdateFailed:
         _discard(deps, attempt, keys)
         return "skipped"
     except TieringError:
         _discard(deps, attempt, keys)
-        if _moved_on(deps, led):  # e.g. retention deleted it, tier-1 copy included, while it was read
+        if _moved_on(deps, led, recover):  # e.g. retention deleted it, tier-1 copy included, while it was read
             return "skipped"
         raise
     except BaseException:
@@ -231,24 +291,26 @@ def _rewrite(deps: Deps, finding: Finding, step) -> str:
     return "repaired"
 
 
-def _moved_on(deps: Deps, led: Ledger) -> bool:
+def _moved_on(deps: Deps, led: Ledger, recover: bool = False) -> bool:
     try:
         now = deps.meta.get_ledger(led.topic, led.ledger_id)
     except TieringError:
         return True  # the topic was deleted
-    return now.state != LedgerState.OFFLOADED or now.lost
+    return now.state != LedgerState.OFFLOADED or now.lost != recover
 
 
-def _commit(deps: Deps, led: Ledger, old: Chunk, new: Chunk, attempt: str) -> None:
-    """The chunk move; when only the ledger's version moved on (delete-lagged recorded its tier-1 copy
-    deleted meanwhile: the ledger's bytes never change), once more from its current row."""
+def _commit(deps: Deps, led: Ledger, old: Chunk, new: Chunk, attempt: str, recover: bool) -> None:
+    """The chunk move (`recover`: of a lost ledger, its mark cleared and the tier-1 file it was re-made from
+    recorded present: a file put back is then metadata's again, delete-lagged removes it after the lag);
+    when only the ledger's version moved on (delete-lagged recorded its tier-1 copy deleted meanwhile: the
+    ledger's bytes never change), once more from its current row, the tier-1 record left as it now is."""
     try:
-        deps.meta.repairs.move_chunk(led, old, new, attempt, deps.knobs.gc_delay)
+        deps.meta.repairs.move_chunk(led, old, new, attempt, deps.knobs.gc_delay, recover, True if recover else None)
     except ConditionalUpdateFailed:
         now = deps.meta.get_ledger(led.topic, led.ledger_id)
-        if now.version == led.version or now.state != LedgerState.OFFLOADED or now.lost:
+        if now.version == led.version or now.state != LedgerState.OFFLOADED or now.lost != recover:
             raise
-        deps.meta.repairs.move_chunk(now, old, new, attempt, deps.knobs.gc_delay)
+        deps.meta.repairs.move_chunk(now, old, new, attempt, deps.knobs.gc_delay, recover)
 
 
 def _source(deps: Deps, led: Ledger) -> Iterator:
@@ -272,9 +334,13 @@ def _discard(deps: Deps, attempt: str, keys: tuple[str, str]) -> None:
 def repair(deps: Deps, topic: str | None = None, dry_run: bool = False, hook: StepHook = None,
            on_ledger: Callable[[Ledger], None] | None = None,
            keep: Callable[[Ledger], bool] | None = None) -> RepairReport:
-    """Check every offloaded ledger (plan_repair; those `keep` keeps) and repair each finding (unless
-    `dry_run`: then nothing is written); one failing ledger does not stop the others."""
+    """Check the ledgers marked lost again (recover_lost) and every other offloaded ledger (plan_repair;
+    those `keep` keeps) and repair each finding (unless `dry_run`: then nothing is written); one failing
+    ledger does not stop the others. The lost ones first: a ledger marked in this run is not checked twice."""
     report = RepairReport()
+    if topic is not None:
+        deps.meta.get_topic(topic)  # an unknown topic fails before anything is checked
+    recover_lost(deps, topic, report, dry_run, hook, keep)
     for finding in plan_repair(deps, topic, report, on_ledger, keep):
         if dry_run:
             continue
