@@ -160,3 +160,25 @@ def test_the_lost_ledgers_are_read_on_the_partial_index(deps):
             c.execute(text("SET LOCAL enable_seqscan = off"))
             plan = "\n".join(r[0] for r in c.execute(text("EXPLAIN " + sql)))
         assert "ledger_lost" in plan, plan
+
+
+def test_the_scrub_s_repair_step_reports_then_recovers(deps, settings):
+    """The scrub's repair step (a lost ledger fails its topic's Spark read, so every ledger is checked): the
+    scheduled run names the ledger recoverable and writes nothing; with --repair it is recovered."""
+    from tiering.jobs.scrub import repair_broken
+
+    expected = offloaded(deps, "t", n=2, tier1=False)
+    key = chunk_of(deps, "t", 0).data_key
+    backup = get(deps, key)
+    damage(deps, key, "delete")
+    assert repair(deps, "t").lost == [("t", 0)]
+    put(deps, key, backup)
+
+    errors: list[str] = []
+    counts = repair_broken(settings, ["t"], {"t"}, False, errors)
+    assert (counts["recovered"], counts["lost"]) == (1, 0) and deps.meta.get_ledger("t", 0).lost
+    assert errors == ["t: ledger 0 is marked lost and its good copy is back (recoverable)"]
+    errors.clear()
+    counts = repair_broken(settings, ["t"], {"t"}, True, errors)
+    assert (counts["recovered"], counts["lost"], errors) == (1, 0, [])
+    assert read_all(deps, "t") == (expected, [])
