@@ -182,3 +182,25 @@ def test_the_scrub_s_repair_step_reports_then_recovers(deps, settings):
     counts = repair_broken(settings, ["t"], {"t"}, True, errors)
     assert (counts["recovered"], counts["lost"], errors) == (1, 0, [])
     assert read_all(deps, "t") == (expected, [])
+
+
+def test_a_recovery_losing_to_retention_changes_nothing(deps):
+    """Retention deletes the lost ledger after the re-check read it: clearing the mark loses its
+    compare-and-set (`skipped`), the ledger stays DELETED and nothing is reported recovered."""
+    from tiering.model import LedgerState as S, Position
+    from tiering.ops.retention import truncate
+
+    offloaded(deps, "t", n=2, tier1=False)
+    key = chunk_of(deps, "t", 0).data_key
+    backup = get(deps, key)
+    damage(deps, key, "delete")
+    assert repair(deps, "t").lost == [("t", 0)]
+    put(deps, key, backup)
+
+    def meanwhile(step):
+        if step == "recovering":
+            truncate(deps, "t", Position(1, 0))
+    report = recover_lost(deps, "t", hook=meanwhile)
+    assert (report.recovered, report.skipped, report.failed) == ([], [("t", 0)], [])
+    led = deps.meta.get_ledger("t", 0)
+    assert led.state == S.DELETED and led.lost

@@ -13,7 +13,8 @@ offloaded ledger of a topic that failed, and the tier-2 copies of ledgers read f
 listing of the bucket, nothing when no such copy exists). It says which broken tier-2 copies are repairable
 from a verified tier-1 copy and which are not; with `--repair` (the DAG's `repair` Param) they are repaired
 and ledgers with no good copy marked lost (a lost ledger whose good copy is back is recovered). The counts go
-to the row's details (`repairable`, `unrepairable`, `repaired`, `lost`, `recovered`), which the dashboard shows; the topics' scrub errors stay: the run found them.
+to the row's details (`repairable`, `unrepairable`, `repaired`, `lost`, `recovered`), which the dashboard
+shows; the topics' scrub errors stay: the run found them.
 """
 from __future__ import annotations
 
