@@ -1,0 +1,30 @@
+"""The table commands checked from outside, as an operator would hit them: hostile payloads, hostile state,
+through `tiering` subprocesses on the run's PostgreSQL and RGW."""
+from __future__ import annotations
+
+from tests.integration.helpers import produce
+from tests.integration.test_tables_cli import _table, cli  # noqa: F401 - the fixture
+from tiering.tables.catalog import catalog
+
+POISON = [
+    b'{"amount": 1' + b"0" * 400 + b"}",  # an integer no double holds
+    b'{"at": "0001-01-01T00:00:00+01:00"}',  # before year 1 in UTC
+    b'{"at": "9999-12-31T23:59:59-01:00"}',  # after year 9999 in UTC
+    b'{"name": "\\ud800"}',  # a lone surrogate: no UTF-8 column holds it
+    b"[" * 100_000,  # nested deeper than the JSON parser recurses
+]
+
+
+def test_payloads_that_do_not_decode_are_dead_letters_not_a_stuck_sync(cli, deps, settings):
+    good = b'{"amount": 2.5, "at": "2024-01-01T00:00:00Z", "name": "ok"}'
+    produce(deps, "p", [POISON + [good]])
+    cli("topic", "set", "p", "--table", "ns.p", "--table-json-fields", "amount:double,at:timestamp,name:string").ok()
+    out = cli("table", "sync", "--topic", "p", "--json").ok().json
+    assert (out["failed"], out["ledger_count"], out["topics"][0]["entry_count"]) == ([], 1, len(POISON) + 1)
+    rows = catalog(settings).load_table("ns.p").scan().to_arrow().sort_by("entry_id").to_pylist()
+    assert [r["payload"] for r in rows] == POISON + [good]
+    assert [r["amount"] for r in rows] == [None] * len(POISON) + [2.5]
+    dead = catalog(settings).load_table("ns.p__dlq").scan().to_arrow().sort_by("entry_id").to_pylist()
+    assert [r["entry_id"] for r in dead] == list(range(len(POISON))), dead
+    assert all(r["reason"] for r in dead)
+    assert cli("table", "verify", "p").returncode == 0
