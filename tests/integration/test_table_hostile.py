@@ -28,3 +28,24 @@ def test_payloads_that_do_not_decode_are_dead_letters_not_a_stuck_sync(cli, deps
     assert [r["entry_id"] for r in dead] == list(range(len(POISON))), dead
     assert all(r["reason"] for r in dead)
     assert cli("table", "verify", "p").returncode == 0
+
+
+def test_a_table_dropped_behind_the_stores_back_fails_sync_and_preview_alike_and_is_not_made_again(
+        cli, deps, settings, db):
+    from sqlalchemy import text
+
+    produce(deps, "d", [[b"1"], [b"2"]])
+    produce(deps, "r", [[b"1"]])
+    for topic in ("d", "r"):
+        cli("topic", "set", topic, "--table", f"ns.{topic}").ok()
+    cli("table", "sync").ok()
+    catalog(settings).drop_table("ns.d")
+    with db.begin() as conn:  # the other: its catalog row deleted by hand
+        conn.execute(text("DELETE FROM iceberg_tables WHERE table_name = 'r'"))
+    for topic in ("d", "r"):
+        for dry in ((), ("--dry-run",)):
+            out = cli("table", "sync", "--topic", topic, "--json", *dry)
+            assert out.returncode == 1, (dry, out.stdout, out.stderr)
+            assert out.json["failed_count"] == 1 and "dropped" in out.json["failed"][0]["error"], out.json
+        assert not catalog(settings).table_exists(f"ns.{topic}")  # no empty table hides what happened
+        assert "dropped" in cli("table", "verify", topic).one_line_error(2)

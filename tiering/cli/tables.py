@@ -126,8 +126,11 @@ def _verify(ctx: Context, args, out: Output) -> int:
     [state] = TableRows(ctx.engine).list(args.name)
     cat = catalog(ctx.settings)
     if not cat.table_exists(state.identifier):
+        if state.synced_through >= 0 or state.trimmed_through >= 0:  # a sync would not make it again
+            raise BadInput(f"table {state.identifier!r} of topic {state.topic!r} does not exist but the sync "
+                           f"state says ledgers through {state.synced_through} are in it: it was dropped")
         raise BadInput(f"table {state.identifier!r} of topic {state.topic!r} does not exist yet: run "
-                            "`tiering table sync` first")
+                       "`tiering table sync` first")
     r = verify_table(ctx.read_handle(), ctx.meta, cat.load_table(state.identifier), state.topic)
     diffs = failures((r.topic, d["ledger"], d["reason"]) for d in r.differences)
     obj = document("table verify", r.topic, identifier=r.table, synced_through=r.synced_through,
