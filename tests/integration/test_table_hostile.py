@@ -49,3 +49,19 @@ def test_a_table_dropped_behind_the_stores_back_fails_sync_and_preview_alike_and
             assert out.json["failed_count"] == 1 and "dropped" in out.json["failed"][0]["error"], out.json
         assert not catalog(settings).table_exists(f"ns.{topic}")  # no empty table hides what happened
         assert "dropped" in cli("table", "verify", topic).one_line_error(2)
+
+
+def test_topic_set_with_a_refused_table_change_leaves_the_policy_unchanged(cli, deps):
+    produce(deps, "s", [[b'{"a": 1}']])
+    produce(deps, "o", [])
+    cli("topic", "set", "s", "--table", "ns.s", "--table-json-fields", "a:int64").ok()
+    cli("topic", "set", "o", "--table", "ns.o").ok()
+    cli("table", "sync").ok()
+    before = cli("topic", "show", "s", "--json").ok().json
+    for change, why in ((("--table", "ns.other"), "cannot be renamed"),
+                        (("--table-json-fields", "a:string"), "can only add fields"),
+                        (("--table", "ns.o"), "already the table")):
+        assert why in cli("topic", "set", "s", "--offload-after", "4h", *change).one_line_error(2)
+        assert cli("topic", "show", "s", "--json").ok().json == before  # nothing written
+    assert cli("topic", "set", "s", "--offload-after", "4h", "--table-retention", "keep", "--json").ok() \
+        .json["offload_after_seconds"] == 4 * 3600
