@@ -49,6 +49,8 @@ def test_a_table_dropped_behind_the_stores_back_fails_sync_and_preview_alike_and
             assert out.json["failed_count"] == 1 and "dropped" in out.json["failed"][0]["error"], out.json
         assert not catalog(settings).table_exists(f"ns.{topic}")  # no empty table hides what happened
         assert "dropped" in cli("table", "verify", topic).one_line_error(2)
+        out = cli("table", "maintain", "--topic", topic, "--json")  # was: nothing to do, exit 0
+        assert out.returncode == 1 and "dropped" in out.json["failed"][0]["error"], out.stdout
 
 
 def test_topic_set_with_a_refused_table_change_leaves_the_policy_unchanged(cli, deps):
@@ -65,3 +67,30 @@ def test_topic_set_with_a_refused_table_change_leaves_the_policy_unchanged(cli, 
         assert cli("topic", "show", "s", "--json").ok().json == before  # nothing written
     assert cli("topic", "set", "s", "--offload-after", "4h", "--table-retention", "keep", "--json").ok() \
         .json["offload_after_seconds"] == 4 * 3600
+
+
+def test_maintain_leaves_a_table_that_is_not_the_topics_alone(cli, deps, settings, s3_client, bucket):
+    """`topic set --table` names a table another tool made: the sync refuses it, and so must maintenance
+    (its snapshots and its unreferenced files are that tool's)."""
+    import time
+
+    import pyarrow as pa
+
+    cat = catalog(settings)
+    cat.create_namespace_if_not_exists("ns")
+    foreign = cat.create_table("ns.f", pa.schema([("x", pa.int64())]))
+    for i in range(2):
+        foreign.append(pa.table({"x": [i]}))
+        foreign = foreign.refresh()
+    staged = foreign.location().split("://", 1)[1].split("/", 1)[1] + "/data/staged-by-the-other-tool.parquet"
+    s3_client.put_object(Bucket=bucket, Key=staged, Body=b"not yet committed")
+    time.sleep(1.1)
+    produce(deps, "f", [[b"1"]])
+    cli("topic", "set", "f", "--table", "ns.f").ok()
+    assert cli("table", "sync", "--topic", "f").returncode == 1  # refused: not this topic's table
+    out = cli("table", "maintain", "--topic", "f", "--expire-after-seconds", "0", "--orphan-grace-seconds", "0",
+              "--json")
+    assert out.returncode == 1, out.stdout
+    assert "not made by tiering" in out.json["failed"][0]["error"]
+    assert len(cat.load_table("ns.f").snapshots()) == 2  # nothing expired
+    s3_client.head_object(Bucket=bucket, Key=staged)  # nothing deleted

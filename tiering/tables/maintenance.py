@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
+from tiering.errors import BadInput
 from tiering.model import MIB
-from tiering.tables.naming import DLQ_SUFFIX, encode_ledgers
+from tiering.tables.naming import DLQ_SUFFIX, PROP_TOPIC, encode_ledgers
 
 SUMMARY_COMPACTED = "tiering.compacted-ledgers"
 
@@ -137,6 +138,7 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
     """Compact and expire a topic's table under the topic's sync lock (a sync waits for the next run), then
     bring the row's metadata location up to date. A topic whose table does not exist yet is left alone."""
     from tiering.metadata.table_sync import exclusive
+    from tiering.tables.sync import check_marks
 
     report = MaintenanceReport(state.identifier)
     with exclusive(sync.engine, state.topic_id) as held:
@@ -144,9 +146,20 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
             report.errors.append("a sync of this topic is running; maintenance waits for the next run")
             return report
         if not sync.catalog.table_exists(state.identifier):
+            if state.synced_through >= 0 or state.trimmed_through >= 0:
+                report.errors.append(f"table {state.identifier!r} does not exist but the sync state says ledgers "
+                                     f"through {state.synced_through} are in it: it was dropped")
             return report
         try:
             table = sync.catalog.load_table(state.identifier)
+            # nothing is compacted, expired or deleted in a table that is not this topic's (made by another
+            # tool under the name: its snapshots and unreferenced files are its own) or that holds less than
+            # the row says (replaced behind the store's back)
+            owner = table.properties.get(PROP_TOPIC)
+            if owner != state.topic:
+                whose = f"topic {owner!r}" if owner else "no topic (it was not made by tiering)"
+                raise BadInput(f"table {state.identifier!r} belongs to {whose}, not to topic {state.topic!r}")
+            check_marks(sync.rows.get(state.topic), table)
             dlq = state.identifier + DLQ_SUFFIX
             if sync.catalog.table_exists(dlq):
                 # dead letters a killed sync left uncommitted are referenced only by the table's summaries:

@@ -114,7 +114,7 @@ def _has_rows(table, ids: list[int]) -> bool:
         any(True for _ in table.scan(row_filter=In("ledger_id", ids)).plan_files())
 
 
-def _behind(state: TableState, table) -> tuple[int, int]:
+def check_marks(state: TableState, table) -> tuple[int, int]:
     """The table's (synced, trimmed) marks; TableBehind when it holds less than the row says."""
     synced, trimmed = _prop(table, PROP_SYNCED), _prop(table, PROP_TRIMMED)
     if synced < state.synced_through or trimmed < state.trimmed_through:
@@ -172,7 +172,7 @@ class TableSync:
         if dry_run:  # plan from the table's own mark; create nothing, change nothing
             table = self.catalog.load_table(state.identifier) if exists else _Absent()
             if exists:
-                _behind(state, table)  # what the real sync would refuse, the preview refuses
+                check_marks(state, table)  # what the real sync would refuse, the preview refuses
             rnd = self.plan_round(state, table)
             result.planned = rnd.ledger_ids if rnd else []
             result.status = "planned" if rnd else "up_to_date"
@@ -205,7 +205,7 @@ class TableSync:
     def reconcile(self, state: TableState, table) -> tuple[TableState, bool]:
         """Catch the row up with the table (a run killed after its commit, before its row update); True when
         the table held commits the row did not (a new metadata location alone is just recorded)."""
-        synced, trimmed = _behind(state, table)
+        synced, trimmed = check_marks(state, table)
         snap = table.current_snapshot()
         if synced == state.synced_through and trimmed == state.trimmed_through \
                 and table.metadata_location == state.metadata_location:
