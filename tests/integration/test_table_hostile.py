@@ -94,3 +94,24 @@ def test_maintain_leaves_a_table_that_is_not_the_topics_alone(cli, deps, setting
     assert "not made by tiering" in out.json["failed"][0]["error"]
     assert len(cat.load_table("ns.f").snapshots()) == 2  # nothing expired
     s3_client.head_object(Bucket=bucket, Key=staged)  # nothing deleted
+
+
+def test_a_topic_made_again_under_its_old_name_does_not_adopt_the_old_table(cli, deps, settings):
+    """Deleting a topic keeps its table; a new topic of the same name with the same table name would append
+    to it (the old topic's rows in the new topic's table: verify fails for ever): refused, nothing written."""
+    produce(deps, "z", [[b"old0"], [b"old1"]])
+    cli("topic", "set", "z", "--table", "ns.z").ok()
+    cli("table", "sync").ok()
+    cli("topic", "delete", "z", "--force").ok()
+    cli("topic", "create", "z", "--table", "ns.z").ok()
+    cli("produce", "z", "--stdin-lines", "--seal", stdin=b"new\n").ok()
+    before = catalog(settings).load_table("ns.z").metadata_location
+    out = cli("table", "sync", "--topic", "z", "--json")
+    assert out.returncode == 1 and "earlier topic 'z'" in out.json["failed"][0]["error"], out.stdout
+    assert catalog(settings).load_table("ns.z").metadata_location == before
+    out = cli("table", "maintain", "--topic", "z", "--json")
+    assert out.returncode == 1 and "earlier topic 'z'" in out.json["failed"][0]["error"], out.stdout
+    catalog(settings).drop_table("ns.z")  # the way out the message names
+    cli("table", "sync", "--topic", "z").ok()
+    assert [r["payload"] for r in catalog(settings).load_table("ns.z").scan().to_arrow().to_pylist()] == [b"new"]
+    assert cli("table", "verify", "z").returncode == 0

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 
 from tiering.errors import BadInput
 from tiering.model import MIB
-from tiering.tables.naming import DLQ_SUFFIX, PROP_TOPIC, encode_ledgers
+from tiering.tables.naming import DLQ_SUFFIX, encode_ledgers
 
 SUMMARY_COMPACTED = "tiering.compacted-ledgers"
 
@@ -138,6 +138,7 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
     """Compact and expire a topic's table under the topic's sync lock (a sync waits for the next run), then
     bring the row's metadata location up to date. A topic whose table does not exist yet is left alone."""
     from tiering.metadata.table_sync import exclusive
+    from tiering.tables.catalog import owner_problem
     from tiering.tables.sync import check_marks
 
     report = MaintenanceReport(state.identifier)
@@ -155,10 +156,9 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
             # nothing is compacted, expired or deleted in a table that is not this topic's (made by another
             # tool under the name: its snapshots and unreferenced files are its own) or that holds less than
             # the row says (replaced behind the store's back)
-            owner = table.properties.get(PROP_TOPIC)
-            if owner != state.topic:
-                whose = f"topic {owner!r}" if owner else "no topic (it was not made by tiering)"
-                raise BadInput(f"table {state.identifier!r} belongs to {whose}, not to topic {state.topic!r}")
+            problem = owner_problem(table, state.topic, state.topic_id)
+            if problem is not None:
+                raise BadInput(f"table {state.identifier!r} {problem}")
             check_marks(sync.rows.get(state.topic), table)
             dlq = state.identifier + DLQ_SUFFIX
             if sync.catalog.table_exists(dlq):

@@ -177,11 +177,13 @@ class TableSync:
             result.planned = rnd.ledger_ids if rnd else []
             result.status = "planned" if rnd else "up_to_date"
             return
-        table = ensure_table(self.catalog, self.settings, state.identifier, topic, state.decoder)
+        table = ensure_table(self.catalog, self.settings, state.identifier, topic, state.decoder,
+                             topic_id=state.topic_id)
         state, result.reconciled = self.reconcile(state, table)
         dlq = None
         if state.decoder is not None:
-            dlq = ensure_table(self.catalog, self.settings, state.identifier, topic, dlq=True)
+            dlq = ensure_table(self.catalog, self.settings, state.identifier, topic, dlq=True,
+                               topic_id=state.topic_id)
             dlq = self.catch_up_dlq(table, dlq)
         if state.retention == "follow":
             state, table, result.deleted = self.follow_retention(state, table)
