@@ -115,3 +115,33 @@ def test_a_topic_made_again_under_its_old_name_does_not_adopt_the_old_table(cli,
     cli("table", "sync", "--topic", "z").ok()
     assert [r["payload"] for r in catalog(settings).load_table("ns.z").scan().to_arrow().to_pylist()] == [b"new"]
     assert cli("table", "verify", "z").returncode == 0
+
+
+def test_maintain_dry_run_counts_what_the_run_does_and_writes_nothing(cli, deps, settings, s3_client, bucket):
+    import time
+
+    from tests.integration.helpers import entries
+    from tiering.tables.files import local_writer
+    from tiering.tables.sync import Limits, TableSync, sync_tables
+
+    produce(deps, "m", [entries(str(i), 3, 20) for i in range(5)])
+    cli("topic", "set", "m", "--table", "ns.m").ok()
+    sync = TableSync(deps.meta.engine, settings, catalog(settings), limits=Limits(round_ledgers=1))
+    sync_tables(sync, local_writer(deps, settings))  # five rounds: five small files, five snapshots
+    loc = catalog(settings).load_table("ns.m").location().split("://", 1)[1].split("/", 1)[1]
+    s3_client.put_object(Bucket=bucket, Key=f"{loc}/data/left-by-a-killed-run.parquet", Body=b"x")
+    time.sleep(1.1)
+
+    def keys():
+        return sorted(o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket, Prefix=loc)["Contents"])
+
+    before, where = keys(), catalog(settings).load_table("ns.m").metadata_location
+    flags = ("maintain", "--topic", "m", "--expire-after-seconds", "0", "--orphan-grace-seconds", "1", "--json")
+    dry = cli("table", *flags, "--dry-run").ok().json
+    assert dry["dry_run"] is True and (keys(), catalog(settings).load_table("ns.m").metadata_location) == (before, where)
+    real = cli("table", *flags).ok().json
+    counted = ("partitions_compacted_count", "files_before_count", "files_after_count")
+    assert [dry["tables"][0][k] for k in counted] == [real["tables"][0][k] for k in counted] == [1, 5, 1]
+    assert dry["tables"][0]["snapshots_expired_count"] >= 4
+    # orphans are counted against today's references: what the expiry releases comes on top in the real run
+    assert dry["tables"][0]["orphans_deleted_count"] == 1 <= real["tables"][0]["orphans_deleted_count"]
