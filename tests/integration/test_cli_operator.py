@@ -97,7 +97,7 @@ def test_every_command_speaks_one_json_language(cli, deps, tmp_path):
         ("retention",), ("defrag",), ("gc",), ("gc", "--sweep"), ("verify", "j"),
         ("export-metadata", str(tmp_path / "export")), ("topic", "set", "j", "--table", "lang.j"),
         ("table", "sync", "--dry-run"), ("table", "sync"), ("table", "status", "j"), ("table", "verify", "j"),
-        ("table", "maintain"), ("truncate", "j", "1:0", "--force"),
+        ("table", "maintain", "--dry-run"), ("table", "maintain"), ("truncate", "j", "1:0", "--force"),
         ("subscription", "delete", "j", "s"), ("topic", "delete", "j"),
     ]
     for args in calls:

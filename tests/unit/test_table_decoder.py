@@ -51,3 +51,14 @@ def test_decode():
                          (b'{"s": 3}', "field 's'"), (b'{"t": "yesterday"}', "field 't'"), (b"\xff", "not JSON")):
         values, reason = decode(spec, payload)
         assert values is None and why in reason, (payload, reason)
+
+
+def test_decode_never_raises_on_a_payload():
+    """A payload that crashed the decoder would fail every sync of its topic: each of these is a dead letter."""
+    spec = parse_fields("d:double,t:timestamp,s:string")
+    for payload, why in ((b'{"d": 1' + b"0" * 400 + b"}", "field 'd'"),
+                         (b'{"t": "0001-01-01T00:00:00+01:00"}', "field 't'"),
+                         (b'{"t": "9999-12-31T23:59:59-01:00"}', "field 't'"),
+                         (b'{"s": "\\ud800"}', "field 's'"), (b"[" * 100_000, "nested too deep")):
+        values, reason = decode(spec, payload)
+        assert values is None and why in reason, (payload[:40], reason)

@@ -25,6 +25,8 @@ def register(sub) -> None:
                           help="expire snapshots older than this (default 7d; never the current one)")
     maintain.add_argument("--orphan-grace-seconds", type=a.seconds, default=86400, metavar="DURATION",
                           help="delete unreferenced files under the table older than this (default 1d)")
+    maintain.add_argument("--dry-run", action="store_true", help="count what it would compact, expire and "
+                          "delete; write nothing")
     a.json_flag(maintain)
     verify = t_sub.add_parser("verify", help="compare the table with `tiering read` (exit 1 on a difference)")
     a.name(verify)
@@ -46,16 +48,18 @@ def _maintain(ctx: Context, args, out: Output) -> int:
     ctx.check_topic(args.topic)
     sync = TableSync(ctx.engine, ctx.settings, catalog(ctx.settings))
     reports = [(s.topic, maintain_topic(sync, s, timedelta(seconds=args.expire_after_seconds),
-                                        orphan_grace=timedelta(seconds=args.orphan_grace_seconds)))
+                                        orphan_grace=timedelta(seconds=args.orphan_grace_seconds),
+                                        dry_run=args.dry_run))
                for s in sync.rows.list(args.topic)]
     failed = failures((t, None, f"table {r.table}: {r.errors[0]}") for t, r in reports if r.errors)
-    obj = document("table maintain", args.topic,
+    obj = document("table maintain", args.topic, dry_run=args.dry_run,
                    tables=[{"topic": t, "table": r.table, "partitions_compacted_count": r.partitions_compacted,
                             "files_before_count": r.files_before, "files_after_count": r.files_after,
                             "snapshots_expired_count": r.snapshots_expired, "orphans_deleted_count": r.orphans_deleted}
                            for t, r in reports],
                    failed=failed, failed_count=len(failed))
-    out.result(obj, "\n".join(f"{t} -> {r.table}: {r.files_before} small file(s) compacted into {r.files_after} "
+    would = "would have: " if args.dry_run else ""
+    out.result(obj, "\n".join(f"{t} -> {r.table}: {would}{r.files_before} small file(s) compacted into {r.files_after} "
                               f"in {r.partitions_compacted} partition(s), {r.snapshots_expired} snapshot(s) expired, "
                               f"{r.orphans_deleted} orphan file(s) deleted"
                               + (f": {r.errors[0]}" if r.errors else "") for t, r in reports) or "no topic has a table")
@@ -126,8 +130,11 @@ def _verify(ctx: Context, args, out: Output) -> int:
     [state] = TableRows(ctx.engine).list(args.name)
     cat = catalog(ctx.settings)
     if not cat.table_exists(state.identifier):
+        if state.synced_through >= 0 or state.trimmed_through >= 0:  # a sync would not make it again
+            raise BadInput(f"table {state.identifier!r} of topic {state.topic!r} does not exist but the sync "
+                           f"state says ledgers through {state.synced_through} are in it: it was dropped")
         raise BadInput(f"table {state.identifier!r} of topic {state.topic!r} does not exist yet: run "
-                            "`tiering table sync` first")
+                       "`tiering table sync` first")
     r = verify_table(ctx.read_handle(), ctx.meta, cat.load_table(state.identifier), state.topic)
     diffs = failures((r.topic, d["ledger"], d["reason"]) for d in r.differences)
     obj = document("table verify", r.topic, identifier=r.table, synced_through=r.synced_through,

@@ -86,15 +86,18 @@ def _table_flags(p: argparse.ArgumentParser) -> None:
                         "keep: they stay in the table")
 
 
-def _set_table(ctx: Context, args) -> dict | None:
-    """The topic's table policy, when --table or --table-retention was given."""
+def _set_table(ctx: Context, args, check_only: bool = False) -> dict | None:
+    """The topic's table policy, when --table or --table-retention was given (`check_only`: refused as it
+    would be, nothing written: checked before the topic's policy changes, so a refusal writes nothing)."""
     if args.table is None and args.table_retention is None and args.table_json_fields is None:
         return None
     from tiering.metadata.table_sync import TableRows
     from tiering.tables.decoder import check_change
 
     s = TableRows(ctx.engine).set_policy(args.name, args.table, args.table_retention, args.table_json_fields,
-                                         check_change)
+                                         check_change, check_only=check_only)
+    if s is None:
+        return None
     return {"identifier": s.identifier, "retention": s.retention, "decoder": s.decoder, "version": s.version}
 
 
@@ -215,6 +218,8 @@ def cmd_topic(ctx: Context, args, out: Output) -> int:
             raise BadInput("topic set needs at least one policy option (see `tiering topic set --help`)")
         if args.table is not None:
             _table_free(ctx, args.table, args.name)
+        if _given(args):
+            _set_table(ctx, args, check_only=True)  # a table change that is refused must not leave the policy changed
         t = set_policy(ctx.deps, args.name, _given(args), args.expect_version) if _given(args) \
             else ctx.meta.get_topic(args.name)
         table = _set_table(ctx, args)

@@ -84,10 +84,11 @@ class TableRows:
             return [_state(r) for r in conn.execute(_SELECT.order_by(topic.c.name))]
 
     def set_policy(self, topic_name: str, identifier: str | None, retention: str | None,
-                   decoder: dict | None = None, check_decoder=None) -> TableState:
+                   decoder: dict | None = None, check_decoder=None, check_only: bool = False) -> TableState | None:
         """Create or change the topic's table policy in one transaction, the topic's row locked so that a
         concurrent topic deletion waits. A topic's table cannot be renamed once it holds ledgers (the old
-        table would be abandoned half-synced); a name another topic uses is refused."""
+        table would be abandoned half-synced); a name another topic uses is refused. `check_only`: refuse
+        as it would, write nothing (a command that changes more checks this first)."""
         with self.engine.begin() as conn:
             t = topic_row(conn, topic_name, lock="FOR SHARE")
             cur = conn.execute(select(topic_table).where(topic_table.c.topic_id == t.topic_id)
@@ -101,6 +102,11 @@ class TableRows:
                                "its table cannot be renamed")
             if decoder is not None and check_decoder is not None:
                 check_decoder(None if cur is None else cur.decoder, decoder)  # under the row lock
+            if check_only:
+                if identifier is not None and conn.execute(select(topic_table.c.topic_id).where(
+                        topic_table.c.identifier == identifier, topic_table.c.topic_id != t.topic_id)).first():
+                    raise BadInput(f"table {identifier!r} is already the table of another topic")
+                return None
             values = {k: v for k, v in (("identifier", identifier), ("retention", retention),
                                         ("decoder", decoder)) if v is not None}
             try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tiering.config import Settings, aws_sdk_checksums_when_required
 from tiering.errors import BadInput
-from tiering.tables.naming import DLQ_SUFFIX, PROP_TOPIC, parse_identifier
+from tiering.tables.naming import DLQ_SUFFIX, PROP_TOPIC, PROP_TOPIC_ID, parse_identifier
 
 CATALOG_NAME = "tiering"
 PARTITION_FIELD = "sealed_at_day"
@@ -94,8 +94,21 @@ def arrow_schema(decoder: dict | None = None, dlq: bool = False):
     return pa.schema([(name, _arrow_type(kind)) for name, kind in columns(decoder, dlq)])
 
 
+def owner_problem(table, topic: str, topic_id: int | None) -> str | None:
+    """Why `table` is not the table of this topic (another topic's, another tool's, or the table of an
+    earlier topic of the same name, deleted: its rows are not this topic's), or None."""
+    owner, owner_id = table.properties.get(PROP_TOPIC), table.properties.get(PROP_TOPIC_ID)
+    if owner != topic:
+        whose = f"topic {owner!r}" if owner else "no topic (it was not made by tiering)"
+        return f"belongs to {whose}, not to topic {topic!r}"
+    if topic_id is not None and owner_id is not None and owner_id != str(topic_id):
+        return (f"belongs to an earlier topic {topic!r} (id {owner_id}), deleted since; this topic is id "
+                f"{topic_id}: drop that table or give this topic another")
+    return None
+
+
 def ensure_table(cat, settings: Settings, identifier: str, topic: str, decoder: dict | None = None,
-                 dlq: bool = False):
+                 dlq: bool = False, topic_id: int | None = None):
     """The topic's table (`dlq`: its dead-letter table `TABLE__dlq`), created (with its namespace) when
     missing: partitioned by day of sealed_at, sorted by ledger and entry; a decoder's new fields are added
     as nullable columns (old files read them as null). A table of that name that is not this topic's is
@@ -114,11 +127,12 @@ def ensure_table(cat, settings: Settings, identifier: str, topic: str, decoder: 
     location = f"{warehouse(settings)}/{identifier.replace('.', '/')}"  # as table_dataset names it
     table = cat.create_table_if_not_exists(identifier, table_schema(decoder, dlq), location=location,
                                            partition_spec=spec, sort_order=order,
-                                           properties={PROP_TOPIC: topic, "format-version": "2"})
-    owner = table.properties.get(PROP_TOPIC)
-    if owner != topic:
-        whose = f"topic {owner!r}" if owner else "no topic (it was not made by tiering)"
-        raise BadInput(f"table {identifier!r} exists and belongs to {whose}, not to topic {topic!r}")
+                                           properties={PROP_TOPIC: topic, "format-version": "2",
+                                                       **({PROP_TOPIC_ID: str(topic_id)} if topic_id is not None
+                                                          else {})})
+    problem = owner_problem(table, topic, topic_id)
+    if problem is not None:
+        raise BadInput(f"table {identifier!r} exists and {problem}")
     have = {f.name: f.field_type for f in table.schema().fields}
     missing = [(n, k) for n, k in columns(decoder, dlq) if n not in have]
     for n, k in columns(decoder, dlq):

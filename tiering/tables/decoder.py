@@ -69,6 +69,10 @@ def _value(kind: str, v):
     if kind == "string":
         if not isinstance(v, str):
             raise ValueError(f"expected a string, got {type(v).__name__}")
+        try:  # JSON's "\ud800" escape decodes to a lone surrogate, which no UTF-8 column can hold
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("expected a string, got one with a lone surrogate (not valid Unicode)") from None
         return v
     if kind == "int64":
         if isinstance(v, bool) or not isinstance(v, int) or not -INT64 <= v < INT64:
@@ -77,7 +81,10 @@ def _value(kind: str, v):
     if kind == "double":
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ValueError(f"expected a number, got {type(v).__name__}")
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # an integer of hundreds of digits
+            raise ValueError("expected a number, got an integer too large for a double") from None
     if kind == "boolean":
         if not isinstance(v, bool):
             raise ValueError(f"expected true or false, got {type(v).__name__}")
@@ -85,15 +92,21 @@ def _value(kind: str, v):
     if not isinstance(v, str):  # timestamp
         raise ValueError(f"expected an ISO 8601 timestamp string, got {type(v).__name__}")
     t = datetime.fromisoformat(v.replace("Z", "+00:00"))
-    return t.astimezone(timezone.utc) if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    try:  # "0001-01-01T00:00:00+01:00" is before year 1 in UTC
+        return t.astimezone(timezone.utc) if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    except OverflowError:
+        raise ValueError(f"timestamp {v[:40]!r} is out of range in UTC") from None
 
 
 def decode(spec: dict, payload: bytes) -> tuple[dict | None, str | None]:
-    """({field: value}, None) of a payload, or (None, reason) for a dead letter."""
+    """({field: value}, None) of a payload, or (None, reason) for a dead letter. Never raises on a payload:
+    one entry that crashed the decoder would fail every sync of its topic, for ever."""
     try:
         obj = json.loads(payload)
     except (ValueError, UnicodeDecodeError) as exc:
         return None, f"not JSON: {str(exc)[:200]}"
+    except RecursionError:  # arrays or objects nested thousands deep
+        return None, "not JSON this decoder reads: nested too deep"
     if not isinstance(obj, dict):
         return None, f"not a JSON object: {type(obj).__name__}"
     out = {}

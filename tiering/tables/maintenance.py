@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
+from tiering.errors import BadInput
 from tiering.model import MIB
 from tiering.tables.naming import DLQ_SUFFIX, encode_ledgers
 
@@ -132,11 +133,40 @@ def remove_orphans(table, settings, grace: timedelta, report: MaintenanceReport 
     return report
 
 
+def preview(table, settings, expire_after: timedelta, small_bytes: int, min_files: int, orphan_grace: timedelta,
+            report: MaintenanceReport, also_referenced: set[str] = frozenset()) -> None:
+    """What compact, expire_snapshots and remove_orphans would do to `table`, counted; nothing written.
+    Orphans are counted against today's references (files an expiry would release are not counted)."""
+    import pyarrow.fs as pafs
+
+    from tiering.tables.files import s3_filesystem_for
+
+    for files in small_file_groups(table, small_bytes, min_files, 256 * MIB):
+        report.partitions_compacted += 1
+        report.files_before += len(files)
+        report.files_after += 1
+    cutoff = datetime.now(timezone.utc) - expire_after
+    kept = {ref.snapshot_id for ref in table.metadata.refs.values()}
+    report.snapshots_expired += sum(1 for snap in table.snapshots() if snap.snapshot_id not in kept
+                                    and snap.timestamp_ms < cutoff.timestamp() * 1000)
+    location = table.location().rstrip("/")
+    fs, base = s3_filesystem_for(settings)(location)
+    refs = referenced_files(table) | set(also_referenced)
+    scheme, grace_cutoff = location.split("://", 1)[0], datetime.now(timezone.utc) - orphan_grace
+    report.orphans_deleted += sum(
+        1 for info in fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+        if info.type == pafs.FileType.File and info.mtime is not None and info.mtime < grace_cutoff
+        and f"{scheme}://{info.path}" not in refs)
+
+
 def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 * MIB,
-                   min_files: int = 4, orphan_grace: timedelta = timedelta(days=1)) -> MaintenanceReport:
+                   min_files: int = 4, orphan_grace: timedelta = timedelta(days=1),
+                   dry_run: bool = False) -> MaintenanceReport:
     """Compact and expire a topic's table under the topic's sync lock (a sync waits for the next run), then
     bring the row's metadata location up to date. A topic whose table does not exist yet is left alone."""
     from tiering.metadata.table_sync import exclusive
+    from tiering.tables.catalog import owner_problem
+    from tiering.tables.sync import SUMMARY_DLQ_FILES, check_marks
 
     report = MaintenanceReport(state.identifier)
     with exclusive(sync.engine, state.topic_id) as held:
@@ -144,10 +174,28 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
             report.errors.append("a sync of this topic is running; maintenance waits for the next run")
             return report
         if not sync.catalog.table_exists(state.identifier):
+            if state.synced_through >= 0 or state.trimmed_through >= 0:
+                report.errors.append(f"table {state.identifier!r} does not exist but the sync state says ledgers "
+                                     f"through {state.synced_through} are in it: it was dropped")
             return report
         try:
             table = sync.catalog.load_table(state.identifier)
+            # nothing is compacted, expired or deleted in a table that is not this topic's (made by another
+            # tool under the name: its snapshots and unreferenced files are its own) or that holds less than
+            # the row says (replaced behind the store's back)
+            problem = owner_problem(table, state.topic, state.topic_id)
+            if problem is not None:
+                raise BadInput(f"table {state.identifier!r} {problem}")
+            check_marks(sync.rows.get(state.topic), table)
             dlq = state.identifier + DLQ_SUFFIX
+            if dry_run:  # the counts of what it would do; the dead letters a killed sync left count as kept
+                preview(table, sync.settings, expire_after, small_bytes, min_files, orphan_grace, report)
+                if sync.catalog.table_exists(dlq):
+                    pending = {f for s in table.snapshots() if s.summary
+                               for f in s.summary.additional_properties.get(SUMMARY_DLQ_FILES, "").split(",") if f}
+                    preview(sync.catalog.load_table(dlq), sync.settings, expire_after, 0, min_files, orphan_grace,
+                            report, pending)
+                return report
             if sync.catalog.table_exists(dlq):
                 # dead letters a killed sync left uncommitted are referenced only by the table's summaries:
                 # commit them before those can expire and before the orphan removal looks at their files

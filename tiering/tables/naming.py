@@ -19,6 +19,7 @@ SUMMARY_RUN = "tiering.run"
 PROP_SYNCED = "tiering.synced-through"
 PROP_TRIMMED = "tiering.trimmed-through"
 PROP_TOPIC = "tiering.topic"
+PROP_TOPIC_ID = "tiering.topic-id"  # a topic deleted and made again has the same name, never the same id
 
 
 def parse_identifier(text: object) -> tuple[str, str]:

@@ -114,6 +114,15 @@ def _has_rows(table, ids: list[int]) -> bool:
         any(True for _ in table.scan(row_filter=In("ledger_id", ids)).plan_files())
 
 
+def check_marks(state: TableState, table) -> tuple[int, int]:
+    """The table's (synced, trimmed) marks; TableBehind when it holds less than the row says."""
+    synced, trimmed = _prop(table, PROP_SYNCED), _prop(table, PROP_TRIMMED)
+    if synced < state.synced_through or trimmed < state.trimmed_through:
+        raise TableBehind(f"table {state.identifier!r} holds ledgers through {synced} but the sync state says "
+                          f"{state.synced_through}: the table was replaced or rolled back")
+    return synced, trimmed
+
+
 def _iso(t) -> str | None:
     return None if t is None else t.isoformat()
 
@@ -154,18 +163,27 @@ class TableSync:
 
     def _sync_locked(self, topic: str, write: Writer, dry_run: bool, result: TopicResult) -> None:
         state = self.rows.get(topic)  # re-read under the lock
+        exists = self.catalog.table_exists(state.identifier)
+        if not exists and (state.synced_through >= 0 or state.trimmed_through >= 0):
+            # dropped behind the store's back (or its catalog row deleted): making an empty one would only
+            # hide it, and a dry run would preview a sync that fails
+            raise TableBehind(f"table {state.identifier!r} does not exist but the sync state says ledgers "
+                              f"through {state.synced_through} are in it: the table was dropped")
         if dry_run:  # plan from the table's own mark; create nothing, change nothing
-            exists = self.catalog.table_exists(state.identifier)
             table = self.catalog.load_table(state.identifier) if exists else _Absent()
+            if exists:
+                check_marks(state, table)  # what the real sync would refuse, the preview refuses
             rnd = self.plan_round(state, table)
             result.planned = rnd.ledger_ids if rnd else []
             result.status = "planned" if rnd else "up_to_date"
             return
-        table = ensure_table(self.catalog, self.settings, state.identifier, topic, state.decoder)
+        table = ensure_table(self.catalog, self.settings, state.identifier, topic, state.decoder,
+                             topic_id=state.topic_id)
         state, result.reconciled = self.reconcile(state, table)
         dlq = None
         if state.decoder is not None:
-            dlq = ensure_table(self.catalog, self.settings, state.identifier, topic, dlq=True)
+            dlq = ensure_table(self.catalog, self.settings, state.identifier, topic, dlq=True,
+                               topic_id=state.topic_id)
             dlq = self.catch_up_dlq(table, dlq)
         if state.retention == "follow":
             state, table, result.deleted = self.follow_retention(state, table)
@@ -189,10 +207,7 @@ class TableSync:
     def reconcile(self, state: TableState, table) -> tuple[TableState, bool]:
         """Catch the row up with the table (a run killed after its commit, before its row update); True when
         the table held commits the row did not (a new metadata location alone is just recorded)."""
-        synced, trimmed = _prop(table, PROP_SYNCED), _prop(table, PROP_TRIMMED)
-        if synced < state.synced_through or trimmed < state.trimmed_through:
-            raise TableBehind(f"table {state.identifier!r} holds ledgers through {synced} but the sync state says "
-                             f"{state.synced_through}: the table was replaced or rolled back")
+        synced, trimmed = check_marks(state, table)
         snap = table.current_snapshot()
         if synced == state.synced_through and trimmed == state.trimmed_through \
                 and table.metadata_location == state.metadata_location:

@@ -1,0 +1,147 @@
+"""The table commands checked from outside, as an operator would hit them: hostile payloads, hostile state,
+through `tiering` subprocesses on the run's PostgreSQL and RGW."""
+from __future__ import annotations
+
+from tests.integration.helpers import produce
+from tests.integration.test_tables_cli import _table, cli  # noqa: F401 - the fixture
+from tiering.tables.catalog import catalog
+
+POISON = [
+    b'{"amount": 1' + b"0" * 400 + b"}",  # an integer no double holds
+    b'{"at": "0001-01-01T00:00:00+01:00"}',  # before year 1 in UTC
+    b'{"at": "9999-12-31T23:59:59-01:00"}',  # after year 9999 in UTC
+    b'{"name": "\\ud800"}',  # a lone surrogate: no UTF-8 column holds it
+    b"[" * 100_000,  # nested deeper than the JSON parser recurses
+]
+
+
+def test_payloads_that_do_not_decode_are_dead_letters_not_a_stuck_sync(cli, deps, settings):
+    good = b'{"amount": 2.5, "at": "2024-01-01T00:00:00Z", "name": "ok"}'
+    produce(deps, "p", [POISON + [good]])
+    cli("topic", "set", "p", "--table", "ns.p", "--table-json-fields", "amount:double,at:timestamp,name:string").ok()
+    out = cli("table", "sync", "--topic", "p", "--json").ok().json
+    assert (out["failed"], out["ledger_count"], out["topics"][0]["entry_count"]) == ([], 1, len(POISON) + 1)
+    rows = catalog(settings).load_table("ns.p").scan().to_arrow().sort_by("entry_id").to_pylist()
+    assert [r["payload"] for r in rows] == POISON + [good]
+    assert [r["amount"] for r in rows] == [None] * len(POISON) + [2.5]
+    dead = catalog(settings).load_table("ns.p__dlq").scan().to_arrow().sort_by("entry_id").to_pylist()
+    assert [r["entry_id"] for r in dead] == list(range(len(POISON))), dead
+    assert all(r["reason"] for r in dead)
+    assert cli("table", "verify", "p").returncode == 0
+
+
+def test_a_table_dropped_behind_the_stores_back_fails_sync_and_preview_alike_and_is_not_made_again(
+        cli, deps, settings, db):
+    from sqlalchemy import text
+
+    produce(deps, "d", [[b"1"], [b"2"]])
+    produce(deps, "r", [[b"1"]])
+    for topic in ("d", "r"):
+        cli("topic", "set", topic, "--table", f"ns.{topic}").ok()
+    cli("table", "sync").ok()
+    catalog(settings).drop_table("ns.d")
+    with db.begin() as conn:  # the other: its catalog row deleted by hand
+        conn.execute(text("DELETE FROM iceberg_tables WHERE table_name = 'r'"))
+    for topic in ("d", "r"):
+        for dry in ((), ("--dry-run",)):
+            out = cli("table", "sync", "--topic", topic, "--json", *dry)
+            assert out.returncode == 1, (dry, out.stdout, out.stderr)
+            assert out.json["failed_count"] == 1 and "dropped" in out.json["failed"][0]["error"], out.json
+        assert not catalog(settings).table_exists(f"ns.{topic}")  # no empty table hides what happened
+        assert "dropped" in cli("table", "verify", topic).one_line_error(2)
+        out = cli("table", "maintain", "--topic", topic, "--json")  # was: nothing to do, exit 0
+        assert out.returncode == 1 and "dropped" in out.json["failed"][0]["error"], out.stdout
+
+
+def test_topic_set_with_a_refused_table_change_leaves_the_policy_unchanged(cli, deps):
+    produce(deps, "s", [[b'{"a": 1}']])
+    produce(deps, "o", [])
+    cli("topic", "set", "s", "--table", "ns.s", "--table-json-fields", "a:int64").ok()
+    cli("topic", "set", "o", "--table", "ns.o").ok()
+    cli("table", "sync").ok()
+    before = cli("topic", "show", "s", "--json").ok().json
+    for change, why in ((("--table", "ns.other"), "cannot be renamed"),
+                        (("--table-json-fields", "a:string"), "can only add fields"),
+                        (("--table", "ns.o"), "already the table")):
+        assert why in cli("topic", "set", "s", "--offload-after", "4h", *change).one_line_error(2)
+        assert cli("topic", "show", "s", "--json").ok().json == before  # nothing written
+    assert cli("topic", "set", "s", "--offload-after", "4h", "--table-retention", "keep", "--json").ok() \
+        .json["offload_after_seconds"] == 4 * 3600
+
+
+def test_maintain_leaves_a_table_that_is_not_the_topics_alone(cli, deps, settings, s3_client, bucket):
+    """`topic set --table` names a table another tool made: the sync refuses it, and so must maintenance
+    (its snapshots and its unreferenced files are that tool's)."""
+    import time
+
+    import pyarrow as pa
+
+    cat = catalog(settings)
+    cat.create_namespace_if_not_exists("ns")
+    foreign = cat.create_table("ns.f", pa.schema([("x", pa.int64())]))
+    for i in range(2):
+        foreign.append(pa.table({"x": [i]}))
+        foreign = foreign.refresh()
+    staged = foreign.location().split("://", 1)[1].split("/", 1)[1] + "/data/staged-by-the-other-tool.parquet"
+    s3_client.put_object(Bucket=bucket, Key=staged, Body=b"not yet committed")
+    time.sleep(1.1)
+    produce(deps, "f", [[b"1"]])
+    cli("topic", "set", "f", "--table", "ns.f").ok()
+    assert cli("table", "sync", "--topic", "f").returncode == 1  # refused: not this topic's table
+    out = cli("table", "maintain", "--topic", "f", "--expire-after-seconds", "0", "--orphan-grace-seconds", "0",
+              "--json")
+    assert out.returncode == 1, out.stdout
+    assert "not made by tiering" in out.json["failed"][0]["error"]
+    assert len(cat.load_table("ns.f").snapshots()) == 2  # nothing expired
+    s3_client.head_object(Bucket=bucket, Key=staged)  # nothing deleted
+
+
+def test_a_topic_made_again_under_its_old_name_does_not_adopt_the_old_table(cli, deps, settings):
+    """Deleting a topic keeps its table; a new topic of the same name with the same table name would append
+    to it (the old topic's rows in the new topic's table: verify fails for ever): refused, nothing written."""
+    produce(deps, "z", [[b"old0"], [b"old1"]])
+    cli("topic", "set", "z", "--table", "ns.z").ok()
+    cli("table", "sync").ok()
+    cli("topic", "delete", "z", "--force").ok()
+    cli("topic", "create", "z", "--table", "ns.z").ok()
+    cli("produce", "z", "--stdin-lines", "--seal", stdin=b"new\n").ok()
+    before = catalog(settings).load_table("ns.z").metadata_location
+    out = cli("table", "sync", "--topic", "z", "--json")
+    assert out.returncode == 1 and "earlier topic 'z'" in out.json["failed"][0]["error"], out.stdout
+    assert catalog(settings).load_table("ns.z").metadata_location == before
+    out = cli("table", "maintain", "--topic", "z", "--json")
+    assert out.returncode == 1 and "earlier topic 'z'" in out.json["failed"][0]["error"], out.stdout
+    catalog(settings).drop_table("ns.z")  # the way out the message names
+    cli("table", "sync", "--topic", "z").ok()
+    assert [r["payload"] for r in catalog(settings).load_table("ns.z").scan().to_arrow().to_pylist()] == [b"new"]
+    assert cli("table", "verify", "z").returncode == 0
+
+
+def test_maintain_dry_run_counts_what_the_run_does_and_writes_nothing(cli, deps, settings, s3_client, bucket):
+    import time
+
+    from tests.integration.helpers import entries
+    from tiering.tables.files import local_writer
+    from tiering.tables.sync import Limits, TableSync, sync_tables
+
+    produce(deps, "m", [entries(str(i), 3, 20) for i in range(5)])
+    cli("topic", "set", "m", "--table", "ns.m").ok()
+    sync = TableSync(deps.meta.engine, settings, catalog(settings), limits=Limits(round_ledgers=1))
+    sync_tables(sync, local_writer(deps, settings))  # five rounds: five small files, five snapshots
+    loc = catalog(settings).load_table("ns.m").location().split("://", 1)[1].split("/", 1)[1]
+    s3_client.put_object(Bucket=bucket, Key=f"{loc}/data/left-by-a-killed-run.parquet", Body=b"x")
+    time.sleep(1.1)
+
+    def keys():
+        return sorted(o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket, Prefix=loc)["Contents"])
+
+    before, where = keys(), catalog(settings).load_table("ns.m").metadata_location
+    flags = ("maintain", "--topic", "m", "--expire-after-seconds", "0", "--orphan-grace-seconds", "1", "--json")
+    dry = cli("table", *flags, "--dry-run").ok().json
+    assert dry["dry_run"] is True and (keys(), catalog(settings).load_table("ns.m").metadata_location) == (before, where)
+    real = cli("table", *flags).ok().json
+    counted = ("partitions_compacted_count", "files_before_count", "files_after_count")
+    assert [dry["tables"][0][k] for k in counted] == [real["tables"][0][k] for k in counted] == [1, 5, 1]
+    assert dry["tables"][0]["snapshots_expired_count"] >= 4
+    # orphans are counted against today's references: what the expiry releases comes on top in the real run
+    assert dry["tables"][0]["orphans_deleted_count"] == 1 <= real["tables"][0]["orphans_deleted_count"]
