@@ -26,10 +26,10 @@ from tiering.errors import BadInput, DataLossError, LedgerStorageError, TieringE
 from tiering.spark.filters import Pushed, push
 from tiering.spark.plan import DEFAULT_SPLIT_BYTES, Part
 
-# Imports here stay light: every query unpickles this module's classes in two fresh Python processes (the
-# filter pushdown and the planner), and the pushdown one needs none of SQLAlchemy, boto3 or the readers.
-# Those are imported where used; the S3 client (about 1 s to build on a loaded 2-core machine) only when
-# a worker reads tier 2 or the plan splits a ledger along its page index.
+# Imports here stay light: an application's first query unpickles this module's classes in fresh Python
+# processes (the filter pushdown, the planner; Spark reuses them afterwards), and the pushdown one needs none
+# of SQLAlchemy, boto3 or the readers. Those are imported where used; the S3 client (about 1 s to build on
+# a loaded 2-core machine) only when a worker reads tier 2 or the plan splits a ledger along its page index.
 
 log = logging.getLogger("tiering.spark")
 SCHEMA = ("topic string, ledger_id long, entry_id long, payload binary, tier string, "
@@ -153,7 +153,7 @@ class TieringReader(DataSourceReader):
 
     def read(self, partition):
         for part in getattr(partition, "parts", None) or ():
-            yield from _batches(part, _chunks(self, part, partition.token))
+            yield from _batches(part, _rows(self, part, partition.token))
 
 
 def _say(line: str) -> None:
@@ -182,26 +182,17 @@ def _sees_root(settings: Settings, token: str | None) -> tuple[bool, TieringErro
     return True, None
 
 
-def _chunks(reader: TieringReader, part: Part, token: str | None) -> Iterator[tuple]:
-    """The part's entries in order as chunks (entry ids, payloads or None, tier), a tier-2 page or a
-    tier-1 entry at a time: per-row Python is left to Arrow's C loops. `ids` is a range, or a list when the
-    pushed entry_id values drop some; the exact entry filter is applied here."""
+def _rows(reader: TieringReader, part: Part, token: str | None) -> Iterator[tuple]:
+    """(entry_id, payload, tier) of the part's entries in order; the exact entry filter applied."""
     led, first, last = part.led, part.first, part.last
     values = reader.pushed.bound("entry_id").values
-
-    def keep(ids: range, payloads):
-        if values is None:
-            return ids, payloads
-        picked = [i for i, e in enumerate(ids) if e in values]
-        return [ids[i] for i in picked], (None if payloads is None else [payloads[i] for i in picked])
-
+    wanted = (lambda e: e in values) if values is not None else (lambda e: True)
     if not reader.payload:
         # No payload wanted: the ids are known from the metadata; no byte of the ledger is read (nor checked).
         tier = "tier1" if led.tier1_present else "tier2" if part.chunk is not None else "none"
-        for a in range(first, last + 1, BATCH_ROWS):
-            ids, _ = keep(range(a, min(last, a + BATCH_ROWS - 1) + 1), None)
-            if ids:
-                yield ids, None, tier
+        for e in range(first, last + 1):
+            if wanted(e):
+                yield e, None, tier
         return
     from tiering.read import TRIMMED, Run, read_ledger_range
 
@@ -216,16 +207,9 @@ def _chunks(reader: TieringReader, part: Part, token: str | None) -> Iterator[tu
     for got in read_ledger_range(c["meta"], led, first, last, c["tier1"] if sees else None, open_tier2,
                                  lambda: part.chunk):
         if isinstance(got, Run):
-            if got.batches is not None:  # tier 2: a checked page at a time
-                for start, payloads in got.batches:
-                    ids, payloads = keep(range(start, start + len(payloads)), payloads)
-                    if ids:
-                        yield ids, payloads, got.tier
-            else:
-                for e, data in got.entries:
-                    ids, payloads = keep(range(e, e + 1), [data])
-                    if ids:
-                        yield ids, payloads, got.tier
+            for e, data in got.entries:
+                if wanted(e):
+                    yield e, data, got.tier
         elif got.kind == TRIMMED:
             return  # trimmed since the plan: absent rows, like a trimmed range
         elif led.tier1_present and not sees:
@@ -240,42 +224,34 @@ def _chunks(reader: TieringReader, part: Part, token: str | None) -> Iterator[tu
             raise DataLossError(msg + "; option skipDataLoss=true reads around it")
 
 
-def _batches(part: Part, chunks: Iterator[tuple]) -> Iterator:
-    """Arrow batches of at most about BATCH_ROWS rows or BATCH_BYTES of payload (bounded memory), each
-    column made in one call from the chunks' lists: the constant columns repeated, the ids from ranges."""
-    from itertools import chain
-
-    import numpy as np
+def _batches(part: Part, rows: Iterator[tuple]) -> Iterator:
+    """Arrow batches of at most BATCH_ROWS rows or about BATCH_BYTES of payload (bounded memory)."""
     import pyarrow as pa
 
     led = part.led
-    ts = pa.timestamp("us", tz="UTC")
-    pending: list[tuple] = []
-    rows = size = 0
+    ids: list[int] = []
+    payloads: list = []
+    tiers: list[str] = []
+    size = 0
 
     def batch():
-        n = rows
-        ids = [np.arange(i.start, i.stop, dtype=np.int64) if isinstance(i, range) else np.asarray(i, np.int64)
-               for i, _, _ in pending]
-        payloads = (pa.array(list(chain.from_iterable(p for _, p, _ in pending)), pa.binary())
-                    if pending[0][1] is not None else pa.nulls(n, pa.binary()))
-        tiers = [pa.array([t] * len(i), pa.string()) for i, _, t in pending]
+        n = len(ids)
         return pa.RecordBatch.from_arrays(
-            [pa.array([led.topic] * n, pa.string()), pa.array(np.full(n, led.ledger_id, np.int64)),
-             pa.array(np.concatenate(ids)), payloads,
-             tiers[0] if len(tiers) == 1 else pa.concat_arrays(tiers),
-             pa.array([led.sealed_at] * n, ts), pa.array([led.offloaded_at] * n, ts)],
+            [pa.array([led.topic] * n, pa.string()), pa.array([led.ledger_id] * n, pa.int64()),
+             pa.array(ids, pa.int64()), pa.array(payloads, pa.binary()), pa.array(tiers, pa.string()),
+             pa.array([led.sealed_at] * n, pa.timestamp("us", tz="UTC")),
+             pa.array([led.offloaded_at] * n, pa.timestamp("us", tz="UTC"))],
             names=["topic", "ledger_id", "entry_id", "payload", "tier", "sealed_at", "offloaded_at"])
 
-    for chunk in chunks:
-        pending.append(chunk)
-        rows += len(chunk[0])
-        if chunk[1] is not None:
-            size += sum(map(len, chunk[1]))
-        if rows >= BATCH_ROWS or size >= BATCH_BYTES:
+    for e, data, tier in rows:
+        ids.append(e)
+        payloads.append(data)
+        tiers.append(tier)
+        size += len(data) if data is not None else 0
+        if len(ids) >= BATCH_ROWS or size >= BATCH_BYTES:
             yield batch()
-            pending, rows, size = [], 0, 0
-    if pending:
+            ids, payloads, tiers, size = [], [], [], 0
+    if ids:
         yield batch()
 
 
