@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tiering.errors import BadInput
-from tiering.metadata.repository import MetadataStore
 from tiering.model import Chunk, Ledger, LedgerState
 from tiering.spark.filters import Pushed
-from tiering.tier1 import Tier1Store
-from tiering.tier2.reader import IndexCache
+
+if TYPE_CHECKING:  # for annotations only: the source's filter-pushdown process imports this module
+    from tiering.metadata.repository import MetadataStore
+    from tiering.tier1 import Tier1Store
+    from tiering.tier2.reader import IndexCache
 
 S = LedgerState
 DEFAULT_SPLIT_BYTES = 64 * 1024 * 1024
@@ -101,7 +104,7 @@ def _split(led: Ledger, ch: Chunk | None, first: int, last: int, split_bytes: in
         return [Part(led, ch, first, last, estimate)]
     if ch is not None and bucket is not None and index_cache is not None:
         before = index_cache.fetches
-        index = index_cache.get(bucket, ch)
+        index = index_cache.get(bucket() if callable(bucket) else bucket, ch)
         stats.index_fetches += index_cache.fetches - before
         pages = index.pages
         if pages is not None:
@@ -126,7 +129,8 @@ def _split(led: Ledger, ch: Chunk | None, first: int, last: int, split_bytes: in
 def plan(meta: MetadataStore, tier1: Tier1Store, topics: list[str], pushed: Pushed, *, sees_tier1: bool,
          split_bytes: int = DEFAULT_SPLIT_BYTES, bucket=None,
          index_cache: IndexCache | None = None) -> tuple[list[Part], PlanStats]:
-    """Partitions of the topics' entries that pass the pushed filters, from one snapshot of the metadata."""
+    """Partitions of the topics' entries that pass the pushed filters, from one snapshot of the metadata.
+    `bucket` is the tier-2 bucket, or a function making it: called only when a ledger is split by its pages."""
     stats = PlanStats(topics=len(topics), filters=pushed.describe())
     ledger_b, sealed_b, offloaded_b = pushed.bound("ledger_id"), pushed.bound("sealed_at"), pushed.bound("offloaded_at")
     lrange, erange = ledger_b.int_range(), pushed.bound("entry_id").int_range()

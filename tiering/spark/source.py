@@ -23,9 +23,13 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from tiering.config import Settings
 from tiering.errors import BadInput, DataLossError, LedgerStorageError, TieringError
-from tiering.read import TRIMMED, Run, read_ledger_range
 from tiering.spark.filters import Pushed, push
-from tiering.spark.plan import DEFAULT_SPLIT_BYTES, Part, plan, select_topics
+from tiering.spark.plan import DEFAULT_SPLIT_BYTES, Part
+
+# Imports here stay light: an application's first query unpickles this module's classes in fresh Python
+# processes (the filter pushdown, the planner; Spark reuses them afterwards), and the pushdown one needs none
+# of SQLAlchemy, boto3 or the readers. Those are imported where used; the S3 client (about 1 s to build on
+# a loaded 2-core machine) only when a worker reads tier 2 or the plan splits a ledger along its page index.
 
 log = logging.getLogger("tiering.spark")
 SCHEMA = ("topic string, ledger_id long, entry_id long, payload binary, tier string, "
@@ -94,12 +98,23 @@ def _clients(settings: Settings):
             from tiering.tier1 import Tier1Store
             from tiering.tier2.reader import READ_AHEAD, ReaderCaches
 
-            got = {"bucket": clients.bucket(settings), "tier1": Tier1Store(settings.tier1_root),
+            got = {"tier1": Tier1Store(settings.tier1_root),
                    "meta": MetadataStore(clients.engine(settings, pool_size=1)),
                    "caches": ReaderCaches.new(),
                    "pool": ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="tiering-spark-read")}
             _CLIENTS[key] = got
         return got
+
+
+def _bucket(settings: Settings):
+    """The tier-2 bucket of this worker, built on first use (see the imports above)."""
+    c = _clients(settings)
+    with _CLIENTS_LOCK:
+        if "bucket" not in c:
+            from tiering import clients
+
+            c["bucket"] = clients.bucket(settings)
+        return c["bucket"]
 
 
 class TieringReader(DataSourceReader):
@@ -117,13 +132,15 @@ class TieringReader(DataSourceReader):
         return push(self.pushed, filters)
 
     def partitions(self):
+        from tiering.spark.plan import plan, select_topics
         from tiering.tier1.marker import root_token
 
         c = _clients(self.settings)
         token = root_token(self.settings.tier1_root)
         topics = select_topics(c["meta"], self.options)
         parts, stats = plan(c["meta"], c["tier1"], topics, self.pushed, sees_tier1=token is not None,
-                            split_bytes=self.split_bytes, bucket=c["bucket"], index_cache=c["caches"].index)
+                            split_bytes=self.split_bytes, bucket=lambda: _bucket(self.settings),
+                            index_cache=c["caches"].index)
         self.stats = stats
         _say(stats.line())
         if not parts:
@@ -177,13 +194,15 @@ def _rows(reader: TieringReader, part: Part, token: str | None) -> Iterator[tupl
             if wanted(e):
                 yield e, None, tier
         return
+    from tiering.read import TRIMMED, Run, read_ledger_range
+
     c = _clients(reader.settings)
     sees, why_not = _sees_root(reader.settings, token)
 
     def open_tier2(led, chunk):
         from tiering.tier2.reader import OffloadedLedger
 
-        return OffloadedLedger(c["bucket"], led, chunk, c["caches"], c["pool"])
+        return OffloadedLedger(_bucket(reader.settings), led, chunk, c["caches"], c["pool"])
 
     for got in read_ledger_range(c["meta"], led, first, last, c["tier1"] if sees else None, open_tier2,
                                  lambda: part.chunk):
