@@ -80,14 +80,19 @@ class Cli:
             return list(pool.map(one, calls))
 
 
-@pytest.fixture
-def cli(settings, db, bucket, tier1_root, tmp_path):
+def make_cli(settings, bucket: str, tier1_root, tmp_path) -> Cli:
+    """The `tiering` command with the run's settings, run from an empty working directory."""
     env = {**os.environ, **settings.to_env(), "TIERING_TIER1_ROOT": str(tier1_root), "TIERING_BUCKET": bucket,
            "PYTHONPATH": str(ROOT)}
     env.pop("PYTHONWARNINGS", None)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     return Cli(env, cwd)
+
+
+@pytest.fixture
+def cli(settings, db, bucket, tier1_root, tmp_path):
+    return make_cli(settings, bucket, tier1_root, tmp_path)
 
 
 def read_data(result: Result) -> dict:

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from tests.integration.helpers import entries, produce
-from tests.integration.test_cli import Cli
+from tests.integration.test_cli import make_cli
 from tiering.ops.delete_lagged import delete_copy
 from tiering.ops.offload import offload_ledger
 from tiering.read import ReadHandle
@@ -26,12 +26,7 @@ def cli(settings, db, bucket, tier1_root, tmp_path):
     catalog(settings)  # creates the catalog's tables on first use
     with db.begin() as conn:
         conn.execute(text("DELETE FROM iceberg_tables"))
-    env = {**os.environ, **settings.to_env(), "TIERING_TIER1_ROOT": str(tier1_root), "TIERING_BUCKET": bucket,
-           "PYTHONPATH": str(ROOT)}
-    env.pop("PYTHONWARNINGS", None)
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    return Cli(env, cwd)
+    return make_cli(settings, bucket, tier1_root, tmp_path)
 
 
 def _read(deps, topic):
