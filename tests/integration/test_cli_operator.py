@@ -78,6 +78,27 @@ def test_dry_run_prints_the_real_plan_and_writes_nothing(cli, deps, s3_client, b
     assert "dry_run" not in real
 
 
+def test_deleting_a_topic_or_a_subscription_can_be_previewed(cli, deps):
+    """topic delete --dry-run refuses what the delete refuses, counts what it would delete (the open ledger
+    and its tier-1 file too) and writes nothing; the real delete then reports the same."""
+    produce(deps, "gone", [entries("g", 3, 100), entries("h", 2, 100)], TopicPolicy(**BIG),
+            open_tail=entries("tail", 1, 10))
+    offload_many(deps, deps.meta.list_ledgers("gone")[:1])
+    cli("subscription", "create", "gone", "reader").ok()
+    before = everything(deps)
+    assert "active subscription" in cli("topic", "delete", "gone", "--dry-run").one_line_error(2)
+    preview = cli("topic", "delete", "gone", "--force", "--dry-run", "--json").ok().json
+    sub = cli("subscription", "delete", "gone", "reader", "--dry-run", "--json").ok().json
+    assert "would delete topic 'gone'" in cli("topic", "delete", "gone", "--force", "--dry-run").ok().stdout
+    assert everything(deps) == before, "a --dry-run changed a row, an object or a file"
+    assert check_document(preview) == [] and check_document(sub) == []
+    assert (sub["dry_run"], sub["subscription"]) == (True, "reader")
+    assert (preview["dry_run"], preview["deleted_count"], preview["files_removed_count"]) == (True, 3, 3)
+    assert preview["subscriptions_deleted"] == ["reader"] and preview["bytes"] == 3 * 100 + 2 * 100 + 10
+    real = cli("topic", "delete", "gone", "--force", "--json").ok().json
+    assert {k: v for k, v in preview.items() if k != "dry_run"} == real
+
+
 def test_every_command_speaks_one_json_language(cli, deps, tmp_path):
     empty = cli.many([("topic", "list", "--json"), ("subscription", "list", "--json"), ("topic", "stats", "--json")])
     for res in empty:

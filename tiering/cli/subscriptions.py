@@ -42,6 +42,7 @@ def register(sub) -> None:
     delete = s_sub.add_parser("delete", help="delete a subscription (it holds nothing back any more)")
     a.name(delete)
     subscription_name(delete)
+    delete.add_argument("--dry-run", action="store_true", help="say which subscription would go; write nothing")
     a.json_flag(delete)
 
 
@@ -88,6 +89,10 @@ def cmd_subscription(ctx: Context, args, out: Output) -> int:
         now = ctx.meta.now()
         rows = [listed_dict(x, now) for x in ops.list_subscriptions(ctx.deps, args.name)]
         out.listing(document("subscription list", args.name, subscriptions=rows), "subscriptions", _table)
+    elif args.dry_run:
+        s = ops.delete(ctx.deps, args.name, args.subscription, dry_run=True)
+        out.result(document("subscription delete", **_one(s), dry_run=True),
+                   f"would delete subscription {s.name!r} of {s.topic!r} (at {s.position}); nothing written")
     else:
         s = ops.delete(ctx.deps, args.name, args.subscription)
         out.result(document("subscription delete", **_one(s)), f"deleted subscription {s.name!r} of {s.topic!r}")

@@ -130,6 +130,8 @@ def register(sub) -> None:
     drop = t_sub.add_parser("delete", help="delete a topic, its ledgers in both tiers and its subscriptions")
     a.name(drop)
     drop.add_argument("--force", action="store_true", help="delete it even while ACTIVE subscriptions read it")
+    drop.add_argument("--dry-run", action="store_true",
+                      help="say what the delete would remove (the same refusals); write nothing")
     a.json_flag(drop)
     a.json_flag(t_sub.add_parser("list", help="every topic, by name"))
     show = t_sub.add_parser("show", help="a topic's policy and counters")
@@ -229,12 +231,14 @@ def cmd_topic(ctx: Context, args, out: Output) -> int:
     elif args.topic_command == "delete":
         from tiering.ops.topics import delete_topic
 
-        r = delete_topic(ctx.deps, args.name, args.force)
+        r = delete_topic(ctx.deps, args.name, args.force, args.dry_run)
         result = document("topic delete", r.topic, subscriptions_deleted=r.subscriptions_deleted,
-                          deleted_count=r.ledgers_deleted, bytes=r.bytes, files_removed_count=r.files_removed)
-        out.result(result, f"deleted topic {r.topic!r}: {r.ledgers_deleted} ledger(s) ({r.bytes} bytes), "
-                           f"{r.files_removed} tier-1 file(s) removed, {len(r.subscriptions_deleted)} subscription(s) "
-                           "deleted; its tier-2 objects are queued for gc")
+                          deleted_count=r.ledgers_deleted, bytes=r.bytes, files_removed_count=r.files_removed,
+                          **({"dry_run": True} if args.dry_run else {}))
+        what = (f"{r.ledgers_deleted} ledger(s) ({r.bytes} bytes), {r.files_removed} tier-1 file(s), "
+                f"{len(r.subscriptions_deleted)} subscription(s)")
+        out.result(result, f"would delete topic {r.topic!r}: {what}; nothing written" if args.dry_run else
+                   f"deleted topic {r.topic!r}: {what} deleted; its tier-2 objects are queued for gc")
     elif args.topic_command == "list":
         doc = document("topic list", None, topics=[_topic_dict(t) for t in ctx.meta.list_topics()])
         out.listing(doc, "topics", lambda rows: (r["topic"] for r in rows))

@@ -107,18 +107,21 @@ class Trims:
             return TrimResult(deleted, {led.ledger_id: "truncate" for led in deleted}, losses)
 
     # ---------------------------------------------------------------------------------- topic deletion
-    def begin_topic_delete(self, topic_name: str, force: bool) -> tuple[Topic, list[Subscription]]:
+    def begin_topic_delete(self, topic_name: str, force: bool, dry_run: bool = False
+                           ) -> tuple[Topic, list[Subscription]]:
         """Step 1 of deleting a topic: refused (BadInput, nothing changed) while ACTIVE subscriptions read it,
-        unless `force`; otherwise its subscriptions go (returned)."""
-        with self.engine.begin() as conn:
-            t = topic_row(conn, topic_name, "UPDATE")
-            subs = self.store.subs.of_topic(conn, t.topic_id, lock=True)
+        unless `force`; otherwise its subscriptions go (returned). `dry_run`: the same refusal and answer, no
+        lock taken and nothing deleted."""
+        with self.engine.connect() if dry_run else self.engine.begin() as conn:
+            t = topic_row(conn, topic_name, "" if dry_run else "UPDATE")
+            subs = self.store.subs.of_topic(conn, t.topic_id, lock=not dry_run)
             readers = active(subs)
             if readers and not force:
                 names = ", ".join(repr(s.name) for s in readers[:5]) + (" ..." if len(readers) > 5 else "")
                 raise BadInput(f"topic {topic_name!r} has {len(readers)} active subscription(s) ({names}); delete "
                                "them first or use --force")
-            self.store.subs.delete_all(conn, t.topic_id)
+            if not dry_run:
+                self.store.subs.delete_all(conn, t.topic_id)
             return t, subs
 
     def delete_all_ledgers(self, topic_name: str, gc_delay: timedelta) -> list[Ledger]:

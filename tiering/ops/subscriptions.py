@@ -137,8 +137,10 @@ def read_from(sub: Subscription) -> Position | None:
     return None if sub.position is None else Position(sub.position.ledger_id, sub.position.entry_id + 1)
 
 
-def delete(deps: Deps, topic: str, name: str) -> Subscription:
-    return deps.meta.subs.delete(topic, name)
+def delete(deps: Deps, topic: str, name: str, dry_run: bool = False) -> Subscription:
+    """The subscription deleted (it holds nothing back any more); `dry_run`: the same lookup and refusals,
+    nothing deleted."""
+    return deps.meta.subs.get(topic, name) if dry_run else deps.meta.subs.delete(topic, name)
 
 
 __all__ = ["Listed", "ack", "create", "delete", "list_subscriptions", "open_entries", "read_from"]

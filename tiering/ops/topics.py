@@ -47,8 +47,16 @@ class TopicDeleteReport:
     next_ledger_id: int
 
 
-def delete_topic(deps: Deps, name: str, force: bool = False) -> TopicDeleteReport:
-    t, subs = deps.meta.trims.begin_topic_delete(name, force)
+def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = False) -> TopicDeleteReport:
+    """`dry_run`: what the delete would do (the same refusal; the ledgers, bytes and tier-1 files it would
+    delete, the open ledger included), nothing written: no row, no file, no marker."""
+    t, subs = deps.meta.trims.begin_topic_delete(name, force, dry_run)
+    if dry_run:
+        live = [led for led in deps.meta.list_ledgers(name) if led.state != LedgerState.DELETED]
+        extents = [deps.tier1.extent(led) for led in live]
+        files = sum(1 for led in live if led.tier1_present and deps.tier1.exists(name, led.ledger_id))
+        return TopicDeleteReport(name, [s.name for s in subs], len(live), sum(b for _, b in extents), files,
+                                 t.next_ledger_id)
     if deps.meta.list_ledgers(name, [LedgerState.OPEN]):
         writer = ManagedLedgerWriter(deps.meta, deps.tier1, name)  # takes the open file's writer lock
         try:
