@@ -23,7 +23,8 @@ bench/results/tier2.{md,json} (tier2-quick.{md,json} with --quick).
     .venv/bin/python bench/bench_tier2.py --quick     # ~2 minutes
     .venv/bin/python bench/bench_tier2.py             # full sizes (8-12 minutes on 2 busy cores)
     the endpoint is TIERING_S3_ENDPOINT_URL: with `make services` this checkout's Ceph RGW; add
-    --private-moto to run against a moto server of the bench's own instead (started and stopped by it)
+    --private-moto to run against a moto server of the bench's own instead (started and stopped by it);
+    --pin gives the bench a core of its own (this checkout's Ceph daemons on CPU 0), as a remote S3 would
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ from boto3.s3.transfer import TransferConfig  # noqa: E402
 from s3transfer.manager import TransferManager  # noqa: E402
 
 from benchkit import (BLOCK_SIZE, CONCURRENCY, MIB, PREFIX, ROOT, Env, endpoint, endpoint_kind,  # noqa: E402
-                      loadavg, machine, median, mib, proc_status, rnd, s3_client, save)
+                      loadavg, machine, median, mib, pinned, proc_status, rnd, s3_client, save)
 from pulsar_reader import PulsarStyleReader  # noqa: E402
 from tier2_report import report  # noqa: E402
 from tiering.format.keys import data_key, index_key  # noqa: E402
@@ -402,6 +403,9 @@ def main() -> int:
     ap.add_argument("--rss-read-mib", type=int, help="read back only this many MiB in case 4 (default: all)")
     ap.add_argument("--private-moto", action="store_true",
                     help="start a moto server of our own instead of TIERING_S3_ENDPOINT_URL")
+    ap.add_argument("--pin", action="store_true",
+                    help="this checkout's Ceph daemons on CPU 0, the bench on the others (the client gets a core of "
+                         "its own, as with a remote S3; benchkit.pinned)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--name", help="result file name without suffix (default tier2, tier2-quick with --quick)")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "ARGS"), help=argparse.SUPPRESS)
@@ -415,15 +419,16 @@ def main() -> int:
     if args.rss_read_mib:
         plan["rss_read_mib"] = args.rss_read_mib
     cases = {int(c) for c in args.cases.split(",")}
-    with endpoint(args.private_moto) as url:
-        return run(args, plan, cases, url)
+    with endpoint(args.private_moto) as url, pinned(url, args.pin) as pinning:
+        return run(args, plan, cases, url, pinning)
 
 
-def run(args, plan: dict, cases: set[int], url: str | None) -> int:
+def run(args, plan: dict, cases: set[int], url: str | None, pinning: str) -> int:
     env = Env(url)
     result = {"quick": args.quick, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "machine": machine(), "endpoint_kind": endpoint_kind(env, args.private_moto),
-              "entry_size": args.entry_size, "block_size": BLOCK_SIZE, "concurrency": CONCURRENCY, "plan": plan}
+              "entry_size": args.entry_size, "block_size": BLOCK_SIZE, "concurrency": CONCURRENCY, "plan": plan,
+              "pinning": pinning}
     result["loadavg_start"] = loadavg()
     result["server_rss_start"] = env.server_rss()
     t_start = time.perf_counter()

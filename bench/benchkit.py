@@ -114,6 +114,50 @@ def start_private_moto() -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
 
 
+@contextlib.contextmanager
+def pinned(endpoint: str | None, enabled: bool):
+    """With `enabled`: this checkout's Ceph daemons (radosgw, ceph-osd, ceph-mon: every thread) on CPU 0 and
+    this process (and what it starts) on the other CPUs until exit, then both back on every CPU. On a shared
+    2-core machine the server otherwise takes the CPU the client needs, so a ratio against a peer measures
+    the machine; pinned, the client has a core of its own, as a client of a remote S3 does. Yields a
+    sentence for the report (what was pinned, or why nothing was)."""
+    if not enabled:
+        yield "not pinned: the endpoint's server and the bench share every CPU"
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    conf = str(ROOT / ".local" / "ceph" / "ceph.conf")
+    daemons = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, conf)]
+    if len(cpus) < 2 or not endpoint or not daemons:
+        yield "not pinned: needs 2 CPUs and this checkout's Ceph as the endpoint"
+        return
+    server, client = {cpus[0]}, set(cpus[1:])
+    _set_affinity(daemons, server)
+    os.sched_setaffinity(0, client)
+    try:
+        yield f"pinned: the Ceph daemons on CPU {cpus[0]}, the bench on CPU {','.join(map(str, sorted(client)))}"
+    finally:
+        _set_affinity(daemons, set(cpus))
+        os.sched_setaffinity(0, set(cpus))
+
+
+def _cmdline_has(proc: Path, word: str) -> bool:
+    try:
+        args = (proc / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return bool(args) and Path(args[0].decode(errors="replace")).name in ("radosgw", "ceph-osd", "ceph-mon") \
+        and word.encode() in args
+
+
+def _set_affinity(pids: list[int], cpus: set[int]) -> None:
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                os.sched_setaffinity(int(task.name), cpus)
+            except OSError:
+                pass  # a thread that ended meanwhile
+
+
 def endpoint_pid(endpoint: str | None) -> tuple[int, str] | None:
     """(pid, name) of the server behind the endpoint if it runs on this machine: this checkout's radosgw
     (.ci/ceph.sh records its PID and ports) or a moto server. Read-only, for its RSS."""

@@ -13,7 +13,8 @@ def report(result: dict) -> str:
          f"bytes; block size {mib(BLOCK_SIZE):.0f} MiB, {CONCURRENCY} parts in flight. Ours and the peer run "
          "interleaved run by run (A B, B A, ...) on the same endpoint; medians; ratio = ours / peer (>1: ours faster, "
          "except where a row says otherwise). Load average (1/5/15 min) at start "
-         f"{result['loadavg_start']}, at end {result['loadavg_end']}: other work on the machine adds noise.", ""]
+         f"{result['loadavg_start']}, at end {result['loadavg_end']}: other work on the machine adds noise. "
+         f"CPUs: {result.get('pinning', 'not pinned')}.", ""]
     if "offload" in result:
         L += ["## 1. Offload throughput (MiB/s of ledger payload)", "",
               "Ours: `offload_many` as the CLI and the job run it: ledgers under 8 MiB of a topic as one batch "
@@ -44,7 +45,7 @@ def report(result: dict) -> str:
         s = result["sequential"]
         L += [f"## 2. Sequential catch-up read of a {s['ledger_mib']} MiB offloaded ledger (MiB/s of the "
               f"{s['object_mib']} MiB data object, {s['runs']} runs)", "",
-              "Ours: ReadHandle over `tier2_opener` (a scan is one streaming GET read in ~1 MiB groups of whole pages by a pool thread that checks every page's CRC32C, up to 4 groups ahead of the parsing thread). "
+              "Ours: ReadHandle over `tier2_opener` (a scan is one streaming GET read in ~1 MiB groups of whole pages in the reading thread, every page's CRC32C checked, each group's pages of one block parsed in one pass). "
               "Pulsar-style: one 1 MiB buffer, one ranged GET at a time, no read-ahead. Raw: one streaming GET of "
               "the whole object (`iter_chunks`), no parsing: the endpoint's ceiling.", "",
               "| case | ours | peer | ratio |", "|---|---:|---:|---:|",

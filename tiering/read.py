@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from itertools import chain, count, repeat, starmap
-from typing import Callable, Iterator, NamedTuple, Protocol
+from typing import Callable, Iterable, Iterator, NamedTuple, Protocol
 
 from tiering.errors import BadInput, CorruptObjectError, DataLossError, LedgerStorageError
 from tiering.metadata.repository import MetadataStore
@@ -88,7 +88,15 @@ class ReadHandle:
         return found if found is not None else self.meta.get_chunk(led)  # offloaded since the snapshot
 
     def read(self, topic: str, start: Position | None = None,
-             end: Position | None = None) -> Iterator[Entry | Gap]:
+             end: Position | None = None) -> "Reading":
+        """Entries and gaps of the topic from `start` to `end` (inclusive; None: its first / last entry), in
+        order. Lazy: nothing is asked of metadata or either tier before the first item is taken."""
+        # The per-entry path is C iterators only (chain, map, zip, tuple.__new__): the generators below step
+        # once per run or page and hand over iterators, never once per entry, which in a catch-up read of
+        # small entries cost more than fetching and checking the bytes.
+        return Reading.of(self._pieces(topic, start, end))
+
+    def _pieces(self, topic: str, start: Position | None, end: Position | None) -> Iterator[Iterable[Entry | Gap]]:
         if start is not None and end is not None and end < start:
             raise BadInput(f"--to {end} is before --from {start}")
         self._chunks = None  # a snapshot serves one read() call only
@@ -111,26 +119,32 @@ class ReadHandle:
                 pending_gap = gap if pending_gap is None else Gap(TRIMMED, pending_gap.start, gap.end)
                 continue
             if pending_gap is not None:
-                yield pending_gap
+                yield (pending_gap,)
                 pending_gap = None
-            yield from self._read_ledger(led, first, last)
+            yield from self._ledger_pieces(led, first, last)
         if pending_gap is not None:
-            yield pending_gap
+            yield (pending_gap,)
 
-    def _read_ledger(self, led: Ledger, first: int, last: int) -> Iterator[Entry | Gap]:
+    def _ledger_pieces(self, led: Ledger, first: int, last: int) -> Iterator[Iterable[Entry | Gap]]:
+        """Each item an iterable of the ledger's entries or gaps; read_ledger_range's runs are consumed to
+        their end (by chain.from_iterable) before the next item is asked for, as it requires."""
         held = (lambda: self._chunk(led)) if led.state == LedgerState.OFFLOADED else (lambda: None)
-        entry = partial(Entry, led.ledger_id)
-        for got in read_ledger_range(self.meta, led, first, last, self.tier1, self.open_tier2, held):
-            if isinstance(got, Run) and got.batches is not None:
-                # per page, not per entry: Entry tuples built in C (map, zip, tuple.__new__), no Python frame
-                # per entry on this, the hottest loop of a catch-up read
-                yield from chain.from_iterable(map(partial(_batch_entries, led.ledger_id), got.batches))
-            elif isinstance(got, Run):
-                yield from starmap(entry, got.entries)
-            elif got.kind == DATALOSS:
-                yield from self._dataloss(led, got.start.entry_id, got.end.entry_id)
-            else:
-                yield got
+        source = None  # the run being read: closed with this generator (a reader stopping early drops its GET)
+        try:
+            for got in read_ledger_range(self.meta, led, first, last, self.tier1, self.open_tier2, held):
+                if isinstance(got, Run) and got.batches is not None:
+                    source = got.batches
+                    yield chain.from_iterable(map(partial(_batch_entries, led.ledger_id), got.batches))
+                elif isinstance(got, Run):
+                    source = got.entries
+                    yield starmap(partial(Entry, led.ledger_id), got.entries)
+                elif got.kind == DATALOSS:
+                    yield self._dataloss(led, got.start.entry_id, got.end.entry_id)
+                else:
+                    yield (got,)
+        finally:
+            if hasattr(source, "close"):
+                source.close()
 
     def _dataloss(self, led: Ledger, first: int, last: int) -> Iterator[Gap]:
         gap = Gap(DATALOSS, Position(led.ledger_id, first), Position(led.ledger_id, last))
@@ -138,6 +152,21 @@ class ReadHandle:
             raise DataLossError(f"ledger {led.topic}/{led.ledger_id} entries {first}..{last} are in no tier "
                                 f"(state {led.state.value})")
         yield gap
+
+
+class Reading(chain):
+    """What `ReadHandle.read` returns: an iterator of entries and gaps (a chain, so taking the next entry runs
+    no Python code) that can be closed like a generator: `close()` ends the read at once, dropping a tier-2
+    GET or a tier-1 file it holds open."""
+
+    @classmethod
+    def of(cls, pieces: Iterator[Iterable[Entry | Gap]]) -> "Reading":
+        reading = cls.from_iterable(pieces)
+        reading._pieces = pieces
+        return reading
+
+    def close(self) -> None:
+        self._pieces.close()
 
 
 _new_entry = partial(tuple.__new__, Entry)  # Entry from a (ledger_id, entry_id, data) tuple, without a frame

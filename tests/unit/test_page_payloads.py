@@ -1,6 +1,7 @@
-"""format/pages.page_payloads: every page of packed blocks parses back to exactly the entries packed, whether
-its entries have one length (the vectorised pass) or several (the per-entry loop), and a page whose structure
-is wrong fails with CorruptObjectError naming the place, on either path."""
+"""format/pages.page_payloads and run_payloads: every page, and every run of consecutive pages of one block, of
+packed blocks parses back to exactly the entries packed, whether its entries have one length (the vectorised
+pass) or several (the per-entry loop), and a page whose structure is wrong fails with CorruptObjectError naming
+the place, on either path."""
 from __future__ import annotations
 
 import struct
@@ -9,7 +10,7 @@ import pytest
 
 from tiering.errors import CorruptObjectError
 from tiering.format.block import ENTRY_HEADER_LEN, HEADER_LEN, pack_blocks
-from tiering.format.pages import page_entries, page_payloads
+from tiering.format.pages import page_entries, page_payloads, run_payloads
 
 
 def packed(payloads, block_size=64 * 1024, page_size=4096):
@@ -72,3 +73,57 @@ def test_bytes_after_the_last_entry_of_a_page_that_ends_no_block_are_corruption(
     first, last, start, end, bstart, bend = next(p for p in pages if not p[5] and p[1] - p[0] >= 20)
     with pytest.raises(CorruptObjectError):  # one entry fewer than the page holds: 112 bytes left over
         page_payloads(data, start, end, first, last - 1, block_start=bstart, block_end=False, where="t", base=0)
+
+
+def runs_of_one_block(pages, length):
+    """Every run of `length` consecutive pages that stays inside one block."""
+    for i in range(len(pages) - length + 1):
+        run = pages[i:i + length]
+        if not any(p[4] for p in run[1:]):  # no page after the first starts a block
+            yield run
+
+
+def parse_run(data, run):
+    return run_payloads(data, [p[2] for p in run], run[-1][3], [p[0] for p in run], run[-1][1],
+                        block_start=run[0][4], block_end=run[-1][5], where="t", base=0)
+
+
+@pytest.mark.parametrize("sizes", [[100] * 3000, [0] * 500, [4096] * 100, [10, 2000, 7, 7, 7] * 300,
+                                   [100] * 50 + [101] + [100] * 50, [1000] * 400])
+@pytest.mark.parametrize("length", [1, 2, 5, 16])
+def test_every_run_of_pages_parses_to_what_its_pages_parse_to(sizes, length):
+    payloads = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    data, pages = packed(payloads)
+    runs = list(runs_of_one_block(pages, length))
+    starts = [i for i, p in enumerate(pages) if p[4]] + [len(pages)]
+    assert runs or length > max(b - a for a, b in zip(starts, starts[1:]))  # no block has that many pages
+    for run in runs:
+        assert parse_run(data, run) == [x for p in run for x in parse(data, p)] == payloads[run[0][0]:run[-1][1] + 1]
+
+
+def test_a_page_boundary_the_index_misplaces_inside_a_uniform_run_is_corruption():
+    """The entries are uniform across the run, but the page index puts a page's start inside an entry: the
+    run's pass refuses it and the page-by-page parse names the page."""
+    data, pages = packed([b"x" * 100] * 2000)
+    run = next(r for r in runs_of_one_block(pages, 3) if not r[0][4] and not r[-1][5])
+    shifted = [run[0], (run[1][0], run[1][1], run[1][2] + 50, *run[1][3:]), run[2]]
+    with pytest.raises(CorruptObjectError):
+        parse_run(data, shifted)
+
+
+def test_a_wrong_id_inside_a_uniform_run_is_corruption():
+    data, pages = packed([b"x" * 100] * 2000)
+    run = next(r for r in runs_of_one_block(pages, 4) if not r[0][4])
+    pos = run[2][2] + 5 * (ENTRY_HEADER_LEN + 100)  # inside the run's third page
+    bad = data[:pos + 4] + struct.pack(">q", 7) + data[pos + 12:]
+    with pytest.raises(CorruptObjectError, match="entry 7 of 100 bytes"):
+        parse_run(bad, run)
+
+
+def test_a_uniform_run_is_parsed_in_one_pass_not_page_by_page(monkeypatch):
+    import tiering.format.pages as pages_module
+
+    data, pages = packed([b"y" * 1000] * 400)
+    run = next(runs_of_one_block(pages, 5))
+    monkeypatch.setattr(pages_module, "page_payloads", lambda *a, **k: pytest.fail("parsed page by page"))
+    assert parse_run(data, run) == [b"y" * 1000] * (run[-1][1] - run[0][0] + 1)

@@ -24,7 +24,7 @@ from typing import Iterator
 from tiering.errors import CorruptObjectError, EntryNotFound
 from tiering.format.block import HEADER_LEN, Entry, NeedMore, parse_block_header, read_entry_at
 from tiering.format.index import OffloadIndex, check_page_run, decode_index
-from tiering.format.pages import page_payloads
+from tiering.format.pages import run_payloads
 from tiering.model import Chunk, Ledger
 from tiering.tier2.objects import Bucket, RangeStream, get_range, prefetch_ranges
 
@@ -198,14 +198,16 @@ class OffloadedLedger:
             self.requests += 1
         else:
             groups = self._scan(index, lo, hi, where, base)
-        for a, b_, start, data in groups:
-            for p in range(a, b_ + 1):  # every page of the group was checked before it was handed over
-                p_start, p_end = index.page_span(p)
-                p_first, p_last = pages.first_entries[p], pages.last_entry(p, index.entry_count)
-                payloads = page_payloads(data, p_start - start, p_end - start, p_first, p_last,
-                                         block_start=p_start in starts, block_end=p_end in ends, where=where,
-                                         base=base + start)
-                if p_first < first or p_last > last:  # the range's first or last page: only its part
+        firsts = pages.first_entries
+        for a, b_, start, data in groups:  # every page of the group was checked before it was handed over
+            for r_first, r_last in _block_runs(index, a, b_, starts):  # one parsing pass per run of one block
+                r_start, r_end = index.page_span(r_first)[0], index.page_span(r_last)[1]
+                p_first, p_last = firsts[r_first], pages.last_entry(r_last, index.entry_count)
+                payloads = run_payloads(data, [index.page_span(p)[0] - start for p in range(r_first, r_last + 1)],
+                                        r_end - start, firsts[r_first:r_last + 1], p_last,
+                                        block_start=r_start in starts, block_end=r_end in ends, where=where,
+                                        base=base + start)
+                if p_first < first or p_last > last:  # the range's first or last run: only its part
                     payloads = payloads[max(0, first - p_first):max(0, last - p_first + 1)]
                     p_first = max(p_first, first)
                 if payloads:
@@ -315,6 +317,16 @@ def _page_runs(index: OffloadIndex, lo: int, hi: int, first: int = 1, grow: bool
         if grow:
             target = min(max(target, index.page_span(q)[1] - start) * 2, MAX_RANGE)
         p = q + 1
+
+
+def _block_runs(index: OffloadIndex, a: int, b_: int, block_starts: set[int]) -> Iterator[tuple[int, int]]:
+    """Pages a..b_ cut where a block starts: runs of consecutive pages inside one block."""
+    run = a
+    for p in range(a + 1, b_ + 1):
+        if index.page_span(p)[0] in block_starts:
+            yield run, p - 1
+            run = p
+    yield run, b_
 
 
 def check_stored_pages(b: Bucket, key: str, base: int, index: OffloadIndex, window: int = READ_AHEAD) -> bool:
