@@ -155,9 +155,9 @@ def cmd_db(ctx: Context, args, out: Output) -> int:
 def _table_free(ctx: Context, identifier: str, topic: str | None = None) -> None:
     from tiering.metadata.table_sync import TableRows
 
-    for s in TableRows(ctx.engine).list():
-        if s.identifier == identifier and s.topic != topic:
-            raise BadInput(f"table {identifier!r} is already the table of topic {s.topic!r}")
+    owner = TableRows(ctx.engine).owner(identifier)
+    if owner is not None and owner != topic:
+        raise BadInput(f"table {identifier!r} is already the table of topic {owner!r}")
 
 
 def _topic_dict(t) -> dict:

@@ -23,8 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tiering.config import Settings
 from tiering.errors import TieringError
 from tiering.format.keys import encode_topic, parse_key
-from tiering.jobs.runner import (deps_from, executor_partition, fan_out, load_settings, recorded, retried, run_ref,
-                                 spark_context, topic_arg)
+from tiering.jobs.runner import driver_job, executor_partition, fan_out, retried, spark_context, topic_arg
 from tiering.jobs.spec import int_arg
 from tiering.metadata import gc_sweep
 from tiering.metadata.job_runs import JobOutcome
@@ -140,17 +139,14 @@ def _run(deps, args, settings: Settings, outcome: JobOutcome) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    settings = load_settings("recover")
-    if settings is None:
-        return 2
-    deps = deps_from(settings)
 
-    def body(outcome: JobOutcome, _run_id: int) -> None:
-        with gc_sweep.excluding_sweep(deps.meta.engine, deps.bucket.name, deps.bucket.prefix):
-            _run(deps, args, settings, outcome)
+    def body_of(settings, deps):
+        def body(outcome: JobOutcome, _run_id: int) -> None:
+            with gc_sweep.excluding_sweep(deps.meta.engine, deps.bucket.name, deps.bucket.prefix):
+                _run(deps, args, settings, outcome)
+        return body
 
-    return recorded("recover", run_ref("recover"), args.topic, deps.meta.engine, body,
-                    JobOutcome(details={"pages_checked": args.check_pages}))
+    return driver_job("recover", args.topic, body_of, JobOutcome(details={"pages_checked": args.check_pages}))
 
 
 if __name__ == "__main__":

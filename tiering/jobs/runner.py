@@ -253,6 +253,21 @@ def fan_out(sc, items: list[dict], task: Callable[[Iterable[dict]], Iterator[dic
     return parts
 
 
+def driver_job(job: str, topic: str | None, body_of: Callable[[Settings, Deps], Callable[[JobOutcome, int], None]],
+               outcome: JobOutcome | None = None) -> int:
+    """A job whose work runs on the driver (or starts Spark itself only when it has work): settings (exit 2
+    when they are wrong), its clients, `body_of(settings, deps)` recorded as one job_run row, the engine
+    disposed at the end."""
+    settings = load_settings(job)
+    if settings is None:
+        return 2
+    deps = deps_from(settings)
+    try:
+        return recorded(job, run_ref(job), topic, deps.meta.engine, body_of(settings, deps), outcome)
+    finally:
+        deps.meta.engine.dispose()
+
+
 def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
         plan: Callable[[Deps, argparse.Namespace], list[dict]], work: Work,
         finish: Callable[[Deps, argparse.Namespace, JobOutcome], None] | None = None, tier1: bool = True,

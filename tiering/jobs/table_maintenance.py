@@ -31,16 +31,16 @@ def plan(deps, args) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    from tiering.jobs.runner import deps_from, load_settings, recorded, run_ref
+    from tiering.jobs.runner import driver_job
+
+    args = build_parser().parse_args(argv)
+    return driver_job("table_maintenance", args.topic, lambda settings, deps: _body(settings, deps, args))
+
+
+def _body(settings, deps, args):
     from tiering.tables.catalog import catalog, table_dataset
     from tiering.tables.maintenance import maintain_topic
     from tiering.tables.sync import TableSync
-
-    args = build_parser().parse_args(argv)
-    settings = load_settings("table_maintenance")
-    if settings is None:
-        return 2
-    deps = deps_from(settings)
 
     def body(outcome, _run_id: int) -> None:
         items = plan(deps, args)
@@ -64,10 +64,7 @@ def main(argv=None) -> int:
             named["inputs"].append(table_dataset(settings, state.identifier))
             named["outputs"].append(table_dataset(settings, state.identifier))
 
-    try:
-        return recorded("table_maintenance", run_ref("table_maintenance"), args.topic, deps.meta.engine, body)
-    finally:
-        deps.meta.engine.dispose()
+    return body
 
 
 if __name__ == "__main__":

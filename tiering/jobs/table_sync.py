@@ -70,15 +70,15 @@ def spark_writer(settings, outcome):
 
 
 def main(argv=None) -> int:
-    from tiering.jobs.runner import deps_from, load_settings, recorded, run_ref
-    from tiering.tables.catalog import catalog
-    from tiering.tables.sync import TableSync, outcome_of
+    from tiering.jobs.runner import driver_job
 
     args = build_parser().parse_args(argv)
-    settings = load_settings("table_sync")
-    if settings is None:
-        return 2
-    deps = deps_from(settings)
+    return driver_job("table_sync", args.topic, lambda settings, deps: _body(settings, deps, args))
+
+
+def _body(settings, deps, args):
+    from tiering.tables.catalog import catalog
+    from tiering.tables.sync import TableSync, outcome_of
 
     def body(outcome, _run_id: int) -> None:
         items = plan(deps, args)
@@ -95,10 +95,7 @@ def main(argv=None) -> int:
         if "sc" not in started:
             outcome.details["spark"] = "skipped"
 
-    try:
-        return recorded("table_sync", run_ref("table_sync"), args.topic, deps.meta.engine, body)
-    finally:
-        deps.meta.engine.dispose()
+    return body
 
 
 if __name__ == "__main__":

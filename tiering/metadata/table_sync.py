@@ -72,6 +72,12 @@ class TableRows:
             row = conn.execute(_SELECT.where(topic_table.c.topic_id == t.topic_id)).one_or_none()
         return None if row is None else _state(row)
 
+    def owner(self, identifier: str) -> str | None:
+        """The name of the topic whose table `identifier` is (one row at most: the identifier is unique)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(_SELECT.where(topic_table.c.identifier == identifier)).one_or_none()
+        return None if row is None else row._mapping["name"]
+
     def list(self, topic_name: str | None = None) -> list[TableState]:
         """Every topic with a table (or the one named, which must have one), by topic name."""
         if topic_name is not None:
