@@ -192,13 +192,11 @@ def plan_offload(deps: Deps, by: str, topic: str | None = None) -> list[Ledger]:
 
 
 def _open_sizes(deps: Deps, topics) -> dict[tuple[int, int], int]:
-    """The live size of each OPEN ledger from its tier-1 file (metadata records sizes at seal time)."""
-    sizes = {}
-    for t in topics:
-        if t.open_ledger_id is not None and deps.tier1.exists(t.name, t.open_ledger_id):
-            with deps.tier1.reader(t.name, t.open_ledger_id) as r:
-                sizes[(t.topic_id, t.open_ledger_id)] = r.size_bytes
-    return sizes
+    """The live size of each OPEN ledger from its tier-1 file (metadata records sizes at seal time). A file
+    that cannot be read counts 0, as it does for a reader (Tier1Store.written): one damaged open ledger does
+    not stop the planning of every topic."""
+    return {(t.topic_id, t.open_ledger_id): deps.tier1.written(t.name, t.open_ledger_id)[1]
+            for t in topics if t.open_ledger_id is not None and deps.tier1.exists(t.name, t.open_ledger_id)}
 
 
 @dataclass

@@ -85,15 +85,9 @@ def select_topics(meta: MetadataStore, options: dict) -> list[str]:
 
 
 def _entry_count(led: Ledger, tier1: Tier1Store, sees_tier1: bool) -> int:
-    if led.state != S.OPEN:
-        return led.entry_count
-    if not sees_tier1:
+    if led.state == S.OPEN and not sees_tier1:
         return 0  # an open ledger lives in tier 1 only: the driver must see it to fix its length
-    try:
-        with tier1.reader(led.topic, led.ledger_id) as reader:
-            return reader.entry_count
-    except Exception:  # noqa: BLE001 - gone or unreadable: nothing of it in this plan
-        return 0
+    return tier1.extent(led)[0]  # as ReadHandle counts it: a file gone or unreadable holds nothing yet
 
 
 def _split(led: Ledger, ch: Chunk | None, first: int, last: int, split_bytes: int, bucket,
