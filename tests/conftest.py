@@ -25,6 +25,22 @@ _load_local_env()
 RUN_ID = secrets.token_hex(4)
 
 
+# Tests run on two workers (pytest-xdist, `make test`): each worker has its own database and bucket (RUN_ID is
+# drawn per process). A module's tests stay together on one worker, in order (many build one world per module);
+# the cluster tier's modules share one worker and its one Spark cluster, and the two `make up` modules share
+# their Airflow deployment.
+_SHARED_WORKER = {"tests/e2e/test_airflow_team.py": "tests/e2e/test_airflow_up.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        group = "tests/cluster" if module.startswith("tests/cluster/") else _SHARED_WORKER.get(module, module)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def _require(name: str) -> str:
     value = os.environ.get(name)
     if not value:

@@ -112,14 +112,28 @@ def test_a_batched_object_pair_and_several_topics(world, spark):
 def test_a_large_ledger_splits_along_its_pages_and_reads_back(world, spark):
     deps, _ = world
     expected, _ = read_handle(deps, "big")
-    df = spark.read.format("tiering").option("topic", "big").option("splitBytes", str(256 * 1024)).load()
-    assert df.rdd.getNumPartitions() >= 7  # ~2 MiB in runs of at most 256 KiB of pages
+    df = spark.read.format("tiering").option("topic", "big").option("splitBytes", str(256 * 1024)) \
+        .option("packBytes", "0").load()
+    assert df.rdd.getNumPartitions() >= 7  # ~2 MiB in runs of at most 256 KiB of pages, not packed back
     assert rows(df) == expected
 
 
 def planned(spark, topic, where):
-    df = spark.read.format("tiering").option("topic", topic).load().where(where)
+    # one partition per ledger (no packing by the session's parallelism): the count says what was planned
+    df = spark.read.format("tiering").option("topic", topic).option("packBytes", "0").load().where(where)
     return df, df.rdd.getNumPartitions()
+
+
+def test_a_scan_is_packed_into_about_one_wave_of_the_sessions_cores(world, spark):
+    deps, _ = world
+    expected, _ = read_handle(deps, "mix")
+    df = spark.read.format("tiering").option("topic", "mix").load()
+    cores = spark.sparkContext.defaultParallelism
+    readable = [led for led in deps.meta.list_ledgers("mix") if led.state != S.DELETED]  # one part each
+    assert len(readable) > cores + 1
+    assert df.rdd.getNumPartitions() <= cores + 1 and rows(df) == expected
+    apart = spark.read.format("tiering").option("topic", "mix").option("packBytes", "0").load()
+    assert apart.rdd.getNumPartitions() == len(readable) and rows(apart) == expected
 
 
 def test_filters_prune_ledgers_before_reading(world, spark):

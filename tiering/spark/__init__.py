@@ -18,11 +18,21 @@ def register(spark, settings=None):
     from tiering.spark.source import TieringDataSource
 
     bound = settings if settings is not None else Settings.from_env()
-    # A class made here is pickled by value (it is not importable by name), carrying its settings along.
-    cls = type("TieringDataSource", (TieringDataSource,), {"_settings": bound})
+    # A class made here is pickled by value (it is not importable by name), carrying its settings along, and
+    # the session's parallelism, by which a scan packs its partitions (option packBytes, source.py).
+    cls = type("TieringDataSource", (TieringDataSource,), {"_settings": bound, "_parallelism": _parallelism(spark)})
     spark.conf.set(PUSHDOWN_CONF, "true")
     spark.dataSource.register(cls)
     return cls
+
+
+def _parallelism(spark) -> int | None:
+    """The session's default parallelism (its cores), or None where the session has no SparkContext (Spark
+    Connect): then the source does not pack by it."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # noqa: BLE001 - Spark Connect refuses sparkContext with its own error types
+        return None
 
 
 __all__ = ["register", "PUSHDOWN_CONF"]

@@ -36,6 +36,7 @@ SCHEMA = ("topic string, ledger_id long, entry_id long, payload binary, tier str
           "sealed_at timestamp, offloaded_at timestamp")
 BATCH_ROWS = 4096
 BATCH_BYTES = 8 * 1024 * 1024
+AUTO_PACK_MAX = 1024 * 1024 * 1024  # bytes of one partition when the source packs by parallelism
 _TRUE = {"true": True, "false": False}
 
 
@@ -81,6 +82,17 @@ def pack(parts: list[Part], pack_bytes: int, max_parts: int = 1000) -> list[list
     return groups
 
 
+def auto_pack_bytes(total_bytes: int, parallelism: int | None) -> int:
+    """packBytes when the option is not given: the scan in about one wave of `parallelism` tasks, each at most
+    AUTO_PACK_MAX bytes. A task costs ~0.1 s of its own on top of its bytes (measured on local[2]: 256 MiB in 8
+    partitions 1.18 s, in 4 0.98 s, in 2 0.80 s, in 16 2.11 s), so one partition per ledger wasted most of a
+    query on small ledgers; the cap keeps a big topic's tasks small enough to retry and to balance. 0 (one
+    partition per part) when the parallelism is not known."""
+    if not parallelism or parallelism < 1 or total_bytes <= 0:
+        return 0
+    return min(AUTO_PACK_MAX, -(-total_bytes // parallelism))
+
+
 # Clients per Python worker: Spark reuses its Python workers across tasks, so a boto3 client, an engine and
 # the index cache are built once per worker and settings, not once per partition.
 _CLIENTS: dict = {}
@@ -118,14 +130,16 @@ def _bucket(settings: Settings):
 
 
 class TieringReader(DataSourceReader):
-    def __init__(self, settings: Settings, options: dict):
+    def __init__(self, settings: Settings, options: dict, parallelism: int | None = None):
         self.settings = settings
         self.options = options
         self.pushed = Pushed()
         self.payload = _bool_option(options, "payload", True)
         self.skip_dataloss = _bool_option(options, "skipDataLoss", False)
         self.split_bytes = _int_option(options, "splitBytes", DEFAULT_SPLIT_BYTES, 1)
-        self.pack_bytes = _int_option(options, "packBytes", 0, 0)
+        # None: packed by the session's parallelism (auto_pack_bytes); 0: one partition per part
+        self.pack_bytes = None if options.get("packbytes") is None else _int_option(options, "packBytes", 0, 0)
+        self.parallelism = parallelism
 
     def pushFilters(self, filters):
         # Spark 4.1+: the filters not returned are the source's to apply (it applies them exactly).
@@ -145,10 +159,12 @@ class TieringReader(DataSourceReader):
         _say(stats.line())
         if not parts:
             return [InputPartition(None)]  # Spark needs one partition; read() yields nothing for it
-        groups = pack(parts, self.pack_bytes)
+        pack_bytes = self.pack_bytes if self.pack_bytes is not None else \
+            auto_pack_bytes(sum(p.nbytes for p in parts), self.parallelism)
+        groups = pack(parts, pack_bytes)
         if len(groups) != len(parts):
             _say(f"tiering source plan: {len(parts)} part(s) packed into {len(groups)} partition(s) of at most "
-                 f"{self.pack_bytes} bytes")
+                 f"{pack_bytes} bytes")
         return [TieringPartition(g, token) for g in groups]
 
     def read(self, partition):
@@ -256,8 +272,10 @@ def _batches(part: Part, rows: Iterator[tuple]) -> Iterator:
 
 
 class TieringDataSource(DataSource):
-    """`spark.read.format("tiering")`; registered by `tiering.spark.register`, which binds `_settings`."""
+    """`spark.read.format("tiering")`; registered by `tiering.spark.register`, which binds `_settings` and
+    `_parallelism`."""
     _settings: Settings | None = None
+    _parallelism: int | None = None
 
     @classmethod
     def name(cls) -> str:
@@ -269,4 +287,4 @@ class TieringDataSource(DataSource):
     def reader(self, schema):
         if self._settings is None:
             raise BadInput("the tiering source has no settings: register it with tiering.spark.register(spark)")
-        return TieringReader(self._settings, dict(self.options))
+        return TieringReader(self._settings, dict(self.options), self._parallelism)
