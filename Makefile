@@ -13,7 +13,8 @@ LOCAL := $(ROOT)/.local
 WITH_ENV := set -a && . $(LOCAL)/env && set +a && export PATH="$(VENV)/bin:$$PATH" SPARK_LOCAL_IP=127.0.0.1 \
 	AIRFLOW_HOME="$(LOCAL)/airflow" AIRFLOW_CONFIG="$(ROOT)/airflow.cfg" TIERING_REPO="$(ROOT)" PYSPARK_PYTHON="$(PY)"
 PYTEST_ARGS ?=
-# the suite's workers (pytest-xdist): most tests wait on subprocesses, JVMs and servers, so two share two cores
+# the suite's workers (pytest-xdist, a module on one worker): most tests wait on subprocesses, JVMs and
+# servers, so two share two cores
 TEST_WORKERS ?= 2
 
 .PHONY: demo test test-unit lint services schema up stop bench venv sysdeps clean dist
@@ -43,7 +44,7 @@ build/tiering.zip: $(shell find tiering -name '*.py' -o -name '*.proto' 2>/dev/n
 	[z.write(p) for p in sorted(pathlib.Path("tiering").rglob("*")) if p.suffix in (".py", ".proto")]'
 
 test: lint schema dist
-	@$(WITH_ENV) && $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) \
+	@$(WITH_ENV) && $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) \
 		$(if $(findstring tests/,$(PYTEST_ARGS)),,tests)
 
 # The pure tier alone: no services, no schema (about 20 s).

@@ -25,20 +25,9 @@ _load_local_env()
 RUN_ID = secrets.token_hex(4)
 
 
-# Tests run on two workers (pytest-xdist, `make test`): each worker has its own database and bucket (RUN_ID is
-# drawn per process). A module's tests stay together on one worker, in order (many build one world per module);
-# the cluster tier's modules share one worker and its one Spark cluster, and the two `make up` modules share
-# their Airflow deployment.
-_SHARED_WORKER = {"tests/e2e/test_airflow_team.py": "tests/e2e/test_airflow_up.py"}
-
-
-def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        group = "tests/cluster" if module.startswith("tests/cluster/") else _SHARED_WORKER.get(module, module)
-        item.add_marker(pytest.mark.xdist_group(group))
+# Tests run on two workers (pytest-xdist, `make test`, --dist loadfile: a module's tests stay together on one
+# worker, in order, as many build one world per module); each worker has its own database and bucket
+# (RUN_ID is drawn per process).
 
 
 def _require(name: str) -> str:
@@ -166,3 +155,4 @@ def settings(database_url, s3_settings, run_bucket, tier1_root):
                     aws_secret_access_key=s3_settings["aws_secret_access_key"],
                     aws_region=s3_settings["region_name"],
                     offload_batch_bytes=0)  # one object pair per ledger unless a test asks for batches
+
