@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,18 @@ def _load_local_env() -> None:
 
 _load_local_env()
 RUN_ID = secrets.token_hex(4)
+# The TLS gateway a test started (tests/integration/test_encryption.py): stopped when the whole run ends
+TLS_STARTED_BY_TESTS = ROOT / ".local" / "ceph" / "rgw-tls.by-tests"
+
+
+def pytest_sessionfinish(session):
+    """At the end of the run (not of one of its workers, which share the gateway): stop the TLS gateway if a
+    test of this run started it."""
+    if hasattr(session.config, "workerinput") or not TLS_STARTED_BY_TESTS.exists():
+        return
+    subprocess.run(["bash", str(ROOT / ".ci" / "ceph.sh"), "tls-rgw-stop"], capture_output=True, text=True,
+                   timeout=120, env={**os.environ, "PY": sys.executable})
+    TLS_STARTED_BY_TESTS.unlink(missing_ok=True)
 
 
 # Tests run on two workers (pytest-xdist, `make test`, --dist loadfile: a module's tests stay together on one

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RUN_ID
+from tests.conftest import RUN_ID, TLS_STARTED_BY_TESTS
 from tests.integration.helpers import entries, make_deps, produce
 from tiering.config import Settings
 from tiering.errors import Tier2Error
@@ -49,18 +49,22 @@ _GATEWAY: dict = {}  # one TLS gateway for the run, shared by this module and te
 
 
 @pytest.fixture(scope="module")
-def tls_rgw(request):
-    """The TLS gateway: started once per run unless it runs already (then left running); stopped at the end
-    of the run by whoever started it."""
+def tls_rgw():
+    """The TLS gateway: started once per run unless it runs already (then left running). The run's workers
+    share it (this module and test_tls.py may run on two of them), so a worker that starts it only marks it
+    ours; the run stops it once every worker is done (tests/conftest.py, pytest_sessionfinish)."""
+    import fcntl
+
     if not _GATEWAY:
-        started = not (CEPH / "rgw-tls.pid").exists()
         run = {"capture_output": True, "text": True, "env": {**os.environ, "PY": sys.executable}, "timeout": 120}
-        proc = subprocess.run(["bash", str(ROOT / ".ci" / "ceph.sh"), "tls-rgw"], **run)
-        if proc.returncode != 0:
-            pytest.fail(f"ceph.sh tls-rgw failed: {proc.stderr[-500:]}", pytrace=False)
-        if started:
-            request.config.add_cleanup(lambda: subprocess.run(["bash", str(ROOT / ".ci" / "ceph.sh"), "tls-rgw-stop"],
-                                                              **run))
+        with open(CEPH / "rgw-tls.lock", "w") as lock:  # two workers asking at once: one starts it
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            started = not (CEPH / "rgw-tls.pid").exists()
+            proc = subprocess.run(["bash", str(ROOT / ".ci" / "ceph.sh"), "tls-rgw"], **run)
+            if proc.returncode != 0:
+                pytest.fail(f"ceph.sh tls-rgw failed: {proc.stderr[-500:]}", pytrace=False)
+            if started:
+                TLS_STARTED_BY_TESTS.touch()
         env = _read_env(CEPH / "tls" / "env")
         _GATEWAY.update(url=env["S3_URL"], ca=Path(env["CA_BUNDLE"]), kms_key_id=env["KMS_KEY_ID"])
     return dict(_GATEWAY)
