@@ -50,7 +50,7 @@ def _bool_option(options, name: str, default: bool) -> bool:
     return value
 
 
-def _int_option(options, name: str, default: int, lo: int) -> int:
+def _int_option(options, name: str, default: int | None, lo: int) -> int | None:
     raw = options.get(name.lower())
     if raw is None:
         return default
@@ -138,7 +138,7 @@ class TieringReader(DataSourceReader):
         self.skip_dataloss = _bool_option(options, "skipDataLoss", False)
         self.split_bytes = _int_option(options, "splitBytes", DEFAULT_SPLIT_BYTES, 1)
         # None: packed by the session's parallelism (auto_pack_bytes); 0: one partition per part
-        self.pack_bytes = None if options.get("packbytes") is None else _int_option(options, "packBytes", 0, 0)
+        self.pack_bytes = _int_option(options, "packBytes", None, 0)
         self.parallelism = parallelism
 
     def pushFilters(self, filters):
