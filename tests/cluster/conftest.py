@@ -26,8 +26,9 @@ def cluster_airflow(tmp_path_factory, spark_cluster, database_url, run_bucket, s
     """`airflow ...` with spark_default = the cluster's master; returns a callable giving CompletedProcess."""
     run = airflow_runner(tmp_path_factory.mktemp("airflow-cluster-home"), tmp_path_factory.mktemp("cluster-tier1"),
                          database_url, run_bucket, s3_settings, spark_master=spark_cluster.master_url,
-                         # spark-defaults.conf: the event log
-                         extra_env={"SPARK_CONF_DIR": str(spark_cluster.conf_dir)})
+                         # spark-defaults.conf: the event log. No retries: a failing run here is about the
+                         # cluster (retries are the DAG tests'), and each retry is another Spark application
+                         extra_env={"SPARK_CONF_DIR": str(spark_cluster.conf_dir), "TIERING_TASK_RETRIES": "0"})
     run.cluster = spark_cluster
     return run
 

@@ -11,7 +11,7 @@ import zipfile
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from tiering.jobs.airflow_dags import TieringSparkSubmitOperator, task_retry_delay, task_timeout
+from tiering.jobs.airflow_dags import TieringSparkSubmitOperator, task_retries, task_retry_delay, task_timeout
 from tiering.jobs.submit import py_files_archive
 
 DB_PASSWORD = "pw-Zq81secret"
@@ -131,6 +131,14 @@ def test_task_timeout_is_configurable_and_checked():
     for bad in ("0", "-1", "1.5", "٣", "99999"):
         with pytest.raises(ValueError):
             task_timeout({"TIERING_TASK_TIMEOUT_MINUTES": bad})
+
+
+def test_task_retries_are_configurable_and_checked():
+    assert task_retries({}) == 2
+    assert task_retries({"TIERING_TASK_RETRIES": "0"}) == 0 and task_retries({"TIERING_TASK_RETRIES": "10"}) == 10
+    for bad in ("-1", "1.5", "x", "11", "٣", " 1"):
+        with pytest.raises(ValueError, match="TIERING_TASK_RETRIES"):
+            task_retries({"TIERING_TASK_RETRIES": bad})
 
 
 def test_task_retry_delay_is_configurable_and_checked():

@@ -241,9 +241,21 @@ def task_timeout(environ=None) -> timedelta:
     return timedelta(minutes=int(raw))
 
 
+def task_retries(environ=None) -> int:
+    """retries of every task: TIERING_TASK_RETRIES (default 2, 0 to 10), for transient failures (Spark, the
+    metastore, an Airflow restart). 0 suits a deployment whose runs are retried by the next schedule, or
+    tests whose failing runs are not about retries."""
+    import os
+
+    raw = (os.environ if environ is None else environ).get("TIERING_TASK_RETRIES", "") or "2"
+    if not raw.isascii() or not raw.isdigit() or not 0 <= int(raw) <= 10:
+        raise ValueError("TIERING_TASK_RETRIES must be a whole number, 0 to 10")
+    return int(raw)
+
+
 def task_retry_delay(environ=None) -> timedelta:
-    """retry_delay of every task: TIERING_TASK_RETRY_DELAY_SECONDS (default 60, 0 to 86400). Each task is
-    retried twice after a transient failure (Spark, the metastore, an Airflow restart)."""
+    """retry_delay of every task: TIERING_TASK_RETRY_DELAY_SECONDS (default 60, 0 to 86400), the wait
+    before each of its TIERING_TASK_RETRIES."""
     import os
 
     raw = (os.environ if environ is None else environ).get("TIERING_TASK_RETRY_DELAY_SECONDS", "") or "60"
@@ -328,7 +340,7 @@ def build_dag(dag_id: str, doc_md: str | None = None) -> DAG:
         params=params_for(spec),
         # retries are for transient failures (Spark, the metastore, an Airflow restart: a task killed past
         # `make stop`'s bound is retried after its heartbeat times out); bad input fails in `plan`, once
-        default_args={"owner": OWNER, "retries": 2, "retry_delay": task_retry_delay(),
+        default_args={"owner": OWNER, "retries": task_retries(), "retry_delay": task_retry_delay(),
                       "execution_timeout": task_timeout()},
     ) as dag:
         plan = TieringPlanOperator(task_id="plan", job=dag_id, retry_policy=RETRY_POLICY)
