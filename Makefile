@@ -14,7 +14,9 @@ WITH_ENV := set -a && . $(LOCAL)/env && set +a && export PATH="$(VENV)/bin:$$PAT
 	AIRFLOW_HOME="$(LOCAL)/airflow" AIRFLOW_CONFIG="$(ROOT)/airflow.cfg" TIERING_REPO="$(ROOT)" PYSPARK_PYTHON="$(PY)"
 PYTEST_ARGS ?=
 # the suite's workers (pytest-xdist, a module on one worker): most tests wait on subprocesses, JVMs and
-# servers, so two share two cores
+# servers, so two share two cores. Modules go out in collection order (--no-loadscope-reorder: the cluster,
+# DAG and end-to-end tiers first, few slow tests each); xdist's default sends the modules with the most tests
+# first, which left the slowest for last, on one worker while the other idled
 TEST_WORKERS ?= 2
 
 .PHONY: demo test test-unit lint services schema up stop bench venv sysdeps clean dist
@@ -44,7 +46,7 @@ build/tiering.zip: $(shell find tiering -name '*.py' -o -name '*.proto' 2>/dev/n
 	[z.write(p) for p in sorted(pathlib.Path("tiering").rglob("*")) if p.suffix in (".py", ".proto")]'
 
 test: lint schema dist
-	@$(WITH_ENV) && $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) \
+	@$(WITH_ENV) && $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) \
 		$(if $(findstring tests/,$(PYTEST_ARGS)),,tests)
 
 # The pure tier alone: no services, no schema (about 20 s).
