@@ -11,7 +11,6 @@ which also knows whether metadata references them (tiering/ops/offload_batch.py)
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -65,56 +64,35 @@ def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_
     step = hook or (lambda _name: None)
     md = user_metadata(topic)
     index_body, placed = bytearray(), []
-    # a data object sent in parts gets its index PUT alongside the last part and the completion (one round
-    # trip off the attempt); the PUT is waited for whatever happens, so nothing lands after a failed
-    # attempt's cleanup (the pool starts no thread unless it is used)
-    index_pool, index_put = ThreadPoolExecutor(1, thread_name_prefix="index-put"), None
-    try:
-        with MultipartUpload(b, key=data_key, metadata=md, op="upload", part_size=part_size or block_size,
-                             concurrency=concurrency, hook=step,
-                             limiter=throttle.shared(max_bytes_per_second)) as up:
-            _pack_into(up, topic, attempt, sources, block_size, page_size, index_body, placed)
-            if up.upload_id is not None:
-                index_put = index_pool.submit(put_bytes, b, index_key, bytes(index_body), md)
-            data_length = up.finish()
-    finally:
-        index_pool.shutdown(wait=True)
-    if index_put is None:  # the data was one PUT: the index's follows it
-        put_bytes(b, index_key, bytes(index_body), md)
-    else:
-        index_put.result()
+    with MultipartUpload(b, key=data_key, metadata=md, op="upload", part_size=part_size or block_size,
+                         concurrency=concurrency, hook=step, limiter=throttle.shared(max_bytes_per_second)) as up:
+        for spec, entries in sources:
+            counted, start, blocks, pages = _Counting(entries), up.size, [], []
+            for block in pack_blocks(counted, block_size, page_size):
+                blocks.append(IndexEntry.of(block))
+                pages += block_pages(block)
+                up.write(block.data)
+                del block  # the block's bytes live in the upload only (memory bound)
+            if counted.count != spec.entry_count:
+                raise TieringError(f"ledger {topic}/{spec.ledger_id}: tier 1 holds {counted.count} entries, "
+                                   f"metadata says {spec.entry_count}")
+            if counted.count == 0:
+                raise TieringError(f"ledger {topic}/{spec.ledger_id}: no entries to offload")
+            length = up.size - start
+            meta = LedgerOffloadMetadata(topic=topic, ledger_id=spec.ledger_id, entry_count=counted.count,
+                                         length=counted.payload_bytes, sealed_time_ms=spec.sealed_time_ms,
+                                         offload_uuid=attempt, data_object_len=length, block_size=block_size,
+                                         pages=page_index(pages, page_size))
+            index = encode_index(blocks, length, encode_metadata(meta))
+            placed.append(BatchedLedger(spec.ledger_id, start, length, len(index_body), len(index), counted.count,
+                                        counted.payload_bytes))
+            index_body += index
+        if not placed:
+            raise TieringError("empty batch: nothing to offload")
+        data_length = up.finish()
+    put_bytes(b, index_key, bytes(index_body), md)
     step("index")
     return UploadedBatch(data_key, index_key, placed, data_length, up.parts)
-
-
-def _pack_into(up: MultipartUpload, topic: str, attempt: str,
-               sources: Iterator[tuple[LedgerToUpload, Iterable[tuple[int, bytes]]]], block_size: int,
-               page_size: int, index_body: bytearray, placed: list[BatchedLedger]) -> None:
-    """Each source ledger's blocks written to `up`, its index appended to `index_body`, where it lies to
-    `placed`."""
-    for spec, entries in sources:
-        counted, start, blocks, pages = _Counting(entries), up.size, [], []
-        for block in pack_blocks(counted, block_size, page_size):
-            blocks.append(IndexEntry.of(block))
-            pages += block_pages(block)
-            up.write(block.data)
-            del block  # the block's bytes live in the upload only (memory bound)
-        if counted.count != spec.entry_count:
-            raise TieringError(f"ledger {topic}/{spec.ledger_id}: tier 1 holds {counted.count} entries, "
-                               f"metadata says {spec.entry_count}")
-        if counted.count == 0:
-            raise TieringError(f"ledger {topic}/{spec.ledger_id}: no entries to offload")
-        length = up.size - start
-        meta = LedgerOffloadMetadata(topic=topic, ledger_id=spec.ledger_id, entry_count=counted.count,
-                                     length=counted.payload_bytes, sealed_time_ms=spec.sealed_time_ms,
-                                     offload_uuid=attempt, data_object_len=length, block_size=block_size,
-                                     pages=page_index(pages, page_size))
-        index = encode_index(blocks, length, encode_metadata(meta))
-        placed.append(BatchedLedger(spec.ledger_id, start, length, len(index_body), len(index), counted.count,
-                                    counted.payload_bytes))
-        index_body += index
-    if not placed:
-        raise TieringError("empty batch: nothing to offload")
 
 
 class _Counting:
