@@ -146,6 +146,18 @@ def test_repair_loses_to_defrag_and_retention_and_gc_keeps_its_objects(deps):
     assert bucket_keys(deps) == live
 
 
+def test_a_copy_retention_was_deleting_while_repair_checked_it_is_a_lost_race_not_a_failure(deps):
+    """Retention renamed ledger 0's tier-1 file for deletion, not yet recorded, when repair checked it (so
+    repair does not see a copy metadata records); retention then finishes: the repair is skipped, not failed."""
+    broken_scene(deps)
+    deps.tier1.retire("k", 0)  # retention's first step on the copy
+    [finding] = [f for f in plan_repair(deps, "k") if f.led.ledger_id == 0]
+    assert finding.tier1_unseen
+    truncate(deps, "k", Position(1, 0))
+    assert repair_ledger(deps, finding) == "skipped"
+    assert deps.meta.get_ledger("k", 0).state == S.DELETED
+
+
 def test_gc_collecting_a_slow_repair_s_objects_fails_its_commit(deps):
     """A repair slower than the offload timeout: GC may collect its queued new objects; the commit then sees
     its keys gone from the queue and changes nothing (never a chunk row naming a deleted object)."""

@@ -189,6 +189,8 @@ def repair_ledger(deps: Deps, finding: Finding, hook: StepHook = None) -> str:
     """Repair one finding: "repaired", "lost" (marked), or "skipped" (the ledger or its chunk moved on since
     it was checked: nothing changed). Other failures raise, the new objects discarded."""
     if finding.tier1_unseen:
+        if _changed(deps, finding.led):  # its copy was being deleted (retention, delete-lagged): a lost race
+            return "skipped"
         raise TieringError(f"ledger {finding.led.topic}/{finding.led.ledger_id}: tier-2 copy: {finding.problem}; "
                            f"{finding.tier1_problem}: not marked lost (run where the tier-1 root is mounted)")
     step = hook or (lambda _step: None)
@@ -289,6 +291,14 @@ def _rewrite(deps: Deps, finding: Finding, step, recover: bool = False) -> str:
         _discard(deps, attempt, keys)
         raise
     return "repaired"
+
+
+def _changed(deps: Deps, led: Ledger) -> bool:
+    """Whether the ledger's row moved on since `led` was read (or its topic is gone)."""
+    try:
+        return deps.meta.get_ledger(led.topic, led.ledger_id).version != led.version
+    except TieringError:
+        return True
 
 
 def _moved_on(deps: Deps, led: Ledger, recover: bool = False) -> bool:
