@@ -229,39 +229,34 @@ def _spark_connection(conn_id: str) -> tuple[str, str | None, dict]:
     return resolved["master"], resolved["deploy_mode"], extra
 
 
+def _whole_number(environ, name: str, default: str, lo: int, hi: int, unit: str = "") -> int:
+    """A DAG-parse setting: ASCII digits within [lo, hi] (unset or empty: `default`), else ValueError naming it."""
+    import os
+
+    raw = (os.environ if environ is None else environ).get(name, "") or default
+    if not raw.isascii() or not raw.isdigit() or not lo <= int(raw) <= hi:
+        raise ValueError(f"{name} must be a whole number{f' of {unit}' if unit else ''}, {lo} to {hi}")
+    return int(raw)
+
+
 def task_timeout(environ=None) -> timedelta:
     """execution_timeout of every task: TIERING_TASK_TIMEOUT_MINUTES (default 120). When it passes,
     Airflow kills spark-submit (client mode: the driver) and fails the task; the job_run row it leaves
     RUNNING is closed by the job's next run."""
-    import os
-
-    raw = (os.environ if environ is None else environ).get("TIERING_TASK_TIMEOUT_MINUTES", "") or "120"
-    if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) <= 10080:
-        raise ValueError("TIERING_TASK_TIMEOUT_MINUTES must be a whole number of minutes, 1 to 10080")
-    return timedelta(minutes=int(raw))
+    return timedelta(minutes=_whole_number(environ, "TIERING_TASK_TIMEOUT_MINUTES", "120", 1, 10080, "minutes"))
 
 
 def task_retries(environ=None) -> int:
     """retries of every task: TIERING_TASK_RETRIES (default 2, 0 to 10), for transient failures (Spark, the
     metastore, an Airflow restart). 0 suits a deployment whose runs are retried by the next schedule, or
     tests whose failing runs are not about retries."""
-    import os
-
-    raw = (os.environ if environ is None else environ).get("TIERING_TASK_RETRIES", "") or "2"
-    if not raw.isascii() or not raw.isdigit() or not 0 <= int(raw) <= 10:
-        raise ValueError("TIERING_TASK_RETRIES must be a whole number, 0 to 10")
-    return int(raw)
+    return _whole_number(environ, "TIERING_TASK_RETRIES", "2", 0, 10)
 
 
 def task_retry_delay(environ=None) -> timedelta:
     """retry_delay of every task: TIERING_TASK_RETRY_DELAY_SECONDS (default 60, 0 to 86400), the wait
     before each of its TIERING_TASK_RETRIES."""
-    import os
-
-    raw = (os.environ if environ is None else environ).get("TIERING_TASK_RETRY_DELAY_SECONDS", "") or "60"
-    if not raw.isascii() or not raw.isdigit() or not 0 <= int(raw) <= 86400:
-        raise ValueError("TIERING_TASK_RETRY_DELAY_SECONDS must be a whole number of seconds, 0 to 86400")
-    return timedelta(seconds=int(raw))
+    return timedelta(seconds=_whole_number(environ, "TIERING_TASK_RETRY_DELAY_SECONDS", "60", 0, 86400, "seconds"))
 
 
 def _env(name: str, default: str = "") -> str:

@@ -293,20 +293,23 @@ def _rewrite(deps: Deps, finding: Finding, step, recover: bool = False) -> str:
     return "repaired"
 
 
+def _current(deps: Deps, led: Ledger) -> Ledger | None:
+    """The ledger's row now; None when its topic was deleted."""
+    try:
+        return deps.meta.get_ledger(led.topic, led.ledger_id)
+    except TieringError:
+        return None
+
+
 def _changed(deps: Deps, led: Ledger) -> bool:
     """Whether the ledger's row moved on since `led` was read (or its topic is gone)."""
-    try:
-        return deps.meta.get_ledger(led.topic, led.ledger_id).version != led.version
-    except TieringError:
-        return True
+    now = _current(deps, led)
+    return now is None or now.version != led.version
 
 
 def _moved_on(deps: Deps, led: Ledger, recover: bool = False) -> bool:
-    try:
-        now = deps.meta.get_ledger(led.topic, led.ledger_id)
-    except TieringError:
-        return True  # the topic was deleted
-    return now.state != LedgerState.OFFLOADED or now.lost != recover
+    now = _current(deps, led)
+    return now is None or now.state != LedgerState.OFFLOADED or now.lost != recover
 
 
 def _commit(deps: Deps, led: Ledger, old: Chunk, new: Chunk, attempt: str, recover: bool) -> None:
