@@ -1,6 +1,7 @@
 """One offload against `upload_file` of the same file, alternating in one process, with where the offload's
-time goes: a timeline (ms from the call, medians) of the bucket HEAD, the attempt's first transaction, the
-upload's steps (created, each part stored, completed), the index PUT and the commit.
+time goes: a timeline (ms from the call, medians) of the bucket HEAD and the attempt's first transaction
+(both on threads of their own, beside the packing), each block packed, the upload's steps (created, each
+part stored, completed), the index PUT and the commit.
 
 For the fixed part of a small offload (issue: one large offload >= 0.95 of upload_file at 16 MiB), which
 `bench_tier2.py` case 1 reports only as a ratio. With --pin the Ceph daemons get CPU 0 and this process
@@ -62,6 +63,13 @@ def main() -> int:
     tl = Timeline()
     tl.around(offload_mod, "check_bucket", "head")
     tl.around(offloader_mod, "put_bytes", "index")
+    packer = offloader_mod.pack_blocks
+
+    def packing(*args, **kwargs):
+        for block in packer(*args, **kwargs):
+            tl.mark("packed")
+            yield block
+    offloader_mod.pack_blocks = packing
     ours, peer, runs = [], [], []
     with endpoint(False) as url, pinned(url, args.pin) as pinning:
         print(pinning)
@@ -101,7 +109,7 @@ def main() -> int:
         seen = defaultdict(int)
         for name, ms in marks:
             seen[name] += 1
-            at[f"{name}#{seen[name]}" if name == "part" else name].append(ms)
+            at[f"{name}#{seen[name]}" if name in ("part", "packed") else name].append(ms)
     for name, values in sorted(at.items(), key=lambda kv: statistics.median(kv[1])):
         print(f"  {name:12s} {statistics.median(values):7.1f} ms")
     return 0

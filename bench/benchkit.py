@@ -27,6 +27,7 @@ from botocore.config import Config
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from tiering.config import reuse_freed_buffers
 from tiering.metadata import make_engine, upgrade
 from tiering.metadata.repository import MetadataStore
 from tiering.model import TopicPolicy
@@ -224,6 +225,7 @@ class Env:
         self.bucket = f"tiering-bench-{secrets.token_hex(4)}"
         self.s3.create_bucket(Bucket=self.bucket)
         self.tier1_root = Path(tempfile.mkdtemp(prefix="tiering-bench-tier1-"))
+        reuse_freed_buffers()  # as every product process that builds a bucket (tiering.clients.bucket)
         self.deps = Deps(MetadataStore(self.engine), Tier1Store(self.tier1_root), Bucket(self.s3, self.bucket, PREFIX),
                          Knobs(block_size=block_size, upload_concurrency=concurrency,
                                offload_timeout=timedelta(hours=1), gc_delay=timedelta(0)))

@@ -7,7 +7,7 @@ jobs, the DAGs and the tests all call it. Heavy libraries are imported inside th
 `tiering --help` and a refused argument must not pay for SQLAlchemy or boto3."""
 from __future__ import annotations
 
-from tiering.config import Settings
+from tiering.config import Settings, reuse_freed_buffers
 
 
 def engine(settings: Settings, **kwargs):
@@ -25,8 +25,10 @@ def s3_client(settings: Settings, max_pool_connections: int = 32):
 
 
 def bucket(settings: Settings, client=None):
+    """Tier 2. A process that builds one moves buffers of megabytes: its allocator keeps them (config.py)."""
     from tiering.tier2.objects import Bucket
 
+    reuse_freed_buffers()
     return Bucket(client or s3_client(settings), settings.bucket, settings.prefix)
 
 

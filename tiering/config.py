@@ -328,6 +328,37 @@ def aws_sdk_checksums_when_required() -> None:
     os.environ["AWS_REQUEST_CHECKSUM_CALCULATION"] = "when_required"
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (glibc's malloc.h)
+_MMAP_THRESHOLD_MAX = 32 * MIB  # the largest glibc accepts on 64-bit
+_allocator_tuned: list[bool] = []
+
+
+def reuse_freed_buffers() -> bool:
+    """Let glibc's malloc keep freed buffers of up to 32 MiB for the next allocation instead of handing them
+    back to the kernel; once per process, a no-op (False) off glibc. `clients.bucket` calls it, so every
+    process that offloads or reads tier 2 (the CLI, Spark drivers, executors and the source's workers) runs
+    with it.
+
+    Why: an offload packs every block into a fresh buffer (and reads tier 1, and a scan tier 2, in fresh
+    ~1 MiB chunks). By default glibc maps a buffer that large afresh and unmaps it when freed, so each page
+    of each block is faulted in and zeroed again by the kernel: ~2.3 us a page on a virtual machine, half of
+    the time packing an 8 MiB block took (docs/performance.md). The cost: up to 64 MiB of freed memory stays
+    with the process (the heap's top is handed back beyond that, as glibc does once it raised the
+    threshold itself)."""
+    if _allocator_tuned:
+        return _allocator_tuned[0]
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and \
+            bool(libc.mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_THRESHOLD_MAX))  # glibc's own ratio
+    except (OSError, AttributeError):  # not glibc: its allocator keeps its own ways
+        ok = False
+    _allocator_tuned.append(ok)
+    return ok
+
+
 def read_sse_c_key(path: Path) -> bytes:
     """The 32-byte SSE-C key from its file: the raw bytes, or their base64 (one line). Messages name the
     variable, never the file's content."""

@@ -115,6 +115,7 @@ class Stopper:
     s3:before|after:OP[:N]     botocore before-call/after-call of the N-th S3 call OP (`*`: any call)
     tier1-delete:before|after  around the first step of a tier-1 copy deletion (renaming it to its tombstone)
     meta-after:METHOD          after MetadataStore.METHOD returned (its transaction committed)
+    meta-before:METHOD         when MetadataStore.METHOD is called, before it runs (nothing of it committed)
     """
 
     def __init__(self, spec: str | None):
@@ -174,11 +175,13 @@ class Stopper:
                 return gone
 
             deps.tier1.retire = delete
-        elif self.kind == "meta-after":
+        elif self.kind in ("meta-after", "meta-before"):
             method = self.spec.split(":", 1)[1]
             original = getattr(deps.meta, method)
 
             def wrapped(*args, **kwargs):
+                if self.kind == "meta-before":
+                    self.stop()
                 result = original(*args, **kwargs)
                 self.stop()
                 return result

@@ -172,3 +172,65 @@ def test_offloader_failure_at_the_index_put_leaves_the_data_object_to_the_caller
         upload_ledgers(b, topic="topic", attempt="attempt", data_key=KEY, index_key=KEY + "-index",
                        sources=iter([(LedgerToUpload(0, 2, 0), [(0, b"x"), (1, b"y")])]),
                        block_size=PART, concurrency=1)
+
+
+class Gate:
+    """A caller's claim: `fails` from the start, or opening when asked to wait."""
+
+    def __init__(self, fails: bool = False):
+        self.fails, self.waits = fails, 0
+
+    def check(self):
+        if self.fails:
+            raise RuntimeError("claim lost")
+
+    def wait(self):
+        self.waits += 1
+        self.check()
+
+
+def test_a_started_upload_whose_creation_fails_reports_it_at_the_first_part(stubbed):
+    b, stub = stubbed
+    stub.add_client_error("create_multipart_upload", "AccessDenied", "no", 403)
+    with pytest.raises(Tier2Error, match="S3 upload of 't/topic/attempt-ledger-0' failed: AccessDenied"):
+        with MultipartUpload(b, key=KEY, metadata={"m": "1"}, op="upload", part_size=PART) as up:
+            up.start()
+            up.write(b"a" * PART)  # nothing to abort: the upload never existed
+            up.finish()
+
+
+def test_a_gate_failing_before_the_first_part_aborts_the_started_upload(stubbed):
+    b, stub = stubbed
+    create_ok(stub)
+    abort_expected(stub)  # no part was sent: the claim was known lost before it
+    with pytest.raises(RuntimeError, match="claim lost"):
+        with MultipartUpload(b, key=KEY, metadata={"m": "1"}, op="upload", part_size=PART,
+                             gate=Gate(fails=True)) as up:
+            up.start()
+            up.write(b"a" * PART)
+
+
+def test_the_gate_is_waited_for_before_later_parts_and_the_completion(stubbed):
+    b, stub = stubbed
+    create_ok(stub)
+    for n in (1, 2, 3):
+        part_ok(stub, n)
+    stub.add_response("complete_multipart_upload", {"ETag": '"done"'})
+    gate = Gate()
+    with MultipartUpload(b, key=KEY, metadata={"m": "1"}, op="upload", part_size=PART, concurrency=1,
+                         gate=gate) as up:
+        up.write(b"a" * PART)
+        assert gate.waits == 0  # the first part only checks
+        up.write(b"b" * PART)
+        up.write(b"c")
+        assert up.finish() == 2 * PART + 1
+    assert gate.waits == 3  # parts 2 and 3, then the completion
+
+
+def test_a_single_put_waits_for_the_gate(stubbed):
+    b, stub = stubbed
+    gate = Gate(fails=True)
+    with pytest.raises(RuntimeError, match="claim lost"):
+        with MultipartUpload(b, key=KEY, metadata={"m": "1"}, op="upload", part_size=PART, gate=gate) as up:
+            up.write(b"small")
+            up.finish()  # nothing was sent: the Stubber has no call queued

@@ -7,6 +7,7 @@ current row), or failed with its reason: a failure is never reported as skipped.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -34,12 +35,13 @@ class OffloadReport:
             self.first_error = f"ledger {ledger_id}: {msg}"
 
 
-def offload_ledger(deps: Deps, led: Ledger, hook: StepHook = None) -> Ledger:
+def offload_ledger(deps: Deps, led: Ledger, hook: StepHook = None,
+                   before_claim: Callable[[], None] | None = None) -> Ledger:
     """Offload one ledger (SEALED, or OFFLOADING older than the offload timeout): a batch of one. Returns it
     OFFLOADED; ConditionalUpdateFailed, changing nothing, if it moved on since `led` was read."""
     if led.entry_count == 0:
         raise TieringError(f"ledger {led.topic}/{led.ledger_id} is empty: nothing to offload")
-    [done] = offload_batch(deps, [led], hook)
+    [done] = offload_batch(deps, [led], hook, before_claim)
     return done
 
 
@@ -52,8 +54,15 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
     metadata changes; unreachable after a ledger or batch failed mid-run: the rest are reported failed
     without being attempted."""
     report = OffloadReport()
-    if ledgers and not bucket_checked:  # offload_by_topic checks once per run, not once per topic
-        check_bucket(deps.bucket)  # tier 2 down: fail here, before any ledger's metadata changes
+    # offload_by_topic checks once per run, not once per topic. The HEAD goes beside the first attempt's
+    # packing; that attempt's begin transaction waits for it, so with tier 2 down nothing changes
+    check = _BucketCheck(deps) if ledgers and not bucket_checked else None
+    before_claim = check.wait if check is not None else None
+
+    def down() -> None:
+        """Tier 2 was down from the start: raise as before any ledger's metadata changed (none did)."""
+        if check is not None and check.error() is not None:
+            raise check.error()
     knobs = deps.knobs
     groups, alone = batches(ledgers, knobs.batch_small_bytes, knobs.batch_max_bytes, knobs.batch_max_ledgers) \
         if knobs.batch_small_bytes > 0 else ([], list(ledgers))
@@ -77,9 +86,10 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
 
     for i, group in enumerate(groups):
         try:
-            for done in offload_batch(deps, group, hook):
+            for done in offload_batch(deps, group, hook, before_claim):
                 finished(done)
         except TieringError as exc:
+            down()
             if unreachable(group, exc, [led for g in groups[i + 1:] for led in g] + alone):
                 return report
             # undone whole: each goes alone, so only the culprit fails (_offload_current re-reads the rows the
@@ -90,8 +100,9 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
     alone = sorted(alone, key=lambda x: position[(x.topic, x.ledger_id)])
     for i, led in enumerate(alone):
         try:
-            done = _offload_current(deps, led, hook)
+            done = _offload_current(deps, led, hook, before_claim)
         except TieringError as exc:
+            down()
             if not unreachable([led], exc, alone[i + 1:]):
                 report.merge_failure(led.ledger_id, exc)
                 continue
@@ -100,10 +111,37 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
             report.skipped.append(led.ledger_id)
         else:
             finished(done)
+    if check is not None:
+        check.wait()  # every ledger failed before its claim: the bucket's state still decides the outcome
     return report
 
 
-def _offload_current(deps: Deps, led: Ledger, hook: StepHook) -> Ledger | None:
+class _BucketCheck:
+    """check_bucket on a thread of its own; `wait` raises its Tier2Error."""
+
+    def __init__(self, deps: Deps):
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(deps,), name="offload-bucket-check", daemon=True)
+        self._thread.start()
+
+    def _run(self, deps: Deps) -> None:
+        try:
+            check_bucket(deps.bucket)
+        except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits
+            self._error = exc
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def error(self) -> BaseException | None:
+        self._thread.join()
+        return self._error
+
+
+def _offload_current(deps: Deps, led: Ledger, hook: StepHook,
+                     before_claim: Callable[[], None] | None = None) -> Ledger | None:
     """offload_ledger; on a lost compare-and-set, judged by the ledger's CURRENT row: another worker finished
     (OFFLOADED), trimmed (DELETED) or holds it (an OFFLOADING attempt whose worker is alive and not older
     than the offload timeout) -> None, skipped; otherwise the row read earlier was stale (a failed batch's
@@ -111,7 +149,7 @@ def _offload_current(deps: Deps, led: Ledger, hook: StepHook) -> Ledger | None:
     and the ledger is offloaded once more from the current row, whose failure is a failure."""
     for retry in (False, True):
         try:
-            return offload_ledger(deps, led, hook)
+            return offload_ledger(deps, led, hook, before_claim)
         except ConditionalUpdateFailed:
             now = deps.meta.get_ledger(led.topic, led.ledger_id)
             if now.state in (LedgerState.OFFLOADED, LedgerState.DELETED) or \

@@ -4,18 +4,24 @@ conditional transaction to begin and one to commit (tiering/tier2/offloader.py w
 
 (1) one transaction moves every ledger SEALED (or an OFFLOADING attempt older than the offload timeout) ->
 OFFLOADING(attempt) and queues the two keys for GC (not before the offload timeout), or none if any lost a
-race; (2) the ledgers stream from tier 1 into the objects; (3) one transaction moves them all to OFFLOADED
+race; (2) the ledgers stream from tier 1 into the objects: the packing of the first part, the creation of
+the multipart upload and its first part go beside (1), and nothing else does (no other part, no completion,
+no index PUT: the claim is the upload's gate, tier2/multipart.py), so the keys are queued before either
+object exists and a lost claim costs at most one part, aborted; (3) one transaction moves them all to OFFLOADED
 with their chunk rows (each pointing inside the shared objects) and dequeues the keys, only while every row
 still holds this attempt. A failure deletes the objects (unless the commit landed: a lost reply is not a
 failed commit) and returns the ledgers still holding the attempt to SEALED; a process killed anywhere leaves
-queued keys for GC and OFFLOADING rows a later run takes over at once (the attempt's lock died with its
+queued keys for GC (or, killed before (1) committed, only an upload in progress, which GC's sweep of stale
+uploads aborts) and OFFLOADING rows a later run takes over at once (the attempt's lock died with its
 worker: metadata/attempt_locks.py), or after the offload timeout when the worker may still be alive.
 """
 from __future__ import annotations
 
 import logging
-from typing import Iterator, Sequence
+import threading
+from typing import Callable, Iterator, Sequence
 
+from tiering.errors import ConditionalUpdateFailed
 from tiering.format.keys import data_key, index_key
 from tiering.model import Chunk, Ledger, LedgerState
 from tiering.ops.context import Deps
@@ -49,9 +55,12 @@ def batches(ledgers: Sequence[Ledger], small_bytes: int, max_bytes: int,
     return out, alone
 
 
-def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None) -> list[Ledger]:
+def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None,
+                  before_claim: Callable[[], None] | None = None) -> list[Ledger]:
     """Offload `leds` (one topic) as one attempt; returns them OFFLOADED, in ledger order. Raises
-    ConditionalUpdateFailed, changing nothing, if any is not SEALED (or a stale attempt) any more."""
+    ConditionalUpdateFailed, changing nothing, if any is not SEALED (or a stale attempt) any more.
+    `before_claim` (offload_many's bucket check, under way): must return before the begin transaction runs;
+    its exception is the attempt's, with nothing changed."""
     knobs, b = deps.knobs, deps.bucket
     leds = sorted(leds, key=lambda x: x.ledger_id)
     first = leds[0]
@@ -61,19 +70,65 @@ def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None) -> 
         # named after the first ledger, as defrag names merged objects: recovery reads them the same way
         keys = (data_key(b.prefix, first.topic, attempt, first.ledger_id),
                 index_key(b.prefix, first.topic, attempt, first.ledger_id))
-        started = deps.meta.begin_offload_batch(leds, attempt, keys, gc_delay=knobs.offload_timeout,
-                                                stale_after=knobs.offload_timeout)
+        # The begin transaction runs beside the packing of the first part; the upload shows nothing before
+        # it committed (the claim is its gate), so (W1) of tiering/ops/gc.py holds: keys queued first.
+        claim = _Claim(lambda: deps.meta.begin_offload_batch(leds, attempt, keys, gc_delay=knobs.offload_timeout,
+                                                             stale_after=knobs.offload_timeout), before_claim)
         try:
             uploaded = upload_ledgers(b, topic=first.topic, attempt=attempt, data_key=keys[0], index_key=keys[1],
-                                      sources=_sources(deps, started), block_size=knobs.block_size,
+                                      sources=_sources(deps, leds), block_size=knobs.block_size,
                                       page_size=knobs.page_size, concurrency=knobs.upload_concurrency, hook=hook,
-                                      max_bytes_per_second=knobs.max_bytes_per_second)
+                                      max_bytes_per_second=knobs.max_bytes_per_second, gate=claim,
+                                      expected_bytes=sum(led.size_bytes for led in leds))
+            started = claim.result()
             items = [(led, Chunk(keys[0], p.data_offset, p.data_length, keys[1], p.index_offset, p.index_length,
                                  0, led.entry_count - 1)) for led, p in zip(started, uploaded.ledgers)]
             return deps.meta.complete_offload_batch(items, attempt)
         except BaseException:
-            _undo(deps, started, attempt, keys)
+            if claim.may_have_landed():  # else nothing is in metadata and nothing was shown: upload aborted
+                _undo(deps, leds, attempt, keys)
             raise
+
+
+class _Claim:
+    """The attempt's begin transaction on a thread of its own: the upload's gate (tier2/multipart.py)."""
+
+    def __init__(self, begin: Callable[[], list[Ledger]], before: Callable[[], None] | None = None):
+        self._done = threading.Event()
+        self._result: list[Ledger] | None = None
+        self._error: BaseException | None = None
+        self._began = False
+
+        def run():
+            try:
+                if before is not None:
+                    before()
+                self._began = True
+                self._result = begin()
+            except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits
+                self._error = exc
+            finally:
+                self._done.set()
+        threading.Thread(target=run, name="offload-begin", daemon=True).start()
+
+    def check(self) -> None:
+        if self._done.is_set() and self._error is not None:
+            raise self._error
+
+    def wait(self) -> None:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+    def result(self) -> list[Ledger]:
+        self.wait()
+        return self._result
+
+    def may_have_landed(self) -> bool:
+        """False only when the transaction is known rolled back (a lost compare-and-set) or never ran; waits
+        for its end. Any other failure may be a commit whose reply was lost: the undo reads the rows to know."""
+        self._done.wait()
+        return self._began and not isinstance(self._error, ConditionalUpdateFailed)
 
 
 def _sources(deps: Deps, leds: Sequence[Ledger]) -> Iterator:

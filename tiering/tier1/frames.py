@@ -5,7 +5,7 @@
     footer   [i64 offset of frame k] * n                                         only when sealed
     trailer  [i64 entry_count][i64 index_offset][4s b"SEAL"]                    20 bytes, only when sealed
 
-`crc` is zlib.crc32 over the frame's first 12 bytes (len, entry_id) and then the payload. Covering the header
+`crc` is the CRC-32 of zlib (`crc32` below) over the frame's first 12 bytes (len, entry_id) and then the payload. Covering the header
 matters: a tail that a crash left zero-filled would otherwise parse as a valid empty entry 0 (crc32(b"") == 0).
 
 Flag bit 0 (`SEALED`) is set in the header only after the footer is durable, so it cannot be forged by a
@@ -17,9 +17,12 @@ from __future__ import annotations
 import os
 import struct
 import sys
-import zlib
 from array import array
 from dataclasses import dataclass
+
+# zlib's CRC-32, the same values, from ISA-L: ~15x zlib's speed on one 8 MiB buffer and ~3x on 4 KiB
+# entries (it uses the CPU's carry-less multiply), and every offloaded byte of tier 1 is checked with it
+from isal.isal_zlib import crc32
 
 from tiering.errors import CorruptObjectError
 
@@ -45,7 +48,7 @@ def header_bytes(sealed: bool) -> bytes:
 
 
 def frame_crc(length: int, entry_id: int, payload) -> int:
-    return zlib.crc32(payload, zlib.crc32(_LEN_ID.pack(length, entry_id)))
+    return crc32(payload, crc32(_LEN_ID.pack(length, entry_id)))
 
 
 def frame_header(entry_id: int, payload) -> bytes:
@@ -130,7 +133,7 @@ class Stream:
             return None
         take = min(n, len(self._buf) - self._off)
         if crc is not None and take:
-            crc = zlib.crc32(memoryview(self._buf)[self._off:self._off + take], crc)
+            crc = crc32(memoryview(self._buf)[self._off:self._off + take], crc)
         self._off += take
         self.pos += take
         rest = n - take
@@ -139,7 +142,7 @@ class Stream:
             self._buf, self._off = b"", 0
         while rest and crc is not None:
             piece = pread_exact(self.fd, min(self.chunk, rest), self.pos, self.path)
-            crc = zlib.crc32(piece, crc)
+            crc = crc32(piece, crc)
             self.pos += len(piece)
             rest -= len(piece)
         self.pos += rest
@@ -172,7 +175,7 @@ def scan_frames(fd: int, length: int, path, verify: bool) -> Scan:
         plen, entry_id, crc = FRAME.unpack(raw)
         if entry_id != len(offsets) or plen > MAX_PAYLOAD:
             break
-        got = stream.consume(plen, zlib.crc32(raw[:_LEN_ID.size]) if verify else None)
+        got = stream.consume(plen, crc32(raw[:_LEN_ID.size]) if verify else None)
         if got is None or (verify and got != crc):
             break
         offsets.append(start)

@@ -18,7 +18,6 @@ import fcntl
 import io
 import operator
 import os
-import zlib
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -383,7 +382,7 @@ class LedgerReader:
         fd, path = self._fd(), self.path
         pos, end = self._offset(first), self._offset(last + 1)  # file offsets of the frames to read
         buf, view, off = b"", memoryview(b""), 0  # buf holds the file's bytes from pos - off
-        unpack, crc32, frame_len = F.FRAME.unpack_from, zlib.crc32, F.FRAME.size
+        unpack, crc32, frame_len = F.FRAME.unpack_from, F.crc32, F.FRAME.size
         for i in range(first, last + 1):
             if len(buf) - off < frame_len:
                 if end - pos < frame_len:

@@ -27,11 +27,21 @@ Hook: `hook(name)` at "initiated" (upload created), "part" (a part stored; from 
 
 Limiter (tiering/tier2/throttle.py): each uploaded part, and the single PUT, first waits for its turn (start
 times are paced; the request then goes at link speed).
+
+Gate: a caller whose right to write the key is still being decided (offload's begin transaction, run beside
+the packing of the first part) passes a `Gate`. Nothing becomes visible before it opens: `wait()` comes
+before the completion, the single PUT and every part but the first; the first part only asks `check()`
+(fails at once if the claim already failed, never blocks). An upload in progress is not an object: a
+listing does not show it, and if the process dies before the completion GC's sweep of stale uploads aborts
+it. So at most one part is spent on a claim that is lost.
+
+`start()` creates the upload at once, in the background, for a caller that knows the object needs more than
+one part: the creation's round trip overlaps the packing of the first part.
 """
 from __future__ import annotations
 
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Callable
+from typing import Callable, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -49,9 +59,20 @@ MIN_PART_SIZE = MIN_BLOCK_SIZE  # S3's minimum size of a part but the last
 StepHook = Callable[[str], None] | None
 
 
+class Gate(Protocol):
+    """The caller's claim on the key (see the module's docstring)."""
+
+    def check(self) -> None:
+        """Raise if the claim already failed; never blocks."""
+
+    def wait(self) -> None:
+        """Block until the claim landed; raise if it failed."""
+
+
 class MultipartUpload:
     def __init__(self, b: Bucket, *, key: str, metadata: dict[str, str], op: str, part_size: int = MIN_PART_SIZE,
-                 concurrency: int = 1, hook: StepHook = None, limiter: RateLimiter | None = None):
+                 concurrency: int = 1, hook: StepHook = None, limiter: RateLimiter | None = None,
+                 gate: Gate | None = None):
         if part_size < MIN_PART_SIZE:
             raise BadInput(f"part size {part_size} is below S3's 5 MiB minimum part size")
         if concurrency < 1:
@@ -60,7 +81,9 @@ class MultipartUpload:
         self.part_size, self.concurrency = part_size, concurrency
         self._step = hook or (lambda _name: None)
         self._limiter = limiter  # uploaded bytes (parts, the single PUT) wait for it; server-side copies do not
+        self._gate = gate
         self.upload_id: str | None = None
+        self._creating: Future | None = None  # start()'s creation, until a part needs its id
         self.size = 0  # bytes written or copied so far: the offset in the object of the next write
         self.parts = 0  # parts shipped (1 for a single PUT)
         self._pending: list[bytes] = []
@@ -72,6 +95,16 @@ class MultipartUpload:
 
     def __enter__(self) -> MultipartUpload:
         return self
+
+    @property
+    def multipart(self) -> bool:
+        """Whether the object goes as a multipart upload (created, being created, or a part shipped)."""
+        return self.upload_id is not None or self._creating is not None or bool(self._done or self._inflight)
+
+    def start(self) -> None:
+        """Create the upload now, in the background (for an object known to need more than one part)."""
+        if self.upload_id is None and self._creating is None:
+            self._creating = self._executor().submit(self._create)
 
     # ------------------------------------------------------------------------------------------ writing
     def write(self, data: bytes) -> None:
@@ -96,7 +129,8 @@ class MultipartUpload:
                                f"be at least 5 MiB")
             self._ship()
         n = self._next_part()
-        self._create()
+        self._wait_gate()
+        self._created()
         try:
             resp = self.b.s3.upload_part_copy(Bucket=self.b.name, Key=self.key, UploadId=self.upload_id,
                                               PartNumber=n, CopySource={"Bucket": self.b.name, "Key": source_key},
@@ -114,8 +148,9 @@ class MultipartUpload:
     def finish(self) -> int:
         """Complete the object: ONE PutObject if nothing was shipped yet, else the last part and
         CompleteMultipartUpload once every part is stored. Returns the object's length."""
-        if self.upload_id is None and not self._done:
+        if self.upload_id is None and self._creating is None and not self._done:
             body = self._take_pending()
+            self._wait_gate()
             self._throttle(len(body))
             self.b.s3.put_object(Bucket=self.b.name, Key=self.key, Body=body, Metadata=self.metadata,
                                  ChecksumAlgorithm="CRC32C")
@@ -125,6 +160,7 @@ class MultipartUpload:
                 self._ship()
             while self._inflight:
                 self._collect()
+            self._wait_gate()
             parts = [self._done[n] for n in sorted(self._done)]
             self.b.s3.complete_multipart_upload(Bucket=self.b.name, Key=self.key, UploadId=self.upload_id,
                                                 MultipartUpload={"Parts": parts})
@@ -145,6 +181,13 @@ class MultipartUpload:
         if isinstance(exc, (ClientError, BotoCoreError)):
             raise tier2_error(self.op, self.key, exc) from None
 
+    def _created(self) -> None:
+        """The upload exists (created here, or start()'s creation has ended: its failure raises here)."""
+        if self._creating is not None:
+            creating, self._creating = self._creating, None
+            creating.result()
+        self._create()
+
     def _create(self) -> None:
         if self.upload_id is None:
             resp = self.b.s3.create_multipart_upload(Bucket=self.b.name, Key=self.key, Metadata=self.metadata,
@@ -153,6 +196,9 @@ class MultipartUpload:
             self._step("initiated")
 
     def _abort(self) -> None:
+        if self._creating is not None:
+            wait([self._creating])  # a creation under way ends first, so the upload it makes is aborted too
+            self._creating = None
         for f in self._inflight:
             f.cancel()  # parts not started never start
         if self._inflight:
@@ -173,11 +219,11 @@ class MultipartUpload:
 
     def _ship(self) -> None:
         n = self._next_part()
-        self._create()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="upload-part")
+        if self._gate is not None:
+            self._gate.check() if n == 1 else self._gate.wait()
+        self._created()
         body = self._take_pending()
-        self._inflight.add(self._pool.submit(self._upload_part, n, body))
+        self._inflight.add(self._executor().submit(self._upload_part, n, body))
         del body  # the part's bytes live in the future only (memory bound)
         self.parts = n
         while len(self._inflight) >= self.concurrency:  # bound memory: wait for any part to finish
@@ -190,6 +236,15 @@ class MultipartUpload:
         for f in done:
             n, part = f.result()  # a failed part raises here; __exit__ aborts
             self._done[n] = part
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="upload-part")
+        return self._pool
+
+    def _wait_gate(self) -> None:
+        if self._gate is not None:
+            self._gate.wait()
 
     def _throttle(self, nbytes: int) -> None:
         if self._limiter is not None:

@@ -11,6 +11,7 @@ which also knows whether metadata references them (tiering/ops/offload_batch.py)
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -18,11 +19,11 @@ from tiering.errors import TieringError
 from tiering.format.block import DEFAULT_PAGE_SIZE, pack_blocks
 from tiering.format.index import IndexEntry, block_pages, encode_index, page_index
 from tiering.format.metadata import LedgerOffloadMetadata, encode_metadata, user_metadata
-from tiering.tier2.multipart import MultipartUpload, StepHook
+from tiering.tier2.multipart import Gate, MultipartUpload, StepHook
 from tiering.tier2 import throttle
 from tiering.tier2.objects import Bucket, put_bytes
 
-__all__ = ["LedgerToUpload", "BatchedLedger", "UploadedBatch", "StepHook", "upload_ledgers"]
+__all__ = ["LedgerToUpload", "BatchedLedger", "UploadedBatch", "Gate", "StepHook", "upload_ledgers"]
 
 
 @dataclass(frozen=True)
@@ -57,15 +58,22 @@ class UploadedBatch:
 def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_key: str,
                    sources: Iterator[tuple[LedgerToUpload, Iterable[tuple[int, bytes]]]], block_size: int,
                    concurrency: int, page_size: int = DEFAULT_PAGE_SIZE, part_size: int | None = None,
-                   hook: StepHook = None, max_bytes_per_second: int = 0) -> UploadedBatch:
+                   hook: StepHook = None, max_bytes_per_second: int = 0, gate: Gate | None = None,
+                   expected_bytes: int = 0) -> UploadedBatch:
     """Upload the ledgers `sources` yields, each with its entries (consumed before the next is asked for).
     Steps for the hook: the upload's ("initiated", "part", "completed"), then "index". The data object's
-    bytes are paced by the process's limiter for `max_bytes_per_second` (0: none; tier2/throttle.py)."""
+    bytes are paced by the process's limiter for `max_bytes_per_second` (0: none; tier2/throttle.py).
+    `gate`: the caller's claim on the keys, still being decided (tier2/multipart.py): neither object
+    becomes visible before it opens. `expected_bytes` (the ledgers' payload bytes, a hint): at least a part
+    creates the multipart upload at once, beside the packing of the first part."""
     step = hook or (lambda _name: None)
     md = user_metadata(topic)
     index_body, placed = bytearray(), []
-    with MultipartUpload(b, key=data_key, metadata=md, op="upload", part_size=part_size or block_size,
-                         concurrency=concurrency, hook=step, limiter=throttle.shared(max_bytes_per_second)) as up:
+    part_size = part_size or block_size
+    with MultipartUpload(b, key=data_key, metadata=md, op="upload", part_size=part_size, concurrency=concurrency,
+                         hook=step, limiter=throttle.shared(max_bytes_per_second), gate=gate) as up:
+        if expected_bytes >= part_size:
+            up.start()
         for spec, entries in sources:
             counted, start, blocks, pages = _Counting(entries), up.size, [], []
             for block in pack_blocks(counted, block_size, page_size):
@@ -89,10 +97,27 @@ def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_
             index_body += index
         if not placed:
             raise TieringError("empty batch: nothing to offload")
-        data_length = up.finish()
-    put_bytes(b, index_key, bytes(index_body), md)
+        body = bytes(index_body)
+        if not up.multipart:  # one PUT of the data: nothing in flight to go beside
+            data_length = up.finish()
+            _put_index(b, index_key, body, md, gate)
+        else:  # the index is complete once the last block is written: its PUT goes beside the parts in flight,
+            # and is over (landed or failed) before this function returns or raises
+            with ThreadPoolExecutor(1, thread_name_prefix="upload-index") as pool:
+                index_put = pool.submit(_put_index, b, index_key, body, md, gate)
+                try:
+                    data_length = up.finish()
+                finally:
+                    wait([index_put])
+                index_put.result()
     step("index")
     return UploadedBatch(data_key, index_key, placed, data_length, up.parts)
+
+
+def _put_index(b: Bucket, key: str, body: bytes, md: dict[str, str], gate: Gate | None) -> None:
+    if gate is not None:
+        gate.wait()  # a complete object: only once the caller's claim queued the key
+    put_bytes(b, key, body, md)
 
 
 class _Counting:
