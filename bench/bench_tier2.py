@@ -50,6 +50,7 @@ from benchkit import (BLOCK_SIZE, CONCURRENCY, MIB, PREFIX, ROOT, Env, endpoint,
                       loadavg, machine, median, mib, pinned, proc_status, rnd, s3_client, save)
 from pulsar_reader import PulsarStyleReader  # noqa: E402
 from tier2_report import report  # noqa: E402
+from tiering.config import reuse_freed_buffers  # noqa: E402
 from tiering.format.keys import data_key, index_key  # noqa: E402
 from tiering.metadata import make_engine  # noqa: E402
 from tiering.metadata.repository import MetadataStore  # noqa: E402
@@ -310,6 +311,7 @@ def bench_random(env: Env, target, n: int, entry_size: int) -> dict:
 
 def child_main(mode: str, args: dict) -> None:
     """Runs in a fresh process: set up, note the RSS, do one thing, report the peak (VmHWM)."""
+    reuse_freed_buffers()  # as every product process that builds a bucket (tiering.clients.bucket)
     s3 = s3_client(args["endpoint"])
     engine = make_engine(args["db_url"])
     deps = Deps(MetadataStore(engine), Tier1Store(args["tier1_root"]), Bucket(s3, args["bucket"], PREFIX),
