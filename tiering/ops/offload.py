@@ -7,7 +7,6 @@ current row), or failed with its reason: a failure is never reported as skipped.
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -15,7 +14,7 @@ from tiering import policy
 from tiering.errors import BadInput, ConditionalUpdateFailed, Tier2Error, TieringError
 from tiering.model import Ledger, LedgerState, Position
 from tiering.ops.context import Deps
-from tiering.ops.offload_batch import batches, offload_batch
+from tiering.ops.offload_batch import batches, in_background, offload_batch
 from tiering.tier2.multipart import StepHook
 from tiering.tier2.objects import check_bucket
 
@@ -56,13 +55,14 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
     report = OffloadReport()
     # offload_by_topic checks once per run, not once per topic. The HEAD goes beside the first attempt's
     # packing; that attempt's begin transaction waits for it, so with tier 2 down nothing changes
-    check = _BucketCheck(deps) if ledgers and not bucket_checked else None
-    before_claim = check.wait if check is not None else None
+    check = in_background(lambda: check_bucket(deps.bucket), "offload-bucket-check") \
+        if ledgers and not bucket_checked else None
+    before_claim = check.result if check is not None else None
 
     def down() -> None:
         """Tier 2 was down from the start: raise as before any ledger's metadata changed (none did)."""
-        if check is not None and check.error() is not None:
-            raise check.error()
+        if check is not None and check.exception() is not None:
+            raise check.exception()
     knobs = deps.knobs
     groups, alone = batches(ledgers, knobs.batch_small_bytes, knobs.batch_max_bytes, knobs.batch_max_ledgers) \
         if knobs.batch_small_bytes > 0 else ([], list(ledgers))
@@ -112,32 +112,8 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
         else:
             finished(done)
     if check is not None:
-        check.wait()  # every ledger failed before its claim: the bucket's state still decides the outcome
+        check.result()  # every ledger failed before its claim: the bucket's state still decides the outcome
     return report
-
-
-class _BucketCheck:
-    """check_bucket on a thread of its own; `wait` raises its Tier2Error."""
-
-    def __init__(self, deps: Deps):
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(deps,), name="offload-bucket-check", daemon=True)
-        self._thread.start()
-
-    def _run(self, deps: Deps) -> None:
-        try:
-            check_bucket(deps.bucket)
-        except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits
-            self._error = exc
-
-    def wait(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-    def error(self) -> BaseException | None:
-        self._thread.join()
-        return self._error
 
 
 def _offload_current(deps: Deps, led: Ledger, hook: StepHook,

@@ -18,8 +18,8 @@ worker: metadata/attempt_locks.py), or after the offload timeout when the worker
 from __future__ import annotations
 
 import logging
-import threading
-from typing import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from tiering.errors import ConditionalUpdateFailed
 from tiering.format.keys import data_key, index_key
@@ -31,6 +31,7 @@ from tiering.tier2.offloader import LedgerToUpload, StepHook, upload_ledgers
 # What an operator should see of a swallowed cleanup failure (the exception's type only: messages of
 # database drivers may carry connection details).
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def batches(ledgers: Sequence[Ledger], small_bytes: int, max_bytes: int,
@@ -90,45 +91,43 @@ def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None,
             raise
 
 
+def in_background(fn: Callable[[], T], name: str) -> Future[T]:
+    """fn() on a thread of its own; its result or exception waits in the Future."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+    try:
+        return pool.submit(fn)
+    finally:
+        pool.shutdown(wait=False)  # the thread ends with fn
+
+
 class _Claim:
     """The attempt's begin transaction on a thread of its own: the upload's gate (tier2/multipart.py)."""
 
     def __init__(self, begin: Callable[[], list[Ledger]], before: Callable[[], None] | None = None):
-        self._done = threading.Event()
-        self._result: list[Ledger] | None = None
-        self._error: BaseException | None = None
         self._began = False
 
-        def run():
-            try:
-                if before is not None:
-                    before()
-                self._began = True
-                self._result = begin()
-            except BaseException as exc:  # noqa: BLE001 - handed to the thread that waits
-                self._error = exc
-            finally:
-                self._done.set()
-        threading.Thread(target=run, name="offload-begin", daemon=True).start()
+        def run() -> list[Ledger]:
+            if before is not None:
+                before()
+            self._began = True
+            return begin()
+        self._future = in_background(run, "offload-begin")
 
     def check(self) -> None:
-        if self._done.is_set() and self._error is not None:
-            raise self._error
+        if self._future.done() and self._future.exception() is not None:
+            raise self._future.exception()
 
     def wait(self) -> None:
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
+        self._future.result()
 
     def result(self) -> list[Ledger]:
-        self.wait()
-        return self._result
+        return self._future.result()
 
     def may_have_landed(self) -> bool:
         """False only when the transaction is known rolled back (a lost compare-and-set) or never ran; waits
         for its end. Any other failure may be a commit whose reply was lost: the undo reads the rows to know."""
-        self._done.wait()
-        return self._began and not isinstance(self._error, ConditionalUpdateFailed)
+        error = self._future.exception()
+        return self._began and not isinstance(error, ConditionalUpdateFailed)
 
 
 def _sources(deps: Deps, leds: Sequence[Ledger]) -> Iterator:
