@@ -339,12 +339,13 @@ def reuse_freed_buffers() -> bool:
     process that offloads or reads tier 2 (the CLI, Spark drivers, executors and the source's workers) runs
     with it.
 
-    Why: an offload packs every block into a fresh buffer (and reads tier 1, and a scan tier 2, in fresh
-    ~1 MiB chunks). By default glibc maps a buffer that large afresh and unmaps it when freed, so each page
-    of each block is faulted in and zeroed again by the kernel: ~2.3 us a page on a virtual machine, half of
-    the time packing an 8 MiB block took (docs/performance.md). The cost: up to 64 MiB of freed memory stays
-    with the process (the heap's top is handed back beyond that, as glibc does once it raised the
-    threshold itself)."""
+    Why: an offload packs every block into a fresh buffer, with several in flight (and reads tier 1, and a
+    scan tier 2, in fresh ~1 MiB chunks). glibc's defaults map a buffer that large afresh, or trim the heap's
+    top back to the kernel once more than twice its threshold is free, which a batch of freed blocks is: the
+    next blocks fault every page in again, ~2.3 us a page on a virtual machine, half of the time packing an
+    8 MiB block took (docs/performance.md). Here the threshold is glibc's maximum (32 MiB) and the heap's top
+    is trimmed beyond 64 MiB (glibc's own ratio): that much freed memory may stay with the process.
+    tests/unit/test_config.py shows the page faults gone."""
     if _allocator_tuned:
         return _allocator_tuned[0]
     try:
