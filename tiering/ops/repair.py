@@ -259,6 +259,8 @@ def _recover(deps: Deps, led: Ledger, ch: Chunk, problem: str | None, step) -> s
 def _rewrite(deps: Deps, finding: Finding, step, recover: bool = False) -> str:
     led, old, b, knobs = finding.led, finding.chunk, deps.bucket, deps.knobs
     if old is None:  # nothing to compare-and-set against (no completed offload leaves this)
+        if _changed(deps, led):  # retention deleted it between the reads of its row and of its chunk row
+            return "skipped"
         raise TieringError(f"ledger {led.topic}/{led.ledger_id} is OFFLOADED with no chunk row: not repaired")
     attempt = str(uuid.uuid4())
     keys = (data_key(b.prefix, led.topic, attempt, led.ledger_id), index_key(b.prefix, led.topic, attempt, led.ledger_id))
