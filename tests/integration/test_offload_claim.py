@@ -111,3 +111,23 @@ def test_a_small_ledger_is_one_put_after_the_claim(deps, s3_settings, monkeypatc
     held.release.set()
     worker.join(60)
     assert ops == ["PutObject", "PutObject"] and len(bucket_keys(deps)) == 2
+
+
+def test_a_ledger_taken_and_gone_from_tier_1_meanwhile_is_skipped_not_failed(deps):
+    """Another worker offloaded the ledger and its tier-1 copy was deleted after the lag: this attempt's read
+    of tier 1 fails beside its claim, which loses. The lost claim is the outcome (skipped), as when the begin
+    transaction ran first."""
+    from tiering.ops.delete_lagged import delete_lagged
+    from tiering.model import TopicPolicy
+
+    produce(deps, "t", [entries("gone", 30, 256 * 1024)], TopicPolicy(rollover_entries=10**9, rollover_bytes=2**40,
+                                                                      deletion_lag_seconds=0))
+    [stale] = deps.meta.list_ledgers("t")
+    offload_ledger(deps, stale)
+    delete_lagged(deps, "t")
+    assert not deps.tier1.exists("t", stale.ledger_id)
+    with pytest.raises(ConditionalUpdateFailed):
+        offload_ledger(deps, stale)
+    report = offload_many(deps, [stale])
+    assert report.skipped == [stale.ledger_id] and report.failed == {}
+    assert open_uploads(deps) == []

@@ -85,9 +85,13 @@ def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None,
             items = [(led, Chunk(keys[0], p.data_offset, p.data_length, keys[1], p.index_offset, p.index_length,
                                  0, led.entry_count - 1)) for led, p in zip(started, uploaded.ledgers)]
             return deps.meta.complete_offload_batch(items, attempt)
-        except BaseException:
+        except BaseException as exc:
             if claim.may_have_landed():  # else nothing is in metadata and nothing was shown: upload aborted
                 _undo(deps, leds, attempt, keys)
+            elif isinstance(exc, Exception) and (refused := claim.refusal()) is not exc:
+                # the ledgers were never this attempt's: what failed beside the claim (their tier-1 copy gone
+                # with a retention or another offload, say) followed from that, and the lost claim is the answer
+                raise refused from exc
             raise
 
 
@@ -128,6 +132,10 @@ class _Claim:
         for its end. Any other failure may be a commit whose reply was lost: the undo reads the rows to know."""
         error = self._future.exception()
         return self._began and not isinstance(error, ConditionalUpdateFailed)
+
+    def refusal(self) -> BaseException | None:
+        """Why the claim did not land (a lost compare-and-set, or `before`'s failure); waits for its end."""
+        return None if self.may_have_landed() else self._future.exception()
 
 
 def _sources(deps: Deps, leds: Sequence[Ledger]) -> Iterator:
