@@ -5,6 +5,7 @@ its repr, and errors name the variable, never its value.
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
@@ -330,9 +331,9 @@ def aws_sdk_checksums_when_required() -> None:
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (glibc's malloc.h)
 _MMAP_THRESHOLD_MAX = 32 * MIB  # the largest glibc accepts on 64-bit
-_allocator_tuned: list[bool] = []
 
 
+@functools.cache
 def reuse_freed_buffers() -> bool:
     """Let glibc's malloc keep freed buffers of up to 32 MiB for the next allocation instead of handing them
     back to the kernel; once per process, a no-op (False) off glibc. `clients.bucket` calls it, so every
@@ -346,8 +347,6 @@ def reuse_freed_buffers() -> bool:
     8 MiB block took (docs/performance.md). Here the threshold is glibc's maximum (32 MiB) and the heap's top
     is trimmed beyond 64 MiB (glibc's own ratio): that much freed memory may stay with the process.
     tests/unit/test_config.py shows the page faults gone."""
-    if _allocator_tuned:
-        return _allocator_tuned[0]
     try:
         import ctypes
 
@@ -356,7 +355,6 @@ def reuse_freed_buffers() -> bool:
             bool(libc.mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_THRESHOLD_MAX))  # glibc's own ratio
     except (OSError, AttributeError):  # not glibc: its allocator keeps its own ways
         ok = False
-    _allocator_tuned.append(ok)
     return ok
 
 

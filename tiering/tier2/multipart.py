@@ -98,8 +98,9 @@ class MultipartUpload:
 
     @property
     def multipart(self) -> bool:
-        """Whether the object goes as a multipart upload (created, being created, or a part shipped)."""
-        return self.upload_id is not None or self._creating is not None or bool(self._done or self._inflight)
+        """Whether the object goes as a multipart upload: created or being created (a part shipped or copied
+        created it first)."""
+        return self.upload_id is not None or self._creating is not None
 
     def start(self) -> None:
         """Create the upload now, in the background (for an object known to need more than one part)."""
@@ -148,7 +149,7 @@ class MultipartUpload:
     def finish(self) -> int:
         """Complete the object: ONE PutObject if nothing was shipped yet, else the last part and
         CompleteMultipartUpload once every part is stored. Returns the object's length."""
-        if self.upload_id is None and self._creating is None and not self._done:
+        if not self.multipart:
             body = self._take_pending()
             self._wait_gate()
             self._throttle(len(body))
