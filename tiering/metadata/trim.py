@@ -4,19 +4,20 @@ rows read in the same transaction, so what it deletes is what a consistent view 
 created, an ack landed or a policy changed before the locks is respected; one that comes after waits and
 sees the trim. Entries a subscription had not read are deleted only past a ceiling, by a forced truncate,
 from an EXPIRED subscription or without retain-unread, and every such loss is recorded with the deletion.
+A trim whose compare-and-set lost to another writer's change of a planned ledger plans again (REPLANS).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 from sqlalchemy import delete, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from tiering import policy
-from tiering.errors import BadInput, TieringError
+from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
 from tiering.metadata.subscriptions import active, topic_row
 from tiering.metadata.tables import topic, topic_tombstone
 from tiering.model import EXPIRED, Ledger, LedgerState, Position, Subscription, Topic
@@ -25,6 +26,13 @@ if TYPE_CHECKING:
     from tiering.metadata.repository import MetadataStore
 
 S = LedgerState
+R = TypeVar("R")
+
+# A trim plans on rows read before it locks them: a repair moving a chunk, delete-lagged dropping a tier-1
+# flag or an offload committing between the two changes a planned row's version, and the compare-and-set
+# loses. That writer made progress on one ledger, so planning again sees it; a bound keeps a trim that
+# keeps losing from spinning (it then fails, changing nothing).
+REPLANS = 5
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,9 @@ class Trims:
     def retention(self, topic_name: str, gc_delay: timedelta) -> TrimResult:
         """Delete what retention allows now for one topic (policy.retention_plan, planned again under the
         locks), recording the unread entries it took from each subscription."""
+        return _replanning(lambda: self._retention(topic_name, gc_delay))
+
+    def _retention(self, topic_name: str, gc_delay: timedelta) -> TrimResult:
         with self.engine.begin() as conn:
             t = topic_row(conn, topic_name, "NO KEY UPDATE")
             subs = self.store.subs.of_topic(conn, t.topic_id, lock=True)
@@ -80,6 +91,10 @@ class Trims:
         changed) when that deletes entries an ACTIVE subscription has not read, unless `force`, which records
         the loss. `dry_run`: the same decision, without locks, returning what it would delete and take from
         each subscription; nothing is written."""
+        return _replanning(lambda: self._truncate(topic_name, before, force, gc_delay, dry_run))
+
+    def _truncate(self, topic_name: str, before: Position, force: bool, gc_delay: timedelta,
+                  dry_run: bool) -> TrimResult:
         with self.engine.begin() as conn:
             t = topic_row(conn, topic_name, "" if dry_run else "NO KEY UPDATE")
             subs = self.store.subs.of_topic(conn, t.topic_id, lock=not dry_run)
@@ -128,6 +143,9 @@ class Trims:
         """Step 2: every live ledger DELETED, chunks removed, keys queued for GC (one transaction). The open
         ledger must have been sealed (by its writer's lock: ops/topics.py); an offload in flight loses its
         commit and its objects are collected."""
+        return _replanning(lambda: self._delete_all_ledgers(topic_name, gc_delay))
+
+    def _delete_all_ledgers(self, topic_name: str, gc_delay: timedelta) -> list[Ledger]:
         with self.engine.begin() as conn:
             t = topic_row(conn, topic_name, "UPDATE")
             live = [led for led in self.store.list_ledgers(topic_name, conn=conn) if led.state != S.DELETED]
@@ -161,6 +179,16 @@ class Trims:
     def _record(self, conn: Connection, sub: Subscription, loss: policy.UnreadLoss, reason: str) -> Loss:
         self.store.subs.record_loss(conn, sub, loss, reason)
         return Loss(sub.name, loss.entries, loss.bytes, loss.first, loss.new_position, reason)
+
+
+def _replanning(attempt: Callable[[], R]) -> R:
+    """Run one trim transaction, planning it again when its compare-and-set lost (REPLANS)."""
+    for _ in range(REPLANS - 1):
+        try:
+            return attempt()
+        except ConditionalUpdateFailed:
+            pass
+    return attempt()
 
 
 def _unrecorded(subs: Sequence[Subscription], doomed: Sequence[Ledger], reason: str, force: bool) -> list[Loss]:
