@@ -175,6 +175,24 @@ def test_a_finding_read_as_retention_deleted_its_chunk_row_is_a_lost_race_not_a_
         repair_ledger(deps, dataclasses.replace(live, chunk=None))
 
 
+def test_retention_committing_between_the_checks_two_reads_leaves_a_consistent_finding(deps, monkeypatch):
+    """Retention deletes ledger 0 right after the check read the topic's OFFLOADED ledgers, before it read
+    their chunk rows: both reads are one moment, so the finding still has its chunk, and the repair that
+    follows is a lost race (skipped), not a failure."""
+    broken_scene(deps)
+    real = deps.meta.chunks
+
+    def retention_first(topic_name, conn=None):
+        monkeypatch.setattr(deps.meta, "chunks", real)  # once
+        truncate(deps, "k", Position(1, 0))  # commits on a connection of its own
+        return real(topic_name, conn)
+    monkeypatch.setattr(deps.meta, "chunks", retention_first)
+    findings = {f.led.ledger_id: f for f in plan_repair(deps, "k")}
+    assert deps.meta.get_ledger("k", 0).state == S.DELETED
+    assert findings[0].chunk is not None
+    assert repair_ledger(deps, findings[0]) == "skipped"
+
+
 def test_gc_collecting_a_slow_repair_s_objects_fails_its_commit(deps):
     """A repair slower than the offload timeout: GC may collect its queued new objects; the commit then sees
     its keys gone from the queue and changes nothing (never a chunk row naming a deleted object)."""

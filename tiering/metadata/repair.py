@@ -7,8 +7,9 @@ another repair changes nothing and says so (`ConditionalUpdateFailed`).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from sqlalchemy import and_, delete, func, select, update
 from sqlalchemy.engine import Connection
@@ -82,9 +83,24 @@ class Repairs:
         cost, not the topics' size (lost_select)."""
         from tiering.metadata.repository import _ledger_row
 
-        with self.engine.connect() as conn:
+        with self._one_moment() as conn:
             leds = [_ledger_row(r) for r in conn.execute(self.lost_select(topic_name))]
             return [(led, self.store.get_chunk(led, conn)) for led in leds]
+
+    def offloaded(self, topic_name: str) -> tuple[list[Ledger], dict[int, Chunk]]:
+        """The topic's OFFLOADED ledgers and its chunk rows, as of one moment: a retention or defrag
+        committing between the two reads would otherwise leave an OFFLOADED ledger with no chunk row."""
+        with self._one_moment() as conn:
+            leds = self.store.list_ledgers(topic_name, [S.OFFLOADED], conn)
+            return leds, self.store.chunks(topic_name, conn) if leds else {}
+
+    @contextmanager
+    def _one_moment(self) -> Iterator[Connection]:
+        """A read-only REPEATABLE READ transaction: every statement in it sees the same commits."""
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+            with conn.begin():
+                yield conn
 
     @staticmethod
     def lost_select(topic_name: str | None = None):

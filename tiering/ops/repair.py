@@ -149,9 +149,9 @@ def check_tier1(deps: Deps, led: Ledger, put_back: bool = False) -> str | None:
 
 def _offloaded(deps: Deps, topic: str | None) -> Iterator[tuple[list[Ledger], dict[int, Chunk]]]:
     for t in select_topics(deps.meta, topic):
-        leds = deps.meta.list_ledgers(t.name, [LedgerState.OFFLOADED])
+        leds, chunks = deps.meta.repairs.offloaded(t.name)  # one moment: no OFFLOADED ledger without its chunk
         if leds:
-            yield leds, deps.meta.chunks(t.name)
+            yield leds, chunks
 
 
 def plan_repair(deps: Deps, topic: str | None = None, report: RepairReport | None = None,
