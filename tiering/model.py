@@ -248,3 +248,7 @@ class Chunk:
     first_entry_id: int
     last_entry_id: int
     version: int = 0
+    # The objects' ETags as the requests that wrote them answered (None: kept only since migration 0012, or
+    # found by a recovery that could not tell): a PUT over a key since then answers HEAD with another ETag.
+    data_etag: str | None = None
+    index_etag: str | None = None

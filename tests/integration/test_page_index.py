@@ -117,6 +117,27 @@ def test_defrag_refuses_a_corrupt_source_and_switches_nothing(deps, part):
     assert [deps.meta.get_chunk(led) for led in deps.meta.list_ledgers("s")] == chunks
 
 
+@pytest.mark.parametrize("how", ["flipped", "restored"])
+def test_defrag_downloads_a_replaced_source_it_would_copy_server_side(deps, how):
+    # a source of at least 5 MiB is copied by the server, unread: only its ETag (the chunk row's, as
+    # written) tells that the object under the key is no longer the one offloaded. Replaced, it is
+    # downloaded and its pages checked: a flipped byte fails the group, the same bytes merge.
+    produce(deps, "s", [entries(f"l{i}", 11, 500_000) for i in range(2)])
+    chunks = offload_all(deps, "s")
+    assert all(ch.data_length >= 5 * 2**20 and ch.data_etag for ch in chunks)
+    if how == "flipped":
+        flip(deps, chunks[0].data_key, HEADER_LEN + 12 + 5)
+        with pytest.raises(CorruptObjectError, match=f"{chunks[0].data_key}, page 0, offset 0: CRC32C"):
+            defrag(deps, "s", small_bytes=8 * 2**20)
+        assert [deps.meta.get_chunk(led) for led in deps.meta.list_ledgers("s")] == chunks
+        return
+    put(deps, chunks[0].data_key, get(deps, chunks[0].data_key))  # one PUT now: another ETag, same bytes
+    report = defrag(deps, "s", small_bytes=8 * 2**20)
+    assert report.groups == 1 and report.bytes_downloaded >= chunks[0].data_length
+    assert report.bytes_copied_server_side == chunks[1].data_length
+    assert len(read_all(deps, "s")) == 22
+
+
 def test_defrag_carries_page_indexes_into_merged_objects(deps):
     produce(deps, "m", [entries(f"m{i}", 40, 3000) for i in range(3)])
     offload_all(deps, "m")

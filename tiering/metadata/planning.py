@@ -301,7 +301,8 @@ class Planning:
         rows = self._rows(f"""
             WITH cand AS (
                 SELECT c.topic_id AS c_topic, c.ledger_id AS c_ledger, c.data_key, c.data_offset, c.data_length, c.index_key,
-                       c.index_offset, c.index_length, c.first_entry_id, c.last_entry_id, c.version AS chunk_version
+                       c.index_offset, c.index_length, c.first_entry_id, c.last_entry_id, c.version AS chunk_version,
+                       c.data_etag, c.index_etag
                 FROM tiering.chunk c
                 WHERE c.data_alone AND c.data_length < :small
                   AND NOT EXISTS (SELECT 1 FROM tiering.chunk o WHERE o.data_key = c.data_key
@@ -317,10 +318,11 @@ class Planning:
                   AND (CAST(:name AS text) IS NULL OR t.name = :name)
             )
             SELECT {_LEDGER_COLS}, l.data_key, l.data_offset, l.data_length, l.index_key, l.index_offset,
-                   l.index_length, l.first_entry_id, l.last_entry_id, l.chunk_version, l.prev_kept,
+                   l.index_length, l.first_entry_id, l.last_entry_id, l.chunk_version, l.data_etag, l.index_etag,
+                   l.prev_kept,
                    lag(l.ledger_id) OVER (PARTITION BY l.topic_id ORDER BY l.ledger_id) AS prev_cand
             FROM full_cand l ORDER BY name, l.ledger_id""", small=small_bytes, name=topic_name)
         return [DefragCandidate(_ledger(r), Chunk(r.data_key, r.data_offset, r.data_length, r.index_key,
                                                   r.index_offset, r.index_length, r.first_entry_id,
-                                                  r.last_entry_id, r.chunk_version),
+                                                  r.last_entry_id, r.chunk_version, r.data_etag, r.index_etag),
                                 r.prev_cand is not None and r.prev_kept == r.prev_cand) for r in rows]

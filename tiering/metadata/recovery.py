@@ -100,7 +100,8 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
                 "data_offset": c.chunk.data_offset, "data_length": c.chunk.data_length,
                 "index_key": c.chunk.index_key, "index_offset": c.chunk.index_offset,
                 "index_length": c.chunk.index_length, "first_entry_id": c.chunk.first_entry_id,
-                "last_entry_id": c.chunk.last_entry_id, "created_at": now, "version": 0} for c in new])
+                "last_entry_id": c.chunk.last_entry_id, "data_etag": c.chunk.data_etag,
+                "index_etag": c.chunk.index_etag, "created_at": now, "version": 0} for c in new])
         top = max([top, *ledgers, *adopted])
         if row.next_ledger_id <= top:
             conn.execute(update(topic_t).where(topic_t.c.topic_id == row.topic_id)

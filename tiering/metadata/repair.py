@@ -35,16 +35,15 @@ class Repairs:
         until now), the new keys dequeued and the old ones queued, the ledger's row bumped with the new
         attempt (`recover`: a lost ledger, its mark cleared; `tier1_present`: recorded so, for a tier-1 file
         put back that the repair read at this row's version): all or nothing. Returns the ledger's new row."""
+        from tiering.metadata.repository import _chunk_values
+
         with self.engine.begin() as conn:
             self._lock(conn, led)
             self._check_chunk(conn, led, old)
             res = conn.execute(
                 update(chunk).where(chunk.c.topic_id == led.topic_id, chunk.c.ledger_id == led.ledger_id,
                                     chunk.c.version == old.version, chunk.c.data_key == old.data_key)
-                .values(version=chunk.c.version + 1, data_key=new.data_key, data_offset=new.data_offset,
-                        data_length=new.data_length, index_key=new.index_key, index_offset=new.index_offset,
-                        index_length=new.index_length, first_entry_id=new.first_entry_id,
-                        last_entry_id=new.last_entry_id))
+                .values(version=chunk.c.version + 1, **_chunk_values(new)))
             assert res.rowcount == 1  # the chunk row is locked and was just compared
             values = {"lost_at": None, "lost_reason": None} if recover else {}
             if tier1_present is not None:
@@ -77,6 +76,16 @@ class Repairs:
             self._lock(conn, led)
             self._check_chunk(conn, led, checked)
             return self._cas_ledger(conn, led, lost=True, lost_at=None, lost_reason=None)
+
+    def adopt_etags(self, led: Ledger, checked: Chunk, data_etag: str | None, index_etag: str | None) -> None:
+        """The ETags of the objects the chunk names, recorded after its ledger's bytes in them were checked
+        (objects replaced since they were written, with this ledger's bytes intact), if the chunk row is still
+        the one checked. Where the bytes lie is unchanged, so the chunk's version is too."""
+        with self.engine.begin() as conn:
+            self._lock(conn, led)
+            self._check_chunk(conn, led, checked)
+            conn.execute(update(chunk).where(chunk.c.topic_id == led.topic_id, chunk.c.ledger_id == led.ledger_id)
+                         .values(data_etag=data_etag, index_etag=index_etag))
 
     def lost_ledgers(self, topic_name: str | None = None) -> list[tuple[Ledger, Chunk | None]]:
         """OFFLOADED ledgers marked lost (of `topic_name`, or all) with their chunk rows: what the marked rows

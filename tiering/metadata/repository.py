@@ -43,7 +43,7 @@ def _ledger_row(row, name: str | None = None) -> Ledger:
 
 def _chunk_row(row) -> Chunk:
     return Chunk(row.data_key, row.data_offset, row.data_length, row.index_key, row.index_offset,
-                 row.index_length, row.first_entry_id, row.last_entry_id, row.version)
+                 row.index_length, row.first_entry_id, row.last_entry_id, row.version, row.data_etag, row.index_etag)
 
 
 _LEDGER_SELECT = select(ledger, topic.c.name).join(topic, topic.c.topic_id == ledger.c.topic_id)
@@ -440,4 +440,5 @@ class _Borrowed:
 def _chunk_values(ch: Chunk) -> dict:
     return {"data_key": ch.data_key, "data_offset": ch.data_offset, "data_length": ch.data_length,
             "index_key": ch.index_key, "index_offset": ch.index_offset, "index_length": ch.index_length,
-            "first_entry_id": ch.first_entry_id, "last_entry_id": ch.last_entry_id}
+            "first_entry_id": ch.first_entry_id, "last_entry_id": ch.last_entry_id, "data_etag": ch.data_etag,
+            "index_etag": ch.index_etag}

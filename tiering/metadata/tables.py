@@ -66,6 +66,8 @@ chunk = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("version", BigInteger, nullable=False),
     Column("data_alone", Boolean, nullable=False),  # 0004: the data object holds this ledger only (triggers)
+    Column("data_etag", Text),  # 0012: the objects' ETags as written (NULL: not known)
+    Column("index_etag", Text),
 )
 
 gc_task = Table(

@@ -26,7 +26,7 @@ from tiering.format.metadata import user_metadata
 from tiering.model import MIB, Chunk
 from tiering.ops.context import Deps
 from tiering.tier2.multipart import MIN_PART_SIZE, MultipartUpload, StepHook
-from tiering.tier2.objects import check_bucket, delete_keys, prefetch_ranges, put_bytes
+from tiering.tier2.objects import Bucket, check_bucket, delete_keys, object_head, prefetch_ranges, put_bytes
 
 # What an operator should see of a swallowed cleanup failure (the exception's type only: messages of
 # database drivers may carry connection details).
@@ -71,11 +71,11 @@ def merge_group(deps: Deps, group: policy.DefragGroup, report: DefragReport, hoo
     try:
         # Indexes first: their page indexes check every byte downloaded for the merged data object.
         indexes = _fetch_indexes(deps, group, report)
-        data_offsets = _merge_data(deps, group, indexes, new_data, report, step)
-        index_offsets = _put_index(deps, group, indexes, new_index)
+        data_offsets, data_etag = _merge_data(deps, group, indexes, new_data, report, step)
+        index_offsets, index_etag = _put_index(deps, group, indexes, new_index)
         step("merged")
         moves = [(led, old, Chunk(new_data, d_off, old.data_length, new_index, i_off, old.index_length,
-                                  old.first_entry_id, old.last_entry_id, old.version))
+                                  old.first_entry_id, old.last_entry_id, old.version, data_etag, index_etag))
                  for led, old, d_off, i_off in zip(group.ledgers, group.chunks, data_offsets, index_offsets)]
         deps.meta.replace_chunks(moves, attempt, deps.knobs.gc_delay)
     except ConditionalUpdateFailed:
@@ -106,7 +106,7 @@ def _discard(deps: Deps, attempt: str, *keys: str) -> None:
 
 
 def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes, OffloadIndex]], key: str,
-                report: DefragReport, step) -> list[int]:
+                report: DefragReport, step) -> tuple[list[int], str | None]:
     b = deps.bucket
     with MultipartUpload(b, key=key, metadata=user_metadata(group.ledgers[0].topic), op="defrag upload",
                          part_size=MIN_PART_SIZE, concurrency=deps.knobs.upload_concurrency, hook=step) as up:
@@ -119,9 +119,12 @@ def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes
         for i in large:
             ch = group.chunks[i]
             offsets[i] = up.size
+            if not _unreplaced(b, ch):  # copied unread, it would hide damage under a fresh ETag: download it
+                small.append(i)
+                continue
             # A server that cannot copy from keys holding '%' (MultipartUpload.copy): download those instead.
             if (escaped_copy_fails and "%" in ch.data_key) or not up.copy(ch.data_key, ch.data_offset,
-                                                                          ch.data_length):
+                                                                          ch.data_length, ch.data_etag):
                 escaped_copy_fails = True
                 small.append(i)
                 continue
@@ -136,7 +139,7 @@ def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes
             up.write(data)
             report.bytes_downloaded += len(data)
         up.finish()
-        return offsets
+        return offsets, up.etag
 
 
 def _fetch_indexes(deps: Deps, group: policy.DefragGroup, report: DefragReport) -> list[tuple[bytes, OffloadIndex]]:
@@ -153,14 +156,22 @@ def _fetch_indexes(deps: Deps, group: policy.DefragGroup, report: DefragReport) 
     return out
 
 
+def _unreplaced(b: Bucket, ch: Chunk) -> bool:
+    """The data object still has the ETag its upload got (HEAD: Ceph RGW ignores the copy's own
+    x-amz-copy-source-if-match, which MultipartUpload.copy sends as well); False when it is not known."""
+    if ch.data_etag is None:
+        return False
+    head = object_head(b, ch.data_key)
+    return head is not None and head[1] == ch.data_etag
+
+
 def _put_index(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes, OffloadIndex]],
-               key: str) -> list[int]:
+               key: str) -> tuple[list[int], str | None]:
     body, offsets = bytearray(), []
     for data, _ in indexes:
         offsets.append(len(body))
         body += data
-    put_bytes(deps.bucket, key, bytes(body), user_metadata(group.ledgers[0].topic))
-    return offsets
+    return offsets, put_bytes(deps.bucket, key, bytes(body), user_metadata(group.ledgers[0].topic))
 
 
 def defrag(deps: Deps, topic: str | None = None, small_bytes: int = 8 * MIB, max_merged_bytes: int = 256 * MIB,

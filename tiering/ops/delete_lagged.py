@@ -9,8 +9,12 @@ that is neither there nor renamed fails the item (`LedgerFileMissing` naming the
 that does not see the tier-1 root finds, and reporting it deleted would leave the real file forever.
 
 Before deleting the copy of an OFFLOADED ledger, the tier-2 objects its chunk row names are checked by
-HEAD: each must exist and be at least offset + length long. A missing or short object fails that ledger
-(`Tier2CopyMissing`) and keeps its copy, whatever metadata says; the other ledgers go on.
+HEAD: each must exist and be at least offset + length long. One whose ETag is not the one its upload got
+(the chunk row keeps both, migration 0012) was replaced since: a PUT over the key, a flipped byte, or the
+same bytes restored from a backup. Only reading tells which, so that ledger's copy is then checked as
+`tiering repair` checks it (its index, every page's CRC32C): sound, the new ETags are recorded (by
+compare-and-set) and the copy goes; not, it fails. A failed ledger (`Tier2CopyMissing`) keeps its copy, the
+one `tiering repair` re-offloads from, whatever metadata says; the other ledgers go on.
 """
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ from dataclasses import dataclass, field
 from tiering.errors import ConditionalUpdateFailed, Tier2CopyMissing, TieringError
 from tiering.model import Ledger, LedgerState
 from tiering.ops.context import Deps, select_topics
-from tiering.tier2.objects import object_length
+from tiering.ops.repair import check_copy, check_lengths
+from tiering.tier2.objects import object_head
 
 
 @dataclass
@@ -45,7 +50,10 @@ def delete_copy(deps: Deps, led: Ledger) -> bool:
             current.state not in (LedgerState.OFFLOADED, LedgerState.DELETED):
         return False
     if current.state == LedgerState.OFFLOADED:
-        check_tier2_copy(deps, current)
+        try:
+            check_tier2_copy(deps, current)
+        except ConditionalUpdateFailed:
+            return False  # its chunk moved (repair, defrag) while the replaced object was checked
     deps.tier1.retire(led.topic, led.ledger_id)  # raises when the copy is not where it should be
     try:
         deps.meta.mark_tier1_deleted(current)
@@ -56,19 +64,31 @@ def delete_copy(deps: Deps, led: Ledger) -> bool:
 
 
 def check_tier2_copy(deps: Deps, led: Ledger) -> None:
-    """Raise `Tier2CopyMissing` unless both objects of the ledger's chunk exist and are long enough."""
+    """Raise `Tier2CopyMissing` unless both objects of the ledger's chunk exist, are long enough and are the
+    objects written, or hold this ledger's bytes intact (then their ETags are recorded)."""
     chunk = deps.meta.get_chunk(led)
     what = f"ledger {led.topic!r}/{led.ledger_id}"
     if chunk is None:
         raise Tier2CopyMissing(f"{what} is OFFLOADED but has no chunk row; tier-1 copy kept")
-    for kind, key, end in (("data", chunk.data_key, chunk.data_offset + chunk.data_length),
-                           ("index", chunk.index_key, chunk.index_offset + chunk.index_length)):
-        length = object_length(deps.bucket, key)
-        if length is None:
-            raise Tier2CopyMissing(f"{what}: tier-2 {kind} object {key!r} is missing; tier-1 copy kept")
-        if length < end:
-            raise Tier2CopyMissing(f"{what}: tier-2 {kind} object {key!r} has {length} bytes, the chunk row "
-                                   f"needs {end}; tier-1 copy kept")
+    heads = {key: object_head(deps.bucket, key) for key in (chunk.data_key, chunk.index_key)}
+    problem = check_lengths(chunk, lambda key: None if heads[key] is None else heads[key][0])
+    if problem is not None:
+        raise Tier2CopyMissing(f"{what}: {problem}; tier-1 copy kept")
+    etags = (heads[chunk.data_key][1], heads[chunk.index_key][1])
+    replaced = [f"tier-2 {kind} object {key!r} is not the one written (ETag {now}, written as {then})"
+                for kind, key, then, now in (("data", chunk.data_key, chunk.data_etag, etags[0]),
+                                             ("index", chunk.index_key, chunk.index_etag, etags[1]))
+                if then is not None and now != then]
+    if not replaced:
+        return
+    problem = check_copy(deps, led, chunk)
+    again = [object_head(deps.bucket, key) for key in (chunk.data_key, chunk.index_key)]
+    if problem is None and tuple(head and head[1] for head in again) != etags:
+        problem = "it was replaced again while it was checked"
+    if problem is not None:
+        raise Tier2CopyMissing(f"{what}: {'; '.join(replaced)} and fails its check: {problem}; tier-1 copy kept: "
+                               "run tiering repair")
+    deps.meta.repairs.adopt_etags(led, chunk, *etags)
 
 
 def sweep_tombstones(deps: Deps, topics: list[str]) -> int:

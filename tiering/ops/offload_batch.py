@@ -83,7 +83,8 @@ def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None,
                                       expected_bytes=sum(led.size_bytes for led in leds))
             started = claim.result()
             items = [(led, Chunk(keys[0], p.data_offset, p.data_length, keys[1], p.index_offset, p.index_length,
-                                 0, led.entry_count - 1)) for led, p in zip(started, uploaded.ledgers)]
+                                 0, led.entry_count - 1, data_etag=uploaded.data_etag, index_etag=uploaded.index_etag))
+                     for led, p in zip(started, uploaded.ledgers)]
             return deps.meta.complete_offload_batch(items, attempt)
         except BaseException as exc:
             if claim.may_have_landed():  # else nothing is in metadata and nothing was shown: upload aborted

@@ -105,6 +105,7 @@ class _Obj:
     key: str
     size: int
     last_modified: datetime
+    etag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,7 @@ def _by_topic(b: Bucket, prefix: str, report: RecoverReport) -> Iterator[_Listed
             report.foreign_objects += 1
             current.has_marker |= is_trim_marker(b.prefix, o["Key"])
             continue
-        current.objects[o["Key"]] = (parsed, _Obj(o["Key"], o["Size"], o["LastModified"]))
+        current.objects[o["Key"]] = (parsed, _Obj(o["Key"], o["Size"], o["LastModified"], o.get("ETag")))
     if current is not None and (current.objects or current.has_marker):
         yield current
 
@@ -241,7 +242,7 @@ def list_segment(b: Bucket, segment: str) -> tuple[_Listed, int, int]:
             foreign += 1
             listed.has_marker |= is_trim_marker(b.prefix, o["Key"])
             continue
-        listed.objects[o["Key"]] = (parsed, _Obj(o["Key"], o["Size"], o["LastModified"]))
+        listed.objects[o["Key"]] = (parsed, _Obj(o["Key"], o["Size"], o["LastModified"], o.get("ETag")))
     return listed, n, foreign
 
 
@@ -371,7 +372,8 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
             g.copies.append(_Copy(
                 m.ledger_id, m.entry_count, m.length, datetime.fromtimestamp(m.sealed_time_ms / 1000, timezone.utc),
                 m.offload_uuid,
-                Chunk(data.key, doff, ix.data_object_len, index.key, ioff, ilen, 0, m.entry_count - 1),
+                Chunk(data.key, doff, ix.data_object_len, index.key, ioff, ilen, 0, m.entry_count - 1,
+                      data_etag=data.etag, index_etag=index.etag),
                 min(data.last_modified, index.last_modified), max(data.last_modified, index.last_modified),
                 m.topic))
     except CorruptObjectError as exc:

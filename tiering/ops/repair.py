@@ -95,13 +95,8 @@ class _Lengths:
         return self.known[key]
 
 
-def check_copy(deps: Deps, led: Ledger, ch: Chunk | None, lengths: Callable[[str], int | None] | None = None,
-               opener=None) -> str | None:
-    """Why the ledger's tier-2 copy at `ch` is not sound, or None. Tier 2 unreachable, access denied and the
-    like raise (`Tier2Error`): only what the store answered about the objects is a finding."""
-    if ch is None:
-        return "metadata has no chunk for an offloaded ledger"
-    lengths = lengths or _Lengths(deps)
+def check_lengths(ch: Chunk, lengths: Callable[[str], int | None]) -> str | None:
+    """Why the chunk's objects cannot hold its ranges (missing, or shorter than offset + length), or None."""
     for kind, key, end in (("data", ch.data_key, ch.data_offset + ch.data_length),
                            ("index", ch.index_key, ch.index_offset + ch.index_length)):
         length = lengths(key)
@@ -109,6 +104,18 @@ def check_copy(deps: Deps, led: Ledger, ch: Chunk | None, lengths: Callable[[str
             return f"tier-2 {kind} object {key!r} is missing"
         if length < end:
             return f"tier-2 {kind} object {key!r} has {length} bytes, the chunk row needs {end}"
+    return None
+
+
+def check_copy(deps: Deps, led: Ledger, ch: Chunk | None, lengths: Callable[[str], int | None] | None = None,
+               opener=None) -> str | None:
+    """Why the ledger's tier-2 copy at `ch` is not sound, or None. Tier 2 unreachable, access denied and the
+    like raise (`Tier2Error`): only what the store answered about the objects is a finding."""
+    if ch is None:
+        return "metadata has no chunk for an offloaded ledger"
+    problem = check_lengths(ch, lengths or _Lengths(deps))
+    if problem is not None:
+        return problem
     try:
         index = decode_index(get_range(deps.bucket, ch.index_key, ch.index_offset, ch.index_length),
                              f"index object {ch.index_key} at {ch.index_offset}")
@@ -274,7 +281,7 @@ def _rewrite(deps: Deps, finding: Finding, step, recover: bool = False) -> str:
                                   max_bytes_per_second=knobs.max_bytes_per_second)
         [p] = uploaded.ledgers
         new = Chunk(keys[0], p.data_offset, p.data_length, keys[1], p.index_offset, p.index_length, 0,
-                    led.entry_count - 1)
+                    led.entry_count - 1, data_etag=uploaded.data_etag, index_etag=uploaded.index_etag)
         problem = check_copy(deps, led, new)  # checked as written before anything points at it
         if problem is not None:
             raise TieringError(f"ledger {led.topic}/{led.ledger_id}: the new tier-2 copy fails its check: {problem}")

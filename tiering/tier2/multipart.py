@@ -45,10 +45,10 @@ from typing import Callable, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from tiering.errors import BadInput
+from tiering.errors import BadInput, CorruptObjectError
 from tiering.format.block import MIN_BLOCK_SIZE
 from tiering.tier2.errors import NotFound, tier2_error
-from tiering.tier2.objects import Bucket, completed_part
+from tiering.tier2.objects import Bucket, completed_part, composite_etag
 from tiering.tier2.throttle import RateLimiter
 
 MAX_PARTS = 10_000  # S3's limit on parts of one multipart upload
@@ -92,6 +92,7 @@ class MultipartUpload:
         self._inflight: set[Future] = set()
         self._pool: ThreadPoolExecutor | None = None
         self._finished = False
+        self.etag: str | None = None  # the object's, once finish() completed it
 
     def __enter__(self) -> MultipartUpload:
         return self
@@ -117,9 +118,10 @@ class MultipartUpload:
         if self._pending_len >= self.part_size:
             self._ship()
 
-    def copy(self, source_key: str, offset: int, length: int) -> bool:
+    def copy(self, source_key: str, offset: int, length: int, if_match: str | None = None) -> bool:
         """A part that is bytes [offset, offset+length) of `source_key`, copied server-side (UploadPartCopy).
-        False, writing nothing, when the server cannot find a source whose key holds '%'.
+        False, writing nothing, when the server cannot find a source whose key holds '%'. `if_match`: the
+        source's ETag as written; a source replaced since fails the copy (the server's precondition).
 
         Keys percent-encode topics (`acc/big` -> `acc%2Fbig`), and Ceph RGW 16 decodes UploadPartCopy's copy
         source twice, so it looks for `acc/big/...` and answers NoSuchKey (its CopyObject decodes once). The
@@ -135,10 +137,14 @@ class MultipartUpload:
         try:
             resp = self.b.s3.upload_part_copy(Bucket=self.b.name, Key=self.key, UploadId=self.upload_id,
                                               PartNumber=n, CopySource={"Bucket": self.b.name, "Key": source_key},
-                                              CopySourceRange=f"bytes={offset}-{offset + length - 1}")
+                                              CopySourceRange=f"bytes={offset}-{offset + length - 1}",
+                                              **({"CopySourceIfMatch": if_match} if if_match else {}))
         except ClientError as exc:
             if "%" in source_key and isinstance(tier2_error("UploadPartCopy", source_key, exc), NotFound):
                 return False
+            if if_match and exc.response.get("Error", {}).get("Code") == "PreconditionFailed":
+                raise CorruptObjectError(f"object {source_key}", f"bytes {offset}-{offset + length - 1}",
+                                         f"it is not the object written (ETag {if_match}); not copied") from None
             raise
         self._done[n] = completed_part(n, resp["CopyPartResult"])
         self.parts = n
@@ -153,8 +159,9 @@ class MultipartUpload:
             body = self._take_pending()
             self._wait_gate()
             self._throttle(len(body))
-            self.b.s3.put_object(Bucket=self.b.name, Key=self.key, Body=body, Metadata=self.metadata,
-                                 ChecksumAlgorithm="CRC32C")
+            resp = self.b.s3.put_object(Bucket=self.b.name, Key=self.key, Body=body, Metadata=self.metadata,
+                                        ChecksumAlgorithm="CRC32C")
+            self.etag = resp.get("ETag") or None
             self.parts = 1
         else:
             if self._pending_len:
@@ -163,8 +170,10 @@ class MultipartUpload:
                 self._collect()
             self._wait_gate()
             parts = [self._done[n] for n in sorted(self._done)]
-            self.b.s3.complete_multipart_upload(Bucket=self.b.name, Key=self.key, UploadId=self.upload_id,
-                                                MultipartUpload={"Parts": parts})
+            resp = self.b.s3.complete_multipart_upload(Bucket=self.b.name, Key=self.key, UploadId=self.upload_id,
+                                                       MultipartUpload={"Parts": parts})
+            # RGW answers the completion with an empty ETag: computed then, as the server does for HEAD's
+            self.etag = resp.get("ETag") or composite_etag(parts)
         self._finished = True
         self._step("completed")
         return self.size

@@ -2,6 +2,7 @@
 prefix), their failures translated by tier2/errors.py. The client itself is built in tier2/client.py."""
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -106,8 +107,15 @@ def check_bucket(b: Bucket) -> None:
 
 def object_length(b: Bucket, key: str) -> int | None:
     """The object's length by HEAD, or None when it does not exist."""
+    found = object_head(b, key)
+    return None if found is None else found[0]
+
+
+def object_head(b: Bucket, key: str) -> tuple[int, str | None] | None:
+    """The object's (length, ETag) by HEAD, or None when it does not exist."""
     try:
-        return int(b.s3.head_object(Bucket=b.name, Key=key)["ContentLength"])
+        head = b.s3.head_object(Bucket=b.name, Key=key)
+        return int(head["ContentLength"]), head.get("ETag")
     except (ClientError, BotoCoreError) as exc:
         error = tier2_error("HEAD", key, exc)
         if isinstance(error, NotFound):
@@ -203,10 +211,24 @@ def list_page(b: Bucket, start_after: str = "", max_keys: int = 1000) -> ListedP
     return ListedPage(objects, bool(resp.get("IsTruncated")) and bool(objects))
 
 
-def put_bytes(b: Bucket, key: str, body: bytes, metadata: dict[str, str]) -> None:
-    """One PUT with a CRC32C the server checks."""
+def composite_etag(parts: list[dict]) -> str | None:
+    """The ETag S3, Ceph RGW and MinIO give a completed multipart object (what HEAD answers): the MD5 of its
+    parts' binary MD5s, then "-" and their count. RGW answers CompleteMultipartUpload with an empty ETag, so
+    the upload computes it. None when a part's ETag is not an MD5 (a server encrypting with KMS, say)."""
     try:
-        b.s3.put_object(Bucket=b.name, Key=key, Body=body, Metadata=metadata, ChecksumAlgorithm="CRC32C")
+        digests = [bytes.fromhex(p["ETag"].strip('"')) for p in parts]
+    except ValueError:
+        return None
+    if not digests or any(len(d) != 16 for d in digests):
+        return None
+    return f'"{hashlib.md5(b"".join(digests), usedforsecurity=False).hexdigest()}-{len(digests)}"'
+
+
+def put_bytes(b: Bucket, key: str, body: bytes, metadata: dict[str, str]) -> str | None:
+    """One PUT with a CRC32C the server checks. Returns the object's ETag."""
+    try:
+        return b.s3.put_object(Bucket=b.name, Key=key, Body=body, Metadata=metadata,
+                               ChecksumAlgorithm="CRC32C").get("ETag")
     except (ClientError, BotoCoreError) as exc:
         raise tier2_error("PUT", key, exc) from None
 

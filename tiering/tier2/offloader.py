@@ -53,6 +53,8 @@ class UploadedBatch:
     ledgers: list[BatchedLedger]
     data_length: int
     parts: int
+    data_etag: str | None = None
+    index_etag: str | None = None
 
 
 def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_key: str,
@@ -100,7 +102,7 @@ def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_
         body = bytes(index_body)
         if not up.multipart:  # one PUT of the data: nothing in flight to go beside
             data_length = up.finish()
-            _put_index(b, index_key, body, md, gate)
+            index_etag = _put_index(b, index_key, body, md, gate)
         else:  # the index is complete once the last block is written: its PUT goes beside the parts in flight,
             # and is over (landed or failed) before this function returns or raises
             with ThreadPoolExecutor(1, thread_name_prefix="upload-index") as pool:
@@ -109,15 +111,15 @@ def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_
                     data_length = up.finish()
                 finally:
                     wait([index_put])
-                index_put.result()
+                index_etag = index_put.result()
     step("index")
-    return UploadedBatch(data_key, index_key, placed, data_length, up.parts)
+    return UploadedBatch(data_key, index_key, placed, data_length, up.parts, up.etag, index_etag)
 
 
-def _put_index(b: Bucket, key: str, body: bytes, md: dict[str, str], gate: Gate | None) -> None:
+def _put_index(b: Bucket, key: str, body: bytes, md: dict[str, str], gate: Gate | None) -> str | None:
     if gate is not None:
         gate.wait()  # a complete object: only once the caller's claim queued the key
-    put_bytes(b, key, body, md)
+    return put_bytes(b, key, body, md)
 
 
 class _Counting:
