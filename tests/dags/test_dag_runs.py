@@ -71,6 +71,9 @@ def test_offload_prefix_with_params_and_a_refused_position(airflow, deps):
     done, out = dags_test(airflow, "tiering_offload_prefix", {"topic": "prefix", "position": "two"})
     assert done.returncode != 0 and "does not match" in out
     assert states(deps, "prefix") == [S.OFFLOADED, S.OFFLOADED, S.SEALED, S.OPEN]
+    done, out = dags_test(airflow, "tiering_offload_prefix", {"topic": "prefix", "position": "all"})
+    assert done.returncode == 0, out[-3000:]
+    assert states(deps, "prefix") == [S.OFFLOADED, S.OFFLOADED, S.OFFLOADED, S.OPEN]
 
 
 def test_delete_lagged_then_reads_come_from_tier2(airflow, deps):

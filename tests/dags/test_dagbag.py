@@ -60,8 +60,10 @@ def test_offload_prefix_form_validates_the_position(dagbag):
     assert set(params.keys()) == {"topic", "position", "max_bytes_per_second"}
     params_ok = _with(params, {"topic": "orders", "position": "12:0"})
     assert params_ok.validate() == {"topic": "orders", "position": "12:0", "max_bytes_per_second": None}
+    assert _with(params, {"topic": "orders", "position": "all"}).validate()["position"] == "all"
     for bad in ({"topic": "orders", "position": "12"}, {"topic": "", "position": "1:0"},
-                {"topic": "orders", "position": "1:0; drop"},
+                {"topic": "orders", "position": "1:0; drop"}, {"topic": "orders", "position": "All"},
+                {"topic": "orders", "position": "all\n"},
                 # what int() and re take but a position is not: Unicode digits, a trailing newline (`$` matches
                 # before it), control chars
                 {"topic": "orders", "position": "\u0661:\u0660"}, {"topic": "orders", "position": "\uff11:\uff10"},

@@ -60,6 +60,15 @@ def outcome(fn, text):
         return None
 
 
+@pytest.mark.parametrize("text", ["all", "all\n", "ALL", " all", "all:0", "al"])
+def test_offload_prefix_takes_all_and_nothing_like_it(text):
+    ok = text == "all"
+    assert (spec.prefix_position_arg(text) == "all") if ok else outcome(spec.prefix_position_arg, text) is None
+    assert outcome(spec.position_arg, text) is None  # any other job's position stays L:E
+    args = outcome(lambda t: spec.spark_submit_args("tiering_offload_prefix", topic="t", position=t), text)
+    assert args == (["--prefix=t", "--position=all"] if ok else None)
+
+
 @settings(max_examples=600, deadline=None)
 @given(positionish)
 def test_positions_accept_ascii_digits_only(text):
@@ -67,15 +76,17 @@ def test_positions_accept_ascii_digits_only(text):
     assert outcome(Position.parse, text) == want
     assert outcome(spec.position_arg, text) == want
     assert outcome(cli._position, text) == want
-    # the Airflow form: Params are validated with jsonschema, i.e. Python's re.search
-    try:
-        jsonschema.validate(text, {"type": "string", "pattern": spec.POSITION_PATTERN})
-        form_ok = True
-    except jsonschema.ValidationError:
-        form_ok = False
-    assert form_ok == (want is not None)
+    # the Airflow form: Params are validated with jsonschema, i.e. Python's re.search; offloadPrefix's form
+    # also takes "all" (every sealed ledger)
+    for pattern, also in ((spec.POSITION_PATTERN, False), (spec.PREFIX_POSITION_PATTERN, text == spec.ALL_SEALED)):
+        try:
+            jsonschema.validate(text, {"type": "string", "pattern": pattern})
+            form_ok = True
+        except jsonschema.ValidationError:
+            form_ok = False
+        assert form_ok == (want is not None or also)
     args = outcome(lambda t: spec.spark_submit_args("tiering_offload_prefix", topic="t", position=t), text)
-    assert args == (None if want is None else ["--prefix=t", f"--position={text}"])
+    assert args == (None if want is None and text != spec.ALL_SEALED else ["--prefix=t", f"--position={text}"])
 
 
 @settings(max_examples=600, deadline=None)

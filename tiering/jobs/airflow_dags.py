@@ -17,7 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow.timetables.trigger import CronTriggerTimetable
 
 from tiering.jobs.lineage import LineageMixin
-from tiering.jobs.spec import JOBS, POSITION_PATTERN, SIZE_PATTERN, TOPIC_MAX, TOPIC_PATTERN, JobSpec, RunParam
+from tiering.jobs.spec import JOBS, PREFIX_POSITION_PATTERN, SIZE_PATTERN, TOPIC_MAX, TOPIC_PATTERN, JobSpec, RunParam
 
 JDBC_JAR = "/usr/share/java/postgresql.jar"
 LOG4J = Path(__file__).resolve().parent / "log4j2.properties"  # Spark at WARN (TIERING_SPARK_LOG_LEVEL)
@@ -279,13 +279,13 @@ def _form_field(param: RunParam) -> Param:
         # The form does not check a pattern in the browser (Airflow 3.3 applies only min/maxLength to a
         # text field), and the server's 400 is jsonschema's text with the failing schema: under allOf that
         # schema is this small one, so the refusal quotes its sentence rather than the whole field.
-        return Param(type="string", title="Position (ledger:entry)", minLength=3, maxLength=37,
-                     allOf=[{"pattern": POSITION_PATTERN,
+        return Param(type="string", title="Position (ledger:entry, or all)", minLength=3, maxLength=37,
+                     allOf=[{"pattern": PREFIX_POSITION_PATTERN,
                              "description": "A position is two whole numbers joined by a colon: ledger:entry, "
-                                            "e.g. 12:0."}],
+                                            "e.g. 12:0; or all."}],
                      description="Offload every sealed ledger before this position: two whole "
                                  "numbers, the ledger id and the entry id, joined by a colon, "
-                                 "e.g. 12:0.")
+                                 "e.g. 12:0. all: every sealed ledger of the topic.")
     if param.name == "dest":
         return Param(None, type=["null", "string"], title="Destination", minLength=1,
                      description="Where to write the snapshot: s3://bucket/path or a local "

@@ -1,4 +1,5 @@
-"""Spark job: offload by age, by size, or Pulsar's offloadPrefix (`--prefix=TOPIC --position=L:E`)."""
+"""Spark job: offload by age, by size, or Pulsar's offloadPrefix (`--prefix=TOPIC --position=L:E`, or
+`--position=all`: every sealed ledger)."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,7 @@ from dataclasses import replace
 
 from tiering.errors import BadInput, TieringError
 from tiering.jobs.runner import ledger_item, run, topic_arg
-from tiering.jobs.spec import position_arg, size_arg
+from tiering.jobs.spec import ALL_SEALED, prefix_position_arg, size_arg
 from tiering.model import LedgerState
 from tiering.ops import offload
 from tiering.ops.offload_batch import batches
@@ -20,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tiering-offload")
     p.add_argument("--by", choices=["age", "size"])
     p.add_argument("--prefix", metavar="TOPIC", help="offloadPrefix: the topic")
-    p.add_argument("--position", type=position_arg, metavar="L:E", help="offloadPrefix: offload every sealed ledger before it")
+    p.add_argument("--position", type=prefix_position_arg, metavar="L:E",
+                   help=f"offloadPrefix: offload every sealed ledger before it ({ALL_SEALED!r}: every sealed ledger)")
     p.add_argument("--max-bytes-per-second", type=size_arg("--max-bytes-per-second", 0, INT64_MAX), default=None,
                    metavar="N", help="upload limit of the whole job, split across its tasks (default: "
                                      "TIERING_OFFLOAD_MAX_BYTES_PER_SECOND; 0: unlimited)")
@@ -39,7 +41,8 @@ def _plan(deps, args) -> list[dict]:
     if args.prefix is not None:
         if args.position is None:
             raise BadInput("--prefix needs --position L:E")
-        return _items(deps, offload.plan_offload_prefix(deps, args.prefix, args.position))
+        position = offload.end_of_sealed(deps, args.prefix) if args.position == ALL_SEALED else args.position
+        return _items(deps, offload.plan_offload_prefix(deps, args.prefix, position))
     if args.by is None:
         raise BadInput("give --by age|size or --prefix TOPIC --position L:E")
     return _items(deps, offload.plan_offload(deps, args.by, args.topic))

@@ -18,6 +18,9 @@ JOBS_DIR = Path(__file__).resolve().parent
 # re.search, where `$` also matches before a trailing newline: `(?!\n)` refuses that; in a browser's regex
 # `$` is the end already). Positions are ASCII digits; topic names have no control characters.
 POSITION_PATTERN = r"^[0-9]{1,18}:[0-9]{1,18}$(?!\n)"
+# offloadPrefix's position: L:E, or ALL_SEALED (every sealed ledger: the CLI's `offload-prefix --all-sealed`)
+ALL_SEALED = "all"
+PREFIX_POSITION_PATTERN = rf"^({ALL_SEALED}|[0-9]{{1,18}}:[0-9]{{1,18}})$(?!\n)"
 TOPIC_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]+$(?!\n)"
 
 
@@ -59,6 +62,11 @@ def position_arg(text: str) -> Position:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def prefix_position_arg(text: str) -> Position | str:
+    """offloadPrefix's `--position`: L:E, or ALL_SEALED."""
+    return ALL_SEALED if text == ALL_SEALED else position_arg(text)
+
+
 @dataclass(frozen=True)
 class RunParam:
     """A run parameter a job takes (an Airflow param and `dag_run.conf` key) and the job argument it becomes."""
@@ -69,7 +77,8 @@ class RunParam:
 
 
 def _check_position(text: str) -> str:
-    Position.parse(text)  # ASCII digits, the whole string
+    if text != ALL_SEALED:
+        Position.parse(text)  # ASCII digits, the whole string
     return text
 
 
