@@ -71,7 +71,10 @@ def check_tier2_copy(deps: Deps, led: Ledger) -> None:
     if chunk is None:
         raise Tier2CopyMissing(f"{what} is OFFLOADED but has no chunk row; tier-1 copy kept")
     heads = {key: object_head(deps.bucket, key) for key in (chunk.data_key, chunk.index_key)}
-    problem = check_lengths(chunk, lambda key: None if heads[key] is None else heads[key][0])
+
+    def length(key: str) -> int | None:
+        return None if heads[key] is None else heads[key][0]
+    problem = check_lengths(chunk, length)
     if problem is not None:
         raise Tier2CopyMissing(f"{what}: {problem}; tier-1 copy kept")
     etags = (heads[chunk.data_key][1], heads[chunk.index_key][1])
@@ -81,7 +84,7 @@ def check_tier2_copy(deps: Deps, led: Ledger) -> None:
                 if then is not None and now != then]
     if not replaced:
         return
-    problem = check_copy(deps, led, chunk)
+    problem = check_copy(deps, led, chunk, lengths=length)
     again = [object_head(deps.bucket, key) for key in (chunk.data_key, chunk.index_key)]
     if problem is None and tuple(head and head[1] for head in again) != etags:
         problem = "it was replaced again while it was checked"

@@ -121,7 +121,8 @@ class MultipartUpload:
     def copy(self, source_key: str, offset: int, length: int, if_match: str | None = None) -> bool:
         """A part that is bytes [offset, offset+length) of `source_key`, copied server-side (UploadPartCopy).
         False, writing nothing, when the server cannot find a source whose key holds '%'. `if_match`: the
-        source's ETag as written; a source replaced since fails the copy (the server's precondition).
+        source's ETag as written, sent as the copy's precondition (a server that honours it fails the copy of
+        a source replaced since; Ceph RGW ignores it, so callers also HEAD the source first).
 
         Keys percent-encode topics (`acc/big` -> `acc%2Fbig`), and Ceph RGW 16 decodes UploadPartCopy's copy
         source twice, so it looks for `acc/big/...` and answers NoSuchKey (its CopyObject decodes once). The
