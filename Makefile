@@ -69,7 +69,7 @@ bench: schema dist
 		&& $(PY) bench/bench_pipeline.py $(BENCH_ARGS) && $(PY) bench/bench_statements.py \
 		&& $(PY) bench/bench_idle_dag.py && $(PY) bench/bench_scale.py $(BENCH_ARGS) \
 		&& $(PY) bench/bench_spark_source.py && $(PY) bench/bench_throttle.py \
-		&& $(PY) bench/bench_tables.py && $(PY) bench/bench_series.py
+		&& $(PY) bench/bench_tables.py && $(PY) bench/bench_series.py && $(PY) bench/bench_offload_timeline.py
 
 stop:
 	@bash .ci/stop.sh

@@ -9,6 +9,8 @@ the others (benchkit.pinned), as with a remote S3.
 
     set -a; . .local/env; set +a
     .venv/bin/python bench/bench_offload_timeline.py --size-mib 16 --runs 11 --pin     # about a minute
+
+Results go to bench/results/offload_timeline.{json,md} (`make bench` runs it with its defaults).
 """
 from __future__ import annotations
 
@@ -17,12 +19,13 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_tier2 import UPLOAD_EXTRA, transfer_config  # noqa: E402
-from benchkit import MIB, Env, endpoint, pinned  # noqa: E402
+from benchkit import MIB, ROOT, Env, endpoint, loadavg, machine, pinned, rnd, save  # noqa: E402
 import tiering.ops.offload as offload_mod  # noqa: E402
 import tiering.tier2.offloader as offloader_mod  # noqa: E402
 
@@ -59,7 +62,14 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=11)
     ap.add_argument("--entry-size", type=int, default=4096)
     ap.add_argument("--pin", action="store_true", help="the Ceph daemons on CPU 0, this process on the others")
+    ap.add_argument("--quick", action="store_true", help="5 runs")
+    ap.add_argument("--private-moto", action="store_true", help="a moto server of its own (no timeline worth "
+                                                                 "reading: for checking the script)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
+    if args.quick:
+        args.runs = min(args.runs, 5)
+    started, load_before = time.perf_counter(), loadavg()
     tl = Timeline()
     tl.around(offload_mod, "check_bucket", "head")
     tl.around(offloader_mod, "put_bytes", "index")
@@ -71,7 +81,7 @@ def main() -> int:
             yield block
     offloader_mod.pack_blocks = packing
     ours, peer, runs = [], [], []
-    with endpoint(False) as url, pinned(url, args.pin) as pinning:
+    with endpoint(args.private_moto) as url, pinned(url, args.pin) as pinning:
         print(pinning)
         env = Env(url)
         tl.around(env.deps.meta, "begin_offload_batch", "begin")
@@ -102,16 +112,26 @@ def main() -> int:
         finally:
             env.close()
     ours_ms, peer_ms = statistics.median(ours), statistics.median(peer)
-    print(f"{args.size_mib} MiB, {args.runs} runs: offload {ours_ms:.0f} ms, upload_file {peer_ms:.0f} ms, "
-          f"ratio {peer_ms / ours_ms:.3f}")
     at = defaultdict(list)
     for marks in runs:
         seen = defaultdict(int)
         for name, ms in marks:
             seen[name] += 1
             at[f"{name}#{seen[name]}" if name in ("part", "packed") else name].append(ms)
-    for name, values in sorted(at.items(), key=lambda kv: statistics.median(kv[1])):
-        print(f"  {name:12s} {statistics.median(values):7.1f} ms")
+    timeline = {name: rnd(statistics.median(values), 1)
+                for name, values in sorted(at.items(), key=lambda kv: statistics.median(kv[1]))}
+    result = {"when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
+              "pinning": str(pinning), "load_before": load_before, "load_after": loadavg(),
+              "size_mib": args.size_mib, "entry_size": args.entry_size, "runs": args.runs,
+              "offload_ms": [rnd(x, 1) for x in ours], "upload_file_ms": [rnd(x, 1) for x in peer],
+              "ratio_upload_file_over_offload": rnd(peer_ms / ours_ms, 3), "timeline_median_ms": timeline,
+              "seconds": rnd(time.perf_counter() - started)}
+    md = (f"# One {args.size_mib} MiB offload against upload_file, and its timeline ({result['when']}; "
+          f"{result['pinning']}; load {load_before} -> {result['load_after']})\n\n"
+          f"{args.runs} runs each, alternating: offload {ours_ms:.0f} ms, upload_file {peer_ms:.0f} ms (medians), "
+          f"ratio **{peer_ms / ours_ms:.3f}**.\n\n| step | ms from the call (median) |\n|---|---:|\n" +
+          "".join(f"| {name} | {ms} |\n" for name, ms in timeline.items()) + "\n")
+    save(args.out, "offload_timeline", result, md, "bench_offload_timeline.py", args)
     return 0
 
 
