@@ -254,16 +254,16 @@ def fan_out(sc, items: list[dict], task: Callable[[Iterable[dict]], Iterator[dic
 
 
 def driver_job(job: str, topic: str | None, body_of: Callable[[Settings, Deps], Callable[[JobOutcome, int], None]],
-               outcome: JobOutcome | None = None) -> int:
-    """A job whose work runs on the driver (or starts Spark itself only when it has work): settings (exit 2
-    when they are wrong), its clients, `body_of(settings, deps)` recorded as one job_run row, the engine
-    disposed at the end."""
+               outcome: JobOutcome | None = None, kind: str | None = None) -> int:
+    """A job's frame: settings (exit 2 when they are wrong), its clients, `body_of(settings, deps)` recorded
+    as one job_run row (of `kind`, default the job's name), the engine disposed at the end. The body runs on
+    the driver and starts Spark itself when it has work."""
     settings = load_settings(job)
     if settings is None:
         return 2
     deps = deps_from(settings)
     try:
-        return recorded(job, run_ref(job), topic, deps.meta.engine, body_of(settings, deps), outcome)
+        return recorded(job, run_ref(kind or job), topic, deps.meta.engine, body_of(settings, deps), outcome)
     finally:
         deps.meta.engine.dispose()
 
@@ -280,46 +280,50 @@ def run(job: str, argv: list[str] | None, parser: argparse.ArgumentParser,
     `check(deps, items)`: after the items ran (or the Spark job failed), what the items not reported failed
     left undone; each sentence is a failure of the run (a lost attempt is never a green run)."""
     args = parser.parse_args(argv)
-    settings = load_settings(job)
-    if settings is None:
-        return 2
-    deps = deps_from(settings)
 
-    def body(outcome: JobOutcome, _run_id: int) -> None:
-        items = plan(deps, args)
-        outcome.details["planned"] = len(items)
-        if (ledgers := planned_ledgers(items)) is not None and ledgers != len(items):
-            outcome.details["planned_ledgers"] = ledgers
-        if items:
-            sc = spark_context(f"tiering-{job}", outcome)
-            if prepare is not None:
-                items = prepare(deps, args, items, sc.defaultParallelism)
-            token = root_token(settings.tier1_root) if tier1 else None
-            try:
-                parts = fan_out(sc, items, executor_task(settings, work, token), outcome)
-            except BaseException:
-                if check is not None:  # the job failed: name what it left undone, then fail with its cause
-                    _checked(deps, check, items, outcome)
-                raise
-            reported = []
-            for p in parts:
-                outcome.add(JobOutcome(p["done"], p["failed"], p["bytes"], p["errors"]))
-                outcome.details["skipped"] = outcome.details.get("skipped", 0) + p["skipped"]
-                reported += p["failed_items"]
-            failed = {json.dumps(i, sort_keys=True) for i in reported}
-            unfailed = [i for i in items if json.dumps(i, sort_keys=True) not in failed]
-            if check is not None:
-                _checked(deps, check, unfailed, outcome)
-            try:
-                if moved := moved_ledgers(unfailed, deps.meta.planning.entry_counts):
-                    outcome.details["moved"] = moved
-            except Exception as exc:  # noqa: BLE001 - lineage's numbers never fail work that was done
-                print(f"{job}: warning: what moved not recorded: {type(exc).__name__}", file=sys.stderr)
-        if finish is not None:
-            finish(deps, args, outcome)
+    def body_of(settings: Settings, deps: Deps) -> Callable[[JobOutcome, int], None]:
+        def body(outcome: JobOutcome, _run_id: int) -> None:
+            items = plan(deps, args)
+            outcome.details["planned"] = len(items)
+            if (ledgers := planned_ledgers(items)) is not None and ledgers != len(items):
+                outcome.details["planned_ledgers"] = ledgers
+            if items:
+                _fan_out_items(job, settings, deps, args, items, outcome, work, tier1, prepare, check)
+            if finish is not None:
+                finish(deps, args, outcome)
+        return body
 
     topic = getattr(args, "topic", None) or getattr(args, "prefix", None)
-    return recorded(job, run_ref(kind(args) if kind else job), topic, deps.meta.engine, body)
+    return driver_job(job, topic, body_of, kind=kind(args) if kind else None)
+
+
+def _fan_out_items(job: str, settings: Settings, deps: Deps, args: argparse.Namespace, items: list[dict],
+                   outcome: JobOutcome, work: Work, tier1: bool, prepare, check: Check | None) -> None:
+    """The planned items on the executors, their reports added to `outcome`, what they left undone checked."""
+    sc = spark_context(f"tiering-{job}", outcome)
+    if prepare is not None:
+        items = prepare(deps, args, items, sc.defaultParallelism)
+    token = root_token(settings.tier1_root) if tier1 else None
+    try:
+        parts = fan_out(sc, items, executor_task(settings, work, token), outcome)
+    except BaseException:
+        if check is not None:  # the job failed: name what it left undone, then fail with its cause
+            _checked(deps, check, items, outcome)
+        raise
+    reported = []
+    for p in parts:
+        outcome.add(JobOutcome(p["done"], p["failed"], p["bytes"], p["errors"]))
+        outcome.details["skipped"] = outcome.details.get("skipped", 0) + p["skipped"]
+        reported += p["failed_items"]
+    failed = {json.dumps(i, sort_keys=True) for i in reported}
+    unfailed = [i for i in items if json.dumps(i, sort_keys=True) not in failed]
+    if check is not None:
+        _checked(deps, check, unfailed, outcome)
+    try:
+        if moved := moved_ledgers(unfailed, deps.meta.planning.entry_counts):
+            outcome.details["moved"] = moved
+    except Exception as exc:  # noqa: BLE001 - lineage's numbers never fail work that was done
+        print(f"{job}: warning: what moved not recorded: {type(exc).__name__}", file=sys.stderr)
 
 
 def _checked(deps: Deps, check: Check, items: list[dict], outcome: JobOutcome) -> None:
