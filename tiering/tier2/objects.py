@@ -214,7 +214,9 @@ def list_page(b: Bucket, start_after: str = "", max_keys: int = 1000) -> ListedP
 def composite_etag(parts: list[dict]) -> str | None:
     """The ETag S3, Ceph RGW and MinIO give a completed multipart object (what HEAD answers): the MD5 of its
     parts' binary MD5s, then "-" and their count. RGW answers CompleteMultipartUpload with an empty ETag, so
-    the upload computes it. None when a part's ETag is not an MD5 (a server encrypting with KMS, say)."""
+    the upload computes it. None when a part's ETag is not 16 bytes in hex. A server that derives the
+    object's ETag otherwise (with KMS encryption, say) answers HEAD with another one: delete-lagged then
+    checks that ledger's copy once and records HEAD's."""
     try:
         digests = [bytes.fromhex(p["ETag"].strip('"')) for p in parts]
     except ValueError:
@@ -225,10 +227,10 @@ def composite_etag(parts: list[dict]) -> str | None:
 
 
 def put_bytes(b: Bucket, key: str, body: bytes, metadata: dict[str, str]) -> str | None:
-    """One PUT with a CRC32C the server checks. Returns the object's ETag."""
+    """One PUT with a CRC32C the server checks. Returns the object's ETag (None: the server gave none)."""
     try:
         return b.s3.put_object(Bucket=b.name, Key=key, Body=body, Metadata=metadata,
-                               ChecksumAlgorithm="CRC32C").get("ETag")
+                               ChecksumAlgorithm="CRC32C").get("ETag") or None
     except (ClientError, BotoCoreError) as exc:
         raise tier2_error("PUT", key, exc) from None
 
