@@ -169,12 +169,14 @@ class Reading(chain):
         self._pieces.close()
 
 
-_new_entry = partial(tuple.__new__, Entry)  # Entry from a (ledger_id, entry_id, data) tuple, without a frame
+_ENTRY_TYPES = repeat(Entry)
 
 
 def _batch_entries(ledger_id: int, batch: tuple[int, list[bytes]]) -> Iterator[Entry]:
     first, payloads = batch
-    return map(_new_entry, zip(repeat(ledger_id), count(first), payloads))
+    # tuple.__new__(Entry, (ledger_id, entry_id, data)) per entry: no Python frame (as Entry(...) would run),
+    # and map calls it directly (a partial in between cost ~40 ns an entry)
+    return map(tuple.__new__, _ENTRY_TYPES, zip(repeat(ledger_id), count(first), payloads))
 
 
 def _batch_pairs(first: int, payloads: list[bytes]) -> Iterator[tuple[int, bytes]]:

@@ -127,3 +127,16 @@ def test_a_uniform_run_is_parsed_in_one_pass_not_page_by_page(monkeypatch):
     run = next(runs_of_one_block(pages, 5))
     monkeypatch.setattr(pages_module, "page_payloads", lambda *a, **k: pytest.fail("parsed page by page"))
     assert parse_run(data, run) == [b"y" * 1000] * (run[-1][1] - run[0][0] + 1)
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_uniform_payloads_are_bytes_with_their_trailing_zero_bytes(kind):
+    """The vectorised pass makes each payload as one opaque item of the page: it must come back as `bytes`
+    (not an array scalar), keep trailing NUL bytes (a fixed-width string type would strip them) and not
+    depend on the buffer type the caller holds."""
+    payloads = [bytes([i % 7]) + b"\0" * 99 for i in range(2000)]
+    data, pages = packed(payloads)
+    run = next(runs_of_one_block(pages, 4))
+    got = parse_run(kind(data), run)
+    assert all(type(p) is bytes for p in got)
+    assert got == payloads[run[0][0]:run[-1][1] + 1]

@@ -203,7 +203,7 @@ class OffloadedLedger:
             for r_first, r_last in _block_runs(index, a, b_, starts):  # one parsing pass per run of one block
                 r_start, r_end = index.page_span(r_first)[0], index.page_span(r_last)[1]
                 p_first, p_last = firsts[r_first], pages.last_entry(r_last, index.entry_count)
-                payloads = run_payloads(data, [index.page_span(p)[0] - start for p in range(r_first, r_last + 1)],
+                payloads = run_payloads(data, [o - start for o in pages.offsets[r_first:r_last + 1]],
                                         r_end - start, firsts[r_first:r_last + 1], p_last,
                                         block_start=r_start in starts, block_end=r_end in ends, where=where,
                                         base=base + start)
