@@ -3,6 +3,8 @@ see the tier-1 files (another machine, an unmounted share) fails the item, namin
 metadata saying the copy exists; a rerun on the right root finishes. Real PostgreSQL and S3."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.integration.helpers import entries, make_deps, produce
@@ -80,3 +82,41 @@ def test_a_tombstone_of_a_copy_still_recorded_is_not_swept(deps):
     deps.tier1.retire("k3", 0)
     assert delete_lagged(deps, "k3").deleted == []
     assert deps.tier1.retired_ids("k3") == [0]
+
+
+class _Overtaken:
+    """A tier-1 store whose `retire` first lets another worker delete the same copy to the end (rename,
+    record, purge): the interleaving of two runs that planned the same ledger."""
+
+    def __init__(self, tier1, other):
+        self._tier1, self._other, self.overtaken = tier1, other, 0
+
+    def __getattr__(self, name):
+        return getattr(self._tier1, name)
+
+    def retire(self, topic, ledger_id):
+        assert delete_copy(self._other, self._other.meta.get_ledger(topic, ledger_id))
+        self.overtaken += 1
+        return self._tier1.retire(topic, ledger_id)
+
+
+def test_a_copy_another_run_deleted_meanwhile_is_skipped_not_failed(deps, db, s3_client, bucket):
+    _offloaded(deps, "race", n=2)
+    other = make_deps(db, s3_client, bucket, deps.tier1.root)
+    slow = make_deps(db, s3_client, bucket, deps.tier1.root)
+    slow = replace(slow, tier1=_Overtaken(slow.tier1, other))
+    report = delete_lagged(slow, "race")
+    assert slow.tier1.overtaken == 2
+    assert report.failed == [] and report.deleted == [] and sorted(report.skipped) == [("race", 0), ("race", 1)]
+    assert [led.tier1_present for led in deps.meta.list_ledgers("race")] == [False, False, True]
+    assert not deps.tier1.exists("race", 0) and deps.tier1.retired_ids("race") == []
+
+
+def test_retention_racing_another_run_removes_each_file_once_and_does_not_fail(deps, db, s3_client, bucket):
+    _offloaded(deps, "rrace", n=3, policy=TopicPolicy(retention_bytes=300, **BIG))
+    other = make_deps(db, s3_client, bucket, deps.tier1.root)
+    slow = make_deps(db, s3_client, bucket, deps.tier1.root)
+    slow = replace(slow, tier1=_Overtaken(slow.tier1, other))
+    report = retention(slow, "rrace")
+    assert slow.tier1.overtaken == 2 and report.files_removed == 0
+    assert not deps.tier1.exists("rrace", 0) and not deps.tier1.exists("rrace", 1) and deps.tier1.exists("rrace", 2)

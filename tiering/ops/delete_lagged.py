@@ -6,7 +6,8 @@ the tombstone is removed. Killed after the rename, metadata still says the copy 
 to tier 2 (the ledger is OFFLOADED), and a rerun finds the tombstone and marks it; killed after the mark,
 the next plan sweeps the tombstone. The other order could leave a file nobody would ever delete. A copy
 that is neither there nor renamed fails the item (`LedgerFileMissing` naming the path): it is what a worker
-that does not see the tier-1 root finds, and reporting it deleted would leave the real file forever.
+that does not see the tier-1 root finds, and reporting it deleted would leave the real file forever; unless
+its row shows that another run deleted it since it was read (a skip, as for any ledger that moved on).
 
 Before deleting the copy of an OFFLOADED ledger, the tier-2 objects its chunk row names are checked by
 HEAD: each must exist and be at least offset + length long. One whose ETag is not the one its upload got
@@ -24,6 +25,7 @@ from tiering.errors import ConditionalUpdateFailed, Tier2CopyMissing, TieringErr
 from tiering.model import Ledger, LedgerState
 from tiering.ops.context import Deps, select_topics
 from tiering.ops.repair import check_copy, check_lengths
+from tiering.tier1 import LedgerFileMissing
 from tiering.tier2.objects import object_head
 
 
@@ -54,7 +56,16 @@ def delete_copy(deps: Deps, led: Ledger) -> bool:
             check_tier2_copy(deps, current)
         except ConditionalUpdateFailed:
             return False  # its chunk moved (repair, defrag) while the replaced object was checked
-    deps.tier1.retire(led.topic, led.ledger_id)  # raises when the copy is not where it should be
+    try:
+        deps.tier1.retire(led.topic, led.ledger_id)
+    except LedgerFileMissing:
+        # Gone: another worker may have retired, recorded and purged this very copy since `current` was
+        # read (concurrent delete-lagged, retention or truncate runs): then it is theirs, not a failure.
+        # Otherwise the file is not where metadata says (a wrong root): that is a failure, and it stays one.
+        now = deps.meta.get_ledger(led.topic, led.ledger_id)
+        if now.version != current.version or not now.tier1_present:
+            return False
+        raise
     try:
         deps.meta.mark_tier1_deleted(current)
     except ConditionalUpdateFailed:
