@@ -15,7 +15,7 @@ from tiering.errors import BadInput
 from tiering.metadata.attributes import Attributes, AttributeUpdate, Verb
 from tiering.metadata.repository import MetadataStore
 from tiering.model import Ledger, LedgerState, Position
-from tiering.tier1 import Tier1Store
+from tiering.tier1 import LedgerFileExists, Tier1Store
 
 MAX_ENTRY_BYTES = 2**31 - 1 - 12  # the PIP-17 entry length is an int32
 
@@ -39,10 +39,9 @@ class ManagedLedgerWriter:
         open_ = meta.list_ledgers(topic_name, [LedgerState.OPEN])
         if open_:  # resume the open ledger; a crash may have torn its tail
             self._ledger = open_[0]
-            if tier1.exists(topic_name, self._ledger.ledger_id):
-                self._writer = tier1.open_writer(topic_name, self._ledger.ledger_id)
-            else:
-                self._writer = tier1.create_ledger(topic_name, self._ledger.ledger_id)
+            # An OPEN row always has its file (made before the row, below): a missing one is a wrong tier-1
+            # root or a lost file, and writing a new file would hand out its positions a second time.
+            self._writer = tier1.open_writer(topic_name, self._ledger.ledger_id)
             self._entries = self._writer.entry_count
             self._bytes = self._writer.size_bytes
 
@@ -52,10 +51,7 @@ class ManagedLedgerWriter:
         if len(payload) > MAX_ENTRY_BYTES:
             raise BadInput(f"an entry is at most {MAX_ENTRY_BYTES} bytes, got {len(payload)}")
         if self._writer is None:
-            self.tier1.check_root()  # before the ledger row: a bad root must not leave an OPEN row behind
-            self._ledger = self.meta.open_ledger(self.topic.name)
-            self._writer = self.tier1.create_ledger(self.topic.name, self._ledger.ledger_id)
-            self._entries = self._bytes = 0
+            self._open_next()
         entry_id = self._writer.append(bytes(payload))
         self._entries += 1
         self._bytes += len(payload)
@@ -64,6 +60,29 @@ class ManagedLedgerWriter:
         if self._entries >= policy.rollover_entries or self._bytes >= policy.rollover_bytes:
             self.seal()
         return position
+
+    def _open_next(self) -> None:
+        """The next ledger: its empty file first, then its OPEN row (by compare-and-set on the topic's next
+        id). Killed in between, an empty file with no row is left, which the next writer takes over; the
+        other order left a row without a file, which a later writer could not tell from a wrong root."""
+        name = self.topic.name
+        self.tier1.check_root()
+        ledger_id = self.meta.get_topic(name).next_ledger_id
+        try:
+            writer = self.tier1.create_ledger(name, ledger_id)
+        except LedgerFileExists:
+            writer = self.tier1.open_writer(name, ledger_id)  # raises while another writer holds it
+            if writer.entry_count:
+                writer.close()
+                raise LedgerFileExists(f"ledger {ledger_id} of topic {name!r} has entries in tier 1 but no row "
+                                       "in metadata: it is not written over") from None
+        try:
+            self._ledger = self.meta.open_ledger(name, ledger_id)
+        except BaseException:
+            writer.close()
+            raise
+        self._writer = writer
+        self._entries = self._bytes = 0
 
     def append_once(self, payload: bytes, writer_id: str, event_number: int) -> AppendResult:
         """Append unless this writer's event `event_number` was already appended."""

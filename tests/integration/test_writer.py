@@ -10,7 +10,7 @@ from tiering.metadata.attributes import Attributes
 from tiering.metadata.repository import MetadataStore
 from tiering.model import LedgerState as S, Position, TopicPolicy
 from tiering.read import Entry, ReadHandle
-from tiering.tier1 import Tier1Store
+from tiering.tier1 import LedgerFileExists, LedgerFileMissing, Tier1Store
 from tiering.writer import ManagedLedgerWriter
 
 
@@ -77,3 +77,37 @@ def test_append_refuses_what_the_format_cannot_hold(meta, tier1_root):
     with pytest.raises(BadInput):
         w.append_once(b"x", "w", -1)
     assert meta.list_ledgers("y") == []  # nothing written
+
+
+def test_an_open_ledger_whose_file_is_not_there_is_refused_not_started_again(meta, tier1_root, tmp_path):
+    t1 = Tier1Store(tier1_root)
+    meta.create_topic("w")
+    w = ManagedLedgerWriter(meta, t1, "w")
+    assert [w.append(b"%d" % i) for i in range(3)][-1] == Position(0, 2)
+    w.close()
+    wrong = Tier1Store(tmp_path / "not-the-root")  # another machine's view, or a typo in the setting
+    with pytest.raises(LedgerFileMissing):
+        ManagedLedgerWriter(meta, wrong, "w")
+    [led] = meta.list_ledgers("w")
+    assert (led.state, led.version) == (S.OPEN, 0) and not wrong.exists("w", 0)
+    w = ManagedLedgerWriter(meta, t1, "w")  # the right root goes on where it was
+    assert w.append(b"3") == Position(0, 3)
+    assert w.seal().entry_count == 4
+
+
+def test_a_file_made_before_its_row_is_taken_over_only_while_empty(meta, tier1_root):
+    t1 = Tier1Store(tier1_root)
+    meta.create_topic("f", TopicPolicy(rollover_entries=2))
+    t1.create_ledger("f", 0).close()  # a writer killed between the new ledger's file and its row
+    w = ManagedLedgerWriter(meta, t1, "f")
+    assert [w.append(b"a"), w.append(b"b"), w.append(b"c")] == [Position(0, 0), Position(0, 1), Position(1, 0)]
+    w.close()
+    meta.create_topic("g")
+    stray = t1.create_ledger("g", 0)  # entries with no row: never written over
+    stray.append(b"kept")
+    stray.close()
+    with pytest.raises(LedgerFileExists):
+        ManagedLedgerWriter(meta, t1, "g").append(b"new")
+    assert meta.list_ledgers("g") == [] and meta.get_topic("g").next_ledger_id == 0
+    with t1.reader("g", 0) as r:
+        assert [data for _, data in r.iter_entries()] == [b"kept"]

@@ -176,17 +176,24 @@ class MetadataStore:
         return attempt_locks.new_attempt(self.engine)
 
     # ---------------------------------------------------------------- ledgers: transitions
-    def open_ledger(self, topic_name: str) -> Ledger:
-        """Allocate the topic's next ledger id and create it OPEN (at most one OPEN ledger per topic)."""
+    def open_ledger(self, topic_name: str, ledger_id: int | None = None) -> Ledger:
+        """Allocate the topic's next ledger id and create it OPEN (at most one OPEN ledger per topic).
+        `ledger_id`: the id the caller read as next (and made the tier-1 file of), taken only while it still
+        is the next one (compare-and-set); ConditionalUpdateFailed otherwise."""
         check_topic_name(topic_name, existing=True)
         try:
             with self.engine.begin() as conn:
+                cond = [topic.c.name == topic_name]
+                if ledger_id is not None:
+                    cond.append(topic.c.next_ledger_id == ledger_id)
                 row = conn.execute(
-                    update(topic).where(topic.c.name == topic_name)
+                    update(topic).where(*cond)
                     .values(next_ledger_id=topic.c.next_ledger_id + 1)
                     .returning(topic.c.topic_id, topic.c.next_ledger_id)).one_or_none()
                 if row is None:
-                    raise TopicNotFound(topic_name)
+                    now = self.get_topic(topic_name, conn)  # an unknown topic says so
+                    raise ConditionalUpdateFailed(f"topic {topic_name!r}", f"next ledger id {ledger_id}",
+                                                  f"next ledger id {now.next_ledger_id}")
                 conn.execute(insert(ledger).values(topic_id=row.topic_id, ledger_id=row.next_ledger_id - 1,
                                                    state=S.OPEN.value))
                 return self.get_ledger(topic_name, row.next_ledger_id - 1, conn)
