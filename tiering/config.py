@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from pathlib import Path
@@ -125,6 +126,7 @@ INTS: dict[str, IntSetting] = {v.field: v.ints for v in VARIABLES if v.ints}  # 
 
 
 SSE_MODES = ("none", "AES256", "aws:kms")
+_BUCKET_NAME = re.compile(r"[A-Za-z0-9._-]{3,255}")
 SSE_C_KEY_BYTES = 32  # SSE-C is AES-256: S3 takes exactly a 256-bit key
 PG_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
@@ -210,6 +212,9 @@ class Settings:
     def validated(self) -> "Settings":
         if not self.bucket or len(self.bucket) < 3:
             raise ConfigError("TIERING_BUCKET must be a bucket name of at least 3 characters")
+        if not _BUCKET_NAME.fullmatch(self.bucket) and not self.bucket.startswith("arn:"):
+            # botocore's own rule (it refuses anything else before sending): said here, as a setting's error
+            raise ConfigError("TIERING_BUCKET must be a bucket name: letters, digits, '.', '-' and '_' only")
         _check_tier1_root(self.tier1_root)
         if self.s3_sse not in SSE_MODES:
             raise ConfigError(f"TIERING_S3_SSE must be one of {', '.join(SSE_MODES)}")
@@ -402,7 +407,7 @@ def _database_url(url: str) -> str:
     try:
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError:
-        raise ConfigError("TIERING_DATABASE_URL has a port that is not a number") from None
+        raise ConfigError("TIERING_DATABASE_URL's port must be a whole number from 0 to 65535") from None
     sslmode = database_ssl_params(url).get("sslmode")
     if sslmode is not None and sslmode not in PG_SSLMODES:
         raise ConfigError(f"TIERING_DATABASE_URL's sslmode must be one of {', '.join(PG_SSLMODES)}")
@@ -433,9 +438,13 @@ def _endpoint(url: str | None, name: str) -> str | None:
 
 
 def _prefix(prefix: str) -> str:
+    if not prefix.strip("/"):
+        # GC's sweep deletes what nothing references under the prefix: without one, every object in the
+        # bucket (another store's, anyone's) would be the store's to collect
+        raise ConfigError("TIERING_PREFIX must not be empty: the store needs a key prefix of its own in the bucket")
     if prefix.startswith("/") or ".." in prefix.split("/"):
         raise ConfigError("TIERING_PREFIX must be relative and must not contain '..'")
-    if prefix and not prefix.endswith("/"):
+    if not prefix.endswith("/"):
         prefix += "/"
     return prefix
 

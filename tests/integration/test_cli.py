@@ -352,7 +352,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(cli, deps, monkeypatch
                               "malformed position 'a:b'", "-3 is negative", "-1 is not positive",
                               "--entries needs --entry-size", "1 to 1024 characters", "valid UTF-8",
                               "TIERING_DATABASE_URL is not set", "TIERING_TIER1_ROOT is not set",
-                              "TIERING_DATABASE_URL has a port that is not a number", "TIERING_DATABASE_URL must be a postgresql://",
+                              "TIERING_DATABASE_URL's port must be a whole number", "TIERING_DATABASE_URL must be a postgresql://",
                               "TIERING_BLOCK_SIZE must be at least 5 MiB"]):
         assert text in messages[i], (cases[i], messages[i])
 

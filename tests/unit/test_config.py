@@ -33,6 +33,10 @@ def test_missing_variable_is_named(missing):
     ("TIERING_UPLOAD_CONCURRENCY", "0"),
     ("TIERING_PREFIX", "../escape/"),
     ("TIERING_BUCKET", "b"),
+    ("TIERING_BUCKET", "Bad_Bucket!"),
+    ("TIERING_PREFIX", ""),
+    ("TIERING_PREFIX", "/"),
+    ("TIERING_DATABASE_URL", "postgresql://u:s3cret@h:99999/db"),
 ])
 def test_malformed_variable_is_named_without_its_value(var, value):
     with pytest.raises(ConfigError) as err:
