@@ -44,7 +44,7 @@ class Parser(argparse.ArgumentParser):
 _SEEN = "_options_seen"
 
 
-def _once(base: type[argparse.Action]) -> type[argparse.Action]:
+def _once(base: type[argparse.Action], why: str = "it takes one value") -> type[argparse.Action]:
     """`base` that refuses a second occurrence of its option in one command line."""
     class Once(base):
         def __call__(self, parser, namespace, values, option_string=None):
@@ -53,7 +53,7 @@ def _once(base: type[argparse.Action]) -> type[argparse.Action]:
                 seen = set()
                 setattr(namespace, _SEEN, seen)
             if self.dest in seen:
-                raise argparse.ArgumentError(self, "given more than once (it takes one value)")
+                raise argparse.ArgumentError(self, f"given more than once ({why})")
             seen.add(self.dest)
             super().__call__(parser, namespace, values, option_string)
     Once.__name__ = f"Once{base.__name__}"
@@ -61,7 +61,11 @@ def _once(base: type[argparse.Action]) -> type[argparse.Action]:
 
 
 _ONCE = {"store": _once(argparse._StoreAction), "store_true": _once(argparse._StoreTrueAction),
-         "store_false": _once(argparse._StoreFalseAction), "store_const": _once(argparse._StoreConstAction)}
+         "store_false": _once(argparse._StoreFalseAction), "store_const": _once(argparse._StoreConstAction),
+         # Passed as a class, not a name: the registry maps the class itself. Both spellings are one action
+         # (one dest), so `--x --no-x` is refused too instead of the last one silently winning.
+         argparse.BooleanOptionalAction: _once(argparse.BooleanOptionalAction,
+                                               "it is on or off: give one spelling once")}
 
 
 def _int(text: str, lo: int, hi: int) -> int:

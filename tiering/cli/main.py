@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 from tiering.cli import data, metadata, pipeline, subscriptions, tables, topics, verify
-from tiering.cli.args import Parser
+from tiering.cli.args import EXIT_BAD_INPUT, Parser
 from tiering.cli.context import Context
 from tiering.cli.output import error, output_for
 from tiering.errors import TieringError
@@ -29,6 +29,8 @@ def build_parser() -> Parser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _quiet_libraries()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    refuse_non_utf8(argv)
     args = build_parser().parse_args(argv)
     try:
         ctx = Context()
@@ -50,6 +52,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # services down and the like: one line, no traceback, no secrets
         error(describe_failure(exc))
         return 1
+
+
+def refuse_non_utf8(argv: Sequence[str]) -> None:
+    """Bytes that are not UTF-8 reach us as lone surrogates (surrogateescape), which fail only later when
+    encoded (a path, a seed, a SQL parameter) with exit 1: refuse them as bad input first. The argument is
+    named by its number, not shown: its bytes are what cannot be written."""
+    for number, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            error(f"argument {number} is not valid UTF-8")
+            raise SystemExit(EXIT_BAD_INPUT) from None
 
 
 def describe_failure(exc: Exception) -> str:

@@ -21,20 +21,26 @@ from typing import Callable, Iterable
 from tiering.cli.args import one_line
 
 
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)\S*@")  # greedy: up to the last @ of the URL
+
+
 def redact(text: str) -> str:
-    """Mask the secrets of the environment (the database password, the S3 secret key) in a message."""
-    from urllib.parse import unquote, urlsplit
+    """Mask the secrets of the environment (the database password, the S3 secret key) in a message, and the
+    user info of any URL in it. A password with an unescaped `@` is split differently by each parser (the
+    driver may take its tail for the host and print it with no URL around it), so the user info is taken up
+    to the last `@` and each piece of the password between `@`, `/`, `?` or `#` is masked too."""
+    from urllib.parse import unquote
 
     secrets = [os.environ.get("AWS_SECRET_ACCESS_KEY") or ""]
-    try:
-        password = urlsplit(os.environ.get("TIERING_DATABASE_URL", "")).password
-    except ValueError:
-        password = None
-    if password:
-        secrets += [password, unquote(password)]
+    url = os.environ.get("TIERING_DATABASE_URL", "")
+    userinfo = url.split("://", 1)[1].rpartition("@")[0] if "://" in url else ""
+    if ":" in userinfo:
+        password = userinfo.split(":", 1)[1]
+        for s in [password, *re.split(r"[@/?#]", password)]:
+            secrets += [s, unquote(s)]
     for s in sorted((s for s in secrets if len(s) >= 3), key=len, reverse=True):
         text = text.replace(s, "***")
-    return text
+    return _USERINFO.sub(r"\1***@", text)
 
 
 def error(message: str) -> None:
