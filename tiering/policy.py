@@ -47,13 +47,15 @@ def offload_by_size(ledgers: Sequence[Ledger], policy: TopicPolicy,
     return chosen[::-1]
 
 
-def offload_prefix(ledgers: Sequence[Ledger], position: Position) -> list[Ledger]:
+def offload_prefix(ledgers: Sequence[Ledger], position: Position, open_entries: int | None = None) -> list[Ledger]:
     """Pulsar's offloadPrefix: every sealed, non-empty ledger wholly before the position: with an id below
     the position's ledger, or the position's own ledger when the position is one past its last entry (a
     sealed ledger's `L:<entry count>`, so the last sealed ledger can be offloaded by hand). The end of the
     topic is a position too: `end_of_sealed`, or the next ledger's `N:0` after a seal.
 
-    A position before the first ledger or beyond the end of the topic is an error."""
+    A position before the first ledger or beyond the end of the topic is an error, as is one past the end of
+    its ledger: a sealed ledger's entry count, the open ledger's `open_entries` (its tier-1 file's count, which
+    metadata learns only at seal; None: not checked)."""
     live = [led for led in ledgers if led.state != S.DELETED]
     if not live:
         raise BadInput("the topic has no ledgers to offload")
@@ -68,9 +70,10 @@ def offload_prefix(ledgers: Sequence[Ledger], position: Position) -> list[Ledger
                        + (f", {newest.entry_count} entries: its end is {last}:{newest.entry_count} or {last + 1}:0)"
                           if newest.state != S.OPEN else ", open)"))
     target = next((led for led in ledgers if led.ledger_id == position.ledger_id), None)
-    if target is not None and target.state != S.OPEN and position.entry_id > target.entry_count:
-        raise BadInput(f"position {position} is beyond the end of ledger {target.ledger_id} "
-                       f"({target.entry_count} entries)")
+    count = None if target is None else open_entries if target.state == S.OPEN else target.entry_count
+    if count is not None and position.entry_id > count:
+        raise BadInput(f"position {position} is beyond the end of ledger {target.ledger_id} ({count} entries"
+                       + (", open)" if target.state == S.OPEN else ")"))
     return [led for led in sorted(ledgers, key=lambda x: x.ledger_id)
             if before(led, position) and _offloadable(led)]
 

@@ -121,7 +121,7 @@ def check_start(ctx: Context, topic: str, start) -> None:
     """A read's first position must be in the topic: past the end of the topic, or past the end of its ledger,
     is a mistake (exit 2), not an empty read. Its end itself is fine (nothing to print yet): one past the last
     entry of a ledger, or the next ledger's first position once the last one is sealed. A trimmed ledger
-    reads as a TRIMMED gap."""
+    reads as a TRIMMED gap, within its entry count."""
     ledgers = ctx.meta.list_ledgers(topic)  # an unknown topic fails here
     led = next((x for x in ledgers if x.ledger_id == start.ledger_id), None)
     if led is None:
@@ -132,11 +132,11 @@ def check_start(ctx: Context, topic: str, start) -> None:
             return
         raise BadInput(f"position {start} is beyond the end of topic {topic!r}"
                        + (f" (last ledger {newest.ledger_id})" if newest else " (no ledgers)"))
-    if led.state == LedgerState.DELETED:
-        return
+    # a trimmed ledger keeps its entry count: a position past it is past its end like any other ledger's
     count = ctx.tier1.extent(led)[0]
     if start.entry_id > count:
-        raise BadInput(f"position {start} is beyond the end of ledger {led.ledger_id} ({count} entries)")
+        raise BadInput(f"position {start} is beyond the end of ledger {led.ledger_id} ({count} entries"
+                       + (", trimmed)" if led.state == LedgerState.DELETED else ")"))
 
 
 ACK_EVERY = 1000  # a long `read --ack` acknowledges as it goes, each time after flushing what it printed
@@ -168,7 +168,12 @@ def cmd_read(ctx: Context, args, out: Output) -> int:
             from tiering.ops.subscriptions import ack
 
             sys.stdout.flush()  # acknowledged only once printed: a reader killed before this re-reads them
-            ack(ctx.deps, args.name, args.subscription, last)
+            # retention (a ceiling, an expiry) or another reader may have moved the subscription past what was
+            # printed meanwhile: that is no bad input, the subscription stays where it is
+            sub = ack(ctx.deps, args.name, args.subscription, last, printed=True)
+            if sub.position is not None and sub.position > last:
+                sys.stderr.write(f"tiering: subscription {args.subscription!r} was moved to {sub.position} meanwhile, "
+                                 f"past the last entry printed ({last}); left there\n")
             acked = last
 
     try:

@@ -17,7 +17,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from tiering import policy
-from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
+from tiering.errors import BadInput, ConditionalUpdateFailed, LedgerNotFound, TieringError
 from tiering.metadata.subscriptions import active, topic_row
 from tiering.metadata.tables import topic, topic_tombstone
 from tiering.model import EXPIRED, Ledger, LedgerState, Position, Subscription, Topic
@@ -86,21 +86,24 @@ class Trims:
 
     # ------------------------------------------------------------------------------------------ truncate
     def truncate(self, topic_name: str, before: Position, force: bool, gc_delay: timedelta,
-                 dry_run: bool = False) -> TrimResult:
+                 dry_run: bool = False, open_entries: Callable[[Ledger], int] | None = None) -> TrimResult:
         """Delete every whole ledger before `before`'s ledger (never the open one). Refused (BadInput, nothing
         changed) when that deletes entries an ACTIVE subscription has not read, unless `force`, which records
         the loss. `dry_run`: the same decision, without locks, returning what it would delete and take from
-        each subscription; nothing is written."""
-        return _replanning(lambda: self._truncate(topic_name, before, force, gc_delay, dry_run))
+        each subscription; nothing is written. A position past the end of its ledger is refused too (BadInput):
+        a sealed or trimmed ledger's entry count, the open ledger's `open_entries(ledger)` (its tier-1 file's
+        count: metadata learns it only at seal; without it the open ledger's entry id is not checked)."""
+        return _replanning(lambda: self._truncate(topic_name, before, force, gc_delay, dry_run, open_entries))
 
     def _truncate(self, topic_name: str, before: Position, force: bool, gc_delay: timedelta,
-                  dry_run: bool) -> TrimResult:
+                  dry_run: bool, open_entries: Callable[[Ledger], int] | None = None) -> TrimResult:
         with self.engine.begin() as conn:
             t = topic_row(conn, topic_name, "" if dry_run else "NO KEY UPDATE")
             subs = self.store.subs.of_topic(conn, t.topic_id, lock=not dry_run)
             last, doomed = self.store.planning.truncate_before(t.topic_id, t.name, before.ledger_id, conn=conn)
             if last is None or before.ledger_id > last:
                 raise BadInput(f"position {before} is beyond the end of the topic")
+            _check_entry(self.store, conn, t.name, before, open_entries)
             if not force:
                 for sub in active(subs):
                     loss = policy.unread_loss(sub.position, doomed)
@@ -189,6 +192,25 @@ def _replanning(attempt: Callable[[], R]) -> R:
         except ConditionalUpdateFailed:
             pass
     return attempt()
+
+
+def _check_entry(store: "MetadataStore", conn: Connection, topic_name: str, before: Position,
+                 open_entries: Callable[[Ledger], int] | None) -> None:
+    """The position's entry id must be within its ledger, as for a read: at most its entry count (one past its
+    last entry is its end)."""
+    try:
+        led = store.get_ledger(topic_name, before.ledger_id, conn)
+    except LedgerNotFound:
+        return  # no row for that id below the last ledger: nothing to measure it against
+    if led.state == S.OPEN:
+        if open_entries is None:
+            return
+        count = open_entries(led)
+    else:
+        count = led.entry_count
+    if before.entry_id > count:
+        raise BadInput(f"position {before} is beyond the end of ledger {led.ledger_id} ({count} entries"
+                       + (", open)" if led.state == S.OPEN else ", trimmed)" if led.state == S.DELETED else ")"))
 
 
 def _unrecorded(subs: Sequence[Subscription], doomed: Sequence[Ledger], reason: str, force: bool) -> list[Loss]:

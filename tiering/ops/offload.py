@@ -159,7 +159,11 @@ def offload_prefix(deps: Deps, topic: str, position: Position, hook: StepHook = 
 def plan_offload_prefix(deps: Deps, topic: str, position: Position) -> list[Ledger]:
     """The ledgers offloadPrefix takes on, in ledger order: the sealed ones before `position`'s ledger, and
     attempts among them older than the offload timeout. An unknown topic fails here, before any write."""
-    targets = policy.offload_prefix(deps.meta.list_ledgers(topic), position)
+    ledgers = deps.meta.list_ledgers(topic)
+    # the open ledger's end is its tier-1 file's, read only when the position is in it
+    target = next((led for led in ledgers if led.ledger_id == position.ledger_id), None)
+    open_entries = deps.tier1.extent(target)[0] if target is not None and target.state == LedgerState.OPEN else None
+    targets = policy.offload_prefix(ledgers, position, open_entries)
     targets += _stale(deps, topic, lambda led: policy.before(led, position))
     return sorted(targets, key=lambda x: x.ledger_id)
 

@@ -103,7 +103,9 @@ def truncate(deps: Deps, topic: str, position: Position, force: bool = False,
     would delete entries an ACTIVE subscription has not read, unless `force` (the loss is recorded).
     `dry_run`: the same decision and refusals, reporting what it would delete; nothing is written."""
     deps.meta.get_topic(topic)  # an unknown topic fails here
-    trim = deps.meta.trims.truncate(topic, position, force, deps.knobs.gc_delay, dry_run=dry_run)
+    # the open ledger's length is in its tier-1 file only: a position past it is refused as past any end
+    trim = deps.meta.trims.truncate(topic, position, force, deps.knobs.gc_delay, dry_run=dry_run,
+                                    open_entries=lambda led: deps.tier1.extent(led)[0])
     if dry_run:
         report = _report(topic, trim)
         report.files_removed = sum(1 for led in trim.deleted if led.tier1_present)

@@ -61,11 +61,19 @@ def create(deps: Deps, topic: str, name: str, start: str = "earliest") -> Subscr
     return deps.meta.subs.create(topic, name, before, live_ledger=first.ledger_id)
 
 
-def ack(deps: Deps, topic: str, name: str, position: Position, reset: bool = False) -> Subscription:
+def ack(deps: Deps, topic: str, name: str, position: Position, reset: bool = False,
+        printed: bool = False) -> Subscription:
     """Everything up to and including `position` is read. Refused (BadInput, nothing changed): a position
-    before the current one without `reset`, in a trimmed ledger, or past the end of its ledger or topic."""
+    before the current one without `reset`, in a trimmed ledger, or past the end of its ledger or topic.
+
+    `printed`: the ack of a reader that has just delivered entries up to `position` (`read --ack`). Its
+    position was right when it read; if the subscription is past it now, someone else moved it meanwhile
+    (retention deleting entries it had not read, another reader), which is no mistake of the reader: the
+    subscription stays where it is and only its ack time moves (the reader is alive)."""
     for _ in range(CAS_ATTEMPTS):
         sub = deps.meta.subs.get(topic, name)
+        if printed and not reset and sub.position is not None and position < sub.position:
+            position = sub.position
         if sub.position is not None and position < sub.position and not reset:
             raise BadInput(f"position {position} is before the position of subscription {name!r} ({sub.position}): "
                            "a position never moves backwards (use --reset to move it back on purpose)"

@@ -1,0 +1,101 @@
+"""Positions past a ledger's end refused the same way by every command (exit 2, nothing written), and a
+`read --ack` whose subscription was moved forward meanwhile succeeding without moving it back."""
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.helpers import entries, produce
+from tests.integration.test_cli import cli, snapshot  # noqa: F401 (the fixture)
+from tiering.errors import BadInput
+from tiering.model import LedgerState as S, Position, TopicPolicy
+
+TEN = dict(rollover_entries=10, rollover_bytes=2**40)
+
+
+def position(cli, topic, name):
+    listed = cli("subscription", "list", topic, "--json").ok().json["subscriptions"]
+    return next(s["position"] for s in listed if s["subscription"] == name)
+
+
+def test_read_ack_after_retention_moved_the_subscription_past_it(cli, deps, monkeypatch, capsys):
+    from tiering.cli.main import main
+    from tiering.ops import retention, subscriptions
+
+    produce(deps, "c", [entries(f"l{i}", 10, 100) for i in range(3)], TopicPolicy(**TEN, max_retention_bytes=1000))
+    cli("subscription", "create", "c", "rd").ok()
+    real_ack = subscriptions.ack
+
+    def ack_after_retention(*args, **kwargs):  # retention commits between the read and its ack
+        retention.retention(deps, "c")
+        return real_ack(*args, **kwargs)
+
+    monkeypatch.setattr(subscriptions, "ack", ack_after_retention)
+    for key, value in cli.env.items():
+        monkeypatch.setenv(key, value)
+    capsys.readouterr()
+    code = main(["read", "c", "--subscription", "rd", "--max-entries", "5", "--ack"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert len(out.splitlines()) == 5 and "moved to 1:9 meanwhile" in err and "error" not in err
+    monkeypatch.setattr(subscriptions, "ack", real_ack)
+    assert [led.state for led in deps.meta.list_ledgers("c")][:2] == [S.DELETED, S.DELETED]
+    assert position(cli, "c", "rd") == "1:9"  # left where retention put it
+    # an explicit ack of a position behind the subscription is still a mistake
+    assert "never moves backwards" in cli("subscription", "ack", "c", "rd", "1:3").one_line_error(2)
+    # the reader goes on from there
+    cli("read", "c", "--subscription", "rd", "--max-entries", "2", "--ack").ok()
+    assert position(cli, "c", "rd") == "2:1"
+
+
+def test_printed_ack_never_moves_a_subscription_back(cli, deps):
+    from tiering.ops.subscriptions import ack
+
+    produce(deps, "p", [entries("a", 10, 100), entries("b", 10, 100)], TopicPolicy(**TEN))
+    cli("subscription", "create", "p", "s").ok()
+    cli("subscription", "ack", "p", "s", "1:5").ok()
+    assert ack(deps, "p", "s", Position(0, 3), printed=True).position == Position(1, 5)
+    assert ack(deps, "p", "s", Position(1, 7), printed=True).position == Position(1, 7)
+    with pytest.raises(BadInput, match="never moves backwards"):
+        ack(deps, "p", "s", Position(1, 2))
+
+
+def test_offload_prefix_and_truncate_refuse_past_the_open_ledgers_end(cli, deps):
+    produce(deps, "o", [entries("a", 10, 100)], TopicPolicy(**TEN), open_tail=[b"x"] * 4)
+    before = snapshot(deps)
+    for args in (("offload-prefix", "o", "1:999"), ("offload-prefix", "o", "1:5"),
+                 ("offload-prefix", "o", "1:5", "--dry-run"), ("truncate", "o", "0:11", "--force", "--dry-run"),
+                 ("truncate", "o", "0:11", "--force"), ("truncate", "o", "1:999", "--force", "--dry-run"),
+                 ("truncate", "o", "1:5", "--force")):
+        assert "beyond the end of ledger" in cli(*args).one_line_error(2), args
+    assert snapshot(deps) == before
+    with pytest.raises(BadInput, match=r"beyond the end of ledger 1 \(4 entries, open\)"):
+        deps.meta.trims.truncate("o", Position(1, 999), True, deps.knobs.gc_delay, dry_run=True,
+                                 open_entries=lambda led: deps.tier1.extent(led)[0])
+    assert deps.meta.trims.truncate("o", Position(1, 4), True, deps.knobs.gc_delay, dry_run=True,
+                                    open_entries=lambda led: deps.tier1.extent(led)[0]).deleted
+    assert snapshot(deps) == before
+    cli("truncate", "o", "0:10", "--dry-run").ok()
+    cli("offload-prefix", "o", "1:4", "--dry-run").ok()
+    cli("offload-prefix", "o", "--all-sealed").ok()
+    assert [led.state for led in deps.meta.list_ledgers("o")] == [S.OFFLOADED, S.OPEN]
+
+
+def test_the_end_of_a_sealed_topic_is_still_a_position(cli, deps):
+    produce(deps, "e", [entries("a", 10, 100), entries("b", 10, 100)], TopicPolicy(**TEN))
+    assert "beyond the end" in cli("offload-prefix", "e", "2:1").one_line_error(2)
+    cli("offload-prefix", "e", "1:10", "--dry-run").ok()
+    cli("offload-prefix", "e", "2:0").ok()
+    assert [led.state for led in deps.meta.list_ledgers("e")] == [S.OFFLOADED, S.OFFLOADED]
+
+
+def test_read_past_a_trimmed_ledgers_end_is_refused(cli, deps):
+    produce(deps, "d", [entries("a", 10, 100), entries("b", 10, 100)], TopicPolicy(**TEN), open_tail=[b"x"])
+    cli("truncate", "d", "1:0").ok()
+    assert deps.meta.list_ledgers("d")[0].state == S.DELETED
+    assert "beyond the end of ledger 0 (10 entries, trimmed)" in \
+        cli("read", "d", "--from", "0:999").one_line_error(2)
+    assert "beyond the end of ledger 0" in cli("read", "d", "--from", "0:11").one_line_error(2)
+    rows = cli("read", "d", "--from", "0:3", "--json").ok().json_lines
+    assert rows[0].get("gap") == "TRIMMED" and rows[0]["from"] == "0:3" and rows[-1]["ledger"] == 2, rows[:2]
+    rows = cli("read", "d", "--from", "0:10", "--json").ok().json_lines  # its end: the read starts after it
+    assert (rows[0].get("ledger"), rows[0].get("entry")) == (1, 0) and rows[-1]["ledger"] == 2, rows[:2]

@@ -1,0 +1,53 @@
+"""Positions past a ledger's end and acks racing other writers, without services."""
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from tests.unit.test_policy import L, ids
+from tiering import policy
+from tiering.errors import BadInput
+from tiering.model import LedgerState as S, Position, Subscription
+from tiering.ops import subscriptions
+
+
+def test_offload_prefix_refuses_past_the_open_ledgers_end():
+    ledgers = [L(0), L(1, S.OFFLOADED), L(2, S.OPEN, entries=0)]
+    for end in (0, 3, 4):
+        assert ids(policy.offload_prefix(ledgers, Position(2, end), open_entries=4)) == [0]
+    for beyond in (5, 999):
+        with pytest.raises(BadInput, match=r"beyond the end of ledger 2 \(4 entries, open\)"):
+            policy.offload_prefix(ledgers, Position(2, beyond), open_entries=4)
+    assert ids(policy.offload_prefix(ledgers, policy.end_of_sealed(ledgers), open_entries=0)) == [0]
+    with pytest.raises(BadInput, match="beyond the end of ledger 0"):
+        policy.offload_prefix(ledgers, Position(0, 11), open_entries=4)
+
+
+class FakeSubs:
+    def __init__(self, sub):
+        self.sub, self.sets = sub, []
+
+    def get(self, topic, name):
+        return self.sub
+
+    def set_position(self, sub, position):
+        self.sets.append(position)
+        self.sub = replace(sub, position=position, version=sub.version + 1)
+        return self.sub
+
+
+def fake(position):
+    fields = {f: None for f in Subscription.__dataclass_fields__}
+    sub = Subscription(**{**fields, "topic": "t", "name": "rd", "position": position, "version": 1})
+    subs = FakeSubs(sub)
+    return SimpleNamespace(meta=SimpleNamespace(subs=subs, get_ledger=None), tier1=None), subs
+
+
+def test_a_printed_ack_behind_the_subscription_leaves_it_there():
+    deps, subs = fake(Position(44, 31))
+    got = subscriptions.ack(deps, "t", "rd", Position(6, 7), printed=True)
+    assert got.position == Position(44, 31) and subs.sets == [Position(44, 31)]  # only the ack time moves
+    with pytest.raises(BadInput, match="never moves backwards"):
+        subscriptions.ack(deps, "t", "rd", Position(6, 7))
