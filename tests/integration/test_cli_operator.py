@@ -104,7 +104,10 @@ def test_every_command_speaks_one_json_language(cli, deps, tmp_path):
     for res in empty:
         doc = res.ok().json
         assert check_document(doc) == [], (res.args, doc)
-    cli("topic", "create", "j", "--rollover-entries", "3", "--offload-after", "0", "--deletion-lag", "0").ok()
+    created = cli("topic", "create", "j", "--rollover-entries", "3", "--offload-after", "0", "--deletion-lag", "0",
+                  "--json").ok()
+    assert len(created.stdout.splitlines()) == 1 and check_document(created.json) == []
+    assert (created.json["command"], created.json["topic"]) == ("topic create", "j")
     status = cli("status", "j", "--json").ok().json  # a topic without ledgers: one object all the same
     assert status == {"command": "status", "topic": "j", "ledgers": []}
     cli("produce", "j", "--entries", "7", "--entry-size", "10").ok()

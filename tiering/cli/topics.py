@@ -119,6 +119,7 @@ def register(sub) -> None:
     a.name(create)
     _policy_flags(create)
     _table_flags(create)
+    a.json_flag(create)
     change = t_sub.add_parser("set", help="change a topic's policy (compare-and-set on its version)",
                               description=UNITS)
     a.name(change)
@@ -211,7 +212,8 @@ def cmd_topic(ctx: Context, args, out: Output) -> int:
             _table_free(ctx, args.table)  # refused before the topic is created: nothing written
         t = ctx.meta.create_topic(args.name, TopicPolicy(**_given(args)))
         table = _set_table(ctx, args)
-        print(f"created topic {t.name!r}" + (f" with table {table['identifier']!r}" if table else ""))
+        out.result(document("topic create", **_topic_dict(t), **({"table": table} if table else {})),
+                   f"created topic {t.name!r}" + (f" with table {table['identifier']!r}" if table else ""))
     elif args.topic_command == "set":
         from tiering.ops.topics import set_policy
 
