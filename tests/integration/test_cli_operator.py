@@ -110,7 +110,10 @@ def test_every_command_speaks_one_json_language(cli, deps, tmp_path):
     assert (created.json["command"], created.json["topic"]) == ("topic create", "j")
     status = cli("status", "j", "--json").ok().json  # a topic without ledgers: one object all the same
     assert status == {"command": "status", "topic": "j", "ledgers": []}
-    cli("produce", "j", "--entries", "7", "--entry-size", "10").ok()
+    produced = cli("produce", "j", "--entries", "7", "--entry-size", "10", "--json").ok()
+    assert len(produced.stdout.splitlines()) == 1 and check_document(produced.json) == []
+    assert produced.json == {"command": "produce", "topic": "j", "entry_count": 7, "first": "0:0", "last": "2:0",
+                             "sealed_ledger": None}
     streamed = cli("read", "j", "--json").ok().json_lines  # the one stream: a line per entry or gap
     assert len(streamed) == 7 and all(check_document(x, stream=True) == [] for x in streamed)
     calls = [
@@ -122,7 +125,7 @@ def test_every_command_speaks_one_json_language(cli, deps, tmp_path):
         ("export-metadata", str(tmp_path / "export")), ("topic", "set", "j", "--table", "lang.j"),
         ("table", "sync", "--dry-run"), ("table", "sync"), ("table", "status", "j"), ("table", "verify", "j"),
         ("table", "maintain", "--dry-run"), ("table", "maintain"), ("truncate", "j", "1:0", "--force"),
-        ("subscription", "delete", "j", "s"), ("topic", "delete", "j"),
+        ("seal", "j"), ("subscription", "delete", "j", "s"), ("topic", "delete", "j"),
     ]
     for args in calls:
         res = cli(*args, "--json").ok()

@@ -23,10 +23,12 @@ def register(sub) -> None:
     produce.add_argument("--entry-size", type=a.size_or_zero, metavar="SIZE", help="bytes or e.g. 1KiB")
     produce.add_argument("--seed", default="demo", help="seed of the deterministic payloads (default 'demo')")
     produce.add_argument("--seal", action="store_true", help="seal the open ledger at the end")
+    a.json_flag(produce)
 
     seal = sub.add_parser("seal", help="seal the topic's open ledger")
     seal.set_defaults(handler=cmd_seal)
     a.name(seal)
+    a.json_flag(seal)
 
     status = sub.add_parser("status", help="every ledger of a topic: state, entries, bytes, tiers")
     status.set_defaults(handler=cmd_status)
@@ -62,22 +64,31 @@ def cmd_produce(ctx: Context, args, out: Output) -> int:
     if args.entry_size is not None and args.entry_size > MAX_ENTRY_BYTES:
         raise BadInput(f"--entry-size is at most {MAX_ENTRY_BYTES} bytes")
     writer = ManagedLedgerWriter(ctx.meta, ctx.tier1, args.name)  # an unknown topic fails here
-    last, count = None, 0
+    first = last = sealed = None
+    count = 0
     try:
         if args.stdin_lines:
             for line in sys.stdin.buffer:
                 last = writer.append(line[:-1] if line.endswith(b"\n") else line)
+                first = first or last
                 count += 1
         else:
             for seq in progress(range(args.entries), "produce", sys.stderr, unit="entry"):
                 last = writer.append(payload(args.seed, seq, args.entry_size))
+                first = first or last
                 count += 1
         if args.seal:
-            writer.seal()
+            sealed = writer.seal()
     finally:
         writer.close()
-    print(str(last) if last is not None else "nothing written")
+    out.result(document("produce", args.name, entry_count=count, first=_position(first), last=_position(last),
+                        sealed_ledger=None if sealed is None else sealed.ledger_id),
+               str(last) if last is not None else "nothing written")
     return 0
+
+
+def _position(p) -> str | None:
+    return None if p is None else str(p)
 
 
 def cmd_seal(ctx: Context, args, out: Output) -> int:
@@ -88,7 +99,9 @@ def cmd_seal(ctx: Context, args, out: Output) -> int:
         sealed = writer.seal()
     finally:
         writer.close()
-    print(f"sealed ledger {sealed.ledger_id} ({sealed.entry_count} entries)" if sealed else "no open ledger")
+    out.result(document("seal", args.name, sealed_ledger=None if sealed is None else sealed.ledger_id,
+                        entry_count=0 if sealed is None else sealed.entry_count),
+               f"sealed ledger {sealed.ledger_id} ({sealed.entry_count} entries)" if sealed else "no open ledger")
     return 0
 
 
