@@ -1,0 +1,140 @@
+"""A slow link to the real S3 endpoint (the run's Ceph RGW): a TCP proxy that delays every chunk and
+limits its rate in both directions, then is cut mid-upload.
+
+What must hold: an offload and a read across the slow link are byte-exact (every page checked on the way
+back), a link cut while a multipart upload is open fails the offload with a one-line `Tier2Error` and
+leaves no chunk row, and once a link is back a rerun offloads everything and GC leaves the bucket holding
+exactly what metadata references, with no upload in progress.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from urllib.parse import urlsplit
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from tests.faults.harness import OFFLOAD_TIMEOUT, check_invariants, gc_all, settle
+from tests.integration.helpers import bucket_keys, entries, make_deps, open_uploads, produce
+from tiering.errors import Tier2Error
+from tiering.model import LedgerState as S, TopicPolicy
+from tiering.ops.offload import offload_ledger, offload_many
+
+KIB = 1024
+BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
+
+
+class SlowLink:
+    """127.0.0.1:<port> forwarding to `target` (host, port); each chunk of up to 16 KiB waits `delay` seconds
+    plus its size over `rate` bytes per second before it is passed on. `cut()` closes the listener and every
+    connection at once, as a link that goes away."""
+
+    def __init__(self, target: tuple[str, int], rate: float, delay: float):
+        self.target, self.rate, self.delay = target, rate, delay
+        self.loop = asyncio.new_event_loop()
+        self._writers: set[asyncio.StreamWriter] = set()
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self._thread.start()
+        ready.wait(10)
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = self.server.sockets[0].getsockname()[1]
+        ready.set()
+        self.loop.run_forever()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(16 * KIB):
+                await asyncio.sleep(self.delay + len(data) / self.rate)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def _handle(self, client_r, client_w) -> None:
+        server_r, server_w = await asyncio.open_connection(*self.target)
+        self._writers |= {client_w, server_w}
+        await asyncio.gather(self._pipe(client_r, server_w), self._pipe(server_r, client_w))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def cut(self) -> None:
+        async def close_all():
+            self.server.close()
+            for w in self._writers:
+                w.transport.abort()
+        asyncio.run_coroutine_threadsafe(close_all(), self.loop).result(10)
+
+    def stop(self) -> None:
+        self.cut()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+@pytest.fixture
+def link(s3_settings):
+    endpoint = urlsplit(s3_settings["endpoint_url"])
+    links = []
+
+    def make(rate: float = 16 * 1024 * KIB, delay: float = 0.005) -> SlowLink:
+        links.append(SlowLink((endpoint.hostname, endpoint.port), rate, delay))
+        return links[-1]
+    yield make
+    for made in links:
+        made.stop()
+
+
+def deps_over(link, s3_settings, db, bucket, tier1_root):
+    s3 = boto3.client("s3", **{**s3_settings, "endpoint_url": link.url},
+                      config=Config(retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=2,
+                                    read_timeout=20))
+    return make_deps(db, s3, bucket, tier1_root, offload_timeout=OFFLOAD_TIMEOUT, upload_concurrency=2)
+
+
+def test_offload_and_read_across_a_slow_link_are_byte_exact(link, s3_settings, db, bucket, tier1_root):
+    deps = deps_over(link(rate=8 * 1024 * KIB, delay=0.005), s3_settings, db, bucket, tier1_root)
+    # ledger 0: ~6 MiB, two parts of the 5 MiB blocks; ledger 1 small
+    expected = produce(deps, "slow", [entries("big", 60, 100 * KIB), entries("small", 10, 10 * KIB)],
+                       TopicPolicy(**BIG), open_tail=[b"tail"])
+    report = offload_many(deps, deps.meta.list_ledgers("slow", [S.SEALED]))
+    assert sorted(report.offloaded) == [0, 1] and not report.failed, report
+    for led in deps.meta.list_ledgers("slow", [S.OFFLOADED]):
+        deps.meta.mark_tier1_deleted(led)  # reads must come back over the link
+        deps.tier1.delete("slow", led.ledger_id)
+    check_invariants(deps, db, {"slow": expected})
+
+
+def test_a_link_cut_mid_upload_fails_cleanly_and_a_rerun_converges(link, s3_settings, db, bucket, tier1_root):
+    first = link()
+    deps = deps_over(first, s3_settings, db, bucket, tier1_root)
+    expected = produce(deps, "cut", [entries("big", 60, 100 * KIB), entries("small", 10, 10 * KIB)],
+                       TopicPolicy(**BIG), open_tail=[b"tail"])
+    led0, led1 = deps.meta.list_ledgers("cut", [S.SEALED])
+
+    def cut(step):
+        if step == "part":  # one part stored, the multipart upload open: the link goes away
+            first.cut()
+
+    with pytest.raises(Tier2Error) as failure:
+        offload_ledger(deps, led0, cut)
+    msg = str(failure.value)
+    assert "\n" not in msg and msg.startswith("S3 ") and s3_settings["aws_secret_access_key"] not in msg, msg
+    for led in deps.meta.list_ledgers("cut", [S.SEALED, S.OFFLOADING, S.OFFLOADED]):
+        assert led.state in (S.SEALED, S.OFFLOADING) and deps.meta.get_chunk(led) is None
+
+    deps = deps_over(link(), s3_settings, db, bucket, tier1_root)  # the link is back
+    settle(db)
+    report = offload_many(deps, deps.meta.list_ledgers("cut", [S.SEALED]) + deps.meta.stale_offloads(OFFLOAD_TIMEOUT))
+    assert sorted(report.offloaded) == [0, 1] and not report.failed, report
+    gc_all(deps)  # the cut attempt's upload is aborted or its objects collected
+    check_invariants(deps, db, {"cut": expected})
+    assert len(bucket_keys(deps)) == 4 and open_uploads(deps) == []
