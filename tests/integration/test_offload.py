@@ -199,6 +199,18 @@ def test_offload_prefix_semantics_and_idempotence(deps):
         offload_prefix(deps, "nope", Position(1, 0))
 
 
+
+def test_offload_prefix_reports_what_another_worker_holds_as_skipped(deps):
+    produce(deps, "h", [[b"a"], [b"b"], [b"c"]], open_tail=[b"d"])
+    first, held, last = deps.meta.list_ledgers("h", [S.SEALED])
+    with deps.meta.new_attempt() as alive:  # another worker, alive, in the middle of ledger 1
+        deps.meta.begin_offload(held, alive, ["d1", "i1"], timedelta(hours=1))
+        report, at = offload_prefix(deps, "h", Position(3, 0))
+        assert (report.offloaded, report.skipped, report.failed) == ([0, 2], [1], {})
+        assert at == Position(1, 0)
+        report, _ = offload_prefix(deps, "h", Position(3, 0))  # all that is left is theirs: said, not silent
+        assert (report.offloaded, report.skipped, report.failed) == ([], [1], {})
+
 def test_offload_prefix_reports_first_error_and_continues(deps):
     produce(deps, "t", [[b"a"], [b"b"], [b"c"]], open_tail=[b"x"])
     deps.tier1.delete("t", 1)  # ledger 1's tier-1 copy is gone: it cannot be offloaded

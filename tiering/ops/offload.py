@@ -150,9 +150,15 @@ def offload_prefix(deps: Deps, topic: str, position: Position, hook: StepHook = 
                    planned: list[Ledger] | None = None) -> tuple[OffloadReport, Position]:
     """Pulsar's offloadPrefix: offload every sealed ledger before `position`'s ledger; already-offloaded
     and empty ledgers are skipped. Returns the report and the first position not offloaded. `planned`: the
-    caller's `plan_offload_prefix` (the CLI sizes its progress bar with it), so the plan is made once."""
-    report = offload_many(deps, plan_offload_prefix(deps, topic, position) if planned is None else planned, hook,
-                          on_done)
+    caller's `plan_offload_prefix` (the CLI sizes its progress bar with it), so the plan is made once. Ledgers
+    before the position that another worker is offloading (a live attempt the plan left to it) are reported
+    skipped, so a run that found everything taken says so instead of reporting nothing."""
+    targets = plan_offload_prefix(deps, topic, position) if planned is None else planned
+    planned_ids = {led.ledger_id for led in targets}
+    held = [led.ledger_id for led in deps.meta.list_ledgers(topic, [LedgerState.OFFLOADING])
+            if policy.before(led, position) and led.ledger_id not in planned_ids]
+    report = offload_many(deps, targets, hook, on_done)
+    report.skipped = sorted(set(report.skipped) | set(held))
     return report, first_not_offloaded(deps, topic)
 
 
