@@ -71,11 +71,19 @@ def offload_prefix(ledgers: Sequence[Ledger], position: Position, open_entries: 
                           if newest.state != S.OPEN else ", open)"))
     target = next((led for led in ledgers if led.ledger_id == position.ledger_id), None)
     count = None if target is None else open_entries if target.state == S.OPEN else target.entry_count
-    if count is not None and position.entry_id > count:
-        raise BadInput(f"position {position} is beyond the end of ledger {target.ledger_id} ({count} entries"
-                       + (", open)" if target.state == S.OPEN else ")"))
+    if count is not None:
+        check_within_ledger(position, target, count)
     return [led for led in sorted(ledgers, key=lambda x: x.ledger_id)
             if before(led, position) and _offloadable(led)]
+
+
+def check_within_ledger(position: Position, led: Ledger, count: int) -> None:
+    """A position is at most its ledger's `count` entries in (one past the last entry is the ledger's end):
+    anything further is BadInput, whichever command names it. `count`: a sealed or trimmed ledger's from
+    its row, the open ledger's from its tier-1 file (metadata learns it only at seal)."""
+    if position.entry_id > count:
+        state = {S.OPEN: ", open", S.DELETED: ", trimmed"}.get(led.state, "")
+        raise BadInput(f"position {position} is beyond the end of ledger {led.ledger_id} ({count} entries{state})")
 
 
 def before(led: Ledger, position: Position) -> bool:

@@ -8,9 +8,10 @@ import sys
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import PAYLOAD_FORMATS, Output, document, gap_dict, iso, progress
+from tiering.cli.output import PAYLOAD_FORMATS, Output, document, gap_dict, iso, position_text, progress
 from tiering.errors import BadInput
 from tiering.model import LedgerState
+from tiering.policy import check_within_ledger
 
 
 def register(sub) -> None:
@@ -81,14 +82,10 @@ def cmd_produce(ctx: Context, args, out: Output) -> int:
             sealed = writer.seal()
     finally:
         writer.close()
-    out.result(document("produce", args.name, entry_count=count, first=_position(first), last=_position(last),
+    out.result(document("produce", args.name, entry_count=count, first=position_text(first), last=position_text(last),
                         sealed_ledger=None if sealed is None else sealed.ledger_id),
                str(last) if last is not None else "nothing written")
     return 0
-
-
-def _position(p) -> str | None:
-    return None if p is None else str(p)
 
 
 def cmd_seal(ctx: Context, args, out: Output) -> int:
@@ -146,10 +143,7 @@ def check_start(ctx: Context, topic: str, start) -> None:
         raise BadInput(f"position {start} is beyond the end of topic {topic!r}"
                        + (f" (last ledger {newest.ledger_id})" if newest else " (no ledgers)"))
     # a trimmed ledger keeps its entry count: a position past it is past its end like any other ledger's
-    count = ctx.tier1.extent(led)[0]
-    if start.entry_id > count:
-        raise BadInput(f"position {start} is beyond the end of ledger {led.ledger_id} ({count} entries"
-                       + (", trimmed)" if led.state == LedgerState.DELETED else ")"))
+    check_within_ledger(start, led, ctx.tier1.extent(led)[0])
 
 
 ACK_EVERY = 1000  # a long `read --ack` acknowledges as it goes, each time after flushing what it printed

@@ -102,6 +102,11 @@ def printable(data: bytes) -> str:
     return "".join(out)
 
 
+def position_text(p) -> str | None:
+    """A position as `L:E` (None stays None)."""
+    return None if p is None else str(p)
+
+
 def iso(t) -> str | None:
     """A timestamp as ISO 8601 in UTC with `Z` (None stays None): 2026-11-25T14:15:41.084535Z."""
     if t is None:

@@ -5,7 +5,7 @@ import argparse
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output, document, iso
+from tiering.cli.output import Output, document, iso, position_text
 
 
 def _start(text: str) -> str:
@@ -46,14 +46,10 @@ def register(sub) -> None:
     a.json_flag(delete)
 
 
-def _pos(p) -> str | None:
-    return None if p is None else str(p)
-
-
 def listed_dict(item, now) -> dict:
     s = item.subscription
     age = 0.0 if item.oldest_unread_at is None else max(0.0, (now - item.oldest_unread_at).total_seconds())
-    return {"topic": s.topic, "subscription": s.name, "position": _pos(s.position),
+    return {"topic": s.topic, "subscription": s.name, "position": position_text(s.position),
             "backlog_entry_count": item.backlog_entries, "backlog_bytes": item.backlog_bytes, "oldest_unread_age_seconds": round(age, 3),
             "last_ack_at": iso(s.last_ack_at), "created_at": iso(s.created_at), "state": s.state,
             "unread_deleted_entry_count": s.entries_deleted_unread, "unread_deleted_bytes": s.bytes_deleted_unread,
@@ -70,7 +66,7 @@ def _table(rows: list[dict]):
 
 
 def _one(s) -> dict:
-    return {"topic": s.topic, "subscription": s.name, "position": _pos(s.position), "state": s.state,
+    return {"topic": s.topic, "subscription": s.name, "position": position_text(s.position), "state": s.state,
             "last_ack_at": iso(s.last_ack_at), "version": s.version}
 
 
@@ -81,7 +77,7 @@ def cmd_subscription(ctx: Context, args, out: Output) -> int:
     if cmd == "create":
         s = ops.create(ctx.deps, args.name, args.subscription, args.start)
         out.result(document("subscription create", **_one(s)),
-                   f"created subscription {s.name!r} of {s.topic!r} at {_pos(s.position) or 'the start (nothing read)'}")
+                   f"created subscription {s.name!r} of {s.topic!r} at {position_text(s.position) or 'the start (nothing read)'}")
     elif cmd == "ack":
         s = ops.ack(ctx.deps, args.name, args.subscription, args.position, args.reset)
         out.result(document("subscription ack", **_one(s)), f"subscription {s.name!r} of {s.topic!r} at {s.position}")

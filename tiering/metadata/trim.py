@@ -202,15 +202,9 @@ def _check_entry(store: "MetadataStore", conn: Connection, topic_name: str, befo
         led = store.get_ledger(topic_name, before.ledger_id, conn)
     except LedgerNotFound:
         return  # no row for that id below the last ledger: nothing to measure it against
-    if led.state == S.OPEN:
-        if open_entries is None:
-            return
-        count = open_entries(led)
-    else:
-        count = led.entry_count
-    if before.entry_id > count:
-        raise BadInput(f"position {before} is beyond the end of ledger {led.ledger_id} ({count} entries"
-                       + (", open)" if led.state == S.OPEN else ", trimmed)" if led.state == S.DELETED else ")"))
+    if led.state == S.OPEN and open_entries is None:
+        return
+    policy.check_within_ledger(before, led, open_entries(led) if led.state == S.OPEN else led.entry_count)
 
 
 def _unrecorded(subs: Sequence[Subscription], doomed: Sequence[Ledger], reason: str, force: bool) -> list[Loss]:

@@ -16,6 +16,7 @@ from tiering.errors import BadInput, ConditionalUpdateFailed, LedgerNotFound
 from tiering.metadata.subscriptions import Backlog
 from tiering.model import Ledger, LedgerState, Position, Subscription
 from tiering.ops.context import Deps
+from tiering.policy import check_within_ledger
 
 S = LedgerState
 CAS_ATTEMPTS = 5  # an ack that keeps losing its compare-and-set to other acks or trims gives up, saying so
@@ -53,9 +54,7 @@ def create(deps: Deps, topic: str, name: str, start: str = "earliest") -> Subscr
                        f"topic {topic!r} has no ledger {first.ledger_id}")
     if led.state == S.DELETED:
         raise BadInput(f"position {first} is before the head of topic {topic!r} (ledger {led.ledger_id} was trimmed)")
-    count = open_entries(deps, led)
-    if first.entry_id > count:
-        raise BadInput(f"position {first} is beyond the end of ledger {led.ledger_id} ({count} entries)")
+    check_within_ledger(first, led, open_entries(deps, led))
     before = Position(first.ledger_id, first.entry_id - 1) if first.entry_id > 0 else \
         _last_entry(deps, topic, [x for x in ledgers if x.ledger_id < first.ledger_id])
     return deps.meta.subs.create(topic, name, before, live_ledger=first.ledger_id)
