@@ -1,6 +1,7 @@
 """Every ledger transition and attribute verb against the real PostgreSQL."""
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import timedelta
 
@@ -133,6 +134,18 @@ def test_takeover_of_stale_attempt_and_old_attempt_cannot_commit(meta, db):
     assert _gc_keys(db) == ["old-d", "old-i"]  # the dead attempt's objects are collected
 
 
+def _wait_until_backend_exits(db, pid, timeout=30.0):
+    """The server ends a closed session's backend (and frees its advisory locks) after the
+    client has gone, not before close() returns: wait for that, as the next run would."""
+    deadline = time.monotonic() + timeout
+    with db.connect() as conn:
+        while conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"),
+                           {"p": pid}).scalar():
+            assert time.monotonic() < deadline, f"backend {pid} still alive after {timeout} s"
+            time.sleep(0.02)
+            conn.rollback()
+
+
 def test_an_attempt_whose_worker_died_is_taken_over_at_once(meta, db):
     """An attempt's lock lives as long as its worker's connection; the offload timeout
     (an hour here) is only the fallback for workers that may still be alive."""
@@ -147,8 +160,10 @@ def test_an_attempt_whose_worker_died_is_taken_over_at_once(meta, db):
     assert meta.stale_offloads(hour) == []  # alive: neither planned nor taken over
     with pytest.raises(ConditionalUpdateFailed, match="its worker alive"):
         meta.begin_offload(off, str(uuid.uuid4()), ["x"], GC_DELAY, stale_after=hour)
+    pid = worker.execute(text("SELECT pg_backend_pid()")).scalar()
     worker.invalidate()  # the worker dies: its connection closes
     worker.close()
+    _wait_until_backend_exits(db, pid)
     assert [x.ledger_id for x in meta.stale_offloads(hour)] == [led.ledger_id]
     with meta.new_attempt() as new:
         taken = meta.begin_offload(off, new, ["d2", "i2"], GC_DELAY, stale_after=hour)
