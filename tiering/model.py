@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import re
+import unicodedata
 from dataclasses import dataclass
 
 from tiering.errors import BadInput
@@ -18,28 +19,51 @@ class LedgerState(str, enum.Enum):
 
 TOPIC_MAX = 1024
 # Control characters (C0, DEL, C1) and the Unicode line/paragraph separators: a name holding one prints as
-# several lines (`topic list`) or moves the terminal's cursor.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# several lines (`topic list`) or moves the terminal's cursor. The one definition: the Airflow form's
+# pattern (jobs/spec.py) is built from it, so the escapes stay regex escapes (JSON schema has no raw NUL).
+CONTROL_CHARS = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
+# Invisible and bidirectional format characters: "a\u200bb" prints as "ab", and U+202E shows a name's tail
+# reversed, so two names that look the same could name different topics ("Trojan Source"). Zero-width
+# (non-)joiners stay allowed: scripts and emoji sequences need them.
+INVISIBLE_CHARS = r"\u00ad\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff\ufff9-\ufffb"
+_CONTROL = re.compile(f"[{CONTROL_CHARS}]")
+_INVISIBLE = re.compile(f"[{INVISIBLE_CHARS}]")
 
 
-def check_topic_name(name: object, existing: bool = False) -> str:
+def check_topic_name(name: object, existing: bool = False, new: bool = False) -> str:
     """A topic name is 1 to 1,024 characters of valid Unicode without control characters; any other
-    character is fine: tier-1 directories and tier-2 keys encode it. `existing=True` (looking up a topic
-    the database already has) accepts the control characters other than NUL, so a topic created before they
-    were refused stays reachable by the pipeline; PostgreSQL text cannot hold NUL at all."""
+    character is fine: tier-1 directories and tier-2 keys encode it. `new=True` (creating it) also refuses
+    invisible and bidirectional format characters and names not in NFC form, which print like another
+    name. `existing=True` (looking up a topic the database already has) accepts the control characters other
+    than NUL, so a topic created before they were refused stays reachable by the pipeline; PostgreSQL text
+    cannot hold NUL at all."""
+    return _check_name("topic", name, TOPIC_MAX, existing, new)
+
+
+def _check_name(kind: str, name: object, most: int, existing: bool, new: bool) -> str:
+    """The rule of every name a user gives (topics, subscriptions); `kind` names it in the messages."""
     if not isinstance(name, str):
-        raise BadInput(f"a topic name is a string, got {type(name).__name__}")
-    if not name or len(name) > TOPIC_MAX or "\x00" in name:
-        raise BadInput(f"a topic name is 1 to {TOPIC_MAX} characters without NUL or other control characters "
+        raise BadInput(f"a {kind} name is a string, got {type(name).__name__}")
+    if not name or len(name) > most or "\x00" in name:
+        raise BadInput(f"a {kind} name is 1 to {most:,} characters without NUL or other control characters "
                        f"(got {len(name)} characters{', with NUL' if chr(0) in name else ''})")
     bad = None if existing else _CONTROL.search(name)
     if bad:
-        raise BadInput(f"a topic name may not contain control characters (U+{ord(bad.group()):04X} at "
+        raise BadInput(f"a {kind} name may not contain control characters (U+{ord(bad.group()):04X} at "
                        f"character {bad.start()})")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
-        raise BadInput("a topic name must be valid UTF-8") from None
+        raise BadInput(f"a {kind} name must be valid UTF-8") from None
+    if new:
+        bad = _INVISIBLE.search(name)
+        if bad:
+            raise BadInput(f"a {kind} name may not contain invisible or bidirectional format characters "
+                           f"(U+{ord(bad.group()):04X} at character {bad.start()})")
+        if not unicodedata.is_normalized("NFC", name):
+            # "é" as one code point or as "e" and a combining accent looks the same and would be two names
+            raise BadInput(f"a {kind} name must be in Unicode NFC form (composed characters: \"é\" as U+00E9, "
+                           "not \"e\" + U+0301)")
     return name
 
 
@@ -167,21 +191,10 @@ class Topic:
 SUBSCRIPTION_MAX = 256
 
 
-def check_subscription_name(name: object) -> str:
-    """A subscription name: 1 to 256 characters of valid Unicode without control characters."""
-    if not isinstance(name, str):
-        raise BadInput(f"a subscription name is a string, got {type(name).__name__}")
-    if not name or len(name) > SUBSCRIPTION_MAX:
-        raise BadInput(f"a subscription name is 1 to {SUBSCRIPTION_MAX} characters (got {len(name)})")
-    bad = _CONTROL.search(name)
-    if bad:
-        raise BadInput(f"a subscription name may not contain control characters (U+{ord(bad.group()):04X} at "
-                       f"character {bad.start()})")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise BadInput("a subscription name must be valid UTF-8") from None
-    return name
+def check_subscription_name(name: object, new: bool = False) -> str:
+    """A subscription name: 1 to 256 characters, the rule of topic names (`new` as there); control
+    characters were refused from the start."""
+    return _check_name("subscription", name, SUBSCRIPTION_MAX, False, new)
 
 
 ACTIVE = "ACTIVE"

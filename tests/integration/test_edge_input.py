@@ -49,6 +49,9 @@ def test_each_bad_input_exits_2_with_one_line_and_writes_nothing(cli, deps, tmp_
         ("topic", "create", "new\nline"): "control characters",
         ("topic", "create", "esc\x1b[2Jape"): "control characters",
         ("status", "tab\there"): "control characters",
+        ("topic", "create", "or\u200bders"): "invisible or bidirectional",      # prints as "orders"
+        ("topic", "create", "cafe\u0301"): "NFC form",                         # "café" decomposed
+        ("subscription", "create", "t", "bil\u202eling"): "invisible or bidirectional",
     }
     env_cases = {
         ("produce", "t", "--entries", "1", "--entry-size", "1"): [

@@ -16,7 +16,7 @@ from tiering import config
 from tiering.cli import args as cli
 from tiering.errors import BadInput, ConfigError
 from tiering.jobs import spec
-from tiering.model import INT64_MAX, MAX_SECONDS, Position, check_topic_name, parse_int
+from tiering.model import INT64_MAX, MAX_SECONDS, Position, check_subscription_name, check_topic_name, parse_int
 
 ASCII = "0123456789"
 # digits of other scripts, signs, whitespace Python's strip()/int() accept, separators
@@ -165,3 +165,31 @@ def test_a_tier1_root_that_is_a_file_is_refused(tmp_path):
         with pytest.raises(ConfigError, match="TIERING_TIER1_ROOT.* is a file"):
             config.Settings.from_env({**base, "TIERING_TIER1_ROOT": str(root)})
     config.Settings.from_env({**base, "TIERING_TIER1_ROOT": str(tmp_path / "not" / "yet")})  # made on first write
+
+
+@pytest.mark.parametrize("name", ["a\u200bb", "ord\u202eers", "soft\u00adhyphen", "\ufeffbom", "rtl\u200fmark",
+                                  "iso\u2066late\u2069"])
+def test_invisible_and_bidi_characters_in_new_names_are_refused(name):
+    # such a name prints like another one ("a\u200bb" as "ab"), so two topics could look the same
+    with pytest.raises(BadInput, match="invisible or bidirectional"):
+        check_topic_name(name, new=True)
+    with pytest.raises(BadInput, match="invisible or bidirectional"):
+        check_subscription_name(name, new=True)
+    assert check_topic_name(name) == name  # one created before stays reachable
+    assert check_subscription_name(name) == name
+
+
+def test_new_names_must_be_nfc():
+    decomposed, composed = "cafe\u0301", "caf\u00e9"
+    with pytest.raises(BadInput, match="NFC"):
+        check_topic_name(decomposed, new=True)
+    with pytest.raises(BadInput, match="NFC"):
+        check_subscription_name(decomposed, new=True)
+    assert check_topic_name(composed, new=True) == composed
+    assert check_topic_name(decomposed) == decomposed
+
+
+@pytest.mark.parametrize("name", ["\U0001f468\u200d\U0001f469\u200d\U0001f467", "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
+                                  "\u65e5\u672c\u8a9e \u0442\u0435\u043c\u0430 \U0001f389"])
+def test_joiners_scripts_and_emoji_pass_as_new_names(name):
+    assert check_topic_name(name, new=True) == name

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tiering.errors import BadInput
-from tiering.model import INT64_MAX, TOPIC_MAX, Position, check_topic_name, parse_int
+from tiering.model import CONTROL_CHARS, INT64_MAX, TOPIC_MAX, Position, check_topic_name, parse_int
 from tiering.units import SIZE_HELP, parse_duration, parse_size
 
 JOBS_DIR = Path(__file__).resolve().parent
@@ -21,7 +21,7 @@ POSITION_PATTERN = r"^[0-9]{1,18}:[0-9]{1,18}$(?!\n)"
 # offloadPrefix's position: L:E, or ALL_SEALED (every sealed ledger: the CLI's `offload-prefix --all-sealed`)
 ALL_SEALED = "all"
 PREFIX_POSITION_PATTERN = rf"^({ALL_SEALED}|[0-9]{{1,18}}:[0-9]{{1,18}})$(?!\n)"
-TOPIC_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]+$(?!\n)"
+TOPIC_PATTERN = rf"^[^{CONTROL_CHARS}]+$(?!\n)"
 
 
 def int_arg(what: str, lo: int, hi: int):

@@ -61,7 +61,7 @@ class MetadataStore:
 
     # ---------------------------------------------------------------- topics
     def create_topic(self, name: str, policy: TopicPolicy = TopicPolicy()) -> Topic:
-        check_topic_name(name)
+        check_topic_name(name, new=True)
         try:
             with self.engine.begin() as conn:
                 # a deleted topic's name: ledger ids go on from the old topic's (metadata/topic_delete.py)

@@ -131,7 +131,7 @@ class Subscriptions:
         """A new subscription at `position` (the last entry it counts as read; None: nothing). The topic row
         is held FOR SHARE: retention cannot trim meanwhile, and `live_ledger` (the ledger holding the first
         entry it will read, when the caller derived the position from one) must still be live."""
-        check_subscription_name(name)
+        check_subscription_name(name, new=True)
         try:
             with self.engine.begin() as conn:
                 t = self._topic(topic_name, conn, "FOR SHARE")
