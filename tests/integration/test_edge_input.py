@@ -45,6 +45,7 @@ def test_each_bad_input_exits_2_with_one_line_and_writes_nothing(cli, deps, tmp_
         ("gc", "--orphan-grace-seconds", "1e40"): "ASCII digits only",
         ("gc", "--orphan-grace-seconds", "1" + "0" * 40): "too large",
         ("defrag", "--small-bytes", "\uff18"): "ASCII digits only",
+        ("defrag", "--small-bytes", "2MiB", "--max-merged-bytes", "1MiB"): "larger than --max-merged-bytes",
         ("produce", "t", "--entries", "2", "--entry-size", "1_0"): "ASCII digits only",
         ("topic", "create", "new\nline"): "control characters",
         ("topic", "create", "esc\x1b[2Jape"): "control characters",

@@ -52,6 +52,10 @@ def plan_defrag(deps: Deps, topic: str | None = None, small_bytes: int = 8 * MIB
     alone in their object, found on a partial index, each with whether it continues the previous one's run)."""
     if small_bytes <= 0 or max_merged_bytes <= 0:
         raise BadInput("defrag thresholds must be positive")
+    if small_bytes > max_merged_bytes:
+        # every merged object would be refused by its cap; an empty plan would read as "nothing to merge"
+        raise BadInput(f"--small-bytes ({small_bytes}) is larger than --max-merged-bytes ({max_merged_bytes}): "
+                       "a merged object must be able to hold a small one")
     if topic is not None:
         deps.meta.get_topic(topic)  # an unknown topic fails here
     candidates = deps.meta.planning.defrag_candidates(small_bytes, topic)
