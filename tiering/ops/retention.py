@@ -18,15 +18,19 @@ trim point, or a leftover tier-1 copy of a DELETED ledger.
 """
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
 from tiering import policy
+from tiering.errors import TopicNotFound
 from tiering.metadata.trim import TrimResult
 from tiering.model import ACTIVE, Ledger, Position
 from tiering.ops.context import Deps
 from tiering.ops.delete_lagged import delete_copy
 from tiering.tier2.markers import record_trim
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,8 +62,14 @@ def plan_retention(deps: Deps, topic: str | None = None) -> dict[str, list[Ledge
 
 def apply_retention(deps: Deps, topic: str) -> RetentionReport:
     """One topic: delete what retention allows now (decided again under the topic's locks), then the trim
-    marker and the tier-1 files."""
-    return _finish(deps, topic, deps.meta.trims.retention(topic, deps.knobs.gc_delay))
+    marker and the tier-1 files. A topic deleted since the plan has nothing due: an empty report (its
+    deletion removed its ledgers, marker and files), and the run goes on with the other topics."""
+    try:
+        trim = deps.meta.trims.retention(topic, deps.knobs.gc_delay)
+    except TopicNotFound:
+        log.info("topic %r was deleted since retention planned it: nothing due", topic)
+        return RetentionReport()
+    return _finish(deps, topic, trim)
 
 
 def _report(topic: str, trim: TrimResult) -> RetentionReport:

@@ -1,0 +1,68 @@
+"""A run over every topic plans first and works topic by topic: a topic deleted in between (`topic delete`
+from another session) has nothing due any more. The run goes on with the other topics and reports the
+deleted one's work as not done by it, never as a failure or bad input. Real PostgreSQL, S3 and tier-1 root."""
+from __future__ import annotations
+
+from tests.integration.helpers import entries, produce
+from tiering.model import LedgerState as S, TopicPolicy
+from tiering.ops import defrag as defrag_ops, delete_lagged as lagged_ops, retention as retention_ops
+from tiering.ops.delete_lagged import delete_lagged
+from tiering.ops.offload import offload_by_topic, offload_ledger, plan_offload
+from tiering.ops.topics import delete_topic
+
+SMALL = dict(rollover_entries=4, rollover_bytes=2**40, offload_after_seconds=0, deletion_lag_seconds=0)
+
+
+def two_topics(deps, **policy) -> None:
+    for name in ("a", "b"):
+        produce(deps, name, [entries(f"{name}{i}", 4, 100) for i in range(3)], TopicPolicy(**SMALL, **policy))
+        for led in deps.meta.list_ledgers(name, [S.SEALED]):
+            offload_ledger(deps, led)
+
+
+def delete_after(deps, monkeypatch, obj, name: str, topic: str = "a") -> None:
+    """`topic` is deleted right after obj.name returns (the run's plan), before the run works on it."""
+    real = getattr(obj, name)
+
+    def planned(*args, **kwargs):
+        out = real(*args, **kwargs)
+        delete_topic(deps, topic, force=True)
+        return out
+    monkeypatch.setattr(obj, name, planned)
+
+
+def test_retention_goes_on_when_a_planned_topic_is_deleted(deps, monkeypatch):
+    two_topics(deps, retention_seconds=0)
+    delete_after(deps, monkeypatch, retention_ops, "plan_retention")
+    report = retention_ops.retention(deps)
+    assert sorted({t for t, _ in report.deleted}) == ["b"]
+    assert [led.state for led in deps.meta.list_ledgers("b")] == [S.DELETED] * 3
+    assert [t.name for t in deps.meta.list_topics()] == ["b"]
+
+
+def test_delete_lagged_goes_on_when_a_planned_topic_is_deleted(deps, monkeypatch):
+    two_topics(deps)
+    delete_after(deps, monkeypatch, lagged_ops, "plan_delete_lagged")
+    report = delete_lagged(deps)
+    assert report.failed == [], report.failed
+    assert all(not led.tier1_present for led in deps.meta.list_ledgers("b"))
+
+
+def test_defrag_goes_on_when_a_planned_topic_is_deleted(deps, monkeypatch):
+    two_topics(deps)
+    delete_after(deps, monkeypatch, defrag_ops, "plan_defrag")
+    report = defrag_ops.merge_groups(deps, defrag_ops.plan_defrag(deps, small_bytes=2**20))
+    assert report.errors == []
+    chunks = deps.meta.chunks("b")
+    assert len({c.data_key for c in chunks.values()}) == 1  # b's three objects merged into one
+
+
+def test_offload_by_age_goes_on_when_a_planned_topic_is_deleted(deps):
+    for name in ("a", "b"):
+        produce(deps, name, [entries(f"{name}{i}", 4, 100) for i in range(3)], TopicPolicy(**SMALL))
+    plan = plan_offload(deps, "age")
+    assert sorted({led.topic for led in plan}) == ["a", "b"]
+    delete_topic(deps, "a")
+    report = offload_by_topic(deps, plan)
+    assert report.failed == [] and sorted(report.skipped) == [("a", i) for i in range(3)]
+    assert [led.state for led in deps.meta.list_ledgers("b")] == [S.OFFLOADED] * 3
