@@ -45,7 +45,7 @@ def _check_name(kind: str, name: object, most: int, existing: bool, new: bool) -
     if not isinstance(name, str):
         raise BadInput(f"a {kind} name is a string, got {type(name).__name__}")
     if not name or len(name) > most or "\x00" in name:
-        raise BadInput(f"a {kind} name is 1 to {most:,} characters without NUL or other control characters "
+        raise BadInput(f"a {kind} name is 1 to {most} characters without NUL or other control characters "
                        f"(got {len(name)} characters{', with NUL' if chr(0) in name else ''})")
     bad = None if existing else _CONTROL.search(name)
     if bad:

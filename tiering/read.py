@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Protocol
 from tiering.errors import BadInput, CorruptObjectError, DataLossError, LedgerStorageError
 from tiering.metadata.repository import MetadataStore
 from tiering.model import Chunk, Ledger, LedgerState, Position
-from tiering.tier1 import Tier1Store
+from tiering.tier1 import LedgerFileMissing, Tier1Store
 
 TRIMMED = "TRIMMED"
 DATALOSS = "DATALOSS"
@@ -87,6 +87,20 @@ class ReadHandle:
         found = self._chunks[2].get(led.ledger_id)
         return found if found is not None else self.meta.get_chunk(led)  # offloaded since the snapshot
 
+    def _open_ledger(self, led: Ledger) -> Ledger:
+        """An open ledger as listed, or its row again when its file is gone because it was sealed, offloaded
+        and its copy deleted since. Its writer makes the file before the row, so a row still open without a
+        file means a wrong tier-1 root or a lost file: read as empty, the entries written to it would silently
+        be missing."""
+        if self.tier1.exists(led.topic, led.ledger_id):
+            return led
+        now = self.meta.get_ledger(led.topic, led.ledger_id)
+        if now.state == LedgerState.OPEN and not self.tier1.exists(led.topic, led.ledger_id):
+            raise LedgerFileMissing(f"the open ledger {led.ledger_id} of topic {led.topic!r} has no file at "
+                                    f"{self.tier1.path(led.topic, led.ledger_id)}: is TIERING_TIER1_ROOT the root "
+                                    "its writer uses (the same shared mount on every worker)?")
+        return now
+
     def read(self, topic: str, start: Position | None = None,
              end: Position | None = None) -> "Reading":
         """Entries and gaps of the topic from `start` to `end` (inclusive; None: its first / last entry), in
@@ -103,6 +117,8 @@ class ReadHandle:
         ledgers = self.meta.list_ledgers(topic)
         pending_gap: Gap | None = None
         for led in ledgers:
+            if led.state == LedgerState.OPEN:
+                led = self._open_ledger(led)
             count = self.tier1.extent(led)[0]
             if count == 0:
                 continue

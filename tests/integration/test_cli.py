@@ -408,3 +408,16 @@ def test_hostile_topic_names_round_trip_and_stay_inside_root_and_prefix(cli, dep
     assert len(keys) == 4 * len(HOSTILE)
     # every key under the prefix, one segment per topic (long names hashed to fit S3's key limit)
     assert {parse_key("t/", k).segment for k in keys} == {encode_topic(t) for t in HOSTILE}
+
+
+def test_a_wrong_tier1_root_is_said_not_read_as_an_empty_open_ledger(cli, tmp_path):
+    cli("topic", "create", "w").ok()
+    cli("produce", "w", "--entries", "3", "--entry-size", "10").ok()
+    wrong = {"env": {"TIERING_TIER1_ROOT": str(tmp_path / "wrong")}}
+    read, status, produce = cli.many([(("read", "w"), wrong), (("status", "w", "--json"), wrong),
+                                      (("produce", "w", "--entries", "1", "--entry-size", "1"), wrong)])
+    assert "open ledger 0 of topic 'w' has no file" in read.one_line_error(1) and read.stdout == ""
+    [row] = status.ok().json["ledgers"]
+    assert row["tier1_file_missing"] and row["entry_count"] is None and row["tiers"] == []
+    produce.one_line_error(1)
+    assert len(read_data(cli("read", "w", "--json"))) == 3  # the right root: all three, nothing written elsewhere

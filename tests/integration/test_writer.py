@@ -95,6 +95,27 @@ def test_an_open_ledger_whose_file_is_not_there_is_refused_not_started_again(met
     assert w.seal().entry_count == 4
 
 
+def test_a_read_refuses_an_open_ledger_whose_file_is_not_there(meta, tier1_root, tmp_path):
+    # read as empty, the open ledger's entries would silently be missing from the output
+    t1 = Tier1Store(tier1_root)
+    meta.create_topic("r", TopicPolicy(rollover_entries=2))
+    w = ManagedLedgerWriter(meta, t1, "r")
+    for i in range(3):
+        w.append(b"%d" % i)  # ledger 0 sealed with 2 entries, ledger 1 open with 1
+    w.close()
+    wrong = Tier1Store(tmp_path / "not-the-root")
+    with pytest.raises(LedgerFileMissing, match="open ledger 1 of topic 'r' .*TIERING_TIER1_ROOT"):
+        list(ReadHandle(meta, wrong).read("r"))
+    assert [e.data for e in ReadHandle(meta, t1).read("r") if isinstance(e, Entry)] == [b"0", b"1", b"2"]
+    # listed while open, sealed and its file gone since (offloaded, copy deleted): the row read again decides
+    stale = meta.list_ledgers("r")[1]
+    w = ManagedLedgerWriter(meta, t1, "r")
+    w.seal()
+    w.close()
+    assert t1.delete("r", 1)
+    assert ReadHandle(meta, t1)._open_ledger(stale).state == S.SEALED
+
+
 def test_a_file_made_before_its_row_is_taken_over_only_while_empty(meta, tier1_root):
     t1 = Tier1Store(tier1_root)
     meta.create_topic("f", TopicPolicy(rollover_entries=2))

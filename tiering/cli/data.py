@@ -109,15 +109,22 @@ def ledger_status(ctx: Context, name: str) -> list[dict]:
         tiers = ([1] if led.tier1_present and led.state != LedgerState.DELETED else []) + \
                 ([2] if led.state == LedgerState.OFFLOADED else [])
         lost = led.lost and led.state != LedgerState.DELETED  # `tiering repair` found no good copy in any tier
-        rows.append({"topic": name, "ledger": led.ledger_id, "state": led.state.value, "entry_count": entries,
-                     "bytes": size, "tiers": [] if lost else tiers, "lost": lost, "sealed_at": iso(led.sealed_at),
-                     "offloaded_at": iso(led.offloaded_at)})
+        # an open ledger's counts come from its file: without one (a wrong TIERING_TIER1_ROOT, a lost file)
+        # "0 entries" would be a guess, so the row says the file is missing (one stat, the open ledger only)
+        missing = led.state == LedgerState.OPEN and not ctx.tier1.exists(name, led.ledger_id)
+        rows.append({"topic": name, "ledger": led.ledger_id, "state": led.state.value,
+                     "entry_count": None if missing else entries, "bytes": None if missing else size,
+                     "tiers": [] if lost or missing else tiers, "lost": lost, "tier1_file_missing": missing,
+                     "sealed_at": iso(led.sealed_at), "offloaded_at": iso(led.offloaded_at)})
     return rows
 
 
 def _status_table(rows: list[dict]):
     yield f"{'ledger':>8} {'state':<11} {'entries':>9} {'bytes':>12}  tiers"
     for r in rows:
+        if r["tier1_file_missing"]:
+            yield f"{r['ledger']:>8} {r['state']:<11} {'?':>9} {'?':>12}  - (its tier-1 file is missing: check TIERING_TIER1_ROOT)"
+            continue
         yield (f"{r['ledger']:>8} {r['state']:<11} {r['entry_count']:>9} {r['bytes']:>12}  "
                f"{'LOST (no good copy)' if r['lost'] else '+'.join(map(str, r['tiers'])) or '-'}")
 
