@@ -144,6 +144,45 @@ def test_topic_delete_goes_through_gc_and_frees_the_name(cli, deps, tier1_root):
     assert cli("produce", "d", "--entries", "1", "--entry-size", "5").ok().stdout.strip() == "4:0"  # ids go on
 
 
+def test_a_subscription_created_while_its_topic_is_deleted_is_not_lost_silently(deps, monkeypatch):
+    # step 1 refuses active readers; one created after it (before step 2 or 3) is refused the same way
+    import pytest
+
+    from tiering.errors import TieringError
+    from tiering.ops.topics import delete_topic
+
+    produce(deps, "r", [entries(f"l{i}", 10, 100) for i in range(3)], TopicPolicy(**TEN))
+    trims, real = deps.meta.trims, deps.meta.trims.begin_topic_delete
+
+    def then_a_reader(*args, **kwargs):
+        out = real(*args, **kwargs)
+        deps.meta.subs.create("r", "late", None)
+        return out
+    monkeypatch.setattr(trims, "begin_topic_delete", then_a_reader)
+    with pytest.raises(TieringError, match="'late'.* created while the topic was being deleted"):
+        delete_topic(deps, "r")
+    assert [led.state for led in deps.meta.list_ledgers("r")] == [S.SEALED] * 3  # nothing deleted under it
+    assert deps.meta.subs.get("r", "late").position is None
+    monkeypatch.setattr(trims, "begin_topic_delete", real)
+    deps.meta.subs.delete("r", "late")
+    step3 = trims.finish_topic_delete
+    monkeypatch.setattr(trims, "finish_topic_delete", _before(step3, lambda: deps.meta.subs.create("r", "later", None)))
+    with pytest.raises(TieringError, match="'later'.* created while the topic was being deleted"):
+        delete_topic(deps, "r")  # step 2 had deleted the ledgers: the reader found none, and the topic stays
+    assert [led.state for led in deps.meta.list_ledgers("r")] == [S.DELETED] * 3
+    assert deps.meta.subs.get("r", "later").position is None
+    monkeypatch.setattr(trims, "finish_topic_delete", step3)
+    delete_topic(deps, "r", force=True)
+    assert [t.name for t in deps.meta.list_topics()] == []
+
+
+def _before(fn, first):
+    def wrapped(*args, **kwargs):
+        first()
+        return fn(*args, **kwargs)
+    return wrapped
+
+
 def test_bad_input_is_one_line_and_changes_nothing(cli, deps):
     produce(deps, "b", [entries(f"l{i}", 10, 100) for i in range(2)], TopicPolicy(**TEN))
     cli("subscription", "create", "b", "s").ok()

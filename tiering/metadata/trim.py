@@ -135,22 +135,34 @@ class Trims:
             subs = self.store.subs.of_topic(conn, t.topic_id, lock=not dry_run)
             readers = active(subs)
             if readers and not force:
-                names = ", ".join(repr(s.name) for s in readers[:5]) + (" ..." if len(readers) > 5 else "")
-                raise BadInput(f"topic {topic_name!r} has {len(readers)} active subscription(s) ({names}); delete "
-                               "them first or use --force")
+                raise BadInput(_readers_refusal(topic_name, readers) + "; delete them first or use --force")
             if not dry_run:
                 self.store.subs.delete_all(conn, t.topic_id)
             return t, subs
 
-    def delete_all_ledgers(self, topic_name: str, gc_delay: timedelta) -> list[Ledger]:
+    def _no_new_readers(self, conn: Connection, t: Topic, force: bool) -> None:
+        """Steps 2 and 3, under the topic row's lock (which a subscription's creation shares): a subscription
+        created since step 1 is refused as step 1 refuses one (its reader would lose what the step deletes),
+        or with `force` deleted as step 1 deleted the others."""
+        subs = self.store.subs.of_topic(conn, t.topic_id, lock=True)
+        if not subs:
+            return
+        readers = active(subs)
+        if readers and not force:
+            raise TieringError(_readers_refusal(t.name, readers) + " created while the topic was being deleted; "
+                               "delete them or use --force, and run topic delete again")
+        self.store.subs.delete_all(conn, t.topic_id)
+
+    def delete_all_ledgers(self, topic_name: str, gc_delay: timedelta, force: bool = False) -> list[Ledger]:
         """Step 2: every live ledger DELETED, chunks removed, keys queued for GC (one transaction). The open
         ledger must have been sealed (by its writer's lock: ops/topics.py); an offload in flight loses its
         commit and its objects are collected."""
-        return _replanning(lambda: self._delete_all_ledgers(topic_name, gc_delay))
+        return _replanning(lambda: self._delete_all_ledgers(topic_name, gc_delay, force))
 
-    def _delete_all_ledgers(self, topic_name: str, gc_delay: timedelta) -> list[Ledger]:
+    def _delete_all_ledgers(self, topic_name: str, gc_delay: timedelta, force: bool) -> list[Ledger]:
         with self.engine.begin() as conn:
             t = topic_row(conn, topic_name, "UPDATE")
+            self._no_new_readers(conn, t, force)
             live = [led for led in self.store.list_ledgers(topic_name, conn=conn) if led.state != S.DELETED]
             if any(led.state == S.OPEN for led in live):
                 raise TieringError(f"topic {topic_name!r} has an open ledger again (a producer is writing); stop it "
@@ -158,12 +170,13 @@ class Trims:
             return self.store.delete_ledgers_in(conn, live, f"topic {t.name} deleted", gc_delay,
                                                 states=(S.SEALED, S.OFFLOADING, S.OFFLOADED))
 
-    def finish_topic_delete(self, topic_name: str, marker: int) -> Topic:
+    def finish_topic_delete(self, topic_name: str, marker: int, force: bool = False) -> Topic:
         """Step 3: the topic row goes (its ledgers, subscriptions, attributes and totals with it), leaving a
         tombstone with the next ledger id and the trim marker written (`marker`), once nothing live and no
         tier-1 copy is left."""
         with self.engine.begin() as conn:
             t = topic_row(conn, topic_name, "UPDATE")
+            self._no_new_readers(conn, t, force)
             left = conn.execute(text("""
                 SELECT count(*) FILTER (WHERE state <> 'DELETED') AS live, count(*) FILTER (WHERE tier1_present) AS copies
                 FROM tiering.ledger WHERE topic_id = :tid"""), {"tid": t.topic_id}).one()
@@ -229,3 +242,8 @@ def _check_holds(t: Topic, subs: Sequence[Subscription], plan: Sequence[tuple[Le
                 if not policy.is_read(sub.position, led):
                     raise TieringError(f"retention of {t.name!r} planned ledger {led.ledger_id} ({why}) which "
                                        f"subscription {sub.name!r} has not read; nothing deleted")
+
+
+def _readers_refusal(topic_name: str, readers: list[Subscription]) -> str:
+    names = ", ".join(repr(s.name) for s in readers[:5]) + (" ..." if len(readers) > 5 else "")
+    return f"topic {topic_name!r} has {len(readers)} active subscription(s) ({names})"
