@@ -111,6 +111,9 @@ def test_a_topic_made_again_under_its_old_name_does_not_adopt_the_old_table(cli,
     assert catalog(settings).load_table("ns.z").metadata_location == before
     out = cli("table", "maintain", "--topic", "z", "--json")
     assert out.returncode == 1 and "earlier topic 'z'" in out.json["failed"][0]["error"], out.stdout
+    status = cli("table", "status", "z", "--json").ok().json  # says whose it is, not its location as this one's
+    assert "earlier topic 'z'" in status["problem"] and status["metadata_location"] is None
+    assert "earlier topic 'z'" in cli("table", "verify", "z").one_line_error(1)
     catalog(settings).drop_table("ns.z")  # the way out the message names
     cli("table", "sync", "--topic", "z").ok()
     assert [r["payload"] for r in catalog(settings).load_table("ns.z").scan().to_arrow().to_pylist()] == [b"new"]
@@ -145,3 +148,35 @@ def test_maintain_dry_run_counts_what_the_run_does_and_writes_nothing(cli, deps,
     assert dry["tables"][0]["snapshots_expired_count"] >= 4
     # orphans are counted against today's references: what the expiry releases comes on top in the real run
     assert dry["tables"][0]["orphans_deleted_count"] == 1 <= real["tables"][0]["orphans_deleted_count"]
+
+
+def test_topic_set_writes_its_policy_and_table_together_or_not_at_all(cli, deps):
+    """Two topics asking for one table name at once: one wins; the other's policy flags are not written
+    either (the policy and the table change are one transaction), and `--expect-version` guards a
+    table-only change as it guards the policy."""
+    for name in ("p1", "p2", "p3", "p4"):
+        produce(deps, name, [])
+    results = cli.many([("topic", "set", name, "--retention-time", f"{i + 1}h", "--table", "ns.shared")
+                        for i, name in enumerate(("p1", "p2", "p3", "p4"))])
+    won = [r for r in results if r.returncode == 0]
+    assert len(won) == 1, [(r.returncode, r.stderr) for r in results]
+    for r in results:
+        name = r.args[2]
+        shown = cli("topic", "show", name, "--json").ok().json
+        if r.returncode == 0:
+            assert shown["version"] == 1 and shown["retention_seconds"] > 0
+        else:
+            assert "already the table" in r.one_line_error(2)
+            assert shown["version"] == 0 and shown["retention_seconds"] != 3600 * (int(name[1]))
+    winner = won[0].args[2]
+    assert "conditional update" in cli("topic", "set", winner, "--expect-version", "0",
+                                       "--table-retention", "keep").one_line_error(1)
+    assert cli("table", "status", winner, "--json").ok().json["retention"] == "follow"
+    done = cli("topic", "set", winner, "--expect-version", "1", "--table-retention", "keep", "--json").ok().json
+    assert done["version"] == 2 and done["table"]["retention"] == "keep"
+
+
+def test_topic_create_with_a_taken_table_creates_no_topic(cli, deps):
+    cli("topic", "create", "c1", "--table", "ns.c").ok()
+    assert "already the table of topic 'c1'" in cli("topic", "create", "c2", "--table", "ns.c").one_line_error(2)
+    assert "does not exist" in cli("topic", "show", "c2").one_line_error(2)

@@ -357,3 +357,47 @@ def test_a_round_of_deleted_ledgers_only_moves_the_mark(deps, settings, cat):
     from tiering.tables.sync import due_topics
 
     assert due_topics(deps.meta.engine) == []
+
+
+def test_a_policy_change_during_a_sync_does_not_fail_its_committed_round(deps, settings, cat):
+    expected = produce(deps, "pc", [entries("a", 4, 30), entries("b", 2, 30)])
+    rows = TableRows(deps.meta.engine)
+    rows.set_policy("pc", "ns.pc", "follow")
+
+    def change_policy(step):
+        if step == "committed":  # `topic set pc --table-retention keep` between the commit and the record
+            rows.set_policy("pc", None, "keep")
+    [r] = _sync(deps, settings, cat, fault=change_policy)
+    assert r.status == "synced" and r.ledgers == [0, 1], r.error
+    state = rows.get("pc")
+    assert (state.synced_through, state.retention, state.ledgers_committed) == (1, "keep", 2)
+    assert _table_rows(cat, "ns.pc")[0] == expected
+
+
+def test_a_table_is_not_renamed_while_synced_or_syncing(deps, settings, cat):
+    """Renamed once it holds ledgers, the topic would be synced again into a second table from ledger 0."""
+    from tiering.errors import BadInput, ConditionalUpdateFailed
+    from tiering.tables.sync import check_renamable
+
+    produce(deps, "rn", [entries("a", 3, 30)])
+    rows = TableRows(deps.meta.engine)
+    rows.set_policy("rn", "ns.rn", "keep")
+
+    def rename(**kw):
+        return rows.set_policy("rn", "ns.other", None, check_rename=lambda old: check_renamable(cat, old), **kw)
+    tried = []
+
+    def during(step):
+        if step == "planned":  # a sync holds the topic's sync lock
+            with pytest.raises(ConditionalUpdateFailed, match="a sync of it running"):
+                rename()
+            tried.append(step)
+        if step == "committed":
+            raise Stop(step)  # killed after its commit, before its record: the row still says nothing synced
+    with pytest.raises(Stop):
+        TableSync(deps.meta.engine, settings, cat, fault=during).sync_topic(rows.get("rn"),
+                                                                            local_writer(deps, settings))
+    assert tried == ["planned"] and rows.get("rn").synced_through == -1
+    with pytest.raises(BadInput, match="already holds ledgers through 0"):
+        rename()
+    assert rows.get("rn").identifier == "ns.rn" and not cat.table_exists("ns.other")

@@ -103,16 +103,18 @@ def _sync(ctx: Context, args, out: Output) -> int:
 
 def _status(ctx: Context, args, out: Output) -> int:
     from tiering.metadata.table_sync import TableRows
-    from tiering.tables.catalog import catalog
+    from tiering.tables.catalog import catalog, owner_problem
 
     rows = TableRows(ctx.engine)
     [state] = rows.list(args.name)
     lag_ledgers, lag_bytes = rows.lag(state)
     cat = catalog(ctx.settings)
-    location = None
+    location = problem = None
     if cat.table_exists(state.identifier):
-        location = cat.load_table(state.identifier).metadata_location
-    obj = {**document("table status", state.topic), "identifier": state.identifier,
+        table = cat.load_table(state.identifier)
+        problem = owner_problem(table, state.topic, state.topic_id)  # e.g. an earlier topic's of this name
+        location = None if problem else table.metadata_location
+    obj = {**document("table status", state.topic), "identifier": state.identifier, "problem": problem,
            "retention": state.retention, "metadata_location": location, "snapshot_id": state.snapshot_id,
            "synced_through": state.synced_through, "trimmed_through": state.trimmed_through,
            "lag_ledgers": lag_ledgers, "lag_bytes": lag_bytes, "ledger_count": state.ledgers_committed,
@@ -122,9 +124,9 @@ def _status(ctx: Context, args, out: Output) -> int:
 
 
 def _verify(ctx: Context, args, out: Output) -> int:
-    from tiering.errors import BadInput
+    from tiering.errors import BadInput, TieringError
     from tiering.metadata.table_sync import TableRows
-    from tiering.tables.catalog import catalog
+    from tiering.tables.catalog import catalog, owner_problem
     from tiering.tables.verify import verify_table
 
     [state] = TableRows(ctx.engine).list(args.name)
@@ -135,7 +137,11 @@ def _verify(ctx: Context, args, out: Output) -> int:
                            f"state says ledgers through {state.synced_through} are in it: it was dropped")
         raise BadInput(f"table {state.identifier!r} of topic {state.topic!r} does not exist yet: run "
                        "`tiering table sync` first")
-    r = verify_table(ctx.read_handle(), ctx.meta, cat.load_table(state.identifier), state.topic)
+    table = cat.load_table(state.identifier)
+    problem = owner_problem(table, state.topic, state.topic_id)
+    if problem:  # its rows are not this topic's: comparing them would only list every ledger as a difference
+        raise TieringError(f"table {state.identifier!r} {problem}")
+    r = verify_table(ctx.read_handle(), ctx.meta, table, state.topic)
     diffs = failures((r.topic, d["ledger"], d["reason"]) for d in r.differences)
     obj = document("table verify", r.topic, identifier=r.table, synced_through=r.synced_through,
                    ledger_count=r.ledgers, entry_count=r.entries, failed=diffs, failed_count=len(diffs))

@@ -86,19 +86,27 @@ def _table_flags(p: argparse.ArgumentParser) -> None:
                         "keep: they stay in the table")
 
 
-def _set_table(ctx: Context, args, check_only: bool = False) -> dict | None:
-    """The topic's table policy, when --table or --table-retention was given (`check_only`: refused as it
-    would be, nothing written: checked before the topic's policy changes, so a refusal writes nothing)."""
+def _table_change(ctx: Context, args, out: dict):
+    """The topic's table policy change as `then(conn, topic)` for the transaction that creates the topic or
+    changes its policy (one refusal undoes both), when --table, --table-retention or --table-json-fields was
+    given, else None; `out["table"]` receives the table's row."""
     if args.table is None and args.table_retention is None and args.table_json_fields is None:
         return None
     from tiering.metadata.table_sync import TableRows
     from tiering.tables.decoder import check_change
 
-    s = TableRows(ctx.engine).set_policy(args.name, args.table, args.table_retention, args.table_json_fields,
-                                         check_change, check_only=check_only)
-    if s is None:
-        return None
-    return {"identifier": s.identifier, "retention": s.retention, "decoder": s.decoder, "version": s.version}
+    def check_rename(old: str) -> None:
+        from tiering.tables.catalog import catalog
+        from tiering.tables.sync import check_renamable
+
+        check_renamable(catalog(ctx.settings), old)
+
+    def change(conn, t) -> None:
+        s = TableRows(ctx.engine).apply(conn, t, args.table, args.table_retention, args.table_json_fields,
+                                        check_change, check_rename=check_rename)
+        out["table"] = {"identifier": s.identifier, "retention": s.retention, "decoder": s.decoder,
+                        "version": s.version}
+    return change
 
 
 def _given(args) -> dict:
@@ -209,9 +217,10 @@ def cmd_topic(ctx: Context, args, out: Output) -> int:
         if (args.table_retention is not None or args.table_json_fields is not None) and args.table is None:
             raise BadInput("--table-retention and --table-json-fields need --table")
         if args.table is not None:
-            _table_free(ctx, args.table)  # refused before the topic is created: nothing written
-        t = ctx.meta.create_topic(args.name, TopicPolicy(**_given(args)))
-        table = _set_table(ctx, args)
+            _table_free(ctx, args.table)  # the usual refusal, before anything is done
+        made: dict = {}
+        t = ctx.meta.create_topic(args.name, TopicPolicy(**_given(args)), then=_table_change(ctx, args, made))
+        table = made.get("table")
         out.result(document("topic create", **_topic_dict(t), **({"table": table} if table else {})),
                    f"created topic {t.name!r}" + (f" with table {table['identifier']!r}" if table else ""))
     elif args.topic_command == "set":
@@ -222,11 +231,18 @@ def cmd_topic(ctx: Context, args, out: Output) -> int:
             raise BadInput("topic set needs at least one policy option (see `tiering topic set --help`)")
         if args.table is not None:
             _table_free(ctx, args.table, args.name)
-        if _given(args):
-            _set_table(ctx, args, check_only=True)  # a table change that is refused must not leave the policy changed
-        t = set_policy(ctx.deps, args.name, _given(args), args.expect_version) if _given(args) \
-            else ctx.meta.get_topic(args.name)
-        table = _set_table(ctx, args)
+        made: dict = {}
+        change = _table_change(ctx, args, made)
+        if _given(args) or args.expect_version is not None:
+            # one transaction: a refused table change leaves the policy unchanged, and --expect-version
+            # guards a table-only change as it guards the policy
+            t = set_policy(ctx.deps, args.name, _given(args), args.expect_version, then=change)
+        else:
+            from tiering.metadata.table_sync import TableRows
+
+            TableRows(ctx.engine).in_topic(args.name, change)
+            t = ctx.meta.get_topic(args.name)
+        table = made.get("table")
         out.result(document("topic set", **_topic_dict(t), **({"table": table} if table else {})),
                    f"updated topic {t.name!r}: version {t.version}"
                    + (f"; table {table['identifier']!r} (retention {table['retention']})" if table else ""))

@@ -7,7 +7,7 @@ expected and what was found (PDP-34's conditional, transactional metadata update
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from sqlalchemy import and_, delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
@@ -60,7 +60,10 @@ class MetadataStore:
         self.repairs = Repairs(self)  # a tier-2 copy re-made or a ledger marked lost (metadata/repair.py)
 
     # ---------------------------------------------------------------- topics
-    def create_topic(self, name: str, policy: TopicPolicy = TopicPolicy()) -> Topic:
+    def create_topic(self, name: str, policy: TopicPolicy = TopicPolicy(),
+                     then: Callable[[Connection, Topic], None] | None = None) -> Topic:
+        """`then(conn, topic)`: more of the same change in the same transaction (the topic's table policy),
+        so that its refusal leaves no topic behind."""
         check_topic_name(name, new=True)
         try:
             with self.engine.begin() as conn:
@@ -72,6 +75,8 @@ class MetadataStore:
                 row = conn.execute(
                     insert(topic).values(name=name, **carried, **{f: getattr(policy, f) for f in _POLICY_FIELDS})
                     .returning(topic)).one()
+                if then is not None:
+                    then(conn, _topic_row(row))
         except IntegrityError as exc:
             if "topic_name_key" in str(exc.orig):
                 raise TopicExists(name) from None
@@ -90,7 +95,9 @@ class MetadataStore:
         with self.engine.connect() as conn:
             return [_topic_row(r) for r in conn.execute(select(topic).order_by(topic.c.name))]
 
-    def set_policy(self, name: str, expected_version: int, policy: TopicPolicy) -> Topic:
+    def set_policy(self, name: str, expected_version: int, policy: TopicPolicy,
+                   then: Callable[[Connection, Topic], None] | None = None) -> Topic:
+        """Compare-and-set the topic's policy on its version; `then(conn, topic)` as in create_topic."""
         check_topic_name(name, existing=True)
         with self.engine.begin() as conn:
             row = conn.execute(
@@ -101,6 +108,8 @@ class MetadataStore:
                 current = self.get_topic(name, conn)
                 raise ConditionalUpdateFailed(f"topic {name!r}", f"version {expected_version}",
                                               f"version {current.version}")
+            if then is not None:
+                then(conn, _topic_row(row))
         return _topic_row(row)
 
     def now(self) -> datetime:

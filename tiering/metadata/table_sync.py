@@ -9,19 +9,21 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from sqlalchemy import and_, func, literal, select, update
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from tiering.errors import BadInput, ConditionalUpdateFailed
 from tiering.metadata.subscriptions import topic_row
 from tiering.metadata.tables import ledger, topic, topic_table
+from tiering.model import Topic
 
 # Ledgers whose entries are final and readable: what a table takes. OPEN is not yet; DELETED never.
 SYNCABLE = ("SEALED", "OFFLOADING", "OFFLOADED")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -90,50 +92,70 @@ class TableRows:
             return [_state(r) for r in conn.execute(_SELECT.order_by(topic.c.name))]
 
     def set_policy(self, topic_name: str, identifier: str | None, retention: str | None,
-                   decoder: dict | None = None, check_decoder=None, check_only: bool = False) -> TableState | None:
+                   decoder: dict | None = None, check_decoder=None,
+                   check_rename: Callable[[str], None] | None = None) -> TableState:
         """Create or change the topic's table policy in one transaction, the topic's row locked so that a
         concurrent topic deletion waits. A topic's table cannot be renamed once it holds ledgers (the old
-        table would be abandoned half-synced); a name another topic uses is refused. `check_only`: refuse
-        as it would, write nothing (a command that changes more checks this first)."""
+        table would be abandoned half-synced, and the new one given the same ledgers again); a name another
+        topic uses is refused. A rename holds the sync's lock for its transaction (a running sync: refused,
+        try again) and asks `check_rename(old identifier)` (the table's own marks, which a sync killed after
+        its commit left ahead of this row) under it."""
+        return self.in_topic(topic_name, lambda conn, t: self.apply(conn, t, identifier, retention, decoder,
+                                                                    check_decoder, check_rename))
+
+    def in_topic(self, topic_name: str, change: Callable[[Connection, Topic], T]) -> T:
+        """`change(conn, topic)` in one transaction, the topic's row held FOR SHARE (a deletion waits)."""
         with self.engine.begin() as conn:
-            t = topic_row(conn, topic_name, lock="FOR SHARE")
-            cur = conn.execute(select(topic_table).where(topic_table.c.topic_id == t.topic_id)
-                               .with_for_update()).one_or_none()
-            if cur is None and identifier is None:
-                raise BadInput(f"topic {topic_name!r} has no table: --table-retention and --table-json-fields "
-                               "need --table")
-            if cur is not None and identifier is not None and identifier != cur.identifier \
-                    and cur.synced_through >= 0:
+            return change(conn, topic_row(conn, topic_name, lock="FOR SHARE"))
+
+    def apply(self, conn: Connection, t: Topic, identifier: str | None, retention: str | None,
+              decoder: dict | None = None, check_decoder=None,
+              check_rename: Callable[[str], None] | None = None) -> TableState:
+        """set_policy's change inside a transaction the caller holds with the topic's row locked (a topic
+        created or its policy changed in the same transaction: one refusal undoes both)."""
+        topic_name = t.name
+        cur = conn.execute(select(topic_table).where(topic_table.c.topic_id == t.topic_id)
+                           .with_for_update()).one_or_none()
+        if cur is None and identifier is None:
+            raise BadInput(f"topic {topic_name!r} has no table: --table-retention and --table-json-fields "
+                           "need --table")
+        if cur is not None and identifier is not None and identifier != cur.identifier:
+            if cur.synced_through >= 0 or cur.trimmed_through >= 0:
                 raise BadInput(f"topic {topic_name!r} is already synced to table {cur.identifier!r}; "
                                "its table cannot be renamed")
-            if decoder is not None and check_decoder is not None:
-                check_decoder(None if cur is None else cur.decoder, decoder)  # under the row lock
-            if check_only:
-                if identifier is not None and conn.execute(select(topic_table.c.topic_id).where(
-                        topic_table.c.identifier == identifier, topic_table.c.topic_id != t.topic_id)).first():
-                    raise BadInput(f"table {identifier!r} is already the table of another topic")
-                return None
-            values = {k: v for k, v in (("identifier", identifier), ("retention", retention),
-                                        ("decoder", decoder)) if v is not None}
-            try:
-                with conn.begin_nested():
-                    if cur is None:
-                        conn.execute(insert(topic_table).values(topic_id=t.topic_id, **values))
-                    else:
-                        conn.execute(update(topic_table).where(topic_table.c.topic_id == t.topic_id)
-                                     .values(version=topic_table.c.version + 1, updated_at=func.now(), **values))
-            except IntegrityError:
-                raise BadInput(f"table {identifier!r} is already the table of another topic") from None
-            return _state(conn.execute(_SELECT.where(topic_table.c.topic_id == t.topic_id)).one())
+            if not conn.execute(select(func.pg_try_advisory_xact_lock(literal(LOCK_CLASS),
+                                                                      literal(t.topic_id)))).scalar_one():
+                raise ConditionalUpdateFailed(f"the table of topic {topic_name!r}", "no sync running",
+                                              "a sync of it running: rename it when the sync has ended")
+            if check_rename is not None:
+                check_rename(cur.identifier)
+        if decoder is not None and check_decoder is not None:
+            check_decoder(None if cur is None else cur.decoder, decoder)  # under the row lock
+        values = {k: v for k, v in (("identifier", identifier), ("retention", retention),
+                                    ("decoder", decoder)) if v is not None}
+        try:
+            with conn.begin_nested():
+                if cur is None:
+                    conn.execute(insert(topic_table).values(topic_id=t.topic_id, **values))
+                else:
+                    conn.execute(update(topic_table).where(topic_table.c.topic_id == t.topic_id)
+                                 .values(version=topic_table.c.version + 1, updated_at=func.now(), **values))
+        except IntegrityError:
+            raise BadInput(f"table {identifier!r} is already the table of another topic") from None
+        return _state(conn.execute(_SELECT.where(topic_table.c.topic_id == t.topic_id)).one())
 
     def advance(self, state: TableState, *, synced_through: int, trimmed_through: int, ledgers_added: int,
                 entries_added: int, snapshot_id: int | None, metadata_location: str | None) -> TableState:
-        """Record the table's progress if the row is still at `state.version`; else ConditionalUpdateFailed.
-        The high-water marks only move forward (a stale run cannot move them back)."""
+        """Record the table's progress if the row's marks and table are still those of `state`; else
+        ConditionalUpdateFailed. The compare is on what a sync owns, not on the row's version, which a policy
+        change (`topic set --table-retention`) also moves: such a change during a sync must not make a
+        committed round look failed. The marks only move forward (a stale run cannot move them back)."""
         c = topic_table.c
         with self.engine.begin() as conn:
             row = conn.execute(
-                update(topic_table).where(c.topic_id == state.topic_id, c.version == state.version,
+                update(topic_table).where(c.topic_id == state.topic_id, c.identifier == state.identifier,
+                                          c.synced_through == state.synced_through,
+                                          c.trimmed_through == state.trimmed_through,
                                           c.synced_through <= synced_through, c.trimmed_through <= trimmed_through)
                 .values(synced_through=synced_through, trimmed_through=trimmed_through,
                         ledgers_committed=c.ledgers_committed + ledgers_added,
@@ -142,9 +164,15 @@ class TableRows:
                         version=c.version + 1)
                 .returning(c.topic_id)).first()
             if row is None:
-                found = conn.execute(select(c.version).where(c.topic_id == state.topic_id)).scalar()
-                raise ConditionalUpdateFailed(f"the table sync state of topic {state.topic!r}",
-                                              f"version {state.version}", f"version {found}")
+                found = conn.execute(select(c.identifier, c.synced_through, c.trimmed_through)
+                                     .where(c.topic_id == state.topic_id)).one_or_none()
+                if found is None:
+                    raise ConditionalUpdateFailed(f"the table sync state of topic {state.topic!r}",
+                                                  "the topic's table row", "none: the topic was deleted meanwhile")
+                raise ConditionalUpdateFailed(
+                    f"the table sync state of topic {state.topic!r}",
+                    f"table {state.identifier!r} through {state.synced_through} (trimmed {state.trimmed_through})",
+                    f"table {found.identifier!r} through {found.synced_through} (trimmed {found.trimmed_through})")
             return _state(conn.execute(_SELECT.where(c.topic_id == state.topic_id)).one())
 
     def pending(self, state: TableState, limit: int) -> list[PendingLedger]:

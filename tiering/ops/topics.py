@@ -14,6 +14,7 @@ for the new one's.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from tiering.errors import BadInput
 from tiering.model import LedgerState, Topic, TopicPolicy
@@ -23,18 +24,21 @@ from tiering.tier2.markers import record_trim
 from tiering.writer import ManagedLedgerWriter
 
 
-def set_policy(deps: Deps, name: str, changes: dict, expected_version: int | None = None) -> Topic:
+def set_policy(deps: Deps, name: str, changes: dict, expected_version: int | None = None,
+               then: Callable | None = None) -> Topic:
     """The topic's policy with `changes` (policy field -> value) applied, written if the topic is still at
     the version read (or at `expected_version` when given). An unknown field or an invalid combination (a
-    ceiling below the retention it caps, ...) is BadInput before anything is written."""
+    ceiling below the retention it caps, ...) is BadInput before anything is written. `then(conn, topic)`:
+    the rest of the change (the topic's table policy) in the same transaction; with it `changes` may be
+    empty (the version still moves: `--expect-version` guards every change)."""
     current = deps.meta.get_topic(name)
     unknown = sorted(set(changes) - set(TopicPolicy.__dataclass_fields__))
     if unknown:
         raise BadInput(f"unknown policy field(s): {', '.join(unknown)}")
-    if not changes:
+    if not changes and then is None:
         raise BadInput("nothing to change: give at least one policy option")
     version = current.version if expected_version is None else expected_version
-    return deps.meta.set_policy(name, version, replace(current.policy, **changes))
+    return deps.meta.set_policy(name, version, replace(current.policy, **changes), then)
 
 
 @dataclass

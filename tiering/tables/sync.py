@@ -25,7 +25,7 @@ from typing import Callable, Literal
 from pyiceberg.table.update import ValidatableTableRequirement
 
 from tiering.config import Settings
-from tiering.errors import TieringError
+from tiering.errors import BadInput, TieringError
 from tiering.metadata.table_sync import TableRows, TableState, exclusive
 from tiering.model import MIB
 from tiering.tables.catalog import PARTITION_FIELD, ensure_table, table_dataset
@@ -121,6 +121,18 @@ def check_marks(state: TableState, table) -> tuple[int, int]:
         raise TableBehind(f"table {state.identifier!r} holds ledgers through {synced} but the sync state says "
                           f"{state.synced_through}: the table was replaced or rolled back")
     return synced, trimmed
+
+
+def check_renamable(cat, identifier: str) -> None:
+    """BadInput when the table `identifier` holds ledgers by its own marks (a sync killed after its commit
+    left the sync state behind them): renamed, the topic would be synced to a second table from ledger 0."""
+    if not cat.table_exists(identifier):
+        return
+    table = cat.load_table(identifier)
+    synced, trimmed = _prop(table, PROP_SYNCED), _prop(table, PROP_TRIMMED)
+    if synced >= 0 or trimmed >= 0:
+        raise BadInput(f"table {identifier!r} already holds ledgers through {synced} (committed by a sync whose "
+                       "state was not recorded yet; the next sync records it): the topic's table cannot be renamed")
 
 
 def _iso(t) -> str | None:
