@@ -293,19 +293,21 @@ class TableSync:
             raise TieringError(f"table {state.identifier!r}: another sync committed ledgers through "
                                f"{lost.found} meanwhile; this round's files were discarded") from None
         self.fault("committed")
+        # committed: the round counts in the result even when recording it fails below (a topic deleted
+        # meanwhile), so a failed run still says what its table took
+        result.ledgers += rnd.ledger_ids
+        result.passed += rnd.passed
+        result.entries += sum(w["entries"] for w in written)
+        result.dead_letters += sum(w.get("dead_letters", 0) for w in written)
+        result.bytes += sum(w["bytes"] for w in written)
         snap = table.current_snapshot()
         state = self.rows.advance(state, synced_through=rnd.through, trimmed_through=state.trimmed_through,
                                   ledgers_added=len(rnd.ledger_ids), entries_added=sum(w["entries"] for w in written),
                                   snapshot_id=snap.snapshot_id if snap else None,
                                   metadata_location=table.metadata_location)
-        result.ledgers += rnd.ledger_ids
-        result.passed += rnd.passed
         lag, lag_bytes = self.rows.lag(state)
         self.progress(f"{state.topic} -> {state.identifier}: committed {len(rnd.ledger_ids)} ledger(s) through "
                       f"{rnd.through}; {lag} ledger(s), {lag_bytes} bytes to go")
-        result.entries += sum(w["entries"] for w in written)
-        result.dead_letters += sum(w.get("dead_letters", 0) for w in written)
-        result.bytes += sum(w["bytes"] for w in written)
         return state, table
 
     def catch_up_dlq(self, table, dlq):
