@@ -22,10 +22,11 @@ TOPIC_MAX = 1024
 # several lines (`topic list`) or moves the terminal's cursor. The one definition: the Airflow form's
 # pattern (jobs/spec.py) is built from it, so the escapes stay regex escapes (JSON schema has no raw NUL).
 CONTROL_CHARS = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
-# Invisible and bidirectional format characters: "a\u200bb" prints as "ab", and U+202E shows a name's tail
-# reversed, so two names that look the same could name different topics ("Trojan Source"). Zero-width
-# (non-)joiners stay allowed: scripts and emoji sequences need them.
-INVISIBLE_CHARS = r"\u00ad\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff\ufff9-\ufffb"
+# Invisible and bidirectional format characters (and the blank Hangul fillers): "a\u200bb" prints as "ab",
+# and U+202E shows a name's tail reversed, so two names that look the same could name different topics
+# ("Trojan Source"). Zero-width (non-)joiners and emoji tag characters stay allowed: scripts and emoji
+# sequences need them.
+INVISIBLE_CHARS = r"\u00ad\u034f\u061c\u115f\u1160\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\u3164\ufeff\uffa0\ufff9-\ufffb"
 _CONTROL = re.compile(f"[{CONTROL_CHARS}]")
 _INVISIBLE = re.compile(f"[{INVISIBLE_CHARS}]")
 

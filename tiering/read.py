@@ -65,6 +65,21 @@ class Tier2Ledger(Protocol):
 Tier2Opener = Callable[[Ledger, Chunk], Tier2Ledger]
 
 
+def open_ledger_now(meta: MetadataStore, tier1: Tier1Store, led: Ledger) -> Ledger:
+    """An open ledger as listed, or its row again when its file is gone because it was sealed, offloaded
+    and its copy deleted since. Its writer makes the file before the row, so a row still open without a
+    file means a wrong tier-1 root or a lost file (LedgerFileMissing): read as empty, the entries written to
+    it would silently be missing. The one rule of `read`, `verify` and `status`."""
+    if tier1.exists(led.topic, led.ledger_id):
+        return led
+    now = meta.get_ledger(led.topic, led.ledger_id)
+    if now.state == LedgerState.OPEN and not tier1.exists(led.topic, led.ledger_id):
+        raise LedgerFileMissing(f"the open ledger {led.ledger_id} of topic {led.topic!r} has no file at "
+                                f"{tier1.path(led.topic, led.ledger_id)}: is TIERING_TIER1_ROOT the root "
+                                "its writer uses (the same shared mount on every worker)?")
+    return now
+
+
 class ReadHandle:
     def __init__(self, meta: MetadataStore, tier1: Tier1Store, open_tier2: Tier2Opener | None = None,
                  raise_on_dataloss: bool = False, *, gc_delay_seconds: float = 0):
@@ -87,20 +102,6 @@ class ReadHandle:
         found = self._chunks[2].get(led.ledger_id)
         return found if found is not None else self.meta.get_chunk(led)  # offloaded since the snapshot
 
-    def _open_ledger(self, led: Ledger) -> Ledger:
-        """An open ledger as listed, or its row again when its file is gone because it was sealed, offloaded
-        and its copy deleted since. Its writer makes the file before the row, so a row still open without a
-        file means a wrong tier-1 root or a lost file: read as empty, the entries written to it would silently
-        be missing."""
-        if self.tier1.exists(led.topic, led.ledger_id):
-            return led
-        now = self.meta.get_ledger(led.topic, led.ledger_id)
-        if now.state == LedgerState.OPEN and not self.tier1.exists(led.topic, led.ledger_id):
-            raise LedgerFileMissing(f"the open ledger {led.ledger_id} of topic {led.topic!r} has no file at "
-                                    f"{self.tier1.path(led.topic, led.ledger_id)}: is TIERING_TIER1_ROOT the root "
-                                    "its writer uses (the same shared mount on every worker)?")
-        return now
-
     def read(self, topic: str, start: Position | None = None,
              end: Position | None = None) -> "Reading":
         """Entries and gaps of the topic from `start` to `end` (inclusive; None: its first / last entry), in
@@ -118,7 +119,7 @@ class ReadHandle:
         pending_gap: Gap | None = None
         for led in ledgers:
             if led.state == LedgerState.OPEN:
-                led = self._open_ledger(led)
+                led = open_ledger_now(self.meta, self.tier1, led)
             count = self.tier1.extent(led)[0]
             if count == 0:
                 continue

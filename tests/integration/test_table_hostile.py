@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tests.integration.helpers import produce
 from tests.integration.test_tables_cli import _table, cli  # noqa: F401 - the fixture
+from tiering.metadata.table_sync import TableRows
 from tiering.tables.catalog import catalog
 
 POISON = [
@@ -114,6 +115,8 @@ def test_a_topic_made_again_under_its_old_name_does_not_adopt_the_old_table(cli,
     status = cli("table", "status", "z", "--json").ok().json  # says whose it is, not its location as this one's
     assert "earlier topic 'z'" in status["problem"] and status["metadata_location"] is None
     assert "earlier topic 'z'" in cli("table", "verify", "z").one_line_error(1)
+    cli("topic", "set", "z", "--table", "ns.z2").ok()  # the other way out: another name (nothing synced yet)
+    cli("topic", "set", "z", "--table", "ns.z").ok()
     catalog(settings).drop_table("ns.z")  # the way out the message names
     cli("table", "sync", "--topic", "z").ok()
     assert [r["payload"] for r in catalog(settings).load_table("ns.z").scan().to_arrow().to_pylist()] == [b"new"]
@@ -161,17 +164,16 @@ def test_topic_set_writes_its_policy_and_table_together_or_not_at_all(cli, deps)
     won = [r for r in results if r.returncode == 0]
     assert len(won) == 1, [(r.returncode, r.stderr) for r in results]
     for r in results:
-        name = r.args[2]
-        shown = cli("topic", "show", name, "--json").ok().json
+        shown = deps.meta.get_topic(r.args[2])
         if r.returncode == 0:
-            assert shown["version"] == 1 and shown["retention_seconds"] > 0
+            assert shown.version == 1 and shown.policy.retention_seconds > 0
         else:
             assert "already the table" in r.one_line_error(2)
-            assert shown["version"] == 0 and shown["retention_seconds"] != 3600 * (int(name[1]))
+            assert shown.version == 0 and shown.policy.retention_seconds != 3600 * int(r.args[2][1])
     winner = won[0].args[2]
     assert "conditional update" in cli("topic", "set", winner, "--expect-version", "0",
                                        "--table-retention", "keep").one_line_error(1)
-    assert cli("table", "status", winner, "--json").ok().json["retention"] == "follow"
+    assert TableRows(deps.meta.engine).get(winner).retention == "follow"
     done = cli("topic", "set", winner, "--expect-version", "1", "--table-retention", "keep", "--json").ok().json
     assert done["version"] == 2 and done["table"]["retention"] == "keep"
 

@@ -384,12 +384,12 @@ def test_a_table_is_not_renamed_while_synced_or_syncing(deps, settings, cat):
     rows.set_policy("rn", "ns.rn", "keep")
 
     def rename(**kw):
-        return rows.set_policy("rn", "ns.other", None, check_rename=lambda old: check_renamable(cat, old), **kw)
+        return rows.set_policy("rn", "ns.other", None, check_rename=lambda old, t: check_renamable(cat, old, t.name, t.topic_id), **kw)
     tried = []
 
     def during(step):
         if step == "planned":  # a sync holds the topic's sync lock
-            with pytest.raises(ConditionalUpdateFailed, match="a sync of it running"):
+            with pytest.raises(ConditionalUpdateFailed, match="a sync or maintenance of it running"):
                 rename()
             tried.append(step)
         if step == "committed":
@@ -417,3 +417,23 @@ def test_a_topic_deleted_during_its_sync_fails_the_sync_saying_so_and_what_the_t
                                                                             local_writer(deps, settings))
     assert r.status == "failed" and "the topic was deleted meanwhile" in r.error
     assert r.ledgers == [0] and r.entries == 2  # the table took them; the record is what failed
+
+
+def test_a_decoder_change_during_a_sync_applies_from_the_next_run(deps, settings, cat):
+    from tiering.tables.decoder import check_change, parse_fields
+
+    expected = produce(deps, "jd", [_json_ledgers(0, 3), _json_ledgers(3, 3), _json_ledgers(6, 1)])
+    rows = TableRows(deps.meta.engine)
+    rows.set_policy("jd", "ns.jd", "keep", parse_fields("id:int64"), check_change)
+
+    def add_field(step):
+        if step == "committed" and rows.get("jd").decoder == parse_fields("id:int64"):
+            rows.set_policy("jd", None, None, parse_fields("id:int64,name:string"), check_change)
+    [r] = _sync(deps, settings, cat, limits=Limits(round_ledgers=1, max_rounds=2), fault=add_field)
+    assert r.status == "synced" and r.ledgers == [0, 1], r.error  # round 2 with the run's decoder, no new column
+    assert _table_rows(cat, "ns.jd")[0] == {k: v for k, v in expected.items() if k[0] < 2}
+    assert "name" not in cat.load_table("ns.jd").schema().column_names
+    [r] = _sync(deps, settings, cat)
+    assert r.status == "synced" and r.ledgers == [2], r.error
+    t = cat.load_table("ns.jd").scan().to_arrow()
+    assert dict(zip(t["ledger_id"].to_pylist(), t["name"].to_pylist()))[2] == "n6"  # the next run's decoder

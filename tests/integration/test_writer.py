@@ -9,7 +9,7 @@ from tiering.errors import BadInput
 from tiering.metadata.attributes import Attributes
 from tiering.metadata.repository import MetadataStore
 from tiering.model import LedgerState as S, Position, TopicPolicy
-from tiering.read import Entry, ReadHandle
+from tiering.read import Entry, ReadHandle, open_ledger_now
 from tiering.tier1 import LedgerFileExists, LedgerFileMissing, Tier1Store
 from tiering.writer import ManagedLedgerWriter
 
@@ -113,7 +113,7 @@ def test_a_read_refuses_an_open_ledger_whose_file_is_not_there(meta, tier1_root,
     w.seal()
     w.close()
     assert t1.delete("r", 1)
-    assert ReadHandle(meta, t1)._open_ledger(stale).state == S.SEALED
+    assert open_ledger_now(meta, t1, stale).state == S.SEALED
 
 
 def test_a_file_made_before_its_row_is_taken_over_only_while_empty(meta, tier1_root):

@@ -103,15 +103,21 @@ def cmd_seal(ctx: Context, args, out: Output) -> int:
 
 
 def ledger_status(ctx: Context, name: str) -> list[dict]:
+    from tiering.read import open_ledger_now
+    from tiering.tier1 import LedgerFileMissing
+
     rows = []
     for led in ctx.meta.list_ledgers(name):
+        missing = False
+        if led.state == LedgerState.OPEN:
+            try:
+                led = open_ledger_now(ctx.meta, ctx.tier1, led)
+            except LedgerFileMissing:
+                missing = True  # "0 entries" would be a guess: the row says the file is missing
         entries, size = ctx.tier1.extent(led)
         tiers = ([1] if led.tier1_present and led.state != LedgerState.DELETED else []) + \
                 ([2] if led.state == LedgerState.OFFLOADED else [])
         lost = led.lost and led.state != LedgerState.DELETED  # `tiering repair` found no good copy in any tier
-        # an open ledger's counts come from its file: without one (a wrong TIERING_TIER1_ROOT, a lost file)
-        # "0 entries" would be a guess, so the row says the file is missing (one stat, the open ledger only)
-        missing = led.state == LedgerState.OPEN and not ctx.tier1.exists(name, led.ledger_id)
         rows.append({"topic": name, "ledger": led.ledger_id, "state": led.state.value,
                      "entry_count": None if missing else entries, "bytes": None if missing else size,
                      "tiers": [] if lost or missing else tiers, "lost": lost, "tier1_file_missing": missing,

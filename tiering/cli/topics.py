@@ -95,11 +95,11 @@ def _table_change(ctx: Context, args, out: dict):
     from tiering.metadata.table_sync import TableRows
     from tiering.tables.decoder import check_change
 
-    def check_rename(old: str) -> None:
+    def check_rename(old: str, t) -> None:
         from tiering.tables.catalog import catalog
         from tiering.tables.sync import check_renamable
 
-        check_renamable(catalog(ctx.settings), old)
+        check_renamable(catalog(ctx.settings), old, t.name, t.topic_id)
 
     def change(conn, t) -> None:
         s = TableRows(ctx.engine).apply(conn, t, args.table, args.table_retention, args.table_json_fields,

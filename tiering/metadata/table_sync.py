@@ -1,5 +1,6 @@
 """Rows of `topic_table`: a topic's Iceberg table policy and its sync state, and the ledger queries the sync
-plans from. Every change is one transaction; the sync state moves only by compare-and-set on `version`.
+plans from. Every change is one transaction; the sync state moves only by compare-and-set on the table and
+marks it was read at (`advance`); policy changes move `version`.
 
 The Iceberg table is the source of truth for what it holds (its properties move in the same atomic commit
 as its data files, tiering/tables/sync.py); this row mirrors them. `advance` is called after a commit, and
@@ -93,12 +94,12 @@ class TableRows:
 
     def set_policy(self, topic_name: str, identifier: str | None, retention: str | None,
                    decoder: dict | None = None, check_decoder=None,
-                   check_rename: Callable[[str], None] | None = None) -> TableState:
+                   check_rename: Callable[[str, Topic], None] | None = None) -> TableState:
         """Create or change the topic's table policy in one transaction, the topic's row locked so that a
         concurrent topic deletion waits. A topic's table cannot be renamed once it holds ledgers (the old
         table would be abandoned half-synced, and the new one given the same ledgers again); a name another
         topic uses is refused. A rename holds the sync's lock for its transaction (a running sync: refused,
-        try again) and asks `check_rename(old identifier)` (the table's own marks, which a sync killed after
+        try again) and asks `check_rename(old identifier, topic)` (the table's own marks, which a sync killed after
         its commit left ahead of this row) under it."""
         return self.in_topic(topic_name, lambda conn, t: self.apply(conn, t, identifier, retention, decoder,
                                                                     check_decoder, check_rename))
@@ -110,7 +111,7 @@ class TableRows:
 
     def apply(self, conn: Connection, t: Topic, identifier: str | None, retention: str | None,
               decoder: dict | None = None, check_decoder=None,
-              check_rename: Callable[[str], None] | None = None) -> TableState:
+              check_rename: Callable[[str, Topic], None] | None = None) -> TableState:
         """set_policy's change inside a transaction the caller holds with the topic's row locked (a topic
         created or its policy changed in the same transaction: one refusal undoes both)."""
         topic_name = t.name
@@ -126,9 +127,10 @@ class TableRows:
             if not conn.execute(select(func.pg_try_advisory_xact_lock(literal(LOCK_CLASS),
                                                                       literal(t.topic_id)))).scalar_one():
                 raise ConditionalUpdateFailed(f"the table of topic {topic_name!r}", "no sync running",
-                                              "a sync of it running: rename it when the sync has ended")
+                                              "a sync or maintenance of it running: rename it when that has "
+                                              "ended")
             if check_rename is not None:
-                check_rename(cur.identifier)
+                check_rename(cur.identifier, t)
         if decoder is not None and check_decoder is not None:
             check_decoder(None if cur is None else cur.decoder, decoder)  # under the row lock
         values = {k: v for k, v in (("identifier", identifier), ("retention", retention),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
 from pyiceberg.table.update import ValidatableTableRequirement
@@ -28,7 +28,7 @@ from tiering.config import Settings
 from tiering.errors import BadInput, TieringError
 from tiering.metadata.table_sync import TableRows, TableState, exclusive
 from tiering.model import MIB
-from tiering.tables.catalog import PARTITION_FIELD, ensure_table, table_dataset
+from tiering.tables.catalog import PARTITION_FIELD, ensure_table, owner_problem, table_dataset
 from tiering.tables.naming import (DLQ_SUFFIX, PROP_SYNCED, PROP_TRIMMED, SUMMARY_LEDGERS, SUMMARY_RUN, SUMMARY_TOPIC, batches,
                                    decode_ledgers, encode_ledgers)
 
@@ -123,12 +123,16 @@ def check_marks(state: TableState, table) -> tuple[int, int]:
     return synced, trimmed
 
 
-def check_renamable(cat, identifier: str) -> None:
-    """BadInput when the table `identifier` holds ledgers by its own marks (a sync killed after its commit
-    left the sync state behind them): renamed, the topic would be synced to a second table from ledger 0."""
+def check_renamable(cat, identifier: str, topic: str, topic_id: int) -> None:
+    """BadInput when the table `identifier` holds this topic's ledgers by its own marks (a sync killed after
+    its commit left the sync state behind them): renamed, the topic would be synced to a second table from
+    ledger 0. Another topic's table (an earlier topic of the same name) holds nothing of this one: renaming
+    away from it is the way out `owner_problem` names."""
     if not cat.table_exists(identifier):
         return
     table = cat.load_table(identifier)
+    if owner_problem(table, topic, topic_id) is not None:
+        return
     synced, trimmed = _prop(table, PROP_SYNCED), _prop(table, PROP_TRIMMED)
     if synced >= 0 or trimmed >= 0:
         raise BadInput(f"table {identifier!r} already holds ledgers through {synced} (committed by a sync whose "
@@ -301,10 +305,14 @@ class TableSync:
         result.dead_letters += sum(w.get("dead_letters", 0) for w in written)
         result.bytes += sum(w["bytes"] for w in written)
         snap = table.current_snapshot()
-        state = self.rows.advance(state, synced_through=rnd.through, trimmed_through=state.trimmed_through,
-                                  ledgers_added=len(rnd.ledger_ids), entries_added=sum(w["entries"] for w in written),
-                                  snapshot_id=snap.snapshot_id if snap else None,
-                                  metadata_location=table.metadata_location)
+        recorded = self.rows.advance(state, synced_through=rnd.through, trimmed_through=state.trimmed_through,
+                                     ledgers_added=len(rnd.ledger_ids),
+                                     entries_added=sum(w["entries"] for w in written),
+                                     snapshot_id=snap.snapshot_id if snap else None,
+                                     metadata_location=table.metadata_location)
+        # the run keeps the decoder it started with (its table's columns and dead-letter table were made for
+        # it); a `topic set --table-json-fields` meanwhile applies from the next run
+        state = replace(recorded, decoder=state.decoder)
         lag, lag_bytes = self.rows.lag(state)
         self.progress(f"{state.topic} -> {state.identifier}: committed {len(rnd.ledger_ids)} ledger(s) through "
                       f"{rnd.through}; {lag} ledger(s), {lag_bytes} bytes to go")
