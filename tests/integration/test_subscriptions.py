@@ -172,7 +172,10 @@ def test_a_subscription_created_while_its_topic_is_deleted_is_not_lost_silently(
     assert [led.state for led in deps.meta.list_ledgers("r")] == [S.DELETED] * 3
     assert deps.meta.subs.get("r", "later").position is None
     monkeypatch.setattr(trims, "finish_topic_delete", step3)
-    delete_topic(deps, "r", force=True)
+    step2 = trims.delete_all_ledgers
+    monkeypatch.setattr(trims, "delete_all_ledgers", _before(step2, lambda: deps.meta.subs.create("r", "last", None)))
+    report = delete_topic(deps, "r", force=True)  # --force deletes those too, and says so
+    assert sorted(report.subscriptions_deleted) == ["last", "later"]
     assert [t.name for t in deps.meta.list_topics()] == []
 
 

@@ -140,10 +140,10 @@ class Trims:
                 self.store.subs.delete_all(conn, t.topic_id)
             return t, subs
 
-    def _no_new_readers(self, conn: Connection, t: Topic, force: bool) -> None:
+    def _no_new_readers(self, conn: Connection, t: Topic, force: bool, late: list[str] | None) -> None:
         """Steps 2 and 3, under the topic row's lock (which a subscription's creation shares): a subscription
         created since step 1 is refused as step 1 refuses one (its reader would lose what the step deletes),
-        or with `force` deleted as step 1 deleted the others."""
+        or with `force` deleted as step 1 deleted the others (their names appended to `late`)."""
         subs = self.store.subs.of_topic(conn, t.topic_id, lock=True)
         if not subs:
             return
@@ -152,17 +152,21 @@ class Trims:
             raise TieringError(_readers_refusal(t.name, readers) + " created while the topic was being deleted; "
                                "delete them or use --force, and run topic delete again")
         self.store.subs.delete_all(conn, t.topic_id)
+        if late is not None:
+            late += [s.name for s in subs]
 
-    def delete_all_ledgers(self, topic_name: str, gc_delay: timedelta, force: bool = False) -> list[Ledger]:
+    def delete_all_ledgers(self, topic_name: str, gc_delay: timedelta, force: bool = False,
+                           late: list[str] | None = None) -> list[Ledger]:
         """Step 2: every live ledger DELETED, chunks removed, keys queued for GC (one transaction). The open
         ledger must have been sealed (by its writer's lock: ops/topics.py); an offload in flight loses its
         commit and its objects are collected."""
-        return _replanning(lambda: self._delete_all_ledgers(topic_name, gc_delay, force))
+        return _replanning(lambda: self._delete_all_ledgers(topic_name, gc_delay, force, late))
 
-    def _delete_all_ledgers(self, topic_name: str, gc_delay: timedelta, force: bool) -> list[Ledger]:
+    def _delete_all_ledgers(self, topic_name: str, gc_delay: timedelta, force: bool,
+                            late: list[str] | None) -> list[Ledger]:
         with self.engine.begin() as conn:
             t = topic_row(conn, topic_name, "UPDATE")
-            self._no_new_readers(conn, t, force)
+            self._no_new_readers(conn, t, force, late)
             live = [led for led in self.store.list_ledgers(topic_name, conn=conn) if led.state != S.DELETED]
             if any(led.state == S.OPEN for led in live):
                 raise TieringError(f"topic {topic_name!r} has an open ledger again (a producer is writing); stop it "
@@ -170,13 +174,14 @@ class Trims:
             return self.store.delete_ledgers_in(conn, live, f"topic {t.name} deleted", gc_delay,
                                                 states=(S.SEALED, S.OFFLOADING, S.OFFLOADED))
 
-    def finish_topic_delete(self, topic_name: str, marker: int, force: bool = False) -> Topic:
+    def finish_topic_delete(self, topic_name: str, marker: int, force: bool = False,
+                            late: list[str] | None = None) -> Topic:
         """Step 3: the topic row goes (its ledgers, subscriptions, attributes and totals with it), leaving a
         tombstone with the next ledger id and the trim marker written (`marker`), once nothing live and no
         tier-1 copy is left."""
         with self.engine.begin() as conn:
             t = topic_row(conn, topic_name, "UPDATE")
-            self._no_new_readers(conn, t, force)
+            self._no_new_readers(conn, t, force, late)
             left = conn.execute(text("""
                 SELECT count(*) FILTER (WHERE state <> 'DELETED') AS live, count(*) FILTER (WHERE tier1_present) AS copies
                 FROM tiering.ledger WHERE topic_id = :tid"""), {"tid": t.topic_id}).one()

@@ -67,13 +67,14 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
             writer.seal()
         finally:
             writer.close()
-    deleted = deps.meta.trims.delete_all_ledgers(name, deps.knobs.gc_delay, force)
+    late: list[str] = []  # subscriptions created during the delete, deleted by --force
+    deleted = deps.meta.trims.delete_all_ledgers(name, deps.knobs.gc_delay, force, late)
     files = sum(1 for led in deps.meta.planning.deleted_with_copy(name) if delete_copy(deps, led))
     # a run killed between recording a copy's deletion and removing its renamed file left that file; once
     # the topic is gone no delete-lagged run lists it, so it is swept here, before the delete is finished
     sweep_tombstones(deps, [name])
     t = deps.meta.get_topic(name)  # next_ledger_id after a seal or a producer's rollover
     record_trim(deps.bucket, name, t.next_ledger_id)
-    done = deps.meta.trims.finish_topic_delete(name, t.next_ledger_id, force)
-    return TopicDeleteReport(name, [s.name for s in subs], len(deleted), sum(led.size_bytes for led in deleted),
-                             files, done.next_ledger_id)
+    done = deps.meta.trims.finish_topic_delete(name, t.next_ledger_id, force, late)
+    return TopicDeleteReport(name, [s.name for s in subs] + late, len(deleted),
+                             sum(led.size_bytes for led in deleted), files, done.next_ledger_id)
