@@ -57,6 +57,8 @@ def _check_name(kind: str, name: object, most: int, existing: bool, new: bool) -
     except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
         raise BadInput(f"a {kind} name must be valid UTF-8") from None
     if new:
+        if name != name.strip():  # "s " and "s" print alike in every listing
+            raise BadInput(f"a {kind} name may not begin or end with whitespace")
         bad = _INVISIBLE.search(name)
         if bad:
             raise BadInput(f"a {kind} name may not contain invisible or bidirectional format characters "

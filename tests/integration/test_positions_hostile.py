@@ -53,8 +53,8 @@ def test_printed_ack_never_moves_a_subscription_back(cli, deps):
     produce(deps, "p", [entries("a", 10, 100), entries("b", 10, 100)], TopicPolicy(**TEN))
     cli("subscription", "create", "p", "s").ok()
     cli("subscription", "ack", "p", "s", "1:5").ok()
-    assert ack(deps, "p", "s", Position(0, 3), printed=True).position == Position(1, 5)
-    assert ack(deps, "p", "s", Position(1, 7), printed=True).position == Position(1, 7)
+    assert ack(deps, "p", "s", Position(0, 3), reader=deps.meta.subs.get("p", "s")).position == Position(1, 5)
+    assert ack(deps, "p", "s", Position(1, 7), reader=deps.meta.subs.get("p", "s")).position == Position(1, 7)
     with pytest.raises(BadInput, match="never moves backwards"):
         ack(deps, "p", "s", Position(1, 2))
 
@@ -99,3 +99,21 @@ def test_read_past_a_trimmed_ledgers_end_is_refused(cli, deps):
     assert rows[0].get("gap") == "TRIMMED" and rows[0]["from"] == "0:3" and rows[-1]["ledger"] == 2, rows[:2]
     rows = cli("read", "d", "--from", "0:10", "--json").ok().json_lines  # its end: the read starts after it
     assert (rows[0].get("ledger"), rows[0].get("entry")) == (1, 0) and rows[-1]["ledger"] == 2, rows[:2]
+
+
+def test_a_readers_ack_never_undoes_a_reset_or_lands_on_a_new_subscription(cli, deps):
+    from tiering.errors import TieringError
+    from tiering.ops.subscriptions import ack
+
+    produce(deps, "q", [entries("a", 10, 100), entries("b", 10, 100)], TopicPolicy(**TEN))
+    cli("subscription", "create", "q", "s").ok()
+    cli("subscription", "ack", "q", "s", "1:5").ok()
+    as_read = deps.meta.subs.get("q", "s")  # `read --subscription s --ack` starts: prints 1:6..1:8
+    cli("subscription", "ack", "q", "s", "0:0", "--reset").ok()  # an operator asks for a replay meanwhile
+    assert ack(deps, "q", "s", Position(1, 8), reader=as_read).position == Position(0, 0)
+    assert position(cli, "q", "s") == "0:0"
+    cli("subscription", "delete", "q", "s").ok()
+    cli("subscription", "create", "q", "s", "--from", "earliest").ok()
+    with pytest.raises(TieringError, match="deleted and created again"):
+        ack(deps, "q", "s", Position(1, 8), reader=as_read)
+    assert position(cli, "q", "s") is None

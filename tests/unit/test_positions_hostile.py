@@ -8,7 +8,7 @@ import pytest
 
 from tests.unit.test_policy import L, ids
 from tiering import policy
-from tiering.errors import BadInput
+from tiering.errors import BadInput, SubscriptionNotFound, TieringError
 from tiering.model import LedgerState as S, Position, Subscription
 from tiering.ops import subscriptions
 
@@ -47,7 +47,26 @@ def fake(position):
 
 def test_a_printed_ack_behind_the_subscription_leaves_it_there():
     deps, subs = fake(Position(44, 31))
-    got = subscriptions.ack(deps, "t", "rd", Position(6, 7), printed=True)
+    as_read = replace(subs.sub, position=Position(6, 0))  # the reader began at 6:1; retention moved it since
+    got = subscriptions.ack(deps, "t", "rd", Position(6, 7), reader=as_read)
     assert got.position == Position(44, 31) and subs.sets == [Position(44, 31)]  # only the ack time moves
     with pytest.raises(BadInput, match="never moves backwards"):
         subscriptions.ack(deps, "t", "rd", Position(6, 7))
+
+
+def test_a_printed_ack_leaves_a_reset_and_refuses_a_subscription_made_again():
+    deps, subs = fake(Position(0, 0))
+    as_read = replace(subs.sub, position=Position(3, 5), subscription_id=7)
+    subs.sub = replace(subs.sub, subscription_id=7)  # reset to 0:0 while the reader printed 3:6..3:8
+    assert subscriptions.ack(deps, "t", "rd", Position(3, 8), reader=as_read).position == Position(0, 0)
+    assert subs.sets == []  # the replay asked for stays
+    subs.sub = replace(subs.sub, subscription_id=8, position=None)  # deleted and created again
+    with pytest.raises(TieringError, match="deleted and created again"):
+        subscriptions.ack(deps, "t", "rd", Position(3, 8), reader=as_read)
+
+    def gone(topic, name):
+        raise SubscriptionNotFound(topic, name)
+    subs.get = gone
+    with pytest.raises(TieringError, match="was deleted while this read ran"):
+        subscriptions.ack(deps, "t", "rd", Position(3, 8), reader=as_read)
+    assert subs.sets == []

@@ -183,17 +183,25 @@ def cmd_read(ctx: Context, args, out: Output) -> int:
     printed, last, acked = 0, None, None
 
     def ack_printed():
-        nonlocal acked
+        nonlocal acked, sub
         if args.ack and last is not None and last != acked:
             from tiering.ops.subscriptions import ack
 
             sys.stdout.flush()  # acknowledged only once printed: a reader killed before this re-reads them
             # retention (a ceiling, an expiry) or another reader may have moved the subscription past what was
-            # printed meanwhile: that is no bad input, the subscription stays where it is
-            sub = ack(ctx.deps, args.name, args.subscription, last, printed=True)
-            if sub.position is not None and sub.position > last:
-                sys.stderr.write(f"tiering: subscription {args.subscription!r} was moved to {sub.position} meanwhile, "
+            # printed meanwhile, or an operator reset it behind where this read began: neither is bad input,
+            # the subscription stays where it is
+            now = ack(ctx.deps, args.name, args.subscription, last, reader=sub)
+            if now.position is not None and now.position > last:
+                sys.stderr.write(f"tiering: subscription {args.subscription!r} was moved to {now.position} meanwhile, "
                                  f"past the last entry printed ({last}); left there\n")
+                sub = now
+            elif now.position != last:
+                sys.stderr.write(f"tiering: subscription {args.subscription!r} was reset to "
+                                 f"{position_text(now.position)} meanwhile; left there (the entries printed are "
+                                 "read again from there)\n")
+            else:
+                sub = now
             acked = last
 
     try:

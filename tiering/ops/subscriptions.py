@@ -12,7 +12,8 @@ again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from tiering.errors import BadInput, ConditionalUpdateFailed, LedgerNotFound
+from tiering.errors import (BadInput, ConditionalUpdateFailed, LedgerNotFound, SubscriptionNotFound, TieringError,
+                            TopicNotFound)
 from tiering.metadata.subscriptions import Backlog
 from tiering.model import Ledger, LedgerState, Position, Subscription
 from tiering.ops.context import Deps
@@ -61,18 +62,27 @@ def create(deps: Deps, topic: str, name: str, start: str = "earliest") -> Subscr
 
 
 def ack(deps: Deps, topic: str, name: str, position: Position, reset: bool = False,
-        printed: bool = False) -> Subscription:
+        reader: Subscription | None = None) -> Subscription:
     """Everything up to and including `position` is read. Refused (BadInput, nothing changed): a position
     before the current one without `reset`, in a trimmed ledger, or past the end of its ledger or topic.
 
-    `printed`: the ack of a reader that has just delivered entries up to `position` (`read --ack`). Its
-    position was right when it read; if the subscription is past it now, someone else moved it meanwhile
-    (retention deleting entries it had not read, another reader), which is no mistake of the reader: the
-    subscription stays where it is and only its ack time moves (the reader is alive)."""
+    `reader`: the ack of a reader that has just delivered entries up to `position` (`read --ack`), with the
+    subscription's row as it read it (or as its previous ack left it). Its position was right when it read:
+    - the subscription is past it now (retention deleting entries it had not read, another reader): no
+      mistake of the reader; the subscription stays where it is and only its ack time moves;
+    - the subscription is behind where the reader found it (an `ack --reset` meanwhile: a replay asked for)
+      or is another subscription of that name (deleted and created again) or gone: the reader's ack must not
+      undo that. The first is left as it is (returned unchanged); the other two are a TieringError: what
+      was printed is not acknowledged."""
     for _ in range(CAS_ATTEMPTS):
-        sub = deps.meta.subs.get(topic, name)
-        if printed and not reset and sub.position is not None and position < sub.position:
-            position = sub.position
+        if reader is not None:
+            sub = _readers_subscription(deps, reader)
+            if reader.position is not None and (sub.position is None or sub.position < reader.position):
+                return sub  # reset meanwhile: the replay the operator asked for stays
+            if sub.position is not None and position < sub.position:
+                position = sub.position
+        else:
+            sub = deps.meta.subs.get(topic, name)
         if sub.position is not None and position < sub.position and not reset:
             raise BadInput(f"position {position} is before the position of subscription {name!r} ({sub.position}): "
                            "a position never moves backwards (use --reset to move it back on purpose)"
@@ -86,6 +96,21 @@ def ack(deps: Deps, topic: str, name: str, position: Position, reset: bool = Fal
             continue  # another ack or a trim moved it meanwhile: decide again on the new row
     raise ConditionalUpdateFailed(f"subscription {name!r} of topic {topic!r}", "a stable position",
                                   f"{CAS_ATTEMPTS} concurrent changes; ack again")
+
+
+def _readers_subscription(deps: Deps, reader: Subscription) -> Subscription:
+    """The reader's subscription now: TieringError when it was deleted (and maybe created again: a new
+    subscription of that name starts where it was created, not where this reader's old one was)."""
+    what = f"subscription {reader.name!r} of topic {reader.topic!r}"
+    try:
+        sub = deps.meta.subs.get(reader.topic, reader.name)
+    except (SubscriptionNotFound, TopicNotFound):
+        raise TieringError(f"{what} was deleted while this read ran: the entries printed are not "
+                           "acknowledged") from None
+    if sub.subscription_id != reader.subscription_id:
+        raise TieringError(f"{what} was deleted and created again while this read ran: the entries printed "
+                           "are not acknowledged on the new one") from None
+    return sub
 
 
 def _check_entry(deps: Deps, topic: str, position: Position) -> None:
