@@ -128,6 +128,14 @@ class MetadataStore:
             raise LedgerNotFound(topic_name, ledger_id)
         return _ledger_row(row)
 
+    def find_ledger(self, topic_name: str, ledger_id: int) -> Ledger | None:
+        """The ledger's row now; None when it or its topic is gone (the topic deleted since the ledger was
+        read: only a topic's deletion removes ledger rows)."""
+        try:
+            return self.get_ledger(topic_name, ledger_id)
+        except (TopicNotFound, LedgerNotFound):
+            return None
+
     def list_ledgers(self, topic_name: str, states: Iterable[LedgerState] | None = None,
                      conn: Connection | None = None) -> list[Ledger]:
         check_topic_name(topic_name, existing=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tiering.errors import ConditionalUpdateFailed, LedgerNotFound, Tier2CopyMissing, TieringError, TopicNotFound
+from tiering.errors import ConditionalUpdateFailed, Tier2CopyMissing, TieringError
 from tiering.model import Ledger, LedgerState
 from tiering.ops.context import Deps, select_topics
 from tiering.ops.repair import check_copy, check_lengths
@@ -48,7 +48,7 @@ def plan_delete_lagged(deps: Deps, topic: str | None = None) -> list[Ledger]:
 def delete_copy(deps: Deps, led: Ledger) -> bool:
     """Delete one tier-1 copy and record it. False when the ledger changed meanwhile (nothing done), its
     topic's deletion included: that finishes only once no tier-1 copy of the topic is left."""
-    current = _row_now(deps, led)
+    current = deps.meta.find_ledger(led.topic, led.ledger_id)
     if current is None or current.version != led.version or not current.tier1_present or \
             current.state not in (LedgerState.OFFLOADED, LedgerState.DELETED):
         return False
@@ -63,7 +63,7 @@ def delete_copy(deps: Deps, led: Ledger) -> bool:
         # Gone: another worker may have retired, recorded and purged this very copy since `current` was
         # read (concurrent delete-lagged, retention or truncate runs): then it is theirs, not a failure.
         # Otherwise the file is not where metadata says (a wrong root): that is a failure, and it stays one.
-        now = _row_now(deps, led)
+        now = deps.meta.find_ledger(led.topic, led.ledger_id)
         if now is None or now.version != current.version or not now.tier1_present:
             return False
         raise
@@ -73,14 +73,6 @@ def delete_copy(deps: Deps, led: Ledger) -> bool:
         return False  # another worker recorded it (and removes the tombstone) or the ledger changed
     deps.tier1.purge_retired(led.topic, led.ledger_id)
     return True
-
-
-def _row_now(deps: Deps, led: Ledger) -> Ledger | None:
-    """The ledger's row now; None when its topic was deleted since `led` was read."""
-    try:
-        return deps.meta.get_ledger(led.topic, led.ledger_id)
-    except (TopicNotFound, LedgerNotFound):
-        return None
 
 
 def check_tier2_copy(deps: Deps, led: Ledger) -> None:

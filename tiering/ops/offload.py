@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tiering import policy
-from tiering.errors import BadInput, ConditionalUpdateFailed, LedgerNotFound, Tier2Error, TieringError, TopicNotFound
+from tiering.errors import BadInput, ConditionalUpdateFailed, Tier2Error, TieringError
 from tiering.model import Ledger, LedgerState, Position
 from tiering.ops.context import Deps
 from tiering.ops.offload_batch import batches, in_background, offload_batch
@@ -126,13 +126,10 @@ def _offload_current(deps: Deps, led: Ledger, hook: StepHook,
     for retry in (False, True):
         try:
             return offload_ledger(deps, led, hook, before_claim)
-        except (TopicNotFound, LedgerNotFound):
-            return None  # its topic was deleted since the plan (the deletion trimmed the ledger)
         except ConditionalUpdateFailed:
-            try:
-                now = deps.meta.get_ledger(led.topic, led.ledger_id)
-            except (TopicNotFound, LedgerNotFound):
-                return None
+            now = deps.meta.find_ledger(led.topic, led.ledger_id)
+            if now is None:
+                return None  # its topic was deleted since the plan (the deletion trimmed the ledger)
             if now.state in (LedgerState.OFFLOADED, LedgerState.DELETED) or \
                     (retry and now.state == LedgerState.OFFLOADING):
                 return None

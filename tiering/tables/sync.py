@@ -106,6 +106,11 @@ def _prop(table, key: str) -> int:
     return int(table.properties.get(key, "-1"))
 
 
+def _marks(table) -> tuple[int, int]:
+    """The table's own (synced, trimmed) high-water marks, committed with its data files (-1: none)."""
+    return _prop(table, PROP_SYNCED), _prop(table, PROP_TRIMMED)
+
+
 def _has_rows(table, ids: list[int]) -> bool:
     """Whether any data file may hold rows of these ledgers (column statistics prune the rest)."""
     from pyiceberg.expressions import In
@@ -116,7 +121,7 @@ def _has_rows(table, ids: list[int]) -> bool:
 
 def check_marks(state: TableState, table) -> tuple[int, int]:
     """The table's (synced, trimmed) marks; TableBehind when it holds less than the row says."""
-    synced, trimmed = _prop(table, PROP_SYNCED), _prop(table, PROP_TRIMMED)
+    synced, trimmed = _marks(table)
     if synced < state.synced_through or trimmed < state.trimmed_through:
         raise TableBehind(f"table {state.identifier!r} holds ledgers through {synced} but the sync state says "
                           f"{state.synced_through}: the table was replaced or rolled back")
@@ -133,7 +138,7 @@ def check_renamable(cat, identifier: str, topic: str, topic_id: int) -> None:
     table = cat.load_table(identifier)
     if owner_problem(table, topic, topic_id) is not None:
         return
-    synced, trimmed = _prop(table, PROP_SYNCED), _prop(table, PROP_TRIMMED)
+    synced, trimmed = _marks(table)
     if synced >= 0 or trimmed >= 0:
         raise BadInput(f"table {identifier!r} already holds ledgers through {synced} (committed by a sync whose "
                        "state was not recorded yet; the next sync records it): the topic's table cannot be renamed")
@@ -301,13 +306,13 @@ class TableSync:
         # meanwhile), so a failed run still says what its table took
         result.ledgers += rnd.ledger_ids
         result.passed += rnd.passed
-        result.entries += sum(w["entries"] for w in written)
+        entries = sum(w["entries"] for w in written)
+        result.entries += entries
         result.dead_letters += sum(w.get("dead_letters", 0) for w in written)
         result.bytes += sum(w["bytes"] for w in written)
         snap = table.current_snapshot()
         recorded = self.rows.advance(state, synced_through=rnd.through, trimmed_through=state.trimmed_through,
-                                     ledgers_added=len(rnd.ledger_ids),
-                                     entries_added=sum(w["entries"] for w in written),
+                                     ledgers_added=len(rnd.ledger_ids), entries_added=entries,
                                      snapshot_id=snap.snapshot_id if snap else None,
                                      metadata_location=table.metadata_location)
         # the run keeps the decoder it started with (its table's columns and dead-letter table were made for
