@@ -43,6 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import pyarrow.compute as pc  # noqa: E402
 from boto3.s3.transfer import TransferConfig  # noqa: E402
 from s3transfer.manager import TransferManager  # noqa: E402
 
@@ -206,7 +207,7 @@ def offload_one(env: Env, tag: str, size: int, entry_size: int):
 def bench_sequential(env: Env, size_mib: int, runs: int, entry_size: int) -> dict:
     topic, led, ch = offload_one(env, "seq", size_mib * MIB, entry_size)
     obj = ch.data_length
-    times = {"ours": [], "raw_get": [], "pulsar_style": []}
+    times = {"ours": [], "ours_batches": [], "raw_get": [], "pulsar_style": []}
     reqs = {k: [] for k in times}
 
     def ours():
@@ -217,6 +218,17 @@ def bench_sequential(env: Env, size_mib: int, runs: int, entry_size: int) -> dic
             assert isinstance(item, ReadEntry) and item.entry_id == n, item
             n += 1
             nbytes += len(item.data)
+        pool.shutdown(wait=True)
+        assert n == led.entry_count and nbytes == led.size_bytes, (n, nbytes)
+
+    def ours_batches():  # the same scan through ReadHandle.read_batches: Arrow arrays, no object per entry
+        pool = ThreadPoolExecutor(t2reader.READ_AHEAD, thread_name_prefix="bench-read")
+        handle = ReadHandle(env.deps.meta, env.deps.tier1, tier2_opener(env.deps.bucket, ReaderCaches.new(), pool))
+        n = nbytes = 0
+        for batch in handle.read_batches(topic):
+            assert batch.first_entry_id == n, batch
+            n += len(batch.payloads)
+            nbytes += pc.sum(pc.binary_length(batch.payloads)).as_py()
         pool.shutdown(wait=True)
         assert n == led.entry_count and nbytes == led.size_bytes, (n, nbytes)
 
@@ -234,9 +246,9 @@ def bench_sequential(env: Env, size_mib: int, runs: int, entry_size: int) -> dic
             nbytes += len(data)
         assert n == led.entry_count and nbytes == led.size_bytes, (n, nbytes)
 
-    fns = [("ours", ours), ("raw_get", raw_get), ("pulsar_style", pulsar)]
+    fns = [("ours", ours), ("ours_batches", ours_batches), ("raw_get", raw_get), ("pulsar_style", pulsar)]
     for r in range(runs):
-        order = fns[r % 3:] + fns[:r % 3]  # rotate who goes first
+        order = fns[r % 4:] + fns[:r % 4]  # rotate who goes first
         for name, fn in order:
             before = env.counter.snapshot()[0]
             t0 = time.perf_counter()
@@ -249,10 +261,12 @@ def bench_sequential(env: Env, size_mib: int, runs: int, entry_size: int) -> dic
            "seconds": {k: [rnd(x, 3) for x in v] for k, v in times.items()},
            "ratio_ours_pulsar": rnd(rate["ours"] / rate["pulsar_style"], 2),
            "ratio_ours_raw": rnd(rate["ours"] / rate["raw_get"], 3),
+           "ratio_batches_raw": rnd(rate["ours_batches"] / rate["raw_get"], 3),
            "ratio_pulsar_raw": rnd(rate["pulsar_style"] / rate["raw_get"], 3)}
     print(f"sequential read of {size_mib} MiB: ours {rate['ours']} MiB/s ({out['requests']['ours']} req), "
           f"Pulsar-style {rate['pulsar_style']} MiB/s ({out['requests']['pulsar_style']} req), raw GET "
-          f"{rate['raw_get']} MiB/s; ours/Pulsar {out['ratio_ours_pulsar']}, ours/raw {out['ratio_ours_raw']}",
+          f"{rate['raw_get']} MiB/s, batches {rate['ours_batches']} MiB/s; ours/Pulsar {out['ratio_ours_pulsar']}, "
+          f"ours/raw {out['ratio_ours_raw']}, batches/raw {out['ratio_batches_raw']}",
           flush=True)
     return out, (topic, led, ch)
 

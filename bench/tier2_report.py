@@ -45,13 +45,16 @@ def report(result: dict) -> str:
         s = result["sequential"]
         L += [f"## 2. Sequential catch-up read of a {s['ledger_mib']} MiB offloaded ledger (MiB/s of the "
               f"{s['object_mib']} MiB data object, {s['runs']} runs)", "",
-              "Ours: ReadHandle over `tier2_opener` (a scan is one streaming GET read in ~1 MiB groups of whole pages in the reading thread, every page's CRC32C checked, each group's pages of one block parsed in one pass). "
+              "Ours: ReadHandle over `tier2_opener` (a scan is one streaming GET read in ~1 MiB groups of whole pages in the reading thread, every page's CRC32C checked, each group's pages of one block parsed in one pass), "
+              "`read` (one `Entry` per entry) and `read_batches` (an Arrow array per run of pages). "
               "Pulsar-style: one 1 MiB buffer, one ranged GET at a time, no read-ahead. Raw: one streaming GET of "
               "the whole object (`iter_chunks`), no parsing: the endpoint's ceiling.", "",
               "| case | ours | peer | ratio |", "|---|---:|---:|---:|",
               f"| vs Pulsar-style reader | {s['mib_s']['ours']} | {s['mib_s']['pulsar_style']} | "
               f"{s['ratio_ours_pulsar']:.2f} |",
               f"| vs raw streaming GET | {s['mib_s']['ours']} | {s['mib_s']['raw_get']} | {s['ratio_ours_raw']:.3f} |",
+              f"| `read_batches` vs raw streaming GET | {s['mib_s'].get('ours_batches')} | {s['mib_s']['raw_get']} | "
+              f"{s.get('ratio_batches_raw', float('nan')):.3f} |",
               f"| Pulsar-style vs raw streaming GET | {s['mib_s']['pulsar_style']} | {s['mib_s']['raw_get']} | "
               f"{s['ratio_pulsar_raw']:.3f} |",
               f"| S3 requests per read (ours / Pulsar-style / raw) | {s['requests']['ours']} | "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pyarrow as pa
 import pytest
 
 from tiering.errors import CorruptObjectError, LedgerStorageError
@@ -46,15 +47,15 @@ class Tier2:
                         raise fails
                     yield e, b"%d@%s" % (e, chunk.encode())
 
-            def iter_batches(self, first, last):  # pages of two entries, as OffloadedLedger's (one per page)
+            def iter_batches(self, first, last, arrays=False):  # pages of two entries, as OffloadedLedger's
                 batch = []
                 for e, data in self.iter_entries(first, last):
                     batch.append(data)
                     if len(batch) == 2:
-                        yield e - 1, batch
+                        yield e - 1, pa.array(batch, pa.binary()) if arrays else batch
                         batch = []
                 if batch:
-                    yield last, batch
+                    yield last, pa.array(batch, pa.binary()) if arrays else batch
         return Ledger()
 
 
@@ -74,6 +75,13 @@ def test_a_stale_held_chunk_is_re_read_once_and_the_read_goes_on_from_the_next_e
     got = flat(read_ledger_range(Meta(S.OFFLOADED, "new"), LED, 0, 3, None, tier2, lambda: "old"))
     assert got == [(TIER2, 0, b"0@old"), (TIER2, 1, b"1@old"), (TIER2, 2, b"2@new"), (TIER2, 3, b"3@new")]
     assert tier2.opened == ["old", "new"]
+
+
+def test_arrays_go_on_from_the_next_entry_after_a_stale_chunk_as_lists_do():
+    tier2 = Tier2({"old": (3, FileNotFoundError("collected")), "new": (10, None)})
+    runs = list(read_ledger_range(Meta(S.OFFLOADED, "new"), LED, 0, 4, None, tier2, lambda: "old", arrays=True))
+    batches = [(first, payloads.to_pylist()) for run in runs for first, payloads in run.batches]
+    assert batches == [(0, [b"0@old", b"1@old"]), (2, [b"2@new", b"3@new"]), (4, [b"4@new"])]
 
 
 def test_a_failure_the_current_row_does_not_explain_is_raised():

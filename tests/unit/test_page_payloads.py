@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import struct
 
+import pyarrow as pa
 import pytest
 
 from tiering.errors import CorruptObjectError
 from tiering.format.block import ENTRY_HEADER_LEN, HEADER_LEN, pack_blocks
 from tiering.format.pages import page_entries, page_payloads, run_payloads
+from tiering.tier2.reader import run_payload_array
 
 
 def packed(payloads, block_size=64 * 1024, page_size=4096):
@@ -83,9 +85,15 @@ def runs_of_one_block(pages, length):
             yield run
 
 
-def parse_run(data, run):
-    return run_payloads(data, [p[2] for p in run], run[-1][3], [p[0] for p in run], run[-1][1],
-                        block_start=run[0][4], block_end=run[-1][5], where="t", base=0)
+def parse_run(data, run, fn=run_payloads):
+    return fn(data, [p[2] for p in run], run[-1][3], [p[0] for p in run], run[-1][1], block_start=run[0][4],
+              block_end=run[-1][5], where="t", base=0)
+
+
+def parse_run_array(data, run):
+    got = parse_run(data, run, run_payload_array)
+    assert got.type == pa.binary()
+    return got.to_pylist()
 
 
 @pytest.mark.parametrize("sizes", [[100] * 3000, [0] * 500, [4096] * 100, [10, 2000, 7, 7, 7] * 300,
@@ -99,6 +107,7 @@ def test_every_run_of_pages_parses_to_what_its_pages_parse_to(sizes, length):
     assert runs or length > max(b - a for a, b in zip(starts, starts[1:]))  # no block has that many pages
     for run in runs:
         assert parse_run(data, run) == [x for p in run for x in parse(data, p)] == payloads[run[0][0]:run[-1][1] + 1]
+        assert parse_run_array(data, run) == payloads[run[0][0]:run[-1][1] + 1]
 
 
 def test_a_page_boundary_the_index_misplaces_inside_a_uniform_run_is_corruption():
@@ -118,6 +127,19 @@ def test_a_wrong_id_inside_a_uniform_run_is_corruption():
     bad = data[:pos + 4] + struct.pack(">q", 7) + data[pos + 12:]
     with pytest.raises(CorruptObjectError, match="entry 7 of 100 bytes"):
         parse_run(bad, run)
+    with pytest.raises(CorruptObjectError, match="entry 7 of 100 bytes"):
+        parse_run_array(bad, run)
+
+
+@pytest.mark.parametrize("fn", [run_payloads, run_payload_array])
+def test_padding_overwritten_after_a_uniform_run_is_corruption(fn):
+    """The run's last page ends its block: the bytes after its last entry must all be padding."""
+    data, pages = packed([b"z" * 90] * 2000)  # 641 entries of 102 bytes leave 26 bytes of a block's 64 KiB
+    run = next(r for r in runs_of_one_block(pages, 3) if r[-1][5])
+    assert parse_run(data, run, fn)  # sound as written
+    bad = data[:run[-1][3] - 1] + b"\0" + data[run[-1][3]:]  # the block's last byte, inside its padding
+    with pytest.raises(CorruptObjectError):
+        parse_run(bad, run, fn)
 
 
 def test_a_uniform_run_is_parsed_in_one_pass_not_page_by_page(monkeypatch):
@@ -140,3 +162,10 @@ def test_uniform_payloads_are_bytes_with_their_trailing_zero_bytes(kind):
     got = parse_run(kind(data), run)
     assert all(type(p) is bytes for p in got)
     assert got == payloads[run[0][0]:run[-1][1] + 1]
+    assert parse_run_array(kind(data), run) == got
+
+
+def test_a_batch_of_one_page_or_of_empty_payloads_is_an_arrow_array():
+    data, pages = packed([b""] * 300 + [b"a" * 50] * 300)
+    for page in pages:
+        assert parse_run_array(data, [page]) == parse(data, page)

@@ -35,7 +35,6 @@ log = logging.getLogger("tiering.spark")
 SCHEMA = ("topic string, ledger_id long, entry_id long, payload binary, tier string, "
           "sealed_at timestamp, offloaded_at timestamp")
 BATCH_ROWS = 4096
-BATCH_BYTES = 8 * 1024 * 1024
 AUTO_PACK_MAX = 1024 * 1024 * 1024  # bytes of one partition when the source packs by parallelism
 _TRUE = {"true": True, "false": False}
 
@@ -169,7 +168,7 @@ class TieringReader(DataSourceReader):
 
     def read(self, partition):
         for part in getattr(partition, "parts", None) or ():
-            yield from _batches(part, _rows(self, part, partition.token))
+            yield from _batches(part, _chunks(self, part, partition.token), self.pushed.bound("entry_id").values)
 
 
 def _say(line: str) -> None:
@@ -198,19 +197,19 @@ def _sees_root(settings: Settings, token: str | None) -> tuple[bool, TieringErro
     return True, None
 
 
-def _rows(reader: TieringReader, part: Part, token: str | None) -> Iterator[tuple]:
-    """(entry_id, payload, tier) of the part's entries in order; the exact entry filter applied."""
+def _chunks(reader: TieringReader, part: Part, token: str | None) -> Iterator[tuple]:
+    """(first entry id, entry count, payloads: an Arrow binary array or None, tier) of the part's entries in
+    order, a run of pages (tier 2) or up to 4,096 entries (tier 1, ids alone) at a time: no Python object per
+    entry on the way to Spark."""
     led, first, last = part.led, part.first, part.last
-    values = reader.pushed.bound("entry_id").values
-    wanted = (lambda e: e in values) if values is not None else (lambda e: True)
     if not reader.payload:
         # No payload wanted: the ids are known from the metadata; no byte of the ledger is read (nor checked).
         tier = "tier1" if led.tier1_present else "tier2" if part.chunk is not None else "none"
-        for e in range(first, last + 1):
-            if wanted(e):
-                yield e, None, tier
+        for start in range(first, last + 1, BATCH_ROWS):
+            yield start, min(BATCH_ROWS, last + 1 - start), None, tier
         return
-    from tiering.read import TRIMMED, Run, read_ledger_range
+    from tiering.tier2.reader import array_batches
+    from tiering.read import TRIMMED, TIER2, Run, read_ledger_range
 
     c = _clients(reader.settings)
     sees, why_not = _sees_root(reader.settings, token)
@@ -221,11 +220,10 @@ def _rows(reader: TieringReader, part: Part, token: str | None) -> Iterator[tupl
         return OffloadedLedger(_bucket(reader.settings), led, chunk, c["caches"], c["pool"])
 
     for got in read_ledger_range(c["meta"], led, first, last, c["tier1"] if sees else None, open_tier2,
-                                 lambda: part.chunk):
+                                 lambda: part.chunk, arrays=True):
         if isinstance(got, Run):
-            for e, data in got.entries:
-                if wanted(e):
-                    yield e, data, got.tier
+            for start, payloads in (got.batches if got.tier == TIER2 else array_batches(got.entries)):
+                yield start, len(payloads), payloads, got.tier
         elif got.kind == TRIMMED:
             return  # trimmed since the plan: absent rows, like a trimmed range
         elif led.tier1_present and not sees:
@@ -240,35 +238,33 @@ def _rows(reader: TieringReader, part: Part, token: str | None) -> Iterator[tupl
             raise DataLossError(msg + "; option skipDataLoss=true reads around it")
 
 
-def _batches(part: Part, rows: Iterator[tuple]) -> Iterator:
-    """Arrow batches of at most BATCH_ROWS rows or about BATCH_BYTES of payload (bounded memory)."""
+def _batches(part: Part, chunks: Iterator[tuple], values: set | None = None) -> Iterator:
+    """Arrow record batches of the part's chunks, one per chunk (each at most a run of pages, ~1 MiB, or
+    BATCH_ROWS entries: bounded memory), the columns that repeat made in C; `values`: the exact entry ids
+    wanted (a pushed-down `entry_id IN (...)`), the others dropped."""
+    import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     led = part.led
-    ids: list[int] = []
-    payloads: list = []
-    tiers: list[str] = []
-    size = 0
-
-    def batch():
-        n = len(ids)
-        return pa.RecordBatch.from_arrays(
-            [pa.array([led.topic] * n, pa.string()), pa.array([led.ledger_id] * n, pa.int64()),
-             pa.array(ids, pa.int64()), pa.array(payloads, pa.binary()), pa.array(tiers, pa.string()),
-             pa.array([led.sealed_at] * n, pa.timestamp("us", tz="UTC")),
-             pa.array([led.offloaded_at] * n, pa.timestamp("us", tz="UTC"))],
+    topic, ledger_id = pa.scalar(led.topic, pa.string()), pa.scalar(led.ledger_id, pa.int64())
+    sealed_at = pa.scalar(led.sealed_at, pa.timestamp("us", tz="UTC"))
+    offloaded_at = pa.scalar(led.offloaded_at, pa.timestamp("us", tz="UTC"))
+    wanted = None if values is None else pa.array(sorted(values), pa.int64())
+    for start, n, payloads, tier in chunks:
+        ids = pa.array(np.arange(start, start + n, dtype=np.int64))
+        if payloads is None:
+            payloads = pa.nulls(n, pa.binary())
+        if wanted is not None:
+            keep = pc.is_in(ids, value_set=wanted)
+            ids, payloads = ids.filter(keep), payloads.filter(keep)
+            n = len(ids)
+            if not n:
+                continue
+        yield pa.RecordBatch.from_arrays(
+            [pa.repeat(topic, n), pa.repeat(ledger_id, n), ids, payloads, pa.repeat(pa.scalar(tier, pa.string()), n),
+             pa.repeat(sealed_at, n), pa.repeat(offloaded_at, n)],
             names=["topic", "ledger_id", "entry_id", "payload", "tier", "sealed_at", "offloaded_at"])
-
-    for e, data, tier in rows:
-        ids.append(e)
-        payloads.append(data)
-        tiers.append(tier)
-        size += len(data) if data is not None else 0
-        if len(ids) >= BATCH_ROWS or size >= BATCH_BYTES:
-            yield batch()
-            ids, payloads, tiers, size = [], [], [], 0
-    if ids:
-        yield batch()
 
 
 class TieringDataSource(DataSource):

@@ -8,8 +8,9 @@ Every entry's framing and id are checked. Ledgers offloaded with a page index (a
 read in whole pages, each page's CRC32C checked before any of its entries is returned: a cold random read is
 two requests (index, page); a scan is ONE streaming GET of its whole span (growing ranged GETs
 reached only ~0.85 of one stream on RGW even without parsing), read group by group (~1 MiB of whole pages)
-in the reading thread, each group's pages checked, then parsed a page at a time (`iter_batches`: a batch of
-payloads per page, equal-length entries parsed in one vectorised pass); memory stays within one group.
+in the reading thread, each group's pages checked, then parsed a run of pages of one block at a time
+(`iter_batches`: a batch of payloads per run, equal-length entries parsed in one vectorised pass, as a list
+of bytes or one Arrow array); memory stays within one group.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from typing import Iterator
 from tiering.errors import CorruptObjectError, EntryNotFound
 from tiering.format.block import HEADER_LEN, Entry, NeedMore, parse_block_header, read_entry_at
 from tiering.format.index import OffloadIndex, check_page_run, decode_index
-from tiering.format.pages import run_payloads
+from tiering.format.pages import run_payload_buffers, run_payloads
 from tiering.model import Chunk, Ledger
 from tiering.tier2.objects import Bucket, RangeStream, get_range, prefetch_ranges
 
@@ -164,33 +165,38 @@ class OffloadedLedger:
         for start, payloads in self.iter_batches(first, last):
             yield from zip(count(start), payloads)
 
-    def iter_batches(self, first: int, last: int) -> Iterator[tuple[int, list[bytes]]]:
-        """Entries first..last in order as batches (first entry id, [payloads]) of consecutive entries, one
-        page at a time: a scan's consumer then pays per page, not per entry (ReadHandle, the Spark source)."""
+    def iter_batches(self, first: int, last: int, arrays: bool = False) -> Iterator[tuple[int, list[bytes]]]:
+        """Entries first..last in order as batches (first entry id, payloads) of consecutive entries, one run of
+        pages at a time: a scan's consumer then pays per page, not per entry (ReadHandle, the Spark source).
+        Payloads are a list of bytes, or with `arrays` one Arrow `binary` array per batch (no Python object
+        per entry: `ReadHandle.read_batches`, the Spark source)."""
         index = self.index()
         if first > last:
             return
         index.find(last)  # out of range -> EntryNotFound before any data request
         if index.pages is not None:
-            yield from self._read_pages(index, first, last)
+            yield from self._read_pages(index, first, last, run_payload_array if arrays else run_payloads)
             return
         # Written before page indexes: no checksum to check, only the framing (tiering verify says so).
         block_no = index.find(first)
         while True:
-            for entry_id, payload in self._read_block(index, block_no, first, last):
-                yield entry_id, [payload]
+            entries = self._read_block(index, block_no, first, last)
+            yield from (array_batches(entries) if arrays else ((e, [payload]) for e, payload in entries))
             if index.block_last_entry(block_no) >= last:
                 return
             block_no += 1
             first = index.entries[block_no].first_entry_id
 
-    def _read_pages(self, index: OffloadIndex, first: int, last: int) -> Iterator[tuple[int, list[bytes]]]:
+    def _read_pages(self, index: OffloadIndex, first: int, last: int, parse) -> Iterator[tuple[int, list[bytes]]]:
         """Entries first..last, fetched in whole pages, each page's CRC32C checked before any of its entries
-        is returned. A point read is one GET of one page; a scan is one streaming GET of its pages."""
+        is returned. A point read is one GET of one page; a scan is one streaming GET of its pages. `parse`:
+        run_payloads or run_payload_array."""
         pages = index.pages
         lo, hi = pages.find(first), pages.find(last)
-        starts = {e.block_offset for e in index.entries}
-        ends = {e.block_offset for e in index.entries[1:]} | {index.data_object_len}
+        offsets, firsts = pages.offsets, pages.first_entries
+        # the pages that start a block (each block starts one: checked when the index was decoded)
+        block_pages = [bisect.bisect_left(offsets, e.block_offset) for e in index.entries]
+        block_set = set(block_pages)
         where, base = f"data object {self.ch.data_key}", self.ch.data_offset
         if lo == hi:
             start, end = index.page_span(lo)
@@ -198,19 +204,19 @@ class OffloadedLedger:
             self.requests += 1
         else:
             groups = self._scan(index, lo, hi, where, base)
-        firsts = pages.first_entries
         for a, b_, start, data in groups:  # every page of the group was checked before it was handed over
-            for r_first, r_last in _block_runs(index, a, b_, starts):  # one parsing pass per run of one block
-                r_start, r_end = index.page_span(r_first)[0], index.page_span(r_last)[1]
+            for r_first, r_last in _block_runs(block_pages, a, b_):  # one parsing pass per run of one block
+                r_end = index.page_span(r_last)[1]
                 p_first, p_last = firsts[r_first], pages.last_entry(r_last, index.entry_count)
-                payloads = run_payloads(data, [o - start for o in pages.offsets[r_first:r_last + 1]],
-                                        r_end - start, firsts[r_first:r_last + 1], p_last,
-                                        block_start=r_start in starts, block_end=r_end in ends, where=where,
-                                        base=base + start)
+                payloads = parse(data, [o - start for o in offsets[r_first:r_last + 1]], r_end - start,
+                                 firsts[r_first:r_last + 1], p_last,
+                                 block_start=r_first in block_set,
+                                 block_end=r_end == index.data_object_len or r_last + 1 in block_set,
+                                 where=where, base=base + start)
                 if p_first < first or p_last > last:  # the range's first or last run: only its part
                     payloads = payloads[max(0, first - p_first):max(0, last - p_first + 1)]
                     p_first = max(p_first, first)
-                if payloads:
+                if len(payloads):
                     yield p_first, payloads
 
     def _scan(self, index: OffloadIndex, lo: int, hi: int, where: str, base: int) -> Iterator[tuple]:
@@ -319,14 +325,43 @@ def _page_runs(index: OffloadIndex, lo: int, hi: int, first: int = 1, grow: bool
         p = q + 1
 
 
-def _block_runs(index: OffloadIndex, a: int, b_: int, block_starts: set[int]) -> Iterator[tuple[int, int]]:
-    """Pages a..b_ cut where a block starts: runs of consecutive pages inside one block."""
+def _block_runs(block_pages: list[int], a: int, b_: int) -> Iterator[tuple[int, int]]:
+    """Pages a..b_ cut where a block starts (`block_pages`: sorted, the pages that start one): runs of
+    consecutive pages inside one block."""
     run = a
-    for p in range(a + 1, b_ + 1):
-        if index.page_span(p)[0] in block_starts:
-            yield run, p - 1
-            run = p
+    for p in block_pages[bisect.bisect_right(block_pages, a):bisect.bisect_right(block_pages, b_)]:
+        yield run, p - 1
+        run = p
     yield run, b_
+
+
+def run_payload_array(*args, **kwargs):
+    """run_payloads as one Arrow `binary` array (format/pages.run_payload_buffers: the same checks, no Python
+    object per entry of equal length)."""
+    import pyarrow as pa  # here, not at import: only batch reads need it
+
+    offsets, values = run_payload_buffers(*args, **kwargs)
+    return pa.Array.from_buffers(pa.binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(values)])
+
+
+def array_batches(entries: Iterator[tuple[int, bytes]], max_rows: int = 4096,
+                  max_bytes: int = 1024 * 1024) -> Iterator[tuple[int, object]]:
+    """(first entry id, Arrow binary array) batches of consecutive (entry id, payload) pairs, each of at most
+    `max_rows` entries or about `max_bytes` of payload: ledgers offloaded before page indexes, and the tier-1
+    side of a batch read (ReadHandle.read_batches, the Spark source)."""
+    import pyarrow as pa
+
+    first, batch, size = None, [], 0
+    for entry_id, payload in entries:
+        if first is None:
+            first = entry_id
+        batch.append(payload)
+        size += len(payload)
+        if len(batch) >= max_rows or size >= max_bytes:
+            yield first, pa.array(batch, pa.binary())
+            first, batch, size = None, [], 0
+    if batch:
+        yield first, pa.array(batch, pa.binary())
 
 
 def check_stored_pages(b: Bucket, key: str, base: int, index: OffloadIndex, window: int = READ_AHEAD) -> bool:
@@ -354,4 +389,5 @@ def tier2_opener(b: Bucket, caches: ReaderCaches | None = None, pool: ThreadPool
     return open_ledger
 
 
-__all__ = ["check_stored_pages", "OffloadedLedger", "ReaderCaches", "IndexCache", "OffsetCache", "tier2_opener", "EntryNotFound"]
+__all__ = ["array_batches", "check_stored_pages", "OffloadedLedger", "ReaderCaches", "IndexCache", "OffsetCache",
+           "run_payload_array", "tier2_opener", "EntryNotFound"]
