@@ -83,3 +83,16 @@ def test_a_corrupt_page_fails_a_batch_read_before_any_of_its_entries(deps, topic
     delivered = sum(b.entry_count for b in got)
     assert 0 < delivered < 3000  # the pages before the bad one, none after it
     assert flattened(got) == list(handle(deps).read(topic, end=Position(0, delivered - 1)))
+
+
+def test_a_batch_read_closed_early_drops_its_get(deps, topic):
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(4)
+    reading = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket, ReaderCaches.new(), pool)).read_batches(topic)
+    first = next(reading)
+    assert (first.ledger_id, first.first_entry_id) == (0, 0) and first.entry_count < 3000
+    reading.close()
+    with pytest.raises(StopIteration):
+        next(reading)
+    pool.shutdown(wait=True)
