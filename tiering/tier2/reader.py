@@ -312,13 +312,19 @@ class OffloadedLedger:
 
 def _page_runs(index: OffloadIndex, lo: int, hi: int, first: int = 1, grow: bool = True) -> Iterator[tuple[int, int]]:
     """Pages lo..hi in runs of consecutive pages: the first run up to `first` bytes (at least one page),
-    each next one twice as many bytes, up to MAX_RANGE (`grow`), or every run up to `first` bytes."""
+    each next one twice as many bytes, up to MAX_RANGE (`grow`), or every run up to `first` bytes. Each run's
+    end is found by bisection of the page offsets (a scan of 64 MiB has ~1,000 pages)."""
+    offsets, total = index.pages.offsets, index.data_object_len
+    last_page = len(offsets) - 1
     target, p = first, lo
     while p <= hi:
-        start = index.page_span(p)[0]
-        q = p
-        while q < hi and index.page_span(q + 1)[1] - start <= target:
-            q += 1
+        start = offsets[p]
+        limit = start + target
+        # the last page whose end (the next page's offset, or the data's end) is within the limit
+        q = bisect.bisect_right(offsets, limit, p + 1) - 2
+        if q == last_page - 1 and total <= limit:
+            q = last_page
+        q = min(max(q, p), hi)
         yield p, q
         if grow:
             target = min(max(target, index.page_span(q)[1] - start) * 2, MAX_RANGE)
