@@ -132,10 +132,11 @@ def run_payloads(buf: Buffer, starts: Sequence[int], end: int, first_entries: Se
 
 def run_payload_buffers(buf: Buffer, starts: Sequence[int], end: int, first_entries: Sequence[int], last_entry: int,
                         *, block_start: bool, block_end: bool, where: str, base: int):
-    """run_payloads as the two buffers of an Arrow `binary` array: (offsets, values), numpy arrays of int32
+    """run_payloads as the two buffers of Arrow `binary` arrays: (offsets, values), numpy arrays of int64
     (one more than the entries) and uint8, with the same checks. A run of equal-length entries is copied into
     `values` in one C pass, with no Python object per entry (a batch scan, the Spark source); any other run
-    from its payload list. A run is one page or a scan's group of ~1 MiB, so 32-bit offsets hold it."""
+    from its payload list. The offsets are 64-bit: a page size of 2 GiB or more makes runs whose payloads
+    32-bit offsets do not hold, which the caller splits."""
     import numpy as np  # here, not at import: only scans need it (the CLI's start stays light)
 
     buf = _as_bytes(buf)
@@ -143,9 +144,9 @@ def run_payload_buffers(buf: Buffer, starts: Sequence[int], end: int, first_entr
     if uniform is not None:
         _, k, length = uniform
         values = np.ascontiguousarray(_strided(buf, *uniform)).view(np.uint8) if length else np.empty(0, np.uint8)
-        return np.arange(k + 1, dtype=np.int32) * np.int32(length), values
+        return np.arange(k + 1, dtype=np.int64) * length, values
     payloads = _run_by_page(buf, starts, end, first_entries, last_entry, block_start, block_end, where, base)
-    offsets = np.zeros(len(payloads) + 1, np.int32)
+    offsets = np.zeros(len(payloads) + 1, np.int64)
     np.cumsum([len(p) for p in payloads], out=offsets[1:])
     return offsets, np.frombuffer(b"".join(payloads), np.uint8)
 

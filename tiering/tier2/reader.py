@@ -34,6 +34,7 @@ MAX_RANGE = 4 * 1024 * 1024
 READ_AHEAD = 4
 CHECKPOINT_STRIDE = 64
 SCAN_GROUP = 1024 * 1024  # bytes of whole pages a scan's streaming GET hands over at a time
+MAX_ARRAY_BYTES = 2**31 - 1  # payload bytes one Arrow `binary` array holds (32-bit offsets)
 
 
 class IndexCache:
@@ -175,7 +176,10 @@ class OffloadedLedger:
             return
         index.find(last)  # out of range -> EntryNotFound before any data request
         if index.pages is not None:
-            yield from self._read_pages(index, first, last, run_payload_array if arrays else run_payloads)
+            if arrays:
+                yield from _one_array_each(self._read_pages(index, first, last, run_payload_array))
+            else:
+                yield from self._read_pages(index, first, last, run_payloads)
             return
         # Written before page indexes: no checksum to check, only the framing (tiering verify says so).
         block_no = index.find(first)
@@ -342,12 +346,38 @@ def _block_runs(block_pages: list[int], a: int, b_: int) -> Iterator[tuple[int, 
 
 
 def run_payload_array(*args, **kwargs):
-    """run_payloads as one Arrow `binary` array (format/pages.run_payload_buffers: the same checks, no Python
-    object per entry of equal length)."""
+    """run_payloads as an Arrow `binary` array (format/pages.run_payload_buffers: the same checks, no Python
+    object per entry of equal length); a run whose payloads reach 2 GiB (only a page size that large makes
+    one) as a ChunkedArray of such arrays, each within the 32-bit offsets, which `_one_array_each` splits."""
+    import numpy as np
     import pyarrow as pa  # here, not at import: only batch reads need it
 
     offsets, values = run_payload_buffers(*args, **kwargs)
-    return pa.Array.from_buffers(pa.binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(values)])
+    pieces, i, n = [], 0, len(offsets) - 1
+    while True:
+        # the most entries from i on whose payloads one array holds (at least one: an entry is < 2 GiB)
+        j = min(n, max(i + 1, int(np.searchsorted(offsets, offsets[i] + MAX_ARRAY_BYTES, "right")) - 1))
+        pieces.append(pa.Array.from_buffers(pa.binary(), j - i, [
+            None, pa.py_buffer((offsets[i:j + 1] - offsets[i]).astype(np.int32)),
+            pa.py_buffer(values[offsets[i]:offsets[j]])]))
+        if j >= n:
+            return pieces[0] if len(pieces) == 1 else pa.chunked_array(pieces, pa.binary())
+        i = j
+
+
+def _one_array_each(batches: Iterator[tuple[int, object]]) -> Iterator[tuple[int, object]]:
+    """The batches with each ChunkedArray (payloads of 2 GiB or more) cut into one batch per chunk: a batch's
+    payloads are always one `binary` array."""
+    import pyarrow as pa
+
+    for first, payloads in batches:
+        if isinstance(payloads, pa.ChunkedArray):
+            for chunk in payloads.chunks:
+                if len(chunk):
+                    yield first, chunk
+                    first += len(chunk)
+        else:
+            yield first, payloads
 
 
 def array_batches(entries: Iterator[tuple[int, bytes]], max_rows: int = 4096,
@@ -364,10 +394,10 @@ def array_batches(entries: Iterator[tuple[int, bytes]], max_rows: int = 4096,
         batch.append(payload)
         size += len(payload)
         if len(batch) >= max_rows or size >= max_bytes:
-            yield first, pa.array(batch, pa.binary())
+            yield from _one_array_each([(first, pa.array(batch, pa.binary()))])
             first, batch, size = None, [], 0
     if batch:
-        yield first, pa.array(batch, pa.binary())
+        yield from _one_array_each([(first, pa.array(batch, pa.binary()))])
 
 
 def check_stored_pages(b: Bucket, key: str, base: int, index: OffloadIndex, window: int = READ_AHEAD) -> bool:
