@@ -344,13 +344,18 @@ def child_main(mode: str, args: dict) -> None:
     elif mode == "upload_file":
         s3.upload_file(args["path"], args["bucket"], args["key"], ExtraArgs=UPLOAD_EXTRA, Config=transfer_config())
         nbytes = os.path.getsize(args["path"])
-    elif mode == "read":
+    elif mode in ("read", "read_batches"):
         pool = ThreadPoolExecutor(t2reader.READ_AHEAD, thread_name_prefix="rss-read")
         handle = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket, ReaderCaches.new(), pool))
         last = args.get("last_entry", led.entry_count - 1)
         step, mark = 64 * MIB, 64 * MIB
-        for item in handle.read(args["topic"], end=Position(led.ledger_id, last)):
-            nbytes += len(item.data)
+        if mode == "read":
+            sizes = (len(item.data) for item in handle.read(args["topic"], end=Position(led.ledger_id, last)))
+        else:
+            sizes = (pc.sum(pc.binary_length(batch.payloads)).as_py()
+                     for batch in handle.read_batches(args["topic"], end=Position(led.ledger_id, last)))
+        for size in sizes:
+            nbytes += size
             if nbytes >= mark:
                 checkpoints.append([rnd(mib(nbytes)), rnd(mib(proc_status().get("VmHWM", 0)))])
                 mark += step
@@ -394,6 +399,7 @@ def bench_rss(env: Env, size_mib: int, read_mib: int | None, entry_size: int) ->
     if read_mib is not None and read_mib < size_mib:
         kw["last_entry"] = min(led.entry_count, (read_mib * MIB) // entry_size) - 1
     rows["read"] = run_child(env, "read", topic=topic, ledger_id=led.ledger_id, **kw)
+    rows["read_batches"] = run_child(env, "read_batches", topic=topic, ledger_id=led.ledger_id, **kw)
     rows["raw_get"] = run_child(env, "raw_get", topic=topic, ledger_id=led.ledger_id, key=ch.data_key)
     out["server_rss_after_reads"] = env.server_rss()
     env.reset()

@@ -87,7 +87,10 @@ def report(result: dict) -> str:
               "| case | ours: peak / growth (MiB) | peer: peak / growth (MiB) | ratio of growth |",
               "|---|---:|---:|---:|"]
         for ours, peer, label in (("offload", "upload_file", "offload vs s3transfer upload_file"),
-                                  ("read", "raw_get", "sequential read vs raw streaming GET")):
+                                  ("read", "raw_get", "sequential read vs raw streaming GET"),
+                                  ("read_batches", "raw_get", "`read_batches` vs raw streaming GET")):
+            if ours not in c:
+                continue
             a, b = c[ours], c[peer]
             ratio = a["growth_mib"] / b["growth_mib"] if b["growth_mib"] > 0 else float("nan")
             L.append(f"| {label} ({a['mib']:.0f} / {b['mib']:.0f} MiB) | {a['peak_mib']} / {a['growth_mib']} | "
