@@ -66,8 +66,7 @@ class EntryBatch(NamedTuple):
 
     def entries(self) -> Iterator[Entry]:
         """The batch's entries one by one, as `read` gives them."""
-        return map(tuple.__new__, _ENTRY_TYPES, zip(repeat(self.ledger_id), count(self.first_entry_id),
-                                                    self.payloads.to_pylist()))
+        return _batch_entries(self.ledger_id, (self.first_entry_id, self.payloads.to_pylist()))
 
 
 @dataclass(frozen=True)

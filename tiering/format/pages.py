@@ -111,7 +111,7 @@ def page_payloads(buf: Buffer, start: int, end: int, first_entry: int, last_entr
     if found is not None:
         k, length = found
         _check_tail(buf, pos + k * (ENTRY_HEADER_LEN + length), end, where, base)
-        return _strided(buf, pos + ENTRY_HEADER_LEN, k, length).tolist() if length else [b""] * k
+        return _uniform_list(buf, pos + ENTRY_HEADER_LEN, k, length)
     return _payloads_loop(buf, pos, end, first_entry, last_entry, block_end, where, base)
 
 
@@ -124,9 +124,11 @@ def run_payloads(buf: Buffer, starts: Sequence[int], end: int, first_entries: Se
     instead of 16), every page boundary checked to fall where the page index says its first entry starts;
     any other run page by page (`page_payloads`, which names what is wrong)."""
     buf = _as_bytes(buf)
-    uniform = _uniform_run(buf, starts, end, first_entries, last_entry, block_start, block_end, where, base)
+    # one page alone: page_payloads makes the same vectorised pass (tried here, a failure would be tried twice)
+    uniform = _uniform_run(buf, starts, end, first_entries, last_entry, block_start, block_end, where, base) \
+        if len(starts) > 1 else None
     if uniform is not None:
-        return _strided(buf, *uniform).tolist() if uniform[2] else [b""] * uniform[1]
+        return _uniform_list(buf, *uniform)
     return _run_by_page(buf, starts, end, first_entries, last_entry, block_start, block_end, where, base)
 
 
@@ -186,6 +188,10 @@ def _strided(buf: bytes, at: int, k: int, length: int):
     import numpy as np
 
     return np.ndarray((k,), dtype=f"V{length}", buffer=buf, offset=at, strides=(ENTRY_HEADER_LEN + length,))
+
+
+def _uniform_list(buf: bytes, at: int, k: int, length: int) -> list[bytes]:
+    return _strided(buf, at, k, length).tolist() if length else [b""] * k  # (numpy has no 0-byte items)
 
 
 def _as_bytes(buf: Buffer) -> bytes:

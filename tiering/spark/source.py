@@ -208,8 +208,8 @@ def _chunks(reader: TieringReader, part: Part, token: str | None) -> Iterator[tu
         for start in range(first, last + 1, BATCH_ROWS):
             yield start, min(BATCH_ROWS, last + 1 - start), None, tier
         return
+    from tiering.read import TIER2, TRIMMED, Run, read_ledger_range
     from tiering.tier2.reader import array_batches
-    from tiering.read import TRIMMED, TIER2, Run, read_ledger_range
 
     c = _clients(reader.settings)
     sees, why_not = _sees_root(reader.settings, token)

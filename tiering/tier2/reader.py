@@ -387,17 +387,19 @@ def array_batches(entries: Iterator[tuple[int, bytes]], max_rows: int = 4096,
     side of a batch read (ReadHandle.read_batches, the Spark source)."""
     import pyarrow as pa
 
-    first, batch, size = None, [], 0
-    for entry_id, payload in entries:
-        if first is None:
-            first = entry_id
-        batch.append(payload)
-        size += len(payload)
-        if len(batch) >= max_rows or size >= max_bytes:
-            yield from _one_array_each([(first, pa.array(batch, pa.binary()))])
-            first, batch, size = None, [], 0
-    if batch:
-        yield from _one_array_each([(first, pa.array(batch, pa.binary()))])
+    def gathered():
+        first, batch, size = None, [], 0
+        for entry_id, payload in entries:
+            if first is None:
+                first = entry_id
+            batch.append(payload)
+            size += len(payload)
+            if len(batch) >= max_rows or size >= max_bytes:
+                yield first, pa.array(batch, pa.binary())  # a ChunkedArray past 2 GiB
+                first, batch, size = None, [], 0
+        if batch:
+            yield first, pa.array(batch, pa.binary())
+    return _one_array_each(gathered())
 
 
 def check_stored_pages(b: Bucket, key: str, base: int, index: OffloadIndex, window: int = READ_AHEAD) -> bool:
