@@ -257,3 +257,84 @@ def test_a_truncated_object_fails_a_scan_with_the_typed_error(deps):
     put(deps, ch.data_key, data[:len(data) // 2])
     with pytest.raises((CorruptObjectError, DataLossError)):
         read_all(deps, "c")
+
+
+@pytest.fixture
+def stream_spy(monkeypatch):
+    """How many streaming GETs were opened and how many closed (RangeStream, the one streaming reader)."""
+    from tiering.tier2 import objects
+
+    seen = {"opened": 0, "closed": 0}
+    init, close = objects.RangeStream.__init__, objects.RangeStream.close
+
+    def opened(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        seen["opened"] += 1
+
+    def closed(self):
+        if self._body is not None:
+            seen["closed"] += 1
+        close(self)
+
+    monkeypatch.setattr(objects.RangeStream, "__init__", opened)
+    monkeypatch.setattr(objects.RangeStream, "close", closed)
+    return seen
+
+
+def test_a_whole_ledger_scan_sends_its_data_get_beside_the_index_get(deps, s3_settings, bucket):
+    """Reading a whole ledger whose index is not cached, the data GET (its span is the chunk row's) does not
+    wait for the index: with the index's response held back, the data GET is sent before it arrives. A
+    range that is not the whole ledger waits for the index, as before."""
+    import time
+
+    produce(deps, "w", [entries("w", 40, ENTRY)])
+    [ch] = offload_all(deps, "w")
+    own, _ = _counted(deps, s3_settings, bucket)
+    events = []
+
+    def sent(request, **kw):
+        events.append(("send", "index" if ch.index_key in request.url else "data"))
+
+    def called(model, **kw):
+        events.append(("done", "call"))
+
+    def slow_index(request, **kw):
+        if ch.index_key in request.url:
+            time.sleep(0.5)  # the index's round trip, made long enough that nothing else can explain the order
+
+    own.bucket.s3.meta.events.register("before-send.s3.GetObject", slow_index)
+    own.bucket.s3.meta.events.register("before-send.s3.GetObject", sent)
+    for first, last, early in [(0, 39, True), (0, 38, False), (1, 39, False)]:
+        events.clear()
+        handle = ReadHandle(own.meta, own.tier1, tier2_opener(own.bucket, ReaderCaches.new()))
+        got = [e for e in handle.read("w", Position(0, first), Position(0, last)) if isinstance(e, Entry)]
+        assert [e.entry_id for e in got] == list(range(first, last + 1))
+        sends = [what for kind, what in events if kind == "send"]
+        assert sorted(sends) == ["data", "index"], sends
+        # the index's send sleeps 0.5 s before it goes: a data GET sent beside it is recorded first
+        assert (sends[0] == "data") == early, (first, last, sends)
+
+
+def test_a_data_get_sent_ahead_is_dropped_when_the_index_fails_or_has_no_pages(deps, stream_spy):
+    from concurrent.futures import ThreadPoolExecutor
+
+    expected = produce(deps, "x", [entries("x", 30, 2000), entries("y", 30, 2000)])
+    first, second = offload_all(deps, "x")
+    put(deps, first.index_key, b"not an index at all")
+    pool = ThreadPoolExecutor(4)
+    with pytest.raises(CorruptObjectError):
+        list(ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket, ReaderCaches.new(), pool)).read("x"))
+    pool.shutdown(wait=True)
+    assert stream_spy["opened"] == 1 and stream_spy["closed"] == 1, stream_spy
+    # an index written before page indexes: the block path reads the ledger, the GET sent ahead is dropped
+    n = strip_page_index(deps, second)
+    with deps.meta.engine.begin() as conn:
+        conn.execute(text("UPDATE tiering.chunk SET index_length = :n WHERE index_key = :k"),
+                     {"n": n, "k": second.index_key})
+    pool = ThreadPoolExecutor(4)
+    got = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket, ReaderCaches.new(), pool)).read(
+        "x", Position(1, 0))
+    assert {(e.ledger_id, e.entry_id): e.data for e in got if isinstance(e, Entry)} == \
+        {k: v for k, v in expected.items() if k[0] == 1}
+    pool.shutdown(wait=True)
+    assert stream_spy["opened"] == 2 and stream_spy["closed"] == 2, stream_spy
