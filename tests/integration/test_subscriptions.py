@@ -71,6 +71,35 @@ def test_a_reader_holds_retention_until_it_has_read(cli, deps):
     assert [d["ledger"] for d in cli("retention", "--json").ok().json["deleted"]] == [1, 2]
 
 
+def test_read_ack_stops_at_a_dataloss_gap_and_retain_unread_keeps_what_follows(cli, deps):
+    """A ledger whose tier-1 file is away (a mount hiccup, a wrong root) reads as a DATALOSS gap: `read --ack`
+    acknowledges what it printed before it and fails there, so retain-unread still holds the ledger and the
+    next read delivers it once the file is back."""
+    produce(deps, "d", [entries(f"l{i}", 10, 100) for i in range(3)], TopicPolicy(**TEN), open_tail=[b"x"] * 2)
+    cli("topic", "set", "d", "--retention-time", "0", "--retain-unread").ok()
+    cli("subscription", "create", "d", "r").ok()
+    path = deps.tier1.path("d", 1)
+    away = path.with_name(path.name + ".away")
+    path.rename(away)
+    try:
+        done = cli("read", "d", "--subscription", "r", "--ack", "--json")
+        line = done.one_line_error(1)
+        assert "ledger d/1 entries 0..9 are in no tier" in line, line
+        assert "left at 0:9" in line, line
+        assert [(r["ledger"], r["entry"]) for r in done.json_lines] == [(0, i) for i in range(10)]
+        assert subs(cli, "d")["r"]["position"] == "0:9"
+        assert [d["ledger"] for d in cli("retention", "--json").ok().json["deleted"]] == [0]
+        # without --ack a read still prints the gap and goes on, as before
+        plain = cli("read", "d", "--subscription", "r", "--json").ok().json_lines
+        assert plain[0] == {"gap": "DATALOSS", "from": "1:0", "to": "1:9"} and plain[-1]["ledger"] == 3
+    finally:
+        away.rename(path)
+    read = cli("read", "d", "--subscription", "r", "--ack", "--json").ok().json_lines
+    assert [(r["ledger"], r["entry"]) for r in read] == [(1, i) for i in range(10)] + \
+        [(2, i) for i in range(10)] + [(3, 0), (3, 1)]
+    assert subs(cli, "d")["r"]["position"] == "3:1"
+
+
 def test_ceilings_and_expiry_delete_unread_and_record_the_loss(cli, deps):
     produce(deps, "c", [entries(f"l{i}", 10, 100) for i in range(3)], TopicPolicy(**TEN))
     cli("topic", "set", "c", "--retention-time", "3600", "--retain-unread", "--max-retention-size", "1000").ok()

@@ -205,7 +205,11 @@ def cmd_read(ctx: Context, args, out: Output) -> int:
             acked = last
 
     try:
-        for item in ctx.read_handle(args.fail_on_dataloss).read(args.name, start, args.end):
+        # --ack never acknowledges past a DATALOSS gap: entries no tier holds now (a missing tier-1 file, a
+        # lost ledger repair may bring back) were not delivered, and retain-unread must keep them; the read
+        # acks what it printed before the gap and fails there (Pulsar's consumers stop likewise unless the
+        # broker skips non-recoverable data); an operator who gives them up acks past them by hand
+        for item in ctx.read_handle(args.fail_on_dataloss or args.ack).read(args.name, start, args.end):
             if isinstance(item, Gap):
                 out.gap(gap_dict(item))
                 continue
@@ -215,8 +219,13 @@ def cmd_read(ctx: Context, args, out: Output) -> int:
                 break
             if printed % ACK_EVERY == 0:
                 ack_printed()
-    except DataLossError:
+    except DataLossError as exc:
         ack_printed()  # what was printed before the loss was delivered
+        if args.ack:
+            held = sub.position if acked is None else acked
+            raise DataLossError(f"{exc}; subscription {args.subscription!r} left "
+                                f"{'at ' + str(held) if held is not None else 'before the first entry'} (`tiering repair` may "
+                                f"bring the entries back; `tiering subscription ack` past them gives them up)") from None
         raise
     ack_printed()
     return 0
