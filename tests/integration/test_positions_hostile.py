@@ -117,3 +117,27 @@ def test_a_readers_ack_never_undoes_a_reset_or_lands_on_a_new_subscription(cli, 
     with pytest.raises(TieringError, match="deleted and created again"):
         ack(deps, "q", "s", Position(1, 8), reader=as_read)
     assert position(cli, "q", "s") is None
+
+
+def test_an_ack_racing_delete_and_create_of_its_name_acks_the_new_subscription(cli, deps, monkeypatch):
+    """`subscription ack` reads the row, then another process deletes the subscription and makes it again
+    (the new row at version 0 as well) before the compare-and-set: the ack must land on the row that has the
+    name now, not report success having written nothing."""
+    from tiering.ops import subscriptions
+
+    produce(deps, "n", [entries("a", 10, 100)], TopicPolicy(**TEN))
+    cli("subscription", "create", "n", "s").ok()
+    real = subscriptions._check_entry
+    raced = []
+
+    def delete_and_create_meanwhile(d, topic, pos):
+        if not raced:
+            raced.append(1)
+            deps.meta.subs.delete("n", "s")
+            deps.meta.subs.create("n", "s", None)
+        return real(d, topic, pos)
+
+    monkeypatch.setattr(subscriptions, "_check_entry", delete_and_create_meanwhile)
+    got = subscriptions.ack(deps, "n", "s", Position(0, 3))
+    assert raced and got.position == Position(0, 3)
+    assert position(cli, "n", "s") == "0:3"

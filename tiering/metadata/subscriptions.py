@@ -156,17 +156,23 @@ class Subscriptions:
         until it commits: a trim that raced this ack is seen here)."""
         with self.engine.begin() as conn:
             current = self.get(sub.topic, sub.name, conn, lock=True)
-            if current.version != sub.version:
+            # the same row, not only the same version: a subscription deleted and made again under its name
+            # starts at version 0 too
+            if (current.subscription_id, current.version) != (sub.subscription_id, sub.version):
                 raise ConditionalUpdateFailed(f"subscription {sub.name!r} of topic {sub.topic!r}",
-                                              f"version {sub.version}", f"version {current.version}")
+                                              f"id {sub.subscription_id} at version {sub.version}",
+                                              f"id {current.subscription_id} at version {current.version}")
             state = conn.execute(select(ledger.c.state).where(
                 ledger.c.topic_id == sub.topic_id, ledger.c.ledger_id == position.ledger_id)).scalar_one_or_none()
             if position != current.position and (state is None or state == "DELETED"):
                 raise BadInput(f"position {position} is before the head of topic {sub.topic!r} (ledger "
                                f"{position.ledger_id} was trimmed)")
-            conn.execute(update(subscription).where(subscription.c.subscription_id == sub.subscription_id)
-                         .values(ack_ledger_id=position.ledger_id, ack_entry_id=position.entry_id,
-                                 last_ack_at=func.now(), version=subscription.c.version + 1))
+            done = conn.execute(update(subscription).where(subscription.c.subscription_id == sub.subscription_id)
+                                .values(ack_ledger_id=position.ledger_id, ack_entry_id=position.entry_id,
+                                        last_ack_at=func.now(), version=subscription.c.version + 1))
+            if done.rowcount != 1:  # the row is locked above: cannot happen, and must not pass silently
+                raise ConditionalUpdateFailed(f"subscription {sub.name!r} of topic {sub.topic!r}",
+                                              "one row updated", f"{done.rowcount}")
             return self.get(sub.topic, sub.name, conn)
 
     def delete(self, topic_name: str, name: str) -> Subscription:
