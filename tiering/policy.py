@@ -200,12 +200,13 @@ def backlog(position: Position | None, ledgers: Sequence[Ledger]) -> tuple[int, 
 
 
 def truncate_before(ledgers: Sequence[Ledger], position: Position) -> list[Ledger]:
-    """`tiering truncate NAME L:E`: every whole ledger before the position's ledger (never the open one)."""
+    """`tiering truncate NAME L:E`: every whole ledger before the position's ledger (never the open one), an
+    offload in flight included (its commit then loses; skipping it would leave a hole in the trimmed head)."""
     ids = [led.ledger_id for led in ledgers]
     if not ids or position.ledger_id > max(ids):
         raise BadInput(f"position {position} is beyond the end of the topic")
     return [led for led in sorted(ledgers, key=lambda x: x.ledger_id)
-            if led.ledger_id < position.ledger_id and led.state in (S.SEALED, S.OFFLOADED)]
+            if led.ledger_id < position.ledger_id and led.state in (S.SEALED, S.OFFLOADING, S.OFFLOADED)]
 
 
 @dataclass(frozen=True)

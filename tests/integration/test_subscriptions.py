@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from sqlalchemy import text
 
 from tests.integration.helpers import entries, produce
@@ -240,3 +241,38 @@ def test_bad_input_is_one_line_and_changes_nothing(cli, deps):
         result.one_line_error(code)
     assert snapshot(deps) == before
     assert json.loads(cli("topic", "show", "b", "--json").ok().stdout)["version"] == 0
+
+
+def test_truncate_takes_an_offload_in_flight_with_the_rest_of_the_head(cli, deps, monkeypatch):
+    """A ledger being offloaded when `truncate` runs is deleted with the ledgers after it (the trimmed head
+    stays a prefix): the offload's commit loses, its objects stay queued for GC, and a subscriber does not
+    skip the ledger's entries unrecorded."""
+    from tiering.errors import TieringError
+    from tiering.ops.offload import offload_ledger
+
+    produce(deps, "f", [entries(f"l{i}", 10, 100) for i in range(3)], TopicPolicy(**TEN), open_tail=[b"o"])
+    cli("subscription", "create", "f", "s").ok()
+    real = deps.meta.complete_offload_batch
+    truncated = []
+
+    def truncate_meanwhile(items, attempt):
+        truncated.append(cli("truncate", "f", "2:0", "--force", "--json").ok().json)
+        return real(items, attempt)
+
+    monkeypatch.setattr(deps.meta, "complete_offload_batch", truncate_meanwhile)
+    with pytest.raises(TieringError):
+        offload_ledger(deps, deps.meta.get_ledger("f", 0))
+    assert [d["ledger"] for d in truncated[0]["deleted"]] == [0, 1]
+    assert states(deps, "f")[:3] == [S.DELETED, S.DELETED, S.SEALED]
+    listed = subs(cli, "f")["s"]
+    assert listed["position"] == "1:9" and listed["unread_deleted_entry_count"] == 20
+    # every object the attempt made is gone already or queued for GC: none is left unreferenced
+    b = deps.bucket
+    keys = {o["Key"] for o in b.s3.list_objects_v2(Bucket=b.name, Prefix=b.prefix).get("Contents", [])
+            if not o["Key"].endswith("/_trimmed")}  # the trim marker
+    with deps.meta.engine.connect() as conn:
+        known = set(conn.execute(text("SELECT key FROM tiering.gc_task UNION SELECT data_key FROM tiering.chunk "
+                                      "UNION SELECT index_key FROM tiering.chunk")).scalars())
+    assert keys <= known, keys - known
+    gap = cli("read", "f", "--json").ok().json_lines[0]
+    assert gap == {"gap": "TRIMMED", "from": "0:0", "to": "1:9"}

@@ -99,6 +99,9 @@ def test_retention_never_passes_the_open_ledger_or_an_offload_in_flight():
 def test_truncate_before():
     ledgers = [L(0, S.DELETED), L(1, S.OFFLOADED), L(2), L(3, S.OPEN)]
     assert ids(policy.truncate_before(ledgers, Position(3, 0))) == [1, 2]
+    # an offload in flight is no hole in the trimmed head: it goes with the rest
+    ledgers = [L(0, S.OFFLOADING), L(1), L(2, S.OPEN)]
+    assert ids(policy.truncate_before(ledgers, Position(2, 0))) == [0, 1]
     with pytest.raises(BadInput):
         policy.truncate_before(ledgers, Position(7, 0))
 

@@ -282,13 +282,13 @@ class Planning:
 
     def truncate_before(self, topic_id: int, name: str, before_ledger: int,
                         conn: Connection | None = None) -> tuple[int | None, list[Ledger]]:
-        """(the topic's last ledger id or None, its SEALED/OFFLOADED ledgers below `before_ledger`), read on
+        """(the topic's last ledger id or None, its SEALED/OFFLOADING/OFFLOADED ledgers below `before_ledger`), read on
         the live-ledger index rather than the topic's DELETED history (in `conn`'s transaction if given)."""
         rows = self._rows(f"""
             SELECT {_LEDGER_COLS}, (SELECT max(m.ledger_id) FROM tiering.ledger m WHERE m.topic_id = :tid) AS last
             FROM (SELECT CAST(:name AS text) AS name) n
             LEFT JOIN tiering.ledger l ON l.topic_id = :tid AND l.state <> 'DELETED' AND l.ledger_id < :before
-                                      AND l.state IN ('SEALED', 'OFFLOADED')
+                                      AND l.state IN ('SEALED', 'OFFLOADING', 'OFFLOADED')
             ORDER BY l.ledger_id""", conn=conn, tid=topic_id, name=name, before=before_ledger)
         last = rows[0].last if rows else None
         return last, [_ledger(r) for r in rows if r.ledger_id is not None]

@@ -115,7 +115,10 @@ class Trims:
             if dry_run:
                 return TrimResult(list(doomed), {led.ledger_id: "truncate" for led in doomed},
                                   _unrecorded(subs, doomed, f"truncate before {before}", force))
-            deleted = self.store.delete_ledgers_in(conn, doomed, f"truncate before {before}", gc_delay)
+            # an OFFLOADING ledger goes too, as topic deletion takes it: its attempt's commit loses its
+            # compare-and-set and the attempt's objects are collected (its keys stay queued)
+            deleted = self.store.delete_ledgers_in(conn, doomed, f"truncate before {before}", gc_delay,
+                                                   states=(S.SEALED, S.OFFLOADING, S.OFFLOADED))
             losses = []
             for sub in subs:
                 loss = policy.unread_loss(sub.position, deleted)
