@@ -12,6 +12,7 @@ from tiering.model import LedgerState as S, TopicPolicy
 from tiering.ops.delete_lagged import delete_copy, delete_lagged
 from tiering.ops.offload import offload_many
 from tiering.ops.retention import retention
+from tiering.errors import LedgerStorageError, TopicNotFound
 from tiering.tier1 import LedgerFileMissing
 
 BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
@@ -47,14 +48,48 @@ def test_delete_lagged_fails_where_the_file_is_not(deps, elsewhere):
 
 def test_retention_fails_where_the_file_is_not_and_a_rerun_removes_it(deps, elsewhere):
     _offloaded(deps, "rt", n=3, policy=TopicPolicy(retention_bytes=300, **BIG))
-    with pytest.raises(LedgerFileMissing):
-        retention(elsewhere, "rt")
+    report = retention(elsewhere, "rt")  # each copy on its own, reported; the run's other topics go on
+    assert sorted(report.deleted) == [("rt", 0), ("rt", 1)] and report.files_removed == 0
+    assert [(t, i) for t, i, _ in report.failed] == [("rt", 0), ("rt", 1)]
+    assert str(elsewhere.tier1.path("rt", 0)) in report.failed[0][2]
+    from tiering.jobs.retention import work
+    with pytest.raises(LedgerStorageError, match="2 tier-1 cop"):  # the Spark job's item fails
+        work(elsewhere, {"topic": "rt"})
     # the trim itself is committed (metadata first), the files are still owed
     leds = deps.meta.list_ledgers("rt")
     assert [led.state for led in leds][:2] == [S.DELETED, S.DELETED]
     assert all(led.tier1_present for led in leds[:2]) and deps.tier1.exists("rt", 0)
     report = retention(deps, "rt")
     assert report.files_removed == 2 and not deps.tier1.exists("rt", 0) and not deps.tier1.exists("rt", 1)
+
+
+def test_a_deleted_ledgers_file_removed_by_hand_does_not_wedge_retention_or_topic_delete(deps, elsewhere):
+    """Under the right root (the topic's directory is there) a DELETED ledger's copy that is already gone is
+    recorded as gone; a topic the root does not hold fails alone, the run's other topics are retained, and
+    `topic delete --force` of it finishes."""
+    from tiering.ops.topics import delete_topic
+
+    policy = TopicPolicy(retention_seconds=0, **BIG)
+    for topic in ("ga", "gb"):
+        produce(deps, topic, [entries(topic, 3, 100)], policy, open_tail=[b"open"])
+    produce(deps, "gc", [entries("gc", 3, 100)], policy)  # sealed only: its directory can go whole
+    deps.tier1.path("ga", 0).unlink()  # removed by hand
+    moved = deps.tier1.path("gc", 0).parent
+    away = moved.with_name(moved.name + ".away")
+    moved.rename(away)  # this root does not hold gc at all
+    report = retention(deps)
+    assert sorted(report.deleted) == [("ga", 0), ("gb", 0), ("gc", 0)]
+    assert [(t, i) for t, i, _ in report.failed] == [("gc", 0)]
+    assert report.files_removed == 2 and not deps.tier1.exists("gb", 0)
+    assert not deps.meta.get_ledger("ga", 0).tier1_present and deps.meta.get_ledger("gc", 0).tier1_present
+    assert retention(deps).failed == report.failed  # still owed, still said
+    with pytest.raises(LedgerFileMissing):
+        delete_topic(deps, "gc")  # without --force a root that lacks the topic is still a failure
+    delete_topic(deps, "gc", force=True)  # given up: its copies are recorded as gone
+    with pytest.raises(TopicNotFound):
+        deps.meta.get_topic("gc")
+    assert retention(deps).failed == []
+    assert away.is_dir()  # nothing was removed where the root does not look
 
 
 def test_killed_after_the_rename_a_rerun_finishes(deps):

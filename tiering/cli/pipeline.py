@@ -196,7 +196,8 @@ def cmd_delete_lagged(ctx: Context, args, out: Output) -> int:
 def _retention_result(args, report, topic: str | None) -> dict:
     return document(args.command, topic, **_preview(args), deleted=ledger_refs(report.deleted),
                     deleted_count=len(report.deleted), files_removed_count=report.files_removed, bytes=report.bytes,
-                    reasons=dict(sorted(report.reasons.items())), unread_deleted=report.losses)
+                    reasons=dict(sorted(report.reasons.items())), unread_deleted=report.losses,
+                    failed=failures(report.failed))
 
 
 def _losses(report) -> str:
@@ -228,7 +229,10 @@ def cmd_retention(ctx: Context, args, out: Output) -> int:
     report = retention(ctx.deps, args.topic)
     out.result(_retention_result(args, report, args.topic),
                f"retention: deleted {len(report.deleted)} ledger(s) ({report.bytes} bytes), removed "
-               f"{report.files_removed} tier-1 file(s); their tier-2 objects are queued for gc" + _losses(report))
+               f"{report.files_removed} tier-1 file(s); their tier-2 objects are queued for gc" + _losses(report)
+               + (f"; {len(report.failed)} topic(s) failed" if report.failed else ""))
+    if report.failed:
+        return _fail(len(report.failed), "topic(s)", f"{report.failed[0][0]!r}: {report.failed[0][2]}")
     return 0
 
 

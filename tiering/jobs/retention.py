@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from tiering.errors import LedgerStorageError
 from tiering.jobs.runner import run, topic_arg
 from tiering.ops.retention import apply_retention, describe_plan, dry_run, plan_retention
 
@@ -24,6 +25,10 @@ def plan(deps, args) -> list[dict]:
 def work(deps, item) -> tuple[int, bool]:
     # decided again under the topic's locks: the freshest view wins (the marker and leftover copies too)
     report = apply_retention(deps, item["topic"])
+    if report.failed:  # the item fails (its deletion is committed; the next run removes the copies left)
+        _, ledger_id, error = report.failed[0]
+        raise LedgerStorageError(f"{len(report.failed)} tier-1 cop(ies) of topic {item['topic']!r} not removed; "
+                                 f"first, ledger {ledger_id}: {error}")
     return report.bytes, not report.deleted and not report.files_removed
 
 

@@ -19,6 +19,7 @@ one `tiering repair` re-offloads from, whatever metadata says; the other ledgers
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from tiering.errors import ConditionalUpdateFailed, Tier2CopyMissing, TieringError
@@ -27,6 +28,8 @@ from tiering.ops.context import Deps, select_topics
 from tiering.ops.repair import check_copy, check_lengths
 from tiering.tier1 import LedgerFileMissing
 from tiering.tier2.objects import object_head
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -45,7 +48,7 @@ def plan_delete_lagged(deps: Deps, topic: str | None = None) -> list[Ledger]:
     return deps.meta.planning.lagged_copies(topic)
 
 
-def delete_copy(deps: Deps, led: Ledger) -> bool:
+def delete_copy(deps: Deps, led: Ledger, missing_ok: bool = False) -> bool:
     """Delete one tier-1 copy and record it. False when the ledger changed meanwhile (nothing done), its
     topic's deletion included: that finishes only once no tier-1 copy of the topic is left."""
     current = deps.meta.find_ledger(led.topic, led.ledger_id)
@@ -62,11 +65,23 @@ def delete_copy(deps: Deps, led: Ledger) -> bool:
     except LedgerFileMissing:
         # Gone: another worker may have retired, recorded and purged this very copy since `current` was
         # read (concurrent delete-lagged, retention or truncate runs): then it is theirs, not a failure.
-        # Otherwise the file is not where metadata says (a wrong root): that is a failure, and it stays one.
+        # Otherwise the file is not where metadata says. An OFFLOADED ledger's copy stays a failure (a wrong
+        # root must not be recorded as deleted copies). A DELETED ledger's copy was to go anyway: when the
+        # root holds the topic's directory (the right root; the file removed by hand, a disk replaced) or
+        # the caller gives the topic up (`topic delete --force`), the copy is recorded as gone, or one lost
+        # file would fail every retention run and keep the topic's deletion from finishing for ever.
         now = deps.meta.find_ledger(led.topic, led.ledger_id)
         if now is None or now.version != current.version or not now.tier1_present:
             return False
-        raise
+        if current.state != LedgerState.DELETED or not (missing_ok or deps.tier1.has_topic(led.topic)):
+            raise
+        log.warning("tier-1 copy of deleted ledger %r/%d is already gone; recorded as deleted", led.topic,
+                    led.ledger_id)
+        try:
+            deps.meta.mark_tier1_deleted(current)
+        except ConditionalUpdateFailed:
+            return False
+        return True
     try:
         deps.meta.mark_tier1_deleted(current)
     except ConditionalUpdateFailed:

@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tiering import policy
-from tiering.errors import TopicNotFound
+from tiering.errors import BadInput, TieringError, TopicNotFound
 from tiering.metadata.trim import TrimResult
 from tiering.model import ACTIVE, Ledger, Position
 from tiering.ops.context import Deps
@@ -40,6 +40,7 @@ class RetentionReport:
     bytes: int = 0
     reasons: Counter = field(default_factory=Counter)  # why ledgers went: time, size, ceiling-*, truncate
     losses: list[dict] = field(default_factory=list)  # unread entries deleted, per subscription
+    failed: list[tuple[str, int | None, str]] = field(default_factory=list)  # (topic, ledger or None, error)
 
     def add(self, other: "RetentionReport") -> None:
         self.deleted += other.deleted
@@ -47,6 +48,7 @@ class RetentionReport:
         self.bytes += other.bytes
         self.reasons.update(other.reasons)
         self.losses += other.losses
+        self.failed += other.failed
 
 
 def plan_retention(deps: Deps, topic: str | None = None) -> dict[str, list[Ledger]]:
@@ -83,11 +85,17 @@ def _report(topic: str, trim: TrimResult) -> RetentionReport:
 
 
 def _finish(deps: Deps, topic: str, trim: TrimResult) -> RetentionReport:
+    """After the trim's commit: the marker, then the tier-1 copies, each on its own (a copy that cannot be
+    removed is in `failed`; the deletion it follows is committed and reported all the same)."""
     report = _report(topic, trim)
     _move_trim_marker(deps, topic)
     for led in deps.meta.planning.deleted_with_copy(topic):
-        if delete_copy(deps, led):
-            report.files_removed += 1
+        try:
+            if delete_copy(deps, led):
+                report.files_removed += 1
+        except TieringError as exc:
+            log.warning("tier-1 copy of %r/%d not removed: %s", topic, led.ledger_id, exc)
+            report.failed.append((topic, led.ledger_id, str(exc)))
     return report
 
 
@@ -101,9 +109,18 @@ def _move_trim_marker(deps: Deps, topic: str) -> None:
 
 
 def retention(deps: Deps, topic: str | None = None) -> RetentionReport:
+    """Every topic with something due, each on its own: one that fails (a tier-1 file that cannot be
+    removed, tier 2 down for its marker) is reported in `failed` and the others go on, as the Spark job's
+    items do; what the failed one committed stays committed and its next run finishes it."""
     total = RetentionReport()
     for name in plan_retention(deps, topic):
-        total.add(apply_retention(deps, name))
+        try:
+            total.add(apply_retention(deps, name))
+        except BadInput:
+            raise
+        except TieringError as exc:
+            log.warning("retention of topic %r failed: %s", name, exc)
+            total.failed.append((name, None, str(exc)))
     return total
 
 

@@ -107,6 +107,10 @@ class Tier1Store:
     def exists(self, topic: str, ledger_id: int) -> bool:
         return self.path(topic, ledger_id).is_file()
 
+    def has_topic(self, topic: str) -> bool:
+        """Whether this root holds the topic's directory (an empty or unmounted root does not)."""
+        return self.path(topic, 0).parent.is_dir()
+
     def file_size(self, topic: str, ledger_id: int) -> int:
         """Bytes the ledger's file takes (headers, frames and footer included)."""
         try:
