@@ -56,11 +56,19 @@ def offload_prefix(ledgers: Sequence[Ledger], position: Position, open_entries: 
     A position before the first ledger or beyond the end of the topic is an error, as is one past the end of
     its ledger: a sealed ledger's entry count, the open ledger's `open_entries` (its tier-1 file's count, which
     metadata learns only at seal; None: not checked)."""
+    if not ledgers:  # nothing written yet: the end of the topic is 0:0, before it there is nothing
+        if position == Position(0, 0):
+            return []
+        raise BadInput(f"position {position} is beyond the end of the topic (nothing written yet: its end is 0:0)")
     live = [led for led in ledgers if led.state != S.DELETED]
-    if not live:
-        raise BadInput("the topic has no ledgers to offload")
-    first, last = min(led.ledger_id for led in live), max(led.ledger_id for led in ledgers)
+    last = max(led.ledger_id for led in ledgers)
     newest = max(ledgers, key=lambda x: x.ledger_id)
+    if not live:  # every ledger trimmed: the end of the topic is the one position left, with nothing before it
+        if position in (Position(last + 1, 0), Position(last, newest.entry_count)):
+            return []
+        raise BadInput(f"position {position} is not the end of the topic, whose ledgers up to {last} were all "
+                       f"trimmed (its end: {last + 1}:0)")
+    first = min(led.ledger_id for led in live)
     # after a seal, the next ledger's first position is the end of the topic
     end = last + 1 if newest.state != S.OPEN else last
     if position.ledger_id < first:
@@ -96,7 +104,7 @@ def end_of_sealed(ledgers: Sequence[Ledger]) -> Position:
     """One past the last entry of the last sealed ledger: offloadPrefix there takes every sealed ledger
     (`offload-prefix --all-sealed`)."""
     if not ledgers:
-        raise BadInput("the topic has no ledgers to offload")
+        return Position(0, 0)  # nothing written yet
     newest = max(ledgers, key=lambda x: x.ledger_id)
     if newest.state == S.OPEN:
         return Position(newest.ledger_id, 0)

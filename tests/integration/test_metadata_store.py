@@ -259,3 +259,28 @@ def test_ledger_scoped_attributes_are_separate(meta, db):
     attrs.update("a", [AttributeUpdate("k", Verb.REPLACE, 1)])
     attrs.update("a", [AttributeUpdate("k", Verb.REPLACE, 2)], ledger_id=0)
     assert attrs.get("a", "k") == 1 and attrs.get("a", "k", ledger_id=0) == 2
+
+
+def test_sessions_are_in_utc_whatever_the_clients_or_servers_default(database_url, monkeypatch):
+    """A client environment (PGTZ) or a database default in another zone must not move day and hour
+    boundaries: the product's sessions run in UTC (a table partition and an hourly counter are UTC's)."""
+    import psycopg2
+
+    from tiering.metadata import make_engine
+
+    monkeypatch.setenv("PGTZ", "Asia/Tokyo")
+    plain = psycopg2.connect(database_url.replace("postgresql+psycopg2://", "postgresql://"))
+    try:
+        with plain.cursor() as cur:
+            cur.execute("SHOW TimeZone")
+            assert cur.fetchone()[0] == "Asia/Tokyo"  # what a session would be in by default here
+    finally:
+        plain.close()
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(text("SHOW TimeZone")).scalar_one() == "UTC"
+            day = conn.execute(text("SELECT CAST(TIMESTAMPTZ '2026-11-27 23:30:00+00' AS date)")).scalar_one()
+            assert day.isoformat() == "2026-11-27"
+    finally:
+        engine.dispose()

@@ -141,3 +141,16 @@ def test_an_ack_racing_delete_and_create_of_its_name_acks_the_new_subscription(c
     got = subscriptions.ack(deps, "n", "s", Position(0, 3))
     assert raced and got.position == Position(0, 3)
     assert position(cli, "n", "s") == "0:3"
+
+
+def test_offload_prefix_of_an_empty_or_fully_trimmed_topic_has_nothing_to_do(cli, deps):
+    cli("topic", "create", "e").ok()
+    for args in (("--all-sealed",), ("0:0",)):
+        got = cli("offload-prefix", "e", *args, "--json").ok().json
+        assert got["offloaded"] == [] and got["failed"] == [] and got["offloaded_count"] == 0
+    assert "beyond the end" in cli("offload-prefix", "e", "0:1").one_line_error(2)
+    produce(deps, "g", [entries("g", 5, 10)], TopicPolicy(**TEN))
+    cli("topic", "set", "g", "--retention-time", "0").ok()
+    assert cli("retention", "--json").ok().json["deleted"] == [{"topic": "g", "ledger": 0}]
+    assert cli("offload-prefix", "g", "--all-sealed", "--json").ok().json["offloaded"] == []
+    assert "not the end of the topic" in cli("offload-prefix", "g", "0:2").one_line_error(2)

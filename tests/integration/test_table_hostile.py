@@ -48,10 +48,12 @@ def test_a_table_dropped_behind_the_stores_back_fails_sync_and_preview_alike_and
             out = cli("table", "sync", "--topic", topic, "--json", *dry)
             assert out.returncode == 1, (dry, out.stdout, out.stderr)
             assert out.json["failed_count"] == 1 and "dropped" in out.json["failed"][0]["error"], out.json
+            assert "dropped" in out.one_line_error(1)  # the first error on stderr too, not only in the JSON
         assert not catalog(settings).table_exists(f"ns.{topic}")  # no empty table hides what happened
         assert "dropped" in cli("table", "verify", topic).one_line_error(2)
         out = cli("table", "maintain", "--topic", topic, "--json")  # was: nothing to do, exit 0
         assert out.returncode == 1 and "dropped" in out.json["failed"][0]["error"], out.stdout
+        assert "dropped" in out.one_line_error(1)
 
 
 def test_topic_set_with_a_refused_table_change_leaves_the_policy_unchanged(cli, deps):

@@ -72,6 +72,21 @@ def test_offload_prefix_reaches_the_end_of_a_sealed_topic():
         policy.offload_prefix(with_open, Position(4, 0))
 
 
+def test_offload_prefix_of_a_topic_with_nothing_live_is_an_empty_plan_at_its_end():
+    # nothing written yet: the end is 0:0 (what --all-sealed names), nothing before it, no error
+    assert policy.end_of_sealed([]) == Position(0, 0)
+    assert policy.offload_prefix([], Position(0, 0)) == []
+    with pytest.raises(BadInput, match="beyond the end"):
+        policy.offload_prefix([], Position(0, 1))
+    # every ledger trimmed: only the end of the topic is a position
+    trimmed = [L(0, S.DELETED), L(1, S.DELETED, entries=10)]
+    assert policy.offload_prefix(trimmed, policy.end_of_sealed(trimmed)) == []
+    assert policy.offload_prefix(trimmed, Position(2, 0)) == []
+    for other in (Position(0, 3), Position(1, 2), Position(3, 0)):
+        with pytest.raises(BadInput, match="not the end of the topic"):
+            policy.offload_prefix(trimmed, other)
+
+
 def test_lagged_copies():
     ledgers = [L(0, S.OFFLOADED, offloaded_ago=300), L(1, S.OFFLOADED, offloaded_ago=10),
                L(2, S.OFFLOADED, offloaded_ago=999, tier1=False), L(3)]

@@ -22,7 +22,17 @@ def make_engine(url: str, pool_size: int = 5, **kwargs) -> Engine:
     engine = create_engine(url, pool_size=pool_size, pool_pre_ping=True, hide_parameters=True,
                            connect_args=connect_args, **kwargs)
     event.listen(engine.pool, "checkin", _release_session_locks)
+    event.listen(engine, "connect", _utc_session)
     return engine
+
+
+def _utc_session(dbapi_connection, connection_record) -> None:
+    """Every session in UTC: timestamps come back in UTC and the counters' triggers bucket hours and days in
+    UTC, whatever the server's, the database's or the client's (PGTZ, which a startup option does not
+    override) default zone; a table partition is one UTC day."""
+    with dbapi_connection.cursor() as cur:
+        cur.execute("SET TIME ZONE 'UTC'")
+    dbapi_connection.commit()
 
 
 def _release_session_locks(dbapi_connection, connection_record) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import timezone
 from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
@@ -267,7 +268,7 @@ class TableSync:
         run = uuid.uuid4().hex
         dlq_location = f"{table.location()}{DLQ_SUFFIX}"
         per_file = min(self.limits.file_bytes, max(1, -(-size // self.limits.spread)))
-        groups = batches([{"ledger_id": led.ledger_id, "size_bytes": led.size_bytes, "day": led.sealed_at.date(),
+        groups = batches([{"ledger_id": led.ledger_id, "size_bytes": led.size_bytes, "day": led.sealed_at.astimezone(timezone.utc).date(),
                            "led": led} for led in took], per_file, self.limits.file_ledgers)
         items = [{"topic": state.topic,
                   "path": f"{table.location()}/data/{PARTITION_FIELD}={g[0]['day'].isoformat()}/"
