@@ -9,7 +9,7 @@ ordered delivery, benign gaps told apart from data loss).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain, count, repeat, starmap
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol
@@ -74,6 +74,7 @@ class Gap:
     kind: str
     start: Position
     end: Position
+    cause: str | None = field(default=None, compare=False)  # a DATALOSS gap's why, when known (a missing object)
 
 
 class Tier2Ledger(Protocol):
@@ -193,18 +194,18 @@ class ReadHandle:
                     yield map(to_batch, array_batches(got.entries)) if arrays else \
                         starmap(partial(Entry, led.ledger_id), got.entries)
                 elif got.kind == DATALOSS:
-                    yield self._dataloss(led, got.start.entry_id, got.end.entry_id)
+                    yield self._dataloss(led, got.start.entry_id, got.end.entry_id, got.cause)
                 else:
                     yield (got,)
         finally:
             if hasattr(source, "close"):
                 source.close()
 
-    def _dataloss(self, led: Ledger, first: int, last: int) -> Iterator[Gap]:
-        gap = Gap(DATALOSS, Position(led.ledger_id, first), Position(led.ledger_id, last))
+    def _dataloss(self, led: Ledger, first: int, last: int, cause: str | None = None) -> Iterator[Gap]:
+        gap = Gap(DATALOSS, Position(led.ledger_id, first), Position(led.ledger_id, last), cause)
         if self.raise_on_dataloss:
             raise DataLossError(f"ledger {led.topic}/{led.ledger_id} entries {first}..{last} are in no tier "
-                                f"(state {led.state.value})")
+                                f"(state {led.state.value})" + (f": {cause}" if cause else ""))
         yield gap
 
 
@@ -256,11 +257,12 @@ class Run(NamedTuple):
 
 class _At:
     """The next entry a ledger-range read has to deliver, advanced as its runs are consumed."""
-    __slots__ = ("next", "trimmed")
+    __slots__ = ("next", "trimmed", "lost")
 
     def __init__(self, first: int):
         self.next = first
         self.trimmed = False
+        self.lost: str | None = None  # why its tier-2 copy is gone (the row still names it): a DATALOSS gap
 
 
 def read_ledger_range(meta: MetadataStore, led: Ledger, first: int, last: int, tier1: Tier1Store | None,
@@ -306,6 +308,8 @@ def read_ledger_range(meta: MetadataStore, led: Ledger, first: int, last: int, t
     yield Run(TIER2, chain.from_iterable(starmap(_array_pairs if arrays else _batch_pairs, batches)), batches)
     if at.trimmed:
         yield Gap(TRIMMED, Position(led.ledger_id, at.next), Position(led.ledger_id, last))
+    elif at.lost:
+        yield Gap(DATALOSS, Position(led.ledger_id, at.next), Position(led.ledger_id, last), at.lost)
 
 
 def _tier1_entries(reader, first: int, last: int, at: _At) -> Iterator[tuple[int, bytes]]:
@@ -326,12 +330,15 @@ def _tier2_batches(meta: MetadataStore, led: Ledger, chunk: Chunk, last: int, op
             return
         except CorruptObjectError:
             raise  # the bytes are wrong: never read around them
-        except Exception:
+        except Exception as exc:
             current = meta.get_ledger(led.topic, led.ledger_id)
             if current.state == LedgerState.DELETED:
                 at.trimmed = True
                 return
             fresh = meta.get_chunk(current) if current.state == LedgerState.OFFLOADED else None
             if attempt or fresh is None or fresh == chunk:
+                if isinstance(exc, DataLossError):  # the object the current row names is gone: no tier
+                    at.lost = str(exc)              # holds the rest of the ledger (or an error when asked)
+                    return
                 raise
             chunk = fresh

@@ -338,3 +338,19 @@ def test_a_data_get_sent_ahead_is_dropped_when_the_index_fails_or_has_no_pages(d
         {k: v for k, v in expected.items() if k[0] == 1}
     pool.shutdown(wait=True)
     assert stream_spy["opened"] == 2 and stream_spy["closed"] == 2, stream_spy
+
+
+def test_a_missing_tier2_object_reads_as_a_dataloss_gap_and_the_read_goes_on(deps, cli):  # noqa: F811
+    """A ledger whose data object is gone from the bucket (its chunk row unchanged) is a DATALOSS gap, as a
+    ledger no tier holds is, and the ledgers after it are read; `--fail-on-dataloss` fails naming the key."""
+    expected = produce(deps, "m", [entries(f"m{i}", 5, 300) for i in range(3)])
+    chunks = offload_all(deps, "m")
+    deps.bucket.s3.delete_object(Bucket=deps.bucket.name, Key=chunks[1].data_key)
+    got = cli("read", "m", "--json").ok().json_lines
+    assert [(r["ledger"], r["entry"]) for r in got if "entry" in r] == [(0, i) for i in range(5)] + \
+        [(2, i) for i in range(5)]
+    assert {"gap": "DATALOSS", "from": "1:0", "to": "1:4"} in got
+    line = cli("read", "m", "--fail-on-dataloss").one_line_error(1)
+    assert chunks[1].data_key in line and "1 entries 0..4" in line, line
+    assert chunks[1].data_key in cli("verify", "m").one_line_error(1)
+    assert {(e.ledger_id, e.entry_id) for e in read_all(deps, "m")} == {k for k in expected if k[0] != 1}

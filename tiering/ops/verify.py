@@ -90,8 +90,10 @@ def verify_topic(meta: MetadataStore, tier1: Tier1Store, opener: Tier2Opener, to
         for gap in scan.gaps:
             if gap.kind == DATALOSS:
                 problems.append(f"ledger {led.ledger_id}: entries {gap.start}..{gap.end} are in no tier (DATALOSS"
-                                f"{', marked lost' if led.lost else ''}){NOT_REPAIRABLE}")
+                                f"{', marked lost' if led.lost else ''}{': ' + gap.cause if gap.cause else ''})"
+                                f"{NOT_REPAIRABLE}")
             _add_gap(report.gaps, gap)
+        lost_copy = any(gap.kind == DATALOSS and gap.cause for gap in scan.gaps)  # its cause is said above
         if scan.problem:
             problems.append(f"ledger {led.ledger_id}: {scan.problem}{NOT_REPAIRABLE}")
         report.entries += scan.entries
@@ -115,7 +117,7 @@ def verify_topic(meta: MetadataStore, tier1: Tier1Store, opener: Tier2Opener, to
                 problems.append(f"ledger {led.ledger_id}: tier-2 copy: {problem}{REPAIRABLE}")
                 report.repairable.append(led.ledger_id)
             continue
-        if index_problem:
+        if index_problem and not lost_copy:
             problems.append(f"ledger {led.ledger_id}: tier-2 copy: {index_problem}{NOT_REPAIRABLE}")
     return report
 
