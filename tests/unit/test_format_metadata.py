@@ -13,6 +13,7 @@ from tiering.errors import BadInput, CorruptObjectError
 from tiering.format import (FORMAT_VERSION, FORMAT_VERSION_KEY, TOPIC_KEY, USER_METADATA, LedgerOffloadMetadata,
                             check_user_metadata, decode_metadata, encode_metadata, user_metadata)
 from tiering.format import ledger_metadata_pb2 as pb
+from tiering.format.metadata import PageIndex
 
 FORMAT_DIR = Path(__file__).resolve().parents[2] / "tiering" / "format"
 
@@ -65,9 +66,18 @@ def test_decode_checks_the_values():
         decode_metadata(b"")
 
 
-def test_unknown_fields_are_tolerated():
-    # a newer writer may add fields; field 99 varint 1
-    assert decode_metadata(encode_metadata(META) + b"\x98\x06\x01") == META
+def test_unknown_fields_are_damage():
+    # field 99 varint 1: only this writer makes the objects, a field it does not know is damage
+    with pytest.raises(CorruptObjectError, match=r"unknown field\(s\) \[99\]"):
+        decode_metadata(encode_metadata(META) + b"\x98\x06\x01")
+    # one bit flipped in the page index's tag (field 11 -> 15): not an index "without pages"
+    with_pages = dataclasses.replace(META, entry_count=2, pages=PageIndex(65536, (0, 1), (0, 100), (7, 9)),
+                                     data_object_len=200, length=150)
+    raw = encode_metadata(with_pages)
+    assert decode_metadata(raw).pages is not None
+    tag = raw.index(bytes([11 << 3 | 2]))
+    with pytest.raises(CorruptObjectError, match=r"unknown field\(s\) \[15\]"):
+        decode_metadata(raw[:tag] + bytes([raw[tag] ^ 0x20]) + raw[tag + 1:])
 
 
 def test_user_metadata():

@@ -11,6 +11,7 @@ from typing import Mapping
 from urllib.parse import quote, unquote
 
 from google.protobuf.message import DecodeError
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from tiering.errors import BadInput, CorruptObjectError
 from tiering.format import ledger_metadata_pb2 as _pb
@@ -99,6 +100,12 @@ def decode_metadata(data: bytes, where: str = "index metadata") -> LedgerOffload
         msg.ParseFromString(bytes(data))
     except (DecodeError, RecursionError) as exc:  # RecursionError: deeply nested unknown groups
         raise CorruptObjectError("ledger metadata", where, f"not a LedgerOffloadMetadata protobuf: {exc}") from None
+    # Only this writer makes these objects: a field it does not know is damage, not a newer writer. One flipped
+    # bit in the page index's tag makes it such a field, and without the refusal the ledger would read as
+    # written before page checksums, its payloads unchecked.
+    unknown = [n for part in (msg, msg.pages) for n in (f.field_number for f in UnknownFieldSet(part))]
+    if unknown:
+        raise CorruptObjectError("ledger metadata", where, f"unknown field(s) {sorted(set(unknown))}: damaged")
     meta = LedgerOffloadMetadata(
         topic=msg.topic, ledger_id=msg.ledger_id, entry_count=msg.entry_count, length=msg.length,
         sealed_time_ms=msg.sealed_time_ms, offload_uuid=msg.offload_uuid, data_object_len=msg.data_object_len,
