@@ -18,6 +18,9 @@ class LedgerState(str, enum.Enum):
 
 
 TOPIC_MAX = 1024
+# bytes of UTF-8: a unique btree index entry holds at most ~2,700 bytes in PostgreSQL, and 1,024 characters
+# of four bytes each would not fit (the insert failed as a database error)
+TOPIC_MAX_BYTES = 2048
 # Control characters (C0, DEL, C1) and the Unicode line/paragraph separators: a name holding one prints as
 # several lines (`topic list`) or moves the terminal's cursor. The one definition: the Airflow form's
 # pattern (jobs/spec.py) is built from it, so the escapes stay regex escapes (JSON schema has no raw NUL).
@@ -32,16 +35,16 @@ _INVISIBLE = re.compile(f"[{INVISIBLE_CHARS}]")
 
 
 def check_topic_name(name: object, existing: bool = False, new: bool = False) -> str:
-    """A topic name is 1 to 1,024 characters of valid Unicode without control characters; any other
+    """A topic name is 1 to 1,024 characters (at most 2,048 bytes of UTF-8) without control characters; any other
     character is fine: tier-1 directories and tier-2 keys encode it. `new=True` (creating it) also refuses
     invisible and bidirectional format characters and names not in NFC form, which print like another
     name. `existing=True` (looking up a topic the database already has) accepts the control characters other
     than NUL, so a topic created before they were refused stays reachable by the pipeline; PostgreSQL text
     cannot hold NUL at all."""
-    return _check_name("topic", name, TOPIC_MAX, existing, new)
+    return _check_name("topic", name, TOPIC_MAX, existing, new, most_bytes=TOPIC_MAX_BYTES)
 
 
-def _check_name(kind: str, name: object, most: int, existing: bool, new: bool) -> str:
+def _check_name(kind: str, name: object, most: int, existing: bool, new: bool, most_bytes: int | None = None) -> str:
     """The rule of every name a user gives (topics, subscriptions); `kind` names it in the messages."""
     if not isinstance(name, str):
         raise BadInput(f"a {kind} name is a string, got {type(name).__name__}")
@@ -53,9 +56,12 @@ def _check_name(kind: str, name: object, most: int, existing: bool, new: bool) -
         raise BadInput(f"a {kind} name may not contain control characters (U+{ord(bad.group()):04X} at "
                        f"character {bad.start()})")
     try:
-        name.encode("utf-8")
+        size = len(name.encode("utf-8"))
     except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
         raise BadInput(f"a {kind} name must be valid UTF-8") from None
+    if most_bytes is not None and size > most_bytes:
+        raise BadInput(f"a {kind} name is at most {most_bytes} bytes of UTF-8 (got {size} bytes in {len(name)} "
+                       "characters)")
     if new:
         if name != name.strip():  # "s " and "s" print alike in every listing
             raise BadInput(f"a {kind} name may not begin or end with whitespace")

@@ -193,3 +193,13 @@ def test_new_names_must_be_nfc():
                                   "\u65e5\u672c\u8a9e \u0442\u0435\u043c\u0430 \U0001f389"])
 def test_joiners_scripts_and_emoji_pass_as_new_names(name):
     assert check_topic_name(name, new=True) == name
+
+
+def test_a_topic_name_is_at_most_2048_bytes_of_utf8():
+    four = "\U0001F600"  # four bytes in UTF-8
+    assert check_topic_name(four * 512, new=True) == four * 512  # 2,048 bytes: the most the index takes
+    for name in (four * 513, four * 1024):  # within 1,024 characters, past 2,048 bytes
+        with pytest.raises(BadInput, match="at most 2048 bytes of UTF-8"):
+            check_topic_name(name, new=True)
+        with pytest.raises(BadInput, match="at most 2048 bytes"):
+            check_topic_name(name, existing=True)  # none can exist: a lookup says so, not the database

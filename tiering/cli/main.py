@@ -74,6 +74,9 @@ def describe_failure(exc: Exception) -> str:
     first = _first_line
     if isinstance(exc, ProgrammingError) and "does not exist" in str(exc.orig):
         return "the metadata schema is missing or old: run `tiering db upgrade`"
+    if isinstance(exc, OperationalError) and getattr(exc.orig, "pgcode", None) and exc.orig.pgcode[:2] == "54":
+        # program_limit_exceeded (a value past what an index or row holds): the server answered
+        return f"metadata database refused a value past its limits: {first(exc.orig)}"
     if isinstance(exc, OperationalError):
         return f"metadata database unavailable (check TIERING_DATABASE_URL; is it running?): {first(exc.orig)}"
     if isinstance(exc, DBAPIError):
