@@ -15,6 +15,7 @@ from tiering.tables.catalog import catalog
 from tiering.tables.files import local_writer
 from tiering.tables.sync import Limits, TableSync, sync_tables
 from tiering.tier2.reader import tier2_opener
+from tiering.writer import ManagedLedgerWriter
 
 
 @pytest.fixture
@@ -84,11 +85,20 @@ def test_stopped_after_commit_then_rerun_gives_each_entry_once(deps, settings, c
         s.sync_topic(rows.get("kill"), local_writer(deps, settings))
     assert rows.get("kill").synced_through == -1  # the table has the round, the row does not
     assert _table_rows(cat, "ns.kill")[0] == expected
-    [r] = _sync(deps, settings, cat)  # the rerun finds the table ahead: catches the row up, appends nothing
-    assert r.status == "up_to_date" and r.reconciled and r.ledgers == []
+    # a preview before the rerun plans from the table's mark, not the row's: only what the table lacks
+    writer = ManagedLedgerWriter(deps.meta, deps.tier1, "kill")
+    more = {(writer.append(data).ledger_id, i): data for i, data in enumerate(entries("c", 2, 30))}
+    writer.seal()
+    writer.close()
+    [preview] = sync_tables(TableSync(deps.meta.engine, settings, cat), local_writer(deps, settings), None, True)
+    assert preview.status == "planned" and preview.planned == [2], preview
+    assert rows.get("kill").synced_through == -1  # the preview wrote nothing
+    [r] = _sync(deps, settings, cat)  # the rerun finds the table ahead: catches the row up, appends the rest
+    assert r.reconciled and r.ledgers == [2]
+    expected = {**expected, **more}
     assert _table_rows(cat, "ns.kill")[0] == expected
     state = rows.get("kill")
-    assert (state.synced_through, state.ledgers_committed, state.entries_committed) == (1, 2, 6)
+    assert (state.synced_through, state.ledgers_committed, state.entries_committed) == (2, 3, 8)
 
 
 def test_stopped_before_commit_then_rerun_commits_once(deps, settings, cat):

@@ -193,8 +193,10 @@ class TableSync:
                               f"through {state.synced_through} are in it: the table was dropped")
         if dry_run:  # plan from the table's own mark; create nothing, change nothing
             table = self.catalog.load_table(state.identifier) if exists else _Absent()
-            if exists:
-                check_marks(state, table)  # what the real sync would refuse, the preview refuses
+            if exists:  # what the real sync would refuse, the preview refuses; a row behind the table (a run
+                # killed after its commit) is caught up in memory, as the real sync catches it up first
+                synced, trimmed = check_marks(state, table)
+                state = replace(state, synced_through=synced, trimmed_through=trimmed)
             rnd = self.plan_round(state, table)
             result.planned = rnd.ledger_ids if rnd else []
             result.status = "planned" if rnd else "up_to_date"
