@@ -172,6 +172,18 @@ def test_retention_follows_unless_keep(deps, settings, cat):
     assert {k[0] for k in _table_rows(cat, "ns.fol")[0]} == {2}
     assert {k[0] for k in _table_rows(cat, "ns.kep")[0]} == {0, 1, 2}
     assert TableRows(deps.meta.engine).get("fol").trimmed_through == 1
+    # verify: rows of deleted ledgers are fine where the table keeps them, a difference where its own
+    # trimmed mark says they were deleted (here the mark moved by hand, the rows left)
+    from tiering.tables.naming import PROP_TRIMMED
+    from tiering.tables.verify import verify_table
+
+    h = ReadHandle(deps.meta, deps.tier1)
+    assert verify_table(h, deps.meta, cat.load_table("ns.fol"), "fol").differences == []
+    assert verify_table(h, deps.meta, cat.load_table("ns.kep"), "kep").differences == []
+    with cat.load_table("ns.kep").transaction() as tx:
+        tx.set_properties({PROP_TRIMMED: "1"})
+    diffs = verify_table(h, deps.meta, cat.load_table("ns.kep"), "kep").differences
+    assert [d["ledger"] for d in diffs] == [0, 1] and "yet rows are in the table" in diffs[0]["reason"]
 
 
 def test_compaction_and_expiry_keep_the_rows_and_the_sync_goes_on(deps, settings, cat):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from tiering.model import LedgerState
 from tiering.read import Entry
-from tiering.tables.naming import PROP_SYNCED
+from tiering.tables.naming import PROP_SYNCED, PROP_TRIMMED
 
 _HEAD = struct.Struct(">qq")
 
@@ -42,8 +42,10 @@ class Report:
 
 def verify_table(read_handle, meta, table, topic: str) -> Report:
     """Compare the table's rows with the topic's entries up to the table's mark. Ledgers deleted from the
-    topic and kept in the table (retention 'keep') cannot be read back: they are not differences."""
+    topic and kept in the table (retention 'keep') cannot be read back: they are not differences, unless the
+    table's own trimmed mark ('follow') says their rows were deleted."""
     through = int(table.properties.get(PROP_SYNCED, "-1"))
+    trimmed = int(table.properties.get(PROP_TRIMMED, "-1"))  # 'follow' deleted the rows of ledgers through it
     report = Report(topic, ".".join(table.name()), through)
     got: dict[int, _Ledger] = {}
     if table.current_snapshot() is not None:
@@ -60,6 +62,9 @@ def verify_table(read_handle, meta, table, topic: str) -> Report:
     for lid in sorted(set(got) | set(want)):
         g, w = got.get(lid), want.get(lid)
         if w is None:
+            if lid in deleted and lid <= trimmed:
+                report.differences.append({"ledger": lid, "reason": f"deleted from the topic and by the table's "
+                                           f"retention (through ledger {trimmed}), yet rows are in the table"})
             if lid in deleted:
                 continue  # kept after retention deleted it ('keep'), or not yet deleted by 'follow'
             report.differences.append({"ledger": lid, "reason": "in the table, not in the topic"})
