@@ -271,6 +271,47 @@ def bench_sequential(env: Env, size_mib: int, runs: int, entry_size: int) -> dic
     return out, (topic, led, ch)
 
 
+def bench_small_scan(env: Env, count: int, size: int, runs: int, entry_size: int) -> dict:
+    """A topic of `count` small offloaded ledgers read whole through `read_batches` (each ledger: its chunk
+    row, its index and its data GET, the last two sent together), against one ranged GET of each ledger's
+    bytes in turn (the endpoint's floor for as many objects: no metadata, no index, no checks)."""
+    topic, leds, paths = env.write_ledgers("small-scan", count, size, entry_size)
+    offload_many(env.deps, leds)
+    for led in env.deps.meta.list_ledgers(topic):
+        env.deps.meta.mark_tier1_deleted(led)
+    for path in paths:
+        path.unlink()
+    chunks = [env.deps.meta.get_chunk(led) for led in env.deps.meta.list_ledgers(topic)]
+    total = sum(led.entry_count for led in leds)
+    times = {"ours_batches": [], "raw_gets": []}
+
+    def ours_batches():
+        pool = ThreadPoolExecutor(t2reader.READ_AHEAD, thread_name_prefix="bench-read")
+        handle = ReadHandle(env.deps.meta, env.deps.tier1, tier2_opener(env.deps.bucket, ReaderCaches.new(), pool))
+        n = sum(len(batch.payloads) for batch in handle.read_batches(topic))
+        pool.shutdown(wait=True)
+        assert n == total, (n, total)
+
+    def raw_gets():
+        for ch in chunks:
+            body = env.s3.get_object(Bucket=env.bucket, Key=ch.data_key,
+                                     Range=f"bytes={ch.data_offset}-{ch.data_offset + ch.data_length - 1}")["Body"]
+            assert sum(len(c) for c in body.iter_chunks(MIB)) == ch.data_length
+
+    fns = [("ours_batches", ours_batches), ("raw_gets", raw_gets)]
+    for r in range(runs):
+        for name, fn in (fns if r % 2 == 0 else fns[::-1]):
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    med = {k: median(v) for k, v in times.items()}
+    out = {"ledgers": count, "ledger_mib": rnd(mib(size), 2), "runs": runs,
+           "ms": {k: rnd(v * 1000, 1) for k, v in med.items()}, "ratio_raw": rnd(med["raw_gets"] / med["ours_batches"], 3)}
+    print(f"scan of {count} ledgers of {out['ledger_mib']} MiB: read_batches {out['ms']['ours_batches']} ms, "
+          f"one ranged GET each {out['ms']['raw_gets']} ms, ratio {out['ratio_raw']}", flush=True)
+    return out
+
+
 def bench_random(env: Env, target, n: int, entry_size: int) -> dict:
     topic, led, ch = target
     rng = random.Random(17)
@@ -464,6 +505,7 @@ def run(args, plan: dict, cases: set[int], url: str | None, pinning: str) -> int
             if 2 in cases:
                 result["sequential"], target = bench_sequential(env, plan["read_mib"], plan["read_runs"],
                                                                 args.entry_size)
+                result["small_scan"] = bench_small_scan(env, 32, MIB, plan["read_runs"] + 6, args.entry_size)
             else:
                 target = offload_one(env, "seq", plan["read_mib"] * MIB, args.entry_size)
             if 3 in cases:

@@ -64,6 +64,14 @@ def report(result: dict) -> str:
                "endpoint shows how much of that is the endpoint." if result["endpoint_kind"].startswith("moto")
                else "A ranged GET costs a round trip plus its bytes here (as on S3), whatever the object's size."),
               ""]
+    if "small_scan" in result:
+        sc = result["small_scan"]
+        L += [f"Whole-topic scan of {sc['ledgers']} offloaded ledgers of {sc['ledger_mib']} MiB ({sc['runs']} runs, "
+              "medians): `read_batches` (a chunk row, an index GET and a data GET per ledger, the data GET sent "
+              "beside the index's) against one ranged GET of each ledger's bytes in turn.", "",
+              "| case | ours (ms) | peer (ms) | ratio |", "|---|---:|---:|---:|",
+              f"| `read_batches` vs one ranged GET per ledger | {sc['ms']['ours_batches']} | {sc['ms']['raw_gets']} | "
+              f"{sc['ratio_raw']:.3f} |", ""]
     if "random" in result:
         r = result["random"]
         o, p = r["ours"], r["pulsar_style"]
