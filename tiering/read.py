@@ -337,8 +337,10 @@ def _tier2_batches(meta: MetadataStore, led: Ledger, chunk: Chunk, last: int, op
                 return
             fresh = meta.get_chunk(current) if current.state == LedgerState.OFFLOADED else None
             if attempt or fresh is None or fresh == chunk:
-                if isinstance(exc, DataLossError):  # the object the current row names is gone: no tier
-                    at.lost = str(exc)              # holds the rest of the ledger (or an error when asked)
+                # the object the current row names is gone: no tier holds the rest of the ledger (a DATALOSS
+                # gap, or an error when asked); a row that moved again meanwhile is no proof of that
+                if isinstance(exc, DataLossError) and (fresh is None or fresh == chunk):
+                    at.lost = str(exc)
                     return
                 raise
             chunk = fresh

@@ -64,32 +64,38 @@ def test_retention_fails_where_the_file_is_not_and_a_rerun_removes_it(deps, else
 
 
 def test_a_deleted_ledgers_file_removed_by_hand_does_not_wedge_retention_or_topic_delete(deps, elsewhere):
-    """Under the right root (the topic's directory is there) a DELETED ledger's copy that is already gone is
-    recorded as gone; a topic the root does not hold fails alone, the run's other topics are retained, and
-    `topic delete --force` of it finishes."""
+    """Under the right root (the topic's directory is there before any copy goes) a DELETED ledger's copy
+    that is already gone is recorded as gone, whichever ledger it is (removing the others' files takes the
+    directory with the last one); a topic the root does not hold fails alone, the run's other topics are
+    retained, and deleting it fails too, with or without --force: nothing is recorded as removed there."""
     from tiering.ops.topics import delete_topic
 
     policy = TopicPolicy(retention_seconds=0, **BIG)
     for topic in ("ga", "gb"):
         produce(deps, topic, [entries(topic, 3, 100)], policy, open_tail=[b"open"])
     produce(deps, "gc", [entries("gc", 3, 100)], policy)  # sealed only: its directory can go whole
+    produce(deps, "gd", [entries(f"gd{i}", 3, 100) for i in range(3)], policy)  # sealed only, three ledgers
     deps.tier1.path("ga", 0).unlink()  # removed by hand
+    deps.tier1.path("gd", 2).unlink()  # the last one: the others' removal empties the directory before it
     moved = deps.tier1.path("gc", 0).parent
     away = moved.with_name(moved.name + ".away")
     moved.rename(away)  # this root does not hold gc at all
     report = retention(deps)
-    assert sorted(report.deleted) == [("ga", 0), ("gb", 0), ("gc", 0)]
+    assert sorted(report.deleted) == [("ga", 0), ("gb", 0), ("gc", 0), ("gd", 0), ("gd", 1), ("gd", 2)]
     assert [(t, i) for t, i, _ in report.failed] == [("gc", 0)]
-    assert report.files_removed == 2 and not deps.tier1.exists("gb", 0)
+    assert report.files_removed == 5 and not deps.tier1.exists("gb", 0)
+    assert not any(led.tier1_present for led in deps.meta.list_ledgers("gd"))
     assert not deps.meta.get_ledger("ga", 0).tier1_present and deps.meta.get_ledger("gc", 0).tier1_present
     assert retention(deps).failed == report.failed  # still owed, still said
-    with pytest.raises(LedgerFileMissing):
-        delete_topic(deps, "gc")  # without --force a root that lacks the topic is still a failure
-    delete_topic(deps, "gc", force=True)  # given up: its copies are recorded as gone
+    for force in (False, True):  # a root that lacks the topic: its copies are not recorded as removed
+        with pytest.raises(LedgerFileMissing):
+            delete_topic(deps, "gc", force=force)
+    assert deps.meta.get_ledger("gc", 0).tier1_present
+    away.rename(moved)  # the right root again: the deletion finishes
+    delete_topic(deps, "gc")
     with pytest.raises(TopicNotFound):
         deps.meta.get_topic("gc")
     assert retention(deps).failed == []
-    assert away.is_dir()  # nothing was removed where the root does not look
 
 
 def test_killed_after_the_rename_a_rerun_finishes(deps):

@@ -67,13 +67,13 @@ def delete_copy(deps: Deps, led: Ledger, missing_ok: bool = False) -> bool:
         # read (concurrent delete-lagged, retention or truncate runs): then it is theirs, not a failure.
         # Otherwise the file is not where metadata says. An OFFLOADED ledger's copy stays a failure (a wrong
         # root must not be recorded as deleted copies). A DELETED ledger's copy was to go anyway: when the
-        # root holds the topic's directory (the right root; the file removed by hand, a disk replaced) or
-        # the caller gives the topic up (`topic delete --force`), the copy is recorded as gone, or one lost
-        # file would fail every retention run and keep the topic's deletion from finishing for ever.
+        # caller saw this root hold the topic before removing any of its copies (`missing_ok`: the right
+        # root, the file removed by hand), it is recorded as gone, or one lost file would fail every
+        # retention run and keep the topic's deletion from finishing for ever.
         now = deps.meta.find_ledger(led.topic, led.ledger_id)
         if now is None or now.version != current.version or not now.tier1_present:
             return False
-        if current.state != LedgerState.DELETED or not (missing_ok or deps.tier1.has_topic(led.topic)):
+        if current.state != LedgerState.DELETED or not missing_ok:
             raise
         log.warning("tier-1 copy of deleted ledger %r/%d is already gone; recorded as deleted", led.topic,
                     led.ledger_id)

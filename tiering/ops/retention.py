@@ -89,9 +89,11 @@ def _finish(deps: Deps, topic: str, trim: TrimResult) -> RetentionReport:
     removed is in `failed`; the deletion it follows is committed and reported all the same)."""
     report = _report(topic, trim)
     _move_trim_marker(deps, topic)
+    # asked before any copy goes: removing the last file removes the topic's directory too
+    holds = deps.tier1.has_topic(topic)
     for led in deps.meta.planning.deleted_with_copy(topic):
         try:
-            if delete_copy(deps, led):
+            if delete_copy(deps, led, missing_ok=holds):
                 report.files_removed += 1
         except TieringError as exc:
             log.warning("tier-1 copy of %r/%d not removed: %s", topic, led.ledger_id, exc)

@@ -69,7 +69,8 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
             writer.close()
     late: list[str] = []  # subscriptions created during the delete, deleted by --force
     deleted = deps.meta.trims.delete_all_ledgers(name, deps.knobs.gc_delay, force, late)
-    files = sum(1 for led in deps.meta.planning.deleted_with_copy(name) if delete_copy(deps, led, missing_ok=force))
+    holds = deps.tier1.has_topic(name)  # asked before any copy goes (the last one takes the directory)
+    files = sum(1 for led in deps.meta.planning.deleted_with_copy(name) if delete_copy(deps, led, missing_ok=holds))
     # a run killed between recording a copy's deletion and removing its renamed file left that file; once
     # the topic is gone no delete-lagged run lists it, so it is swept here, before the delete is finished
     sweep_tombstones(deps, [name])
