@@ -76,12 +76,7 @@ def delete_copy(deps: Deps, led: Ledger, missing_ok: bool = False) -> bool:
         if current.state != LedgerState.DELETED or not missing_ok:
             raise
         log.warning("tier-1 copy of deleted ledger %r/%d is already gone; recorded as deleted", led.topic,
-                    led.ledger_id)
-        try:
-            deps.meta.mark_tier1_deleted(current)
-        except ConditionalUpdateFailed:
-            return False
-        return True
+                    led.ledger_id)  # recorded below as a removed copy is (no tombstone to purge)
     try:
         deps.meta.mark_tier1_deleted(current)
     except ConditionalUpdateFailed:
