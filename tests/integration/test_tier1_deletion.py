@@ -95,7 +95,35 @@ def test_a_deleted_ledgers_file_removed_by_hand_does_not_wedge_retention_or_topi
     delete_topic(deps, "gc")
     with pytest.raises(TopicNotFound):
         deps.meta.get_topic("gc")
+    assert not deps.tier1.has_topic("gc")  # the finished deletion takes the directory
     assert retention(deps).failed == []
+
+
+class _Killed(BaseException):
+    pass
+
+
+def test_a_run_killed_after_removing_the_other_copies_still_records_the_one_removed_by_hand(deps, monkeypatch):
+    """Killed once the topic's other copies are gone, before the hand-removed one is recorded: the rerun
+    still sees this root hold the topic (removing copies leaves the directory) and records it as gone."""
+    import tiering.ops.delete_lagged as dl
+
+    produce(deps, "gk", [entries(f"gk{i}", 3, 100) for i in range(3)], TopicPolicy(retention_seconds=0, **BIG))
+    deps.tier1.path("gk", 2).unlink()  # removed by hand
+    real = dl.delete_copy
+
+    def killed_at_the_last(d, led, missing_ok=False):
+        if led.ledger_id == 2:
+            raise _Killed()
+        return real(d, led, missing_ok)
+    monkeypatch.setattr(dl, "delete_copy", killed_at_the_last)
+    with pytest.raises(_Killed):
+        retention(deps, "gk")
+    monkeypatch.setattr(dl, "delete_copy", real)
+    assert [led.tier1_present for led in deps.meta.list_ledgers("gk")] == [False, False, True]
+    report = retention(deps, "gk")
+    assert report.failed == [] and report.files_removed == 1
+    assert not any(led.tier1_present for led in deps.meta.list_ledgers("gk"))
 
 
 def test_killed_after_the_rename_a_rerun_finishes(deps):

@@ -74,7 +74,7 @@ def test_ledger_ids_lists_files_in_order(store):
     assert store.ledger_ids("none") == []
 
 
-def test_delete_is_idempotent_and_removes_empty_topic_dir(store):
+def test_delete_is_idempotent_and_keeps_the_topic_dir_until_the_topic_goes(store):
     store.create_ledger("t", 1).close()
     store.create_ledger("t", 2).close()
     tdir = topic_dir(store.root, "t")
@@ -82,9 +82,17 @@ def test_delete_is_idempotent_and_removes_empty_topic_dir(store):
     assert store.delete("t", 1) is False
     assert tdir.is_dir() and store.ledger_ids("t") == [2]
     assert store.delete("t", 2) is True
-    assert not tdir.exists() and store.root.is_dir()
+    # the last copy leaves the directory: it tells a copy removed by hand from a wrong root
+    assert tdir.is_dir() and store.has_topic("t") and store.ledger_ids("t") == []
     assert store.delete("t", 2) is False
     assert store.delete("never", 0) is False
+    (tdir / "notes.txt").write_text("an operator's file")
+    store.remove_topic_dir("t")  # not empty: kept, no error
+    assert tdir.is_dir()
+    (tdir / "notes.txt").unlink()
+    store.remove_topic_dir("t")
+    assert not tdir.exists() and not store.has_topic("t") and store.root.is_dir()
+    store.remove_topic_dir("t")  # already gone: nothing to do
     store.create_ledger("t", 3).close()  # the topic directory comes back
     assert store.ledger_ids("t") == [3]
 

@@ -87,6 +87,21 @@ def failures(items: Iterable) -> list[dict]:
     return out
 
 
+def exit_failed(failed: list[dict], what: str, verb: str = "failed") -> int:
+    """A command's exit status from its JSON's `failed` list: 0 when empty, else 1 with the count and the first
+    item as the one line on stderr ("2 ledger(s) failed; first: 'orders' ledger 7: ..."), so every command
+    names its first failure the same way."""
+    if not failed:
+        return 0
+    first = failed[0]
+    if "key" in first:
+        where = first["key"]
+    else:
+        where = f"{first['topic']!r}" + (f" ledger {first['ledger']}" if first.get("ledger") is not None else "")
+    error(f"{len(failed)} {what} {verb}; first: {where}: {first['error']}")
+    return 1
+
+
 def printable(data: bytes) -> str:
     """One line per entry: backslash escapes for the backslash, control characters and invalid UTF-8."""
     out = []

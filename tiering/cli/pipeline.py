@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output, document, error, failures, iso, ledger_refs, progress_bar
+from tiering.cli.output import Output, document, error, exit_failed, failures, iso, ledger_refs, progress_bar
 from tiering.errors import BadInput
 from tiering.model import MIB
 
@@ -85,11 +85,6 @@ def register(sub) -> None:
     a.json_flag(gc)
 
 
-def _fail(count: int, what: str, first: str) -> int:
-    error(f"{count} {what} failed; first: {first}")
-    return 1
-
-
 def _preview(args) -> dict:
     return {"dry_run": True} if getattr(args, "dry_run", False) else {}
 
@@ -110,7 +105,6 @@ def cmd_offload_prefix(ctx: Context, args, out: Output) -> int:
         first = first_not_offloaded(ctx.deps, args.name, assume_offloaded={led.ledger_id for led in planned})
         offloaded, skipped, failed = [led.ledger_id for led in planned], [], {}
         size = sum(led.size_bytes for led in planned)
-        first_error = None
     else:
         # bytes, so the bar shows the rate and an ETA (tqdm), as offload-by-* does
         bar = progress_bar("offload-prefix", sum(led.size_bytes for led in planned), "B")
@@ -118,7 +112,6 @@ def cmd_offload_prefix(ctx: Context, args, out: Output) -> int:
                                        on_done=lambda led: bar.update(led.size_bytes), planned=planned)
         bar.close()
         offloaded, skipped, failed, size = report.offloaded, report.skipped, report.failed, report.bytes
-        first_error = report.first_error
     result = document("offload-prefix", args.name, **_preview(args), position=str(position),
                       offloaded=ledger_refs((args.name, i) for i in offloaded),
                       skipped=ledger_refs((args.name, i) for i in skipped),
@@ -126,9 +119,7 @@ def cmd_offload_prefix(ctx: Context, args, out: Output) -> int:
                       offloaded_count=len(offloaded), bytes=size, first_not_offloaded=str(first))
     out.result(result, _would(args, f"offloaded {len(offloaded)} ledger(s) ({size} bytes), skipped {len(skipped)}, "
                                     f"failed {len(failed)}; first position not offloaded: {first}"))
-    if first_error:
-        return _fail(len(failed), "ledger(s)", first_error)
-    return 0
+    return exit_failed(result["failed"], "ledger(s)")
 
 
 def cmd_offload_by(ctx: Context, args, out: Output) -> int:
@@ -150,10 +141,7 @@ def cmd_offload_by(ctx: Context, args, out: Output) -> int:
     out.result(result, _would(args, f"offload by {by}: {report.planned} planned; offloaded {len(report.offloaded)} "
                                     f"ledger(s) ({report.bytes} bytes), skipped {len(report.skipped)}, failed "
                                     f"{len(report.failed)}"))
-    if report.failed:
-        f = report.failed[0]
-        return _fail(len(report.failed), "ledger(s)", f"topic {f['topic']!r} ledger {f['ledger']}: {f['error']}")
-    return 0
+    return exit_failed(result["failed"], "ledger(s)")
 
 
 def _offload_table(rows: list[dict]):
@@ -188,9 +176,7 @@ def cmd_delete_lagged(ctx: Context, args, out: Output) -> int:
     out.result(result, _would(args, f"deleted {len(report.deleted)} tier-1 cop(ies) ({report.bytes} bytes); skipped "
                                     f"{len(report.skipped)} that changed meanwhile; kept {len(report.failed)} that "
                                     "failed"))
-    if report.failed:
-        return _fail(len(report.failed), "ledger(s)", report.failed[0][2])
-    return 0
+    return exit_failed(result["failed"], "ledger(s)")
 
 
 def _retention_result(args, report, topic: str | None) -> dict:
@@ -227,13 +213,12 @@ def cmd_retention(ctx: Context, args, out: Output) -> int:
                                       f"{report.bytes} bytes"] + [f"  {describe_plan(p)}" for p in plan]))
         return 0
     report = retention(ctx.deps, args.topic)
-    out.result(_retention_result(args, report, args.topic),
+    result = _retention_result(args, report, args.topic)
+    out.result(result,
                f"retention: deleted {len(report.deleted)} ledger(s) ({report.bytes} bytes), removed "
                f"{report.files_removed} tier-1 file(s); their tier-2 objects are queued for gc" + _losses(report)
                + (f"; {len(report.failed)} topic(s) failed" if report.failed else ""))
-    if report.failed:
-        return _fail(len(report.failed), "topic(s)", f"{report.failed[0][0]!r}: {report.failed[0][2]}")
-    return 0
+    return exit_failed(result["failed"], "topic(s)")
 
 
 def cmd_truncate(ctx: Context, args, out: Output) -> int:
@@ -274,9 +259,7 @@ def cmd_defrag(ctx: Context, args, out: Output) -> int:
                                     f"{report.bytes_copied_server_side} bytes copied server-side, "
                                     f"{report.bytes_downloaded} downloaded; {report.lost_races} lost race(s), "
                                     f"{len(report.errors)} failed"))
-    if report.errors:
-        return _fail(len(report.errors), "group(s)", report.errors[0])
-    return 0
+    return exit_failed(result["failed"], "group(s)")
 
 
 def cmd_gc(ctx: Context, args, out: Output) -> int:

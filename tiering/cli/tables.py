@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output, document, error, failures, iso, ledger_refs
+from tiering.cli.output import Output, document, exit_failed, failures, iso, ledger_refs
 
 
 def register(sub) -> None:
@@ -63,7 +63,7 @@ def _maintain(ctx: Context, args, out: Output) -> int:
                               f"in {r.partitions_compacted} partition(s), {r.snapshots_expired} snapshot(s) expired, "
                               f"{r.orphans_deleted} orphan file(s) deleted"
                               + (f": {r.errors[0]}" if r.errors else "") for t, r in reports) or "no topic has a table")
-    return _failed(failed, "table(s)")
+    return exit_failed(failed, "table(s)")
 
 
 def _sync(ctx: Context, args, out: Output) -> int:
@@ -98,7 +98,7 @@ def _sync(ctx: Context, args, out: Output) -> int:
                 + (f", {len(r.deleted)} deleted ledger(s) removed" if r.deleted else ""))
         lines.append(f"{r.topic} -> {r.table}: {what}" + (f": {r.error}" if r.error else ""))
     out.result(obj, "\n".join(lines) or "no topic has a table")
-    return _failed(failed, "table(s)")
+    return exit_failed(failed, "table(s)")
 
 
 def _status(ctx: Context, args, out: Output) -> int:
@@ -149,14 +149,4 @@ def _verify(ctx: Context, args, out: Output) -> int:
             f"{r.synced_through}: " + ("the same" if not diffs else f"{len(diffs)} difference(s)")]
     text += [f"  ledger {d['ledger']}: {d['error']}" for d in diffs]
     out.result(obj, "\n".join(text))
-    return _failed(diffs, "ledger(s)", "differ")
-
-
-def _failed(failed: list[dict], what: str, verb: str = "failed") -> int:
-    """Exit 1 with the first problem as the one line on stderr (as every command says its first error)."""
-    if not failed:
-        return 0
-    first = failed[0]
-    where = f"{first['topic']!r}" + (f" ledger {first['ledger']}" if first.get("ledger") is not None else "")
-    error(f"{len(failed)} {what} {verb}; first: {where}: {first['error']}")
-    return 1
+    return exit_failed(diffs, "ledger(s)", "differ")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output, document, error, failures, gap_dict, ledger_refs, progress_bar
+from tiering.cli.output import Output, document, error, exit_failed, failures, gap_dict, ledger_refs, progress_bar
 
 
 def register(sub) -> None:
@@ -78,9 +78,7 @@ def cmd_repair(ctx: Context, args, out: Output) -> int:
                        + (" (after this run)" if args.dry_run and len(problems) > repairable else "")
                        + f", skipped {len(report.skipped)}, failed {len(report.failed)}")
     if report.failed:
-        f = report.failed[0]
-        error(f"{len(report.failed)} repair(s) failed; first: topic {f['topic']!r} ledger {f['ledger']}: {f['error']}")
-        return 1
+        return exit_failed(result["failed"], "repair(s)")
     lost = report.lost + ([] if not args.dry_run else
                           [(f.led.topic, f.led.ledger_id) for f in report.findings
                            if not f.repairable and not f.tier1_unseen])

@@ -85,6 +85,23 @@ def delete_copy(deps: Deps, led: Ledger, missing_ok: bool = False) -> bool:
     return True
 
 
+def delete_deleted_copies(deps: Deps, topic: str) -> tuple[int, list[tuple[int, TieringError]]]:
+    """Remove the tier-1 copies of the topic's DELETED ledgers, each on its own: (copies removed, [(ledger,
+    error)] of those that could not be). Whether this root holds the topic is asked once, before any copy
+    goes: a copy already gone is then recorded as gone (removed by hand), while a root without the topic's
+    directory (a wrong mount) records nothing. Removing copies never takes the directory (only a finished
+    topic deletion does), so a run killed midway is asked the same on its rerun."""
+    holds = deps.tier1.has_topic(topic)
+    removed, failed = 0, []
+    for led in deps.meta.planning.deleted_with_copy(topic):
+        try:
+            removed += delete_copy(deps, led, missing_ok=holds)
+        except TieringError as exc:
+            log.warning("tier-1 copy of %r/%d not removed: %s", topic, led.ledger_id, exc)
+            failed.append((led.ledger_id, exc))
+    return removed, failed
+
+
 def check_tier2_copy(deps: Deps, led: Ledger) -> None:
     """Raise `Tier2CopyMissing` unless both objects of the ledger's chunk exist, are long enough and are the
     objects written, or hold this ledger's bytes intact (then their ETags are recorded)."""

@@ -27,7 +27,7 @@ from tiering.errors import BadInput, TieringError, TopicNotFound
 from tiering.metadata.trim import TrimResult
 from tiering.model import ACTIVE, Ledger, Position
 from tiering.ops.context import Deps
-from tiering.ops.delete_lagged import delete_copy
+from tiering.ops.delete_lagged import delete_deleted_copies
 from tiering.tier2.markers import record_trim
 
 log = logging.getLogger(__name__)
@@ -89,15 +89,8 @@ def _finish(deps: Deps, topic: str, trim: TrimResult) -> RetentionReport:
     removed is in `failed`; the deletion it follows is committed and reported all the same)."""
     report = _report(topic, trim)
     _move_trim_marker(deps, topic)
-    # asked before any copy goes: removing the last file removes the topic's directory too
-    holds = deps.tier1.has_topic(topic)
-    for led in deps.meta.planning.deleted_with_copy(topic):
-        try:
-            if delete_copy(deps, led, missing_ok=holds):
-                report.files_removed += 1
-        except TieringError as exc:
-            log.warning("tier-1 copy of %r/%d not removed: %s", topic, led.ledger_id, exc)
-            report.failed.append((topic, led.ledger_id, str(exc)))
+    report.files_removed, failed = delete_deleted_copies(deps, topic)
+    report.failed += [(topic, ledger_id, str(exc)) for ledger_id, exc in failed]
     return report
 
 

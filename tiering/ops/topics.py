@@ -19,7 +19,7 @@ from typing import Callable
 from tiering.errors import BadInput
 from tiering.model import LedgerState, Topic, TopicPolicy
 from tiering.ops.context import Deps
-from tiering.ops.delete_lagged import delete_copy, sweep_tombstones
+from tiering.ops.delete_lagged import delete_deleted_copies, sweep_tombstones
 from tiering.tier2.markers import record_trim
 from tiering.writer import ManagedLedgerWriter
 
@@ -69,11 +69,13 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
             writer.close()
     late: list[str] = []  # subscriptions created during the delete, deleted by --force
     deleted = deps.meta.trims.delete_all_ledgers(name, deps.knobs.gc_delay, force, late)
-    holds = deps.tier1.has_topic(name)  # asked before any copy goes (the last one takes the directory)
-    files = sum(1 for led in deps.meta.planning.deleted_with_copy(name) if delete_copy(deps, led, missing_ok=holds))
+    files, failed = delete_deleted_copies(deps, name)
+    if failed:
+        raise failed[0][1]  # the others were tried: the rerun has only the failed ones left
     # a run killed between recording a copy's deletion and removing its renamed file left that file; once
     # the topic is gone no delete-lagged run lists it, so it is swept here, before the delete is finished
     sweep_tombstones(deps, [name])
+    deps.tier1.remove_topic_dir(name)  # empty now; killed before the finish below, the rerun has no copy left
     t = deps.meta.get_topic(name)  # next_ledger_id after a seal or a producer's rollover
     record_trim(deps.bucket, name, t.next_ledger_id)
     done = deps.meta.trims.finish_topic_delete(name, t.next_ledger_id, force, late)

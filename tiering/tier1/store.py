@@ -6,6 +6,7 @@ before, so a read never creates directories (e.g. on an unmounted shared mount).
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 from pathlib import Path
@@ -129,15 +130,24 @@ class Tier1Store:
             return False
         try:
             fsync_dir(path.parent)
-        except FileNotFoundError:  # a concurrent delete emptied and removed the directory: it fsyncs the root
-            return True
-        try:
-            path.parent.rmdir()  # best effort: fails harmlessly while other ledgers remain
-        except OSError:
+        except FileNotFoundError:  # the topic's deletion removed the directory meanwhile: it fsyncs the root
             pass
-        else:
-            fsync_dir(self.root)
         return True
+
+    def remove_topic_dir(self, topic: str) -> None:
+        """Remove the topic's directory once it is empty (the topic's deletion, after its last copy). Removing a
+        ledger's copy leaves it: whether a root holds a topic is how a copy removed by hand is told from a
+        wrong mount, and that must not change when a run is killed after removing the other copies."""
+        directory = topic_dir(self.root, topic)
+        try:
+            directory.rmdir()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                return  # something not a ledger of ours was left there: kept
+            raise LedgerStorageError(f"cannot remove the tier-1 directory {directory}: {exc.strerror}") from None
+        fsync_dir(self.root)
 
     def ledger_ids(self, topic: str) -> list[int]:
         """Ids of the ledger files present for the topic, ascending."""
