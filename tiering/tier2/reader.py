@@ -151,11 +151,18 @@ class _RangeStream:
 class OffloadedLedger:
     """One offloaded ledger, read through its chunk row (the data and index may lie inside merged objects)."""
 
-    def __init__(self, b: Bucket, led: Ledger, ch: Chunk, caches: ReaderCaches, pool: ThreadPoolExecutor):
+    def __init__(self, b: Bucket, led: Ledger, ch: Chunk, caches: ReaderCaches, pool: ThreadPoolExecutor,
+                 sent: "SentAhead | None" = None):
+        """`sent`: the ledger's index fetch and data GET a scan sent before it reached the ledger (this
+        ledger owns the GET from here: a read that is not of the whole ledger drops it)."""
         self.b, self.led, self.ch, self.caches, self.pool = b, led, ch, caches, pool
         self.requests = 0
+        self._sent = sent
 
     def index(self) -> OffloadIndex:
+        if self._sent is not None and self._sent.index is not None:
+            fetched, self._sent.index = self._sent.index, None
+            fetched.result()  # into the cache, or this read's error (as fetching it here would raise)
         index = self.caches.index.get(self.b, self.ch)
         m = index.metadata
         if (m.ledger_id, m.entry_count) != (self.led.ledger_id, self.led.entry_count) or \
@@ -204,8 +211,15 @@ class OffloadedLedger:
         span: the first page starts the data, the last ends it) is sent now, from a pool thread, and the index
         fetched beside it, instead of after it: the server's time to the first byte of the data (~30 ms for
         64 MiB on RGW) then covers the index's round trip and decoding (~5-10 ms, a tenth of such a scan).
-        Nothing is read from the stream before the index is decoded and checked against the chunk row."""
-        if first != 0 or last != self.led.entry_count - 1 or self.ch in self.caches.index:
+        Nothing is read from the stream before the index is decoded and checked against the chunk row. A GET
+        a scan sent before it reached this ledger (`LedgerOpener.send_ahead`) is taken instead."""
+        whole = first == 0 and last == self.led.entry_count - 1
+        if self._sent is not None:
+            data, self._sent.data = self._sent.data, None
+            if whole:
+                return [data]
+            data.add_done_callback(_close_stream)
+        if not whole or self.ch in self.caches.index:
             return []
         self.requests += 1
         return [self.pool.submit(RangeStream, self.b, self.ch.data_key, self.ch.data_offset, self.ch.data_length)]
@@ -457,16 +471,62 @@ def check_stored_pages(b: Bucket, key: str, base: int, index: OffloadIndex, wind
     return True
 
 
-def tier2_opener(b: Bucket, caches: ReaderCaches | None = None, pool: ThreadPoolExecutor | None = None):
+class SentAhead:
+    """A ledger's index fetch and whole-data GET, sent before a scan reaches it (`LedgerOpener.send_ahead`)."""
+    __slots__ = ("index", "data")
+
+    def __init__(self, index: Future, data: Future):
+        self.index: Future | None = index
+        self.data: Future | None = data
+
+    def drop(self) -> None:
+        """Not read after all (the scan stopped first): its GET is closed once its headers are in."""
+        data, self.data = self.data, None
+        if data is not None:
+            data.add_done_callback(_close_stream)
+
+
+class LedgerOpener:
+    """A ReadHandle's `open_tier2`: opens offloaded ledgers with one shared cache and pool. A scan of many
+    small ledgers tells it the ledger it reads next (`send_ahead`): that ledger's index and data GET are on
+    their way while the current one is parsed, so the scan does not wait a round trip per ledger."""
+
+    def __init__(self, b: Bucket, caches: ReaderCaches, pool: ThreadPoolExecutor):
+        self.b, self.caches, self.pool = b, caches, pool
+        self._sent: dict[Chunk, SentAhead] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, led: Ledger, ch: Chunk) -> OffloadedLedger:
+        with self._lock:
+            sent = self._sent.pop(ch, None)
+        return OffloadedLedger(self.b, led, ch, self.caches, self.pool, sent)
+
+    def send_ahead(self, ch: Chunk) -> SentAhead | None:
+        """Fetch the chunk's index and send the GET of its whole data now; the next open of that chunk takes
+        them. The caller drops what it did not open (`drop`). None when that chunk is already sent."""
+        with self._lock:
+            if ch in self._sent:
+                return None
+            sent = self._sent[ch] = SentAhead(self.pool.submit(self.caches.index.get, self.b, ch),
+                                              self.pool.submit(RangeStream, self.b, ch.data_key, ch.data_offset,
+                                                               ch.data_length))
+        return sent
+
+    def drop(self, ch: Chunk, sent: SentAhead) -> None:
+        """Forget what `send_ahead` sent for the chunk, unless a ledger opened it meanwhile (then it is that
+        ledger's to close)."""
+        with self._lock:
+            if self._sent.get(ch) is not sent:
+                return
+            del self._sent[ch]
+        sent.drop()
+
+
+def tier2_opener(b: Bucket, caches: ReaderCaches | None = None, pool: ThreadPoolExecutor | None = None) -> LedgerOpener:
     """A ReadHandle's `open_tier2`: one shared cache and pool for all ledgers it opens."""
-    caches = caches or ReaderCaches.new()
-    pool = pool or ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="tier2-read")
-
-    def open_ledger(led: Ledger, ch: Chunk) -> OffloadedLedger:
-        return OffloadedLedger(b, led, ch, caches, pool)
-
-    return open_ledger
+    return LedgerOpener(b, caches or ReaderCaches.new(), pool or ThreadPoolExecutor(READ_AHEAD,
+                                                                                    thread_name_prefix="tier2-read"))
 
 
-__all__ = ["array_batches", "check_stored_pages", "OffloadedLedger", "ReaderCaches", "IndexCache", "OffsetCache",
-           "run_payload_array", "tier2_opener", "EntryNotFound"]
+__all__ = ["array_batches", "check_stored_pages", "LedgerOpener", "OffloadedLedger", "SentAhead", "ReaderCaches",
+           "IndexCache", "OffsetCache", "run_payload_array", "tier2_opener", "EntryNotFound"]
