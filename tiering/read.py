@@ -36,6 +36,9 @@ CHUNKS_MAX_AGE_S = 60.0
 # next one's round trips). Each is one open connection of the client's pool until it is read or dropped.
 SEND_AHEAD_BELOW = 8 * 1024 * 1024
 SEND_AHEAD_LEDGERS = 4
+# The indexes of the ledgers after one sent ahead, when they lie back to back in its index object (offloaded
+# together), come in its index's GET: at most this many ledgers (tier2/reader.py caps the GET's bytes).
+INDEX_GROUP_LEDGERS = 64
 
 
 def chunks_max_age(gc_delay_seconds: float) -> float:
@@ -192,18 +195,35 @@ class ReadHandle:
         if send is None or self.chunks_max_age <= 0:
             return
         budget = SEND_AHEAD_BELOW
-        for led in ledgers[i:i + SEND_AHEAD_LEDGERS]:
+        for j in range(i, min(i + SEND_AHEAD_LEDGERS, len(ledgers))):
+            led = ledgers[j]
             budget -= led.size_bytes
             if budget < 0 or (end is not None and led.ledger_id > end.ledger_id):
                 return
-            if led.ledger_id in ahead or led.state != LedgerState.OFFLOADED or led.tier1_present or \
-                    led.lost_at is not None or led.entry_count == 0 or \
-                    _span(led, led.entry_count, None, end) != (0, led.entry_count - 1):
+            if led.ledger_id in ahead or not self._whole_from_tier2(led, end):
                 continue
             chunk = self._chunk(led)
-            sent = None if chunk is None else send(chunk)
+            sent = None if chunk is None else send(chunk, self._held_chunks(ledgers[j + 1:j + 1 + INDEX_GROUP_LEDGERS],
+                                                                            end))
             if sent is not None:
                 ahead[led.ledger_id] = (chunk, sent)
+
+    @staticmethod
+    def _whole_from_tier2(led: Ledger, end: Position | None) -> bool:
+        return led.state == LedgerState.OFFLOADED and not led.tier1_present and led.lost_at is None and \
+            led.entry_count > 0 and _span(led, led.entry_count, None, end) == (0, led.entry_count - 1)
+
+    def _held_chunks(self, ledgers: list[Ledger], end: Position | None) -> list[Chunk]:
+        """The snapshot's chunk rows of the ledgers, up to the first the read will not take whole from tier 2
+        (no query: these only say which indexes may come in one GET)."""
+        held = self._chunks[2] if self._chunks is not None else {}
+        out = []
+        for led in ledgers:
+            chunk = held.get(led.ledger_id)
+            if chunk is None or not self._whole_from_tier2(led, end):
+                break
+            out.append(chunk)
+        return out
 
     def _drop(self, sent) -> None:
         if sent is not None:

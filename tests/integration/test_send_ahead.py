@@ -122,3 +122,54 @@ def test_a_row_that_moved_after_its_get_was_sent(deps, stream_spy, reread):
     assert stream_spy["opened"] == stream_spy["closed"], stream_spy
     # reread: the two sent for the old rows are dropped and each ledger GETs its new row's range
     assert stream_spy["opened"] == (5 if reread else 3), stream_spy
+
+
+def _batched_topic(deps, topic, n=8):
+    """`n` small ledgers offloaded as one batch: one data object and one index object hold them all."""
+    from dataclasses import replace
+
+    from tiering.ops.offload import offload_many
+
+    expected = produce(deps, topic, [entries(f"{topic}{i}", 10, 2000) for i in range(n)])
+    batched = replace(deps, knobs=replace(deps.knobs, batch_small_bytes=8 * 1024 * 1024))
+    assert len(offload_many(batched, deps.meta.list_ledgers(topic, [S.SEALED])).offloaded) == n
+    for led in deps.meta.list_ledgers(topic, [S.OFFLOADED]):
+        deps.tier1.delete(topic, led.ledger_id)
+        deps.meta.mark_tier1_deleted(led)
+    chunks = [deps.meta.get_chunk(led) for led in deps.meta.list_ledgers(topic)]
+    assert len({ch.index_key for ch in chunks}) == 1 and len({ch.data_key for ch in chunks}) == 1
+    return expected, chunks
+
+
+def test_indexes_of_ledgers_offloaded_together_come_in_one_get(deps, s3_settings, bucket, stream_spy):
+    """Eight ledgers of one batch: the first ledger's index, then one GET for the indexes of all the others
+    (back to back in the batch's index object), and one data GET per ledger."""
+    expected, chunks = _batched_topic(deps, "sg")
+    own, _ = _counted(deps, s3_settings, bucket)
+    urls = []
+    own.bucket.s3.meta.events.register("before-send.s3.GetObject", lambda request, **kw: urls.append(request.url))
+    pool = ThreadPoolExecutor(4)
+    got = {(e.ledger_id, e.entry_id): e.data for e in _handle(own, pool).read("sg")}
+    pool.shutdown(wait=True)
+    assert got == expected
+    assert sum(u.endswith(chunks[0].index_key) for u in urls) == 2, urls
+    assert sum(u.endswith(chunks[0].data_key) for u in urls) == len(chunks)
+    assert stream_spy["opened"] == stream_spy["closed"] == len(chunks), stream_spy
+
+
+def test_a_corrupt_index_inside_a_group_fails_that_ledger_alone(deps):
+    """A flipped byte in the fourth ledger's index (inside the grouped GET): the three before it are read,
+    and the read stops at the fourth with the error naming its index, as without the grouping."""
+    from tiering.errors import CorruptObjectError
+
+    from tests.integration.test_page_index import flip
+
+    expected, chunks = _batched_topic(deps, "sh")
+    flip(deps, chunks[3].index_key, chunks[3].index_offset + chunks[3].index_length // 2)
+    pool = ThreadPoolExecutor(4)
+    got = {}
+    with pytest.raises(CorruptObjectError, match=f"at {chunks[3].index_offset}"):
+        for e in _handle(deps, pool).read("sh"):
+            got[(e.ledger_id, e.entry_id)] = e.data
+    pool.shutdown(wait=True)
+    assert got == {k: v for k, v in expected.items() if k[0] < 3}

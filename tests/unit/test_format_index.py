@@ -4,6 +4,7 @@ from __future__ import annotations
 import struct
 
 import pytest
+from crc32c import crc32c
 
 from tiering.errors import BadInput, CorruptObjectError, EntryNotFound
 from tiering.format import (INDEX_ENTRY_LEN, INDEX_HEADER_LEN, INDEX_MAGIC, IndexEntry, LedgerOffloadMetadata,
@@ -52,11 +53,41 @@ def test_block_geometry():
 def test_layout_bytes():
     m = meta(3500, PULSAR_LEN)
     buf = encode_index(PULSAR_ENTRIES, PULSAR_LEN, m)
-    assert len(buf) == INDEX_HEADER_LEN + len(m) + 3 * INDEX_ENTRY_LEN
-    assert struct.unpack_from(">Iiqqii", buf) == (INDEX_MAGIC, len(buf), PULSAR_LEN, 128, 3, len(m))
-    assert buf[32:32 + len(m)] == m
-    assert struct.unpack_from(">qiq", buf, 32 + len(m) + 20) == (1000, 2, MiB)
-    assert decode_index(buf).metadata_bytes == m
+    n = len(m) + 5  # the metadata, then index_crc32c as its last field: tag 0x65 and 4 bytes
+    assert len(buf) == INDEX_HEADER_LEN + n + 3 * INDEX_ENTRY_LEN
+    assert struct.unpack_from(">Iiqqii", buf) == (INDEX_MAGIC, len(buf), PULSAR_LEN, 128, 3, n)
+    assert buf[32:32 + len(m)] == m and buf[32 + len(m)] == 0x65
+    crc = int.from_bytes(buf[32 + n - 4:32 + n], "little")
+    assert crc == crc32c(buf[:32 + n - 4] + bytes(4) + buf[32 + n:])
+    assert struct.unpack_from(">qiq", buf, 32 + n + 20) == (1000, 2, MiB)
+    assert decode_index(buf).metadata_bytes == buf[32:32 + n]
+
+
+def test_every_bit_of_the_index_is_checked():
+    """Any one flipped bit of the index object, in the fields no structural check covers as well (the offload
+    uuid, the seal time, a property), is refused."""
+    buf = good()
+    for i in range(len(buf)):
+        for bit in range(8):
+            bad = bytearray(buf)
+            bad[i] ^= 1 << bit
+            corrupt(bad)
+
+
+def test_an_index_written_before_index_crcs_still_decodes():
+    m = meta(3500, PULSAR_LEN)
+    buf = good()
+    legacy = buf[:28] + struct.pack(">i", len(m)) + m + buf[32 + len(m) + 5:]
+    struct.pack_into(">i", legacy, 4, len(legacy))
+    assert decode_index(bytes(legacy)).metadata == decode_index(bytes(buf)).metadata
+
+
+def test_a_crc_field_that_is_not_last_is_refused():
+    m = meta(3500, PULSAR_LEN)
+    buf = good()
+    tail = buf[32 + len(m):32 + len(m) + 5]
+    moved = buf[:32] + tail + m + buf[32 + len(m) + 5:]  # the same bytes, the field first
+    assert "last field" in corrupt(moved).detail
 
 
 def test_round_trip_with_packed_blocks():
@@ -86,6 +117,15 @@ def test_empty_ledger():
 
 def good() -> bytearray:
     return bytearray(encode_index(PULSAR_ENTRIES, PULSAR_LEN, meta(3500, PULSAR_LEN)))
+
+
+def resealed(buf: bytearray) -> bytearray:
+    """The index with its CRC32C computed again over what was changed: a structural check is reached, as it
+    is for an index written before index CRCs (or one whose CRC was forged along with its damage)."""
+    end = 32 + struct.unpack_from(">i", buf, 28)[0]
+    buf[end - 4:end] = bytes(4)
+    buf[end - 4:end] = crc32c(bytes(buf)).to_bytes(4, "little")
+    return buf
 
 
 def corrupt(buf, where="t/x-ledger-7-index") -> CorruptObjectError:
@@ -152,7 +192,7 @@ def test_data_object_len_must_match_metadata():
     m = meta(3500, PULSAR_LEN)
     buf = bytearray(encode_index(PULSAR_ENTRIES, PULSAR_LEN, m))
     struct.pack_into(">q", buf, 8, PULSAR_LEN + 1)
-    assert "data_object_len" in corrupt(buf).detail
+    assert "data_object_len" in corrupt(resealed(buf)).detail
 
 
 def _entry_offset(buf, i):
@@ -171,7 +211,8 @@ def _entry_offset(buf, i):
 def test_bad_index_entries(i, fmt, rel, value, word):
     buf = good()
     struct.pack_into(fmt, buf, _entry_offset(buf, i) + rel, value)
-    assert word in corrupt(buf).detail
+    assert "CRC32C" in corrupt(buf).detail
+    assert word in corrupt(resealed(buf)).detail
 
 
 def test_last_block_must_hold_the_remaining_entries():

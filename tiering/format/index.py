@@ -11,9 +11,11 @@ import struct
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from crc32c import crc32c
+
 from tiering.errors import BadInput, CorruptObjectError, EntryNotFound
 from tiering.format.block import ENTRY_HEADER_LEN, HEADER_LEN, Block
-from tiering.format.metadata import LedgerOffloadMetadata, decode_metadata
+from tiering.format.metadata import LedgerOffloadMetadata, decode_metadata, decode_metadata_and_crc
 from tiering.format.pages import PageIndex, check_page, pages_problem
 
 INDEX_MAGIC = 0xDE47DE47
@@ -22,6 +24,11 @@ _ENTRY = struct.Struct(">qiq")
 INDEX_HEADER_LEN = _HEADER.size  # 32
 INDEX_ENTRY_LEN = _ENTRY.size  # 20
 _MAX_INT32 = 2**31 - 1
+# The metadata's last field, index_crc32c (field 12, fixed32): its tag, then the CRC32C of the whole index
+# object computed with its 4 value bytes zero. Pages check the data; this checks every byte of the index,
+# the fields no other check covers too (the offload uuid, the seal time that recovery brings back).
+_CRC_TAG = bytes([(12 << 3) | 5])
+_CRC_FIELD_LEN = len(_CRC_TAG) + 4
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ def encode_index(entries: Iterable[IndexEntry], data_object_len: int, metadata: 
                                 data_object_len, meta.entry_count)
     if problem:
         raise BadInput(f"cannot encode index: {problem}")
+    metadata += _CRC_TAG + bytes(4)
     index_len = INDEX_HEADER_LEN + len(metadata) + INDEX_ENTRY_LEN * len(entries)
     if index_len > _MAX_INT32:
         raise BadInput(f"index of {index_len} bytes does not fit an int32 length")
@@ -91,7 +99,23 @@ def encode_index(entries: Iterable[IndexEntry], data_object_len: int, metadata: 
     out += metadata
     for e in entries:
         out += _ENTRY.pack(e.first_entry_id, e.part_id, e.block_offset)
+    at = INDEX_HEADER_LEN + len(metadata) - 4
+    out[at:at + 4] = crc32c(out).to_bytes(4, "little")
     return bytes(out)
+
+
+def _crc_problem(buf: memoryview, meta_len: int, stored: int) -> str | None:
+    """Why the index fails its own CRC32C (None: it passes, or it was written before it had one). `stored`:
+    the index_crc32c the metadata parsed to (0 also when absent: then the tail tells)."""
+    end = INDEX_HEADER_LEN + meta_len
+    tail = bytes(buf[end - _CRC_FIELD_LEN:end]) if meta_len >= _CRC_FIELD_LEN else b""
+    present = tail[:1] == _CRC_TAG and int.from_bytes(tail[1:], "little") == stored
+    if not present:
+        return None if stored == 0 else "index_crc32c is not the metadata's last field"
+    copy = bytearray(buf)
+    copy[end - 4:end] = bytes(4)
+    actual = crc32c(copy)
+    return None if actual == stored else f"CRC32C 0x{actual:08x}, the index says 0x{stored:08x}"
 
 
 @dataclass(frozen=True)
@@ -165,8 +189,11 @@ def decode_index(buf: bytes | bytearray | memoryview, where: str = "index") -> O
         raise corrupt(24, f"{count} entries and {meta_len} metadata bytes need {expected} bytes, index_len is "
                           f"{index_len}")
     metadata_bytes = bytes(buf[INDEX_HEADER_LEN:INDEX_HEADER_LEN + meta_len])
-    meta = decode_metadata(metadata_bytes, f"{where}, offset {INDEX_HEADER_LEN}" if where else
-                           f"offset {INDEX_HEADER_LEN}")
+    meta, stored_crc = decode_metadata_and_crc(metadata_bytes, f"{where}, offset {INDEX_HEADER_LEN}" if where else
+                                               f"offset {INDEX_HEADER_LEN}")
+    problem = _crc_problem(buf, meta_len, stored_crc)
+    if problem:
+        raise corrupt(0, problem)
     if meta.data_object_len != data_len:
         raise corrupt(8, f"data_object_len {data_len} but the metadata says {meta.data_object_len}")
     start = INDEX_HEADER_LEN + meta_len

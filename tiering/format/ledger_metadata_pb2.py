@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15ledger_metadata.proto\x12\x0etiering.format\"\xf9\x02\n\x15LedgerOffloadMetadata\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tledger_id\x18\x03 \x01(\x03\x12\x13\n\x0b\x65ntry_count\x18\x04 \x01(\x03\x12\x0e\n\x06length\x18\x05 \x01(\x03\x12\x16\n\x0esealed_time_ms\x18\x06 \x01(\x03\x12\x14\n\x0coffload_uuid\x18\x07 \x01(\t\x12\x17\n\x0f\x64\x61ta_object_len\x18\x08 \x01(\x03\x12\x12\n\nblock_size\x18\t \x01(\x05\x12I\n\nproperties\x18\n \x03(\x0b\x32\x35.tiering.format.LedgerOffloadMetadata.PropertiesEntry\x12(\n\x05pages\x18\x0b \x01(\x0b\x32\x19.tiering.format.PageIndex\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"b\n\tPageIndex\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x18\n\x10page_first_entry\x18\x02 \x03(\x03\x12\x13\n\x0bpage_offset\x18\x03 \x03(\x03\x12\x13\n\x0bpage_crc32c\x18\x04 \x03(\x07\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15ledger_metadata.proto\x12\x0etiering.format\"\x8f\x03\n\x15LedgerOffloadMetadata\x12\x16\n\x0eformat_version\x18\x01 \x01(\r\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tledger_id\x18\x03 \x01(\x03\x12\x13\n\x0bentry_count\x18\x04 \x01(\x03\x12\x0e\n\x06length\x18\x05 \x01(\x03\x12\x16\n\x0esealed_time_ms\x18\x06 \x01(\x03\x12\x14\n\x0coffload_uuid\x18\x07 \x01(\t\x12\x17\n\x0fdata_object_len\x18\x08 \x01(\x03\x12\x12\n\nblock_size\x18\t \x01(\x05\x12I\n\nproperties\x18\n \x03(\x0b25.tiering.format.LedgerOffloadMetadata.PropertiesEntry\x12(\n\x05pages\x18\x0b \x01(\x0b2\x19.tiering.format.PageIndex\x12\x14\n\x0cindex_crc32c\x18\x0c \x01(\x07\x1a1\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x028\x01\"b\n\tPageIndex\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x18\n\x10page_first_entry\x18\x02 \x03(\x03\x12\x13\n\x0bpage_offset\x18\x03 \x03(\x03\x12\x13\n\x0bpage_crc32c\x18\x04 \x03(\x07b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,9 +34,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEDGEROFFLOADMETADATA_PROPERTIESENTRY']._loaded_options = None
   _globals['_LEDGEROFFLOADMETADATA_PROPERTIESENTRY']._serialized_options = b'8\001'
   _globals['_LEDGEROFFLOADMETADATA']._serialized_start=42
-  _globals['_LEDGEROFFLOADMETADATA']._serialized_end=419
-  _globals['_LEDGEROFFLOADMETADATA_PROPERTIESENTRY']._serialized_start=370
-  _globals['_LEDGEROFFLOADMETADATA_PROPERTIESENTRY']._serialized_end=419
-  _globals['_PAGEINDEX']._serialized_start=421
-  _globals['_PAGEINDEX']._serialized_end=519
+  _globals['_LEDGEROFFLOADMETADATA']._serialized_end=441
+  _globals['_LEDGEROFFLOADMETADATA_PROPERTIESENTRY']._serialized_start=392
+  _globals['_LEDGEROFFLOADMETADATA_PROPERTIESENTRY']._serialized_end=441
+  _globals['_PAGEINDEX']._serialized_start=443
+  _globals['_PAGEINDEX']._serialized_end=541
 # @@protoc_insertion_point(module_scope)

@@ -95,6 +95,11 @@ def encode_metadata(meta: LedgerOffloadMetadata) -> bytes:
 
 
 def decode_metadata(data: bytes, where: str = "index metadata") -> LedgerOffloadMetadata:
+    return decode_metadata_and_crc(data, where)[0]
+
+
+def decode_metadata_and_crc(data: bytes, where: str = "index metadata") -> tuple[LedgerOffloadMetadata, int]:
+    """The metadata and the index_crc32c it holds (0 when absent: format/index.py checks the index with it)."""
     msg = _pb.LedgerOffloadMetadata()
     try:
         msg.ParseFromString(bytes(data))
@@ -115,7 +120,7 @@ def decode_metadata(data: bytes, where: str = "index metadata") -> LedgerOffload
     problems = _problems(meta)
     if problems:
         raise CorruptObjectError("ledger metadata", where, "; ".join(problems))
-    return meta
+    return meta, msg.index_crc32c
 
 
 def user_metadata(topic: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import OrderedDict, deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from itertools import count
 from typing import Iterator
@@ -35,6 +35,9 @@ READ_AHEAD = 4
 CHECKPOINT_STRIDE = 64
 SCAN_GROUP = 1024 * 1024  # bytes of whole pages a scan's streaming GET hands over at a time
 MAX_ARRAY_BYTES = 2**31 - 1  # payload bytes one Arrow `binary` array holds (32-bit offsets)
+# A scan fetches the indexes of ledgers offloaded together (back to back in one index object) in one GET of
+# at most this many bytes: a GET costs ~1 ms of client CPU on top of its round trip, more than its bytes.
+INDEX_GROUP_BYTES = 1024 * 1024
 
 
 class IndexCache:
@@ -57,7 +60,27 @@ class IndexCache:
                 self._items.move_to_end(key)
                 return self._items[key]
         data = get_range(b, ch.index_key, ch.index_offset, ch.index_length)
-        index = decode_index(data, f"index object {ch.index_key} at {ch.index_offset}")
+        return self._put(key, decode_index(data, f"index object {ch.index_key} at {ch.index_offset}"))
+
+    def prefetch(self, b: Bucket, chunks: list[Chunk]) -> None:
+        """Fetch the indexes of chunks lying back to back in one index object (ledgers offloaded together) in
+        one GET. Best effort: an index that fails to arrive or to decode is left out, and `get` then fetches
+        it alone and raises its own error."""
+        first, last = chunks[0], chunks[-1]
+        try:
+            data = memoryview(get_range(b, first.index_key, first.index_offset,
+                                        last.index_offset + last.index_length - first.index_offset))
+        except Exception:  # noqa: BLE001 - each index's own GET reports it
+            return
+        for ch in chunks:
+            at = ch.index_offset - first.index_offset
+            try:
+                index = decode_index(data[at:at + ch.index_length], f"index object {ch.index_key} at {ch.index_offset}")
+            except CorruptObjectError:
+                continue
+            self._put((ch.index_key, ch.index_offset, ch.index_length), index)
+
+    def _put(self, key: tuple, index: OffloadIndex) -> OffloadIndex:
         with self._lock:
             self.fetches += 1
             self._items[key] = index
@@ -162,7 +185,7 @@ class OffloadedLedger:
     def index(self) -> OffloadIndex:
         if self._sent is not None and self._sent.index is not None:
             fetched, self._sent.index = self._sent.index, None
-            fetched.result()  # into the cache, or this read's error (as fetching it here would raise)
+            wait([fetched])  # into the cache; when it is not there, `get` fetches it and raises its own error
         index = self.caches.index.get(self.b, self.ch)
         m = index.metadata
         if (m.ledger_id, m.entry_count) != (self.led.ledger_id, self.led.entry_count) or \
@@ -494,23 +517,56 @@ class LedgerOpener:
     def __init__(self, b: Bucket, caches: ReaderCaches, pool: ThreadPoolExecutor):
         self.b, self.caches, self.pool = b, caches, pool
         self._sent: dict[Chunk, SentAhead] = {}
-        self._lock = threading.Lock()
+        self._indexes: dict[tuple, Future] = {}  # index ranges -> the fetch on its way that brings them
+        self._lock = threading.RLock()  # a fetch done already runs its callback (which takes it) at once
 
     def __call__(self, led: Ledger, ch: Chunk) -> OffloadedLedger:
         with self._lock:
             sent = self._sent.pop(ch, None)
         return OffloadedLedger(self.b, led, ch, self.caches, self.pool, sent)
 
-    def send_ahead(self, ch: Chunk) -> SentAhead | None:
+    def send_ahead(self, ch: Chunk, following: list[Chunk] = ()) -> SentAhead | None:
         """Fetch the chunk's index and send the GET of its whole data now; the next open of that chunk takes
-        them. The caller drops what it did not open (`drop`). None when that chunk is already sent."""
+        them. The caller drops what it did not open (`drop`). None when that chunk is already sent.
+        `following`: the chunks the scan reads after this one; the indexes among them that lie right after
+        this one's in the same index object (ledgers offloaded together) come in the same GET."""
         with self._lock:
             if ch in self._sent:
                 return None
-            sent = self._sent[ch] = SentAhead(self.pool.submit(self.caches.index.get, self.b, ch),
+            sent = self._sent[ch] = SentAhead(self._fetch_index(ch, following),
                                               self.pool.submit(RangeStream, self.b, ch.data_key, ch.data_offset,
                                                                ch.data_length))
         return sent
+
+    def _fetch_index(self, ch: Chunk, following: list[Chunk]) -> Future:
+        """The fetch that brings the chunk's index into the cache: one already on its way for an earlier
+        chunk's group, or a new one for this chunk and those after it in its index object (under the lock)."""
+        pending = self._indexes.get(_index_range(ch))
+        if pending is not None:
+            return pending
+        if ch in self.caches.index:
+            pending = Future()
+            pending.set_result(None)
+            return pending
+        group, end = [ch], ch.index_offset + ch.index_length
+        for other in following:
+            if other.index_key != ch.index_key or other.index_offset != end or \
+                    end + other.index_length - ch.index_offset > INDEX_GROUP_BYTES or other in self.caches.index:
+                break
+            group.append(other)
+            end += other.index_length
+        fetch = self.pool.submit(self.caches.index.prefetch, self.b, group)
+        ranges = [_index_range(c) for c in group]
+        for r in ranges:
+            self._indexes[r] = fetch
+
+        def done(_):
+            with self._lock:
+                for r in ranges:
+                    if self._indexes.get(r) is fetch:
+                        del self._indexes[r]
+        fetch.add_done_callback(done)
+        return fetch
 
     def drop(self, ch: Chunk, sent: SentAhead) -> None:
         """Forget what `send_ahead` sent for the chunk, unless a ledger opened it meanwhile (then it is that
@@ -520,6 +576,10 @@ class LedgerOpener:
                 return
             del self._sent[ch]
         sent.drop()
+
+
+def _index_range(ch: Chunk) -> tuple[str, int, int]:
+    return ch.index_key, ch.index_offset, ch.index_length
 
 
 def tier2_opener(b: Bucket, caches: ReaderCaches | None = None, pool: ThreadPoolExecutor | None = None) -> LedgerOpener:
