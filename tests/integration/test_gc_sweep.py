@@ -174,7 +174,7 @@ def test_cli_sweep_by_hand_reports_pages_cursor_and_pass(deps, db, settings, buc
 
     produce(deps, "h", [entries("h", 3, 100)], BIG)
     offload_many(deps, deps.meta.list_ledgers("h", [S.SEALED]))
-    deps.bucket.s3.put_object(Bucket=deps.bucket.name, Key="t/stray/0-ledger-0", Body=b"left by hand")
+    deps.bucket.s3.put_object(Bucket=deps.bucket.name, Key="t/stray/notes.txt", Body=b"left by hand")
     code, out, err = run_cli(["gc", "--sweep", "--orphan-grace-seconds", "0", "--max-pages", "3", "--json"],
                              settings, bucket, tier1_root, monkeypatch, capsys)
     assert code == 0, err
@@ -183,7 +183,7 @@ def test_cli_sweep_by_hand_reports_pages_cursor_and_pass(deps, db, settings, buc
     assert doc["objects_listed_count"] == 3
     assert doc["orphans_deleted_count"] == 1 and doc["pass_complete"] is True and doc["cursor"] == ""
     assert doc["passes_completed_count"] == 1 and doc["last_pass_completed_at"].endswith("Z")
-    assert "t/stray/0-ledger-0" not in bucket_keys(deps) and bucket_keys(deps) == referenced_keys(db)
+    assert "t/stray/notes.txt" not in bucket_keys(deps) and bucket_keys(deps) == referenced_keys(db)
     code, out, err = run_cli(["gc", "--max-pages", "3"], settings, bucket, tier1_root, monkeypatch, capsys)
     assert code == 2 and "--max-pages is for --sweep" in err and out == ""
 

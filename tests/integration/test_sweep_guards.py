@@ -59,3 +59,90 @@ def test_a_sweep_started_during_recovery_fails_and_deletes_nothing(deps, db, off
     with pytest.raises(TieringError, match="recover-from-bucket"):
         sweep_orphans(deps, orphan_grace=timedelta(0))
     assert bucket_keys(deps) == offloaded
+
+
+def _offloaded_topics(deps, names, n=2):
+    for name in names:
+        produce(deps, name, [entries(f"{name}{i}", 3, 100) for i in range(n)], BIG)
+        assert offload_many(deps, deps.meta.list_ledgers(name, [S.SEALED])).failed == {}
+    return bucket_keys(deps)
+
+
+def test_after_a_recovery_of_one_topic_the_sweep_keeps_the_topics_not_recovered_yet(deps, db):
+    """Recovery of one topic (`--topic`), or one killed after some topics: the sweep must not take the other
+    topics' objects for orphans (metadata lacks them, it does not know them gone)."""
+    keys = _offloaded_topics(deps, ["orders", "billing"])
+    empty_tables(db)
+    assert recover_from_bucket(db, deps.bucket, topic="orders").ok
+    r = sweep_orphans(deps, orphan_grace=timedelta(0))
+    assert r.orphans_deleted == [] and bucket_keys(deps) == keys
+    report = recover_from_bucket(db, deps.bucket, topic="billing")
+    assert report.ok and len(report.ledgers_recovered) == 2
+
+
+def test_the_sweep_keeps_objects_of_ledgers_metadata_has_as_not_yet_offloaded(deps, db):
+    """Metadata restored from an export taken before the ledgers were offloaded: their rows say SEALED and
+    no chunk row names the objects, which hold the only copy once tier 1 deleted its own. Kept."""
+    from sqlalchemy import text
+
+    keys = _offloaded_topics(deps, ["other", "imp"])
+    imp = "(SELECT topic_id FROM tiering.topic WHERE name = 'imp')"
+    with db.begin() as conn:
+        conn.execute(text(f"DELETE FROM tiering.chunk WHERE topic_id = {imp}"))
+        conn.execute(text(f"UPDATE tiering.ledger SET state = 'SEALED', offloaded_at = NULL WHERE topic_id = {imp}"))
+    assert sweep_orphans(deps, orphan_grace=timedelta(0)).orphans_deleted == []
+    assert bucket_keys(deps) == keys
+
+
+def test_the_sweep_takes_older_copies_and_what_a_deleted_topic_left_and_keeps_a_copy_still_needed(deps, db):
+    """Gone for sure: an object of a DELETED ledger; an older copy of an OFFLOADED ledger whose chunk's
+    objects are in the bucket; an object of a deleted topic below the marker its deletion wrote. Kept: a
+    copy of an OFFLOADED ledger whose chunk row names objects no longer there (a stale row: this copy may be
+    the only one), and an object of a topic metadata does not have, above that topic's marker."""
+    from tiering.ops.retention import truncate
+    from tiering.ops.topics import delete_topic
+    from tiering.model import Position
+
+    _offloaded_topics(deps, ["live", "gone"], n=3)
+    s3, name = deps.bucket.s3, deps.bucket.name
+
+    def copy(key, new):
+        s3.copy_object(Bucket=name, Key=new, CopySource={"Bucket": name, "Key": key})
+        return new
+    chunks = {led.ledger_id: deps.meta.get_chunk(led) for led in deps.meta.list_ledgers("live")}
+    gone_chunks = [deps.meta.get_chunk(led) for led in deps.meta.list_ledgers("gone")]
+    prefix = chunks[0].data_key.rsplit("/", 1)[0]
+    older = copy(chunks[1].data_key, f"{prefix}/00000000-0000-0000-0000-000000000001-ledger-1")
+    stale = copy(chunks[2].data_key, f"{prefix}/00000000-0000-0000-0000-000000000002-ledger-2")
+    s3.delete_object(Bucket=name, Key=chunks[2].index_key)  # ledger 2's row names an object no longer there
+    trimmed = copy(chunks[0].data_key, f"{prefix}/00000000-0000-0000-0000-000000000003-ledger-0")
+    truncate(deps, "live", Position(1, 0))  # ledger 0 DELETED (its own objects queued, as retention does)
+    gone_prefix = gone_chunks[0].data_key.rsplit("/", 1)[0]
+    left = copy(gone_chunks[0].data_key, f"{gone_prefix}/00000000-0000-0000-0000-000000000004-ledger-0")
+    delete_topic(deps, "gone")  # its marker: trimmed before its next ledger id (3)
+    above = copy(gone_chunks[0].data_key, f"{gone_prefix}/00000000-0000-0000-0000-000000000005-ledger-7")
+    r = sweep_orphans(deps, orphan_grace=timedelta(0))
+    assert sorted(r.orphans_deleted) == sorted([older, trimmed, left])
+    assert {stale, above} <= bucket_keys(deps)
+
+
+def test_a_topic_whose_key_segment_is_cut_and_hashed_is_found_for_the_sweep(deps, db):
+    """A name too long for one key segment (cut, hashed): the sweep still finds its rows (among the names
+    that start with the segment's readable part), so an older copy goes and a copy of a SEALED ledger stays."""
+    from sqlalchemy import text
+
+    long_name = "é" * 60 + "/long"  # 120 bytes of UTF-8, 360 encoded: cut mid-character, then hashed
+    _offloaded_topics(deps, [long_name, long_name[:-1]], n=2)  # a neighbour whose name starts the same
+    s3, name = deps.bucket.s3, deps.bucket.name
+    chunks = {led.ledger_id: deps.meta.get_chunk(led) for led in deps.meta.list_ledgers(long_name)}
+    prefix = chunks[0].data_key.rsplit("/", 1)[0]
+    older = f"{prefix}/00000000-0000-0000-0000-000000000001-ledger-0"
+    s3.copy_object(Bucket=name, Key=older, CopySource={"Bucket": name, "Key": chunks[0].data_key})
+    with db.begin() as conn:  # ledger 1 back to SEALED, its chunk row gone (as an older export has it)
+        conn.execute(text("DELETE FROM tiering.chunk c USING tiering.topic t WHERE c.topic_id = t.topic_id "
+                          "AND t.name = :n AND c.ledger_id = 1"), {"n": long_name})
+        conn.execute(text("UPDATE tiering.ledger l SET state = 'SEALED' FROM tiering.topic t WHERE "
+                          "l.topic_id = t.topic_id AND t.name = :n AND l.ledger_id = 1"), {"n": long_name})
+    r = sweep_orphans(deps, orphan_grace=timedelta(0))
+    assert r.orphans_deleted == [older]
+    assert {chunks[1].data_key, chunks[1].index_key} <= bucket_keys(deps)

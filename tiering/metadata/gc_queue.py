@@ -97,12 +97,17 @@ def kept_in_one_snapshot(engine: Engine, keys: Iterable[str]) -> set[str]:
     keys = sorted(set(keys))
     if not keys:
         return set()
+    with engine.connect().execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True) as conn:
+        with conn.begin():
+            return kept(conn, keys)
+
+
+def kept(conn: Connection, keys: list[str]) -> set[str]:
+    """The keys some chunk references or the queue holds, in one statement (`kept_in_one_snapshot`)."""
     query = union(select(chunk.c.data_key.label("key")).where(chunk.c.data_key.in_(keys)),
                   select(chunk.c.index_key).where(chunk.c.index_key.in_(keys)),
                   select(gc_task.c.key).where(gc_task.c.key.in_(keys)))
-    with engine.connect().execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True) as conn:
-        with conn.begin():
-            return set(conn.execute(query).scalars())
+    return set(conn.execute(query).scalars())
 
 
 def finish(conn: Connection, task_ids: Iterable[int]) -> None:

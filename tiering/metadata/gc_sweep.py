@@ -16,13 +16,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Iterator
+from urllib.parse import unquote_to_bytes
 
-from sqlalchemy import func, literal, select, update
+from sqlalchemy import func, literal, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Engine
 
 from tiering.errors import ConditionalUpdateFailed, TieringError
-from tiering.metadata.tables import chunk, gc_sweep
+from tiering.format.keys import ParsedKey, encode_topic
+from tiering.metadata import gc_queue
+from tiering.metadata.tables import chunk, gc_sweep, ledger, topic
 
 # Two-key advisory locks (class, object) live apart from job_run's one-key locks (metadata/job_runs.py).
 LOCK_CLASS = 0x67637377  # "gcsw"
@@ -79,6 +82,56 @@ def excluding_sweep(engine: Engine, bucket: str, prefix: str) -> Iterator[None]:
             raise TieringError(f"an orphan sweep of {bucket}/{prefix} is running (tiering gc --sweep, DAG "
                                "tiering_gc_sweep): recovery must not run beside it; rerun when it has ended")
         yield
+
+
+@dataclass(frozen=True)
+class SweepView:
+    """What one snapshot says about a page of listed keys (ops/gc.py decides with it). Topics and ledgers
+    are named by the keys' topic segments, and given only for keys neither referenced nor queued."""
+    kept: set[str]  # referenced by a chunk row or held by the queue
+    trim_marks: dict[str, int]  # segment -> its topic's trim marker last written, for topics that exist
+    states: dict[tuple[str, int], str]  # (segment, ledger id) -> state, for ledgers that exist
+    chunks: dict[tuple[str, int], tuple[str, str]]  # (segment, ledger id) -> its chunk's data and index keys
+
+
+def sweep_view(engine: Engine, keys: list[str], parsed: dict[str, ParsedKey]) -> SweepView:
+    """The keys kept, then the rows of the topics and ledgers that the other keys name (`parsed`: the keys
+    that are ledger objects), in ONE REPEATABLE READ snapshot: a commit that moves a key or a ledger is
+    seen whole or not at all. A cut (hashed) segment's topic is found among the names that start with its
+    readable part."""
+    keys = sorted(set(keys))
+    if not keys:
+        return SweepView(set(), {}, {}, {})
+    with engine.connect().execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True) as conn:
+        with conn.begin():
+            kept = gc_queue.kept(conn, keys)
+            wanted = [p for k, p in parsed.items() if k not in kept]
+            names = {p.segment: p.topic for p in wanted if p.topic is not None}
+            for seg in {p.segment for p in wanted if p.topic is None}:
+                start = unquote_to_bytes(seg.rsplit("-", 1)[0]).decode("utf-8", "ignore")  # a cut may split a char
+                for name in conn.execute(select(topic.c.name).where(topic.c.name.startswith(start, autoescape=True)))\
+                        .scalars():
+                    if encode_topic(name) == seg:
+                        names[seg] = name
+            segment_of = {name: seg for seg, name in names.items()}
+            marks, states, chunks = {}, {}, {}
+            if names:
+                marks = {segment_of[r.name]: r.trim_marker_written for r in conn.execute(
+                    select(topic.c.name, topic.c.trim_marker_written).where(topic.c.name.in_(sorted(segment_of))))}
+            pairs = sorted({(names[p.segment], p.ledger_id) for p in wanted if p.segment in names})
+            if pairs:
+                rows = conn.execute(
+                    select(topic.c.name, ledger.c.ledger_id, ledger.c.state, chunk.c.data_key, chunk.c.index_key)
+                    .select_from(ledger.join(topic, topic.c.topic_id == ledger.c.topic_id)
+                                 .outerjoin(chunk, (chunk.c.topic_id == ledger.c.topic_id)
+                                            & (chunk.c.ledger_id == ledger.c.ledger_id)))
+                    .where(tuple_(topic.c.name, ledger.c.ledger_id).in_(pairs)))
+                for r in rows:
+                    at = (segment_of[r.name], r.ledger_id)
+                    states[at] = r.state
+                    if r.data_key is not None:
+                        chunks[at] = (r.data_key, r.index_key)
+    return SweepView(kept, marks, states, chunks)
 
 
 def references_any(engine: Engine) -> bool:

@@ -42,6 +42,15 @@ references in S, or will reference later (only through the queue, W2), is kept. 
 statements ("referenced?" then "queued?") break exactly this: a commit landing between them moves K from
 the queue to a chunk row behind the sweep's back, and K looks like neither.
 
+Metadata that is not the store's whole history breaks (W1)-(W3): restored from an older export, or rebuilt
+by a recovery of one topic or one killed midway, it lacks rows whose objects are in the bucket, and those are
+in no queue. So a ledger object neither referenced nor queued is deleted only when the same snapshot also
+knows its ledger gone (`proven_orphans`): DELETED; OFFLOADED with both objects of its chunk row in the bucket
+(this one is an older copy); without a row but below its topic's trim marker; or of a topic without a row,
+below the marker the bucket holds for that topic's key segment (retention's and topic deletion's). Anything
+else, a ledger SEALED or OPEN whose bucket copy a recovery may need included, is kept: at worst an orphan
+lives until its ledger is offloaded or trimmed.
+
 The order matters as well: judged on a snapshot taken before the listing, a key queued and written after
 the snapshot would look like an orphan. The grace period (default twice the offload timeout) is a margin
 for objects outside (W1): written by hand or by other tools. Recovery from the bucket (`recover-from-bucket`)
@@ -63,9 +72,11 @@ from datetime import datetime, timedelta, timezone
 from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
 from tiering.format.keys import is_trim_marker, parse_key
 from tiering.metadata import gc_queue, gc_sweep
+from tiering.model import LedgerState
 from tiering.ops.context import Deps
 from tiering.ops.export_metadata import default_export_prefix
-from tiering.tier2.objects import abort_upload, check_bucket, delete_keys, list_page, list_uploads
+from tiering.tier2.markers import read_segment_marker
+from tiering.tier2.objects import abort_upload, check_bucket, delete_keys, list_page, list_uploads, object_head
 
 PAGE_KEYS = 1000  # S3's largest LIST page
 SWEEP_MAX_PAGES = 10_000  # default page budget of one sweep run: 10M keys (docs/performance.md: how long an orphan lives)
@@ -150,11 +161,9 @@ def preview_sweep(deps: Deps, orphan_grace: timedelta | None = None, max_pages: 
         report.pages += 1
         report.objects_listed += len(page.objects)
         old = [o["Key"] for o in page.objects if not is_trim_marker(b.prefix, o["Key"]) and o["LastModified"] <= cutoff]
-        keep = gc_queue.kept_in_one_snapshot(engine, old)
-        orphans = [k for k in old if k not in keep]
-        if orphans and any(parse_key(b.prefix, k) is not None for k in orphans) and \
-                not gc_sweep.references_any(engine):
+        if any(parse_key(b.prefix, k) is not None for k in old) and not gc_sweep.references_any(engine):
             _refuse_if_metadata_empty(engine, b)
+        orphans = proven_orphans(deps, old)
         report.orphans_deleted += orphans
         cursor = "" if not page.truncated else (page.last_key or "")
         report.cursor, report.pass_complete = cursor, not page.truncated
@@ -215,11 +224,10 @@ def sweep_orphans(deps: Deps, orphan_grace: timedelta | None = None, max_pages: 
             report.objects_listed += len(page.objects)
             old = [o["Key"] for o in page.objects
                    if not is_trim_marker(b.prefix, o["Key"]) and o["LastModified"] <= cutoff]
-            keep = gc_queue.kept_in_one_snapshot(engine, old)  # ... then one snapshot taken after it
-            orphans = [k for k in old if k not in keep]
-            if not refs_checked and any(parse_key(b.prefix, k) is not None for k in orphans):
+            if not refs_checked and any(parse_key(b.prefix, k) is not None for k in old):
                 _refuse_if_metadata_empty(engine, b)
                 refs_checked = True
+            orphans = proven_orphans(deps, old)  # ... then decided on one snapshot taken after it
             failed = set(delete_keys(b, orphans))
             report.orphans_deleted += [k for k in orphans if k not in failed]
             if failed:  # the cursor stays before this page: the next run lists and decides it again
@@ -236,10 +244,50 @@ def sweep_orphans(deps: Deps, orphan_grace: timedelta | None = None, max_pages: 
     return report
 
 
+def proven_orphans(deps: Deps, keys: list[str]) -> list[str]:
+    """The listed keys that one snapshot taken after the listing proves unreferenced (module docstring):
+    neither referenced nor queued, and, for a ledger object, known to metadata as gone. Metadata that does
+    not say so (a topic or ledger it lacks: restored from an older export, a recovery partly done or killed;
+    a ledger SEALED, OPEN or OFFLOADING, whose copy in the bucket may be the one a recovery brings back) is
+    no proof, and the object is kept. Gone: the ledger is DELETED; or OFFLOADED and both objects its chunk
+    row names are in the bucket (then this one is an older copy); or it has no row and lies below its
+    topic's trim marker; or its topic has no row and the bucket's marker for the topic's segment (written by
+    retention and by topic deletion) lies above it."""
+    b = deps.bucket
+    parsed = {k: p for k in keys if (p := parse_key(b.prefix, k)) is not None}
+    view = gc_sweep.sweep_view(deps.meta.engine, keys, parsed)
+    markers: dict[str, int] = {}
+    out = []
+    for k in keys:
+        if k in view.kept:
+            continue
+        p = parsed.get(k)
+        if p is None:  # not a ledger object: nothing in metadata could reference it
+            out.append(k)
+            continue
+        at = (p.segment, p.ledger_id)
+        state = view.states.get(at)
+        if p.segment not in view.trim_marks:
+            if p.segment not in markers:
+                markers[p.segment] = read_segment_marker(b, p.segment)
+            gone = p.ledger_id < markers[p.segment]
+        elif state is None:
+            gone = p.ledger_id < view.trim_marks[p.segment]
+        elif state == LedgerState.DELETED.value:
+            gone = True
+        elif state == LedgerState.OFFLOADED.value and at in view.chunks:
+            gone = all(object_head(b, key) is not None for key in view.chunks[at])
+        else:
+            gone = False
+        if gone:
+            out.append(k)
+    return out
+
+
 def _refuse_if_metadata_empty(engine, b) -> None:
-    """Ledger objects that no chunk row references, in a database whose chunk table is empty, are what a
-    lost database looks like (restored empty, before `recover-from-bucket`): every object would be an orphan.
-    The sweep refuses rather than delete the only copy of the store."""
+    """Ledger objects in a bucket whose database has no chunk row are what a lost database looks like
+    (restored empty, before `recover-from-bucket`). The sweep would keep them (metadata does not know them
+    gone), but a run that says nothing there hides the loss: it refuses, naming the remedy."""
     if not gc_sweep.references_any(engine):
         raise TieringError(f"refused: no chunk row references any object, yet {b.name}/{b.prefix} holds "
                            "ledger objects; if the metadata was lost, run `tiering recover-from-bucket` first "

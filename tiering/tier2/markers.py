@@ -11,14 +11,23 @@ import json
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from tiering.format.keys import trim_marker_key
+from tiering.format.keys import TRIM_MARKER, trim_marker_key
 from tiering.tier2.errors import NotFound, tier2_error
 from tiering.tier2.objects import Bucket
 
 
 def read_trim_marker(b: Bucket, topic: str) -> int:
     """The first ledger not trimmed on purpose, -1 when the topic has no marker."""
-    key = trim_marker_key(b.prefix, topic)
+    return _read(b, trim_marker_key(b.prefix, topic))
+
+
+def read_segment_marker(b: Bucket, segment: str) -> int:
+    """The same, for a topic known only by its key segment (format/keys.py: a topic metadata no longer has,
+    e.g. one deleted, whose topic deletion wrote a marker past its last ledger)."""
+    return _read(b, f"{b.prefix}{segment}/{TRIM_MARKER}")
+
+
+def _read(b: Bucket, key: str) -> int:
     try:
         return int(json.loads(b.s3.get_object(Bucket=b.name, Key=key)["Body"].read())["trimmed_before_ledger"])
     except (ClientError, BotoCoreError) as exc:
