@@ -109,3 +109,39 @@ def test_recover_flags_refuse_bad_input_before_any_work(cli, db):
     assert "contradict" in cli("recover-from-bucket", "--check-pages", "--skip-page-check").one_line_error(2)
     with db.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM tiering.topic")).scalar() == 0
+
+
+def test_a_recovered_copy_is_checked_before_the_tier1_copy_it_would_replace_is_deleted(deps, new_database):
+    """A flipped byte in a data object, then the database lost: recovery (pages not checked) records the
+    copies with no ETags, so delete-lagged checks each copy whole before deleting the tier-1 file beside it:
+    the corrupt one's tier-1 copy is kept (the only good one), the sound one's is deleted."""
+    from dataclasses import replace
+
+    from sqlalchemy import text
+
+    from tests.integration.helpers import entries, produce
+    from tiering.metadata.repository import MetadataStore
+    from tiering.model import LedgerState as S, TopicPolicy
+    from tiering.ops.delete_lagged import delete_lagged
+    from tiering.ops.offload import offload_many
+    from tiering.ops.recover import recover_from_bucket
+
+    produce(deps, "c", [entries(f"c{i}", 3, 100) for i in range(2)],
+            TopicPolicy(deletion_lag_seconds=0, rollover_entries=10**9, rollover_bytes=2**40))
+    offload_many(deps, deps.meta.list_ledgers("c", [S.SEALED]))
+    bad = deps.meta.get_chunk(deps.meta.get_ledger("c", 0))
+    s3, name = deps.bucket.s3, deps.bucket.name
+    body = bytearray(s3.get_object(Bucket=name, Key=bad.data_key)["Body"].read())
+    body[bad.data_offset + 200] ^= 0x01
+    s3.put_object(Bucket=name, Key=bad.data_key, Body=bytes(body))
+    target = new_database()
+    assert recover_from_bucket(target, deps.bucket, tier1=deps.tier1).ok
+    meta = MetadataStore(target)
+    assert all(meta.get_chunk(led).data_etag is None for led in meta.list_ledgers("c"))
+    with target.begin() as conn:  # the recovered topic takes the default policy: no lag here
+        conn.execute(text("UPDATE tiering.topic SET deletion_lag_seconds = 0"))
+    report = delete_lagged(replace(deps, meta=meta), "c")
+    assert report.deleted == [("c", 1)] and [(t, i) for t, i, _ in report.failed] == [("c", 0)]
+    assert "fails its check" in report.failed[0][2]
+    assert deps.tier1.exists("c", 0) and meta.get_ledger("c", 0).tier1_present
+    assert meta.get_chunk(meta.get_ledger("c", 1)).data_etag is not None  # checked once, recorded

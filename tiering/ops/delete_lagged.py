@@ -104,7 +104,9 @@ def delete_deleted_copies(deps: Deps, topic: str) -> tuple[int, list[tuple[int, 
 
 def check_tier2_copy(deps: Deps, led: Ledger) -> None:
     """Raise `Tier2CopyMissing` unless both objects of the ledger's chunk exist, are long enough and are the
-    objects written, or hold this ledger's bytes intact (then their ETags are recorded)."""
+    objects written, or hold this ledger's bytes intact (then their ETags are recorded). A chunk whose ETags
+    were never recorded (rows from before they were kept, or rebuilt by a recovery that did not check the
+    pages) is checked whole once: an ETag read off the bucket proves nothing about the bytes."""
     chunk = deps.meta.get_chunk(led)
     what = f"ledger {led.topic!r}/{led.ledger_id}"
     if chunk is None:
@@ -121,14 +123,16 @@ def check_tier2_copy(deps: Deps, led: Ledger) -> None:
                 for kind, key, then, now in (("data", chunk.data_key, chunk.data_etag, etags[0]),
                                              ("index", chunk.index_key, chunk.index_etag, etags[1]))
                 if then is not None and now != then]
-    if not replaced:
+    unknown = chunk.data_etag is None or chunk.index_etag is None
+    if not replaced and not unknown:
         return
     problem = check_copy(deps, led, chunk, lengths=length)
     again = [object_head(deps.bucket, key) for key in (chunk.data_key, chunk.index_key)]
     if problem is None and tuple(head and head[1] for head in again) != etags:
         problem = "it was replaced again while it was checked"
     if problem is not None:
-        raise Tier2CopyMissing(f"{what}: {'; '.join(replaced)} and fails its check: {problem}; tier-1 copy kept: "
+        why = "; ".join(replaced) if replaced else "the objects written were never recorded (no ETags)"
+        raise Tier2CopyMissing(f"{what}: {why} and it fails its check: {problem}; tier-1 copy kept: "
                                "run tiering repair")
     deps.meta.repairs.adopt_etags(led, chunk, *etags)
 

@@ -372,8 +372,10 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
             g.copies.append(_Copy(
                 m.ledger_id, m.entry_count, m.length, datetime.fromtimestamp(m.sealed_time_ms / 1000, timezone.utc),
                 m.offload_uuid,
+                # the ETags say which objects were written only once their bytes were checked: a
+                # listing's ETag of a corrupt object would otherwise pass every later HEAD check
                 Chunk(data.key, doff, ix.data_object_len, index.key, ioff, ilen, 0, m.entry_count - 1,
-                      data_etag=data.etag, index_etag=index.etag),
+                      data_etag=data.etag if check_pages else None, index_etag=index.etag if check_pages else None),
                 min(data.last_modified, index.last_modified), max(data.last_modified, index.last_modified),
                 m.topic))
     except CorruptObjectError as exc:
