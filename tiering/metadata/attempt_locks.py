@@ -1,4 +1,4 @@
-"""Which offload attempts still have a live worker.
+"""Which offload and defrag attempts still have a live worker.
 
 An attempt's worker holds a PostgreSQL session advisory lock keyed on the attempt's uuid, on a connection of
 its own, from before the ledgers move to OFFLOADING(attempt) until the attempt committed or was undone. A
@@ -10,6 +10,12 @@ The offload timeout still applies on its own: a worker that is alive but frozen,
 without closing its TCP connections (PostgreSQL holds the lock until its keepalive gives up), is taken over
 when its attempt is older than the timeout, as before. Takeover is safe either way: every transition is a
 compare-and-set on the attempt, so a worker that was wrongly presumed dead loses its commit and cleans up.
+
+Defrag attempts hold a lock of their own class the same way, from before their merged keys are queued until
+their commit or discard: GC leaves the queued keys of a defrag attempt alone while its worker holds that lock
+(metadata/gc_queue.py), so a merge that outlives its queue delay (the offload timeout) keeps its objects; a
+dead defrag's keys are collected once due. The lock is taken before the keys are queued and its uuid is
+fresh, so an attempt found without a holder never gets one again.
 
 Locks are two-key (class, hashtext(uuid)), apart from job_run's one-key locks and the GC sweep's classes
 (metadata/gc_sweep.py). Two live attempts whose uuids hash alike cannot both hold the lock: the second
@@ -26,6 +32,8 @@ from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.engine import Connection, Engine
 
 OFFLOAD_CLASS = 0x6f66666c  # "offl"
+DEFRAG_CLASS = 0x64667267  # "dfrg"
+DEFRAG_REASON = "defrag attempt"  # the reason of a defrag attempt's queued keys: those GC checks the lock of
 _DRAWS = 8
 
 
@@ -35,18 +43,18 @@ def _key(attempt_uuid_expr):
 
 
 @contextmanager
-def new_attempt(engine: Engine) -> Iterator[str]:
-    """A fresh attempt uuid whose lock this process holds until the block ends (the connection's check-in
-    releases it: metadata/db.py), or until the process dies."""
+def new_attempt(engine: Engine, lock_class: int = OFFLOAD_CLASS) -> Iterator[str]:
+    """A fresh attempt uuid whose lock (of `lock_class`) this process holds until the block ends (the
+    connection's check-in releases it: metadata/db.py), or until the process dies."""
     conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
     try:
         for _ in range(_DRAWS):
             attempt = str(uuid.uuid4())
-            if conn.execute(select(func.pg_try_advisory_lock(literal(OFFLOAD_CLASS),
+            if conn.execute(select(func.pg_try_advisory_lock(literal(lock_class),
                                                              _key(literal(attempt))))).scalar_one():
                 break
         else:  # only if _DRAWS fresh uuids all hash like live attempts: something else holds the class
-            raise RuntimeError("no free offload attempt lock after several draws")
+            raise RuntimeError("no free attempt lock after several draws")
         yield attempt
     finally:
         conn.close()
@@ -59,6 +67,6 @@ def holder_gone(conn: Connection, attempt: str) -> bool:
                                                                    _key(literal(attempt))))).scalar_one())
 
 
-def holder_gone_sql(attempt_column):
+def holder_gone_sql(attempt_column, lock_class: int = OFFLOAD_CLASS):
     """holder_gone as an SQL condition on a row's attempt column (evaluate it inside a transaction)."""
-    return func.pg_try_advisory_xact_lock(literal(OFFLOAD_CLASS), _key(attempt_column))
+    return func.pg_try_advisory_xact_lock(literal(lock_class), _key(attempt_column))

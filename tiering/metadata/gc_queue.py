@@ -3,6 +3,9 @@
 GC holds the claimed rows locked (FOR UPDATE SKIP LOCKED) while it deletes their objects and commits the
 outcome in the same transaction. An offload commit that dequeues one of those keys blocks on the lock and
 then finds the row gone, so it fails whole: an object GC deletes is never one a committed chunk references.
+
+A defrag attempt's keys are not due while its worker lives (it holds the attempt's lock: metadata/
+attempt_locks.py): a merge may outlast the queue delay, and collecting its objects then would only fail it.
 """
 from __future__ import annotations
 
@@ -11,10 +14,18 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Iterable, Iterator
 
-from sqlalchemy import delete, func, or_, select, union, update
+from sqlalchemy import and_, case, delete, func, or_, select, true, union, update
 from sqlalchemy.engine import Connection, Engine
 
+from tiering.metadata.attempt_locks import DEFRAG_CLASS, DEFRAG_REASON, holder_gone_sql
 from tiering.metadata.tables import chunk, gc_task
+
+
+def _collectable():
+    """Due rows may go unless they are a live defrag attempt's (CASE: only those rows take a lock check,
+    held to the end of the caller's transaction)."""
+    live_check = and_(gc_task.c.owner_uuid.isnot(None), gc_task.c.reason == DEFRAG_REASON)
+    return case((live_check, holder_gone_sql(gc_task.c.owner_uuid, DEFRAG_CLASS)), else_=true())
 
 
 @dataclass(frozen=True)
@@ -52,7 +63,7 @@ def claimed(engine: Engine, limit: int) -> Iterator[Claim]:
 def claim_due(conn: Connection, limit: int) -> list[GcTask]:
     rows = conn.execute(
         select(gc_task.c.task_id, gc_task.c.key, gc_task.c.attempts, gc_task.c.reason)
-        .where(gc_task.c.state == "PENDING", gc_task.c.not_before <= func.now())
+        .where(gc_task.c.state == "PENDING", gc_task.c.not_before <= func.now(), _collectable())
         .order_by(gc_task.c.not_before, gc_task.c.task_id).limit(limit)
         .with_for_update(skip_locked=True)).all()
     return [GcTask(*r) for r in rows]
@@ -63,7 +74,7 @@ def due_tasks(engine: Engine, limit: int | None = None) -> tuple[list[GcTask], s
     takes them, and those of their keys a chunk still references. For `gc --dry-run`."""
     with engine.connect() as conn:
         q = (select(gc_task.c.task_id, gc_task.c.key, gc_task.c.attempts, gc_task.c.reason)
-             .where(gc_task.c.state == "PENDING", gc_task.c.not_before <= func.now())
+             .where(gc_task.c.state == "PENDING", gc_task.c.not_before <= func.now(), _collectable())
              .order_by(gc_task.c.not_before, gc_task.c.task_id))
         tasks = [GcTask(*r) for r in conn.execute(q.limit(limit) if limit else q).all()]
         return tasks, referenced(conn, (t.key for t in tasks))

@@ -13,7 +13,7 @@ from sqlalchemy import and_, delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from tiering.errors import ConditionalUpdateFailed, LedgerNotFound, TopicExists, TopicNotFound
+from tiering.errors import ConditionalUpdateFailed, LedgerNotFound, TieringError, TopicExists, TopicNotFound
 from tiering.metadata import attempt_locks
 from tiering.metadata.planning import Planning
 from tiering.metadata.repair import Repairs
@@ -44,6 +44,11 @@ def _ledger_row(row, name: str | None = None) -> Ledger:
 def _chunk_row(row) -> Chunk:
     return Chunk(row.data_key, row.data_offset, row.data_length, row.index_key, row.index_offset,
                  row.index_length, row.first_entry_id, row.last_entry_id, row.version, row.data_etag, row.index_etag)
+
+
+class AttemptKeysCollected(TieringError):
+    """An attempt's own queued keys left the queue before its commit (GC collected its objects): no other
+    worker took its work, so it is a failure of the attempt, not a lost race (not a ConditionalUpdateFailed)."""
 
 
 _LEDGER_SELECT = select(ledger, topic.c.name).join(topic, topic.c.topic_id == ledger.c.topic_id)
@@ -187,10 +192,11 @@ class MetadataStore:
         with self.engine.begin() as c:  # the locks the check takes end with this transaction
             return [_ledger_row(r) for r in c.execute(query.order_by(ledger.c.offload_started_at))]
 
-    def new_attempt(self):
+    def new_attempt(self, lock_class: int = attempt_locks.OFFLOAD_CLASS):
         """`with meta.new_attempt() as attempt:` a fresh offload attempt uuid whose lock this process holds
-        for the block (metadata/attempt_locks.py): while it runs, no other worker takes its ledgers over."""
-        return attempt_locks.new_attempt(self.engine)
+        for the block (metadata/attempt_locks.py): while it runs, no other worker takes its ledgers over
+        (a defrag's, `attempt_locks.DEFRAG_CLASS`: while it runs, GC leaves its queued keys alone)."""
+        return attempt_locks.new_attempt(self.engine, lock_class)
 
     # ---------------------------------------------------------------- ledgers: transitions
     def open_ledger(self, topic_name: str, ledger_id: int | None = None) -> Ledger:
@@ -338,7 +344,9 @@ class MetadataStore:
     def replace_chunks(self, moves: Sequence[tuple[Ledger, Chunk, Chunk]], attempt: str,
                        old_keys_delay: timedelta) -> None:
         """Defrag: switch each ledger's chunk from old to new if it is still `old` (version compare),
-        dequeue the merged objects' keys (queued under `attempt`) and queue the old keys, atomically."""
+        dequeue the merged objects' keys (queued under `attempt`) and queue the old keys, atomically.
+        A moved chunk row raises ConditionalUpdateFailed (a lost race); merged keys no longer queued raise
+        AttemptKeysCollected (GC deleted the merged objects: committing would reference deleted objects)."""
         with self.engine.begin() as conn:
             self._lock_rows(conn, [led for led, _, _ in moves], ledgers=False, chunks=True)
             old_keys = set()
@@ -357,9 +365,9 @@ class MetadataStore:
             new_keys = {k for _, _, n in moves for k in (n.data_key, n.index_key)}
             gone = conn.execute(delete(gc_task).where(gc_task.c.owner_uuid == attempt,
                                                       gc_task.c.key.in_(sorted(new_keys)))).rowcount
-            if gone != len(new_keys):
-                raise ConditionalUpdateFailed(f"gc queue of defrag {attempt}", f"{len(new_keys)} queued keys",
-                                              f"{gone}")
+            if gone != len(new_keys):  # the rows' versions held: nobody else took the ledgers
+                raise AttemptKeysCollected(f"gc queue of defrag {attempt}: expected {len(new_keys)} queued keys, "
+                                           f"found {gone} (collected meanwhile)")
             self._enqueue(conn, sorted(old_keys), reason="defrag: merged away", owner=None, delay=old_keys_delay)
 
     def enqueue_gc(self, keys: Iterable[str], reason: str, owner: str | None = None,

@@ -10,11 +10,16 @@ where in the merged objects its bytes and its index lie; readers need nothing el
 switches every chunk row conditionally (version and key compare) and dequeues them; the old objects go to
 GC with a delay so readers holding old metadata finish. Losing a race with retention or another defrag
 aborts the merge whole: nothing is lost, the merged objects are deleted.
+
+The merged keys are queued under the attempt, whose advisory lock (metadata/attempt_locks.py) the process
+holds until it committed or discarded them: GC leaves them alone meanwhile however long the merge takes,
+and collects a dead defrag's once due (the offload timeout). Should they be collected anyway (the lock's
+connection lost), the commit finds them gone and the group fails (AttemptKeysCollected): that is no lost
+race, as nobody else did the work, and committing would make chunks reference deleted objects.
 """
 from __future__ import annotations
 
 import logging
-import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -23,6 +28,8 @@ from tiering.errors import BadInput, ConditionalUpdateFailed, CorruptObjectError
 from tiering.format.index import OffloadIndex, check_ledger_pages, decode_index
 from tiering.format.keys import data_key, index_key
 from tiering.format.metadata import user_metadata
+from tiering.metadata.attempt_locks import DEFRAG_CLASS, DEFRAG_REASON
+from tiering.metadata.repository import AttemptKeysCollected
 from tiering.model import MIB, Chunk
 from tiering.ops.context import Deps
 from tiering.tier2.multipart import MIN_PART_SIZE, MultipartUpload, StepHook
@@ -66,12 +73,20 @@ def plan_defrag(deps: Deps, topic: str | None = None, small_bytes: int = 8 * MIB
 
 
 def merge_group(deps: Deps, group: policy.DefragGroup, report: DefragReport, hook: StepHook = None) -> bool:
+    """Merge one group; False when it lost a race (another worker changed its ledgers' chunks meanwhile).
+    The attempt's lock is held until its objects are committed or discarded: GC keeps them meanwhile."""
+    with deps.meta.new_attempt(DEFRAG_CLASS) as attempt:
+        return _merge_group(deps, group, report, hook, attempt)
+
+
+def _merge_group(deps: Deps, group: policy.DefragGroup, report: DefragReport, hook: StepHook, attempt: str) -> bool:
     step = hook or (lambda _n: None)
     b, first = deps.bucket, group.ledgers[0]
-    attempt = str(uuid.uuid4())
     new_data = data_key(b.prefix, first.topic, attempt, first.ledger_id)
     new_index = index_key(b.prefix, first.topic, attempt, first.ledger_id)
-    deps.meta.enqueue_gc([new_data, new_index], "defrag attempt", owner=attempt, delay=deps.knobs.offload_timeout)
+    # Due after the offload timeout, but not collected while this process holds the attempt's lock: only a
+    # dead defrag's objects go (metadata/gc_queue.py).
+    deps.meta.enqueue_gc([new_data, new_index], DEFRAG_REASON, owner=attempt, delay=deps.knobs.offload_timeout)
     try:
         # Indexes first: their page indexes check every byte downloaded for the merged data object.
         indexes = _fetch_indexes(deps, group, report)
@@ -86,6 +101,13 @@ def merge_group(deps: Deps, group: policy.DefragGroup, report: DefragReport, hoo
         report.lost_races += 1
         _discard(deps, attempt, new_data, new_index)
         return False
+    except AttemptKeysCollected:
+        # Not a lost race: the ledgers are as planned and nobody merged them; the work is not done.
+        _discard(deps, attempt, new_data, new_index)
+        timeout = int(deps.knobs.offload_timeout.total_seconds())
+        raise TieringError(f"merged objects collected before the commit: the merge took longer than "
+                           f"TIERING_OFFLOAD_TIMEOUT_SECONDS ({timeout}s) and lost its attempt lock, so GC "
+                           "deleted them; nothing changed, rerun defrag") from None
     except BaseException:
         _discard(deps, attempt, new_data, new_index)
         raise

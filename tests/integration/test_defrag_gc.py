@@ -1,0 +1,140 @@
+"""Defrag beside GC: a merge that outlasts the offload timeout keeps its merged objects while its process
+lives; if they are collected anyway, the group fails (it is no lost race) and nothing leaks or dangles."""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import text
+
+from tests.integration.helpers import MIB, bucket_keys, entries, make_deps, produce
+from tests.integration.test_cli import make_cli, run_main
+from tiering.errors import TieringError
+from tiering.jobs import defrag as defrag_job
+from tiering.model import LedgerState as S, TopicPolicy
+from tiering.ops import defrag as defrag_ops
+from tiering.ops.defrag import defrag, merge_groups, plan_defrag
+from tiering.ops.gc import run_gc
+from tiering.ops.offload import offload_many
+from tiering.read import Entry, ReadHandle
+from tiering.tier2.reader import tier2_opener
+
+BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
+TIMEOUT = timedelta(seconds=1)
+
+
+@pytest.fixture
+def slow_deps(db, s3_client, bucket, tier1_root):
+    """One object pair per ledger; a defrag's merged keys are due one second after they are queued."""
+    return make_deps(db, s3_client, bucket, tier1_root, offload_timeout=TIMEOUT, gc_delay=timedelta(0))
+
+
+def small_topic(deps, topic="t") -> dict:
+    expected = produce(deps, topic, [entries(f"{topic}{i}", 5, 500) for i in range(3)], open_tail=[b"o"],
+                       policy=TopicPolicy(**BIG))
+    offload_many(deps, deps.meta.list_ledgers(topic, [S.SEALED]))
+    return expected
+
+
+def read(deps, topic) -> dict:
+    items = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket)).read(topic, None, None)
+    return {(e.ledger_id, e.entry_id): e.data for e in items if isinstance(e, Entry)}
+
+
+def referenced(db) -> set[str]:
+    with db.connect() as conn:
+        return {k for r in conn.execute(text("SELECT data_key, index_key FROM tiering.chunk")) for k in r}
+
+
+def defrag_queue(db) -> set[str]:
+    with db.connect() as conn:
+        return set(conn.execute(text("SELECT key FROM tiering.gc_task WHERE reason = 'defrag attempt'")).scalars())
+
+
+def test_a_defrag_slower_than_the_offload_timeout_keeps_its_merged_objects_from_gc(slow_deps, db):
+    deps = slow_deps
+    expected = small_topic(deps)
+    collected = []
+
+    def gc_meanwhile(name):
+        if name == "merged":  # the merged objects are written and queued; their queue delay runs out
+            merged = defrag_queue(db)
+            time.sleep(TIMEOUT.total_seconds() + 0.5)
+            collected.extend(set(run_gc(deps).deleted) & merged)
+
+    report = defrag(deps, "t", small_bytes=MIB, max_merged_bytes=64 * MIB, hook=gc_meanwhile)
+    assert collected == [], "GC deleted the merged objects of a live defrag"
+    assert (report.groups, report.ledgers, report.lost_races, report.errors) == (1, 3, 0, [])
+    assert len({c.data_key for c in deps.meta.chunks("t").values()}) == 1
+    assert read(deps, "t") == expected
+    run_gc(deps)  # the merged-away objects (gc_delay 0)
+    assert bucket_keys(deps) == referenced(db) and len(referenced(db)) == 2
+    assert read(deps, "t") == expected
+
+
+def test_gc_collects_a_defrag_attempts_keys_once_its_holder_is_gone(deps, db):
+    from tiering.metadata.attempt_locks import DEFRAG_CLASS, DEFRAG_REASON
+
+    s3, name = deps.bucket.s3, deps.bucket.name
+    with deps.meta.new_attempt(DEFRAG_CLASS) as attempt:
+        keys = [f"t/x/{attempt}/merged", f"t/x/{attempt}/index"]
+        deps.meta.enqueue_gc(keys, DEFRAG_REASON, owner=attempt)  # due at once
+        for k in keys:
+            s3.put_object(Bucket=name, Key=k, Body=b"m")
+        assert run_gc(deps).deleted == [] and set(keys) <= bucket_keys(deps)
+    # the holder is gone (the block ended, as a dead process's connection does): the keys are collectable
+    assert sorted(run_gc(deps).deleted) == sorted(keys) and not set(keys) & bucket_keys(deps)
+
+
+@pytest.fixture
+def collected_before_commit(deps, db, monkeypatch):
+    """GC collects a defrag's merged objects after they are written, as when its attempt lock is lost."""
+    put_index = defrag_ops._put_index
+
+    def then_collected(*args, **kwargs):
+        out = put_index(*args, **kwargs)
+        keys = defrag_queue(db)
+        assert len(keys) == 2
+        for k in keys:
+            deps.bucket.s3.delete_object(Bucket=deps.bucket.name, Key=k)
+        with db.begin() as conn:
+            conn.execute(text("DELETE FROM tiering.gc_task WHERE reason = 'defrag attempt'"))
+        return out
+
+    monkeypatch.setattr(defrag_ops, "_put_index", then_collected)
+
+
+def _nothing_changed_nothing_leaked(deps, db, expected, topic):
+    chunks = deps.meta.chunks(topic)
+    assert len({c.data_key for c in chunks.values()}) == 3  # no chunk switched
+    assert referenced(db) <= bucket_keys(deps)  # no chunk references a deleted object
+    assert read(deps, topic) == expected
+    run_gc(deps)
+    assert bucket_keys(deps) == referenced(db) and defrag_queue(db) == set()  # the merged objects went
+
+
+def test_merged_objects_collected_before_the_commit_fail_the_group_not_a_lost_race(
+        deps, db, collected_before_commit):
+    expected = small_topic(deps)
+    report = merge_groups(deps, plan_defrag(deps, "t", small_bytes=MIB, max_merged_bytes=64 * MIB))
+    assert (report.groups, report.lost_races, len(report.errors), len(report.failures)) == (0, 0, 1, 1)
+    message = report.errors[0]
+    assert "TIERING_OFFLOAD_TIMEOUT_SECONDS" in message and "collected" in message and "rerun" in message
+    _nothing_changed_nothing_leaked(deps, db, expected, "t")
+    # the Spark job's item fails too (a lost race would be a skipped item)
+    [group] = plan_defrag(deps, "t", small_bytes=MIB, max_merged_bytes=64 * MIB)
+    with pytest.raises(TieringError, match="TIERING_OFFLOAD_TIMEOUT_SECONDS"):
+        defrag_job.work(deps, {"group": group})
+    _nothing_changed_nothing_leaked(deps, db, expected, "t")
+
+
+def test_the_cli_exits_1_when_the_merged_objects_were_collected(
+        deps, db, collected_before_commit, settings, bucket, tier1_root, tmp_path, monkeypatch, capsys):
+    expected = small_topic(deps)
+    for key, value in make_cli(settings, bucket, tier1_root, tmp_path).env.items():
+        monkeypatch.setenv(key, value)
+    res = run_main(("defrag", "--topic", "t", "--small-bytes", "1MiB"), capsys)
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert "0 lost race(s), 1 failed" in res.stdout and "TIERING_OFFLOAD_TIMEOUT_SECONDS" in res.stderr
+    _nothing_changed_nothing_leaked(deps, db, expected, "t")
