@@ -4,11 +4,14 @@ replaced with its manifest deleted first; a part of another export passes no che
 neither a manifest nor parts; an executor that does not see a local destination writes nothing."""
 from __future__ import annotations
 
+import threading
+
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
 from tests.integration.helpers import entries, produce
+from tests.integration.test_cli import cli  # noqa: F401 - the fixture
 from tiering.errors import BadInput, TieringError
 from tiering.model import TopicPolicy
 from tiering.ops import export_location as loc
@@ -96,6 +99,110 @@ def test_an_executor_without_the_drivers_marker_writes_nothing(tmp_path):
         loc.check_shared(fs, base, "e9", "node-2")
     loc.claim(fs, base, "e9", overwrite=False)
     loc.check_shared(fs, base, "e9", "node-1")  # the driver's own disk: fine
+
+
+def _put(fs, path: str, data: bytes) -> None:
+    if loc.is_local(fs):
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+def test_files_that_are_not_an_exports_are_refused_and_kept(world, db, where):
+    fs, base = where
+    _put(fs, f"{base}/topic/notes.txt", b"mine")
+    _put(fs, f"{base}/ledger/part-00000.parquet", b"not parquet")  # our name, not our file
+    _put(fs, f"{base}/notes.txt", b"beside, not in a table directory")
+    before = _files(fs, base)
+    with pytest.raises(BadInput, match="is not an export location: .*topic/notes.txt and 1 more"):
+        ex.export_metadata(db, fs, base)
+    assert _files(fs, base) == before  # nothing removed, nothing written
+    fs.delete_file(f"{base}/topic/notes.txt")
+    fs.delete_file(f"{base}/ledger/part-00000.parquet")
+    done = ex.export_metadata(db, fs, base)
+    _put(fs, f"{base}/chunk/notes.txt", b"mine")  # into a complete export: refused even with overwrite
+    with pytest.raises(BadInput, match="chunk/notes.txt is not a part"):
+        ex.export_metadata(db, fs, base, overwrite=True)
+    assert ex.read_manifest(fs, base).export_id == done.export_id and "chunk/notes.txt" in _files(fs, base)
+
+
+def test_the_bucket_root_with_folders_named_like_tables_is_refused(world, db, settings, s3_client):
+    s3_client.put_object(Bucket=settings.bucket, Key="topic/notes.txt", Body=b"mine")
+    try:
+        fs, base = ex.filesystem_for(f"s3://{settings.bucket}/", settings)
+        with pytest.raises(BadInput, match="is not an export location"):
+            ex.export_metadata(db, fs, base)
+        assert s3_client.get_object(Bucket=settings.bucket, Key="topic/notes.txt")["Body"].read() == b"mine"
+        assert "Contents" not in s3_client.list_objects_v2(Bucket=settings.bucket, Prefix="manifest.json")
+    finally:
+        s3_client.delete_object(Bucket=settings.bucket, Key="topic/notes.txt")
+
+
+def test_the_command_refuses_a_directory_with_its_own_files(cli, tmp_path):
+    home = tmp_path / "home"
+    (home / "topic").mkdir(parents=True)
+    (home / "topic" / "notes.txt").write_text("hi")
+    assert "is not an export location" in cli("export-metadata", str(home)).one_line_error(2)
+    assert (home / "topic" / "notes.txt").read_text() == "hi" and sorted(p.name for p in home.iterdir()) == ["topic"]
+
+
+def test_a_killed_writers_part_without_a_footer_is_removed(world, db, tmp_path):
+    fs, base = ex.filesystem_for(str(tmp_path / "exp"))
+    loc.claim(fs, base, "dead", overwrite=False)
+    _put(fs, f"{base}/ledger/part-dead-00001.parquet", b"PAR1 cut short")  # its marker says whose it is
+    ex.export_metadata(db, fs, base)
+    assert not any("dead" in f for f in _files(fs, base))
+
+
+def test_two_exports_into_one_location_at_once_one_wins(world, db, where, monkeypatch):
+    fs, base = where
+    claimed, checked = threading.Barrier(2, timeout=60), threading.Barrier(2, timeout=60)
+    real_claim, real_check = ex.claim, ex.check_parts
+
+    def claim(*a, **k):
+        real_claim(*a, **k)
+        claimed.wait()  # both have claimed before either writes a part
+
+    def check_parts(*a, **k):
+        real_check(*a, **k)
+        checked.wait()  # both have checked their parts: both go for the manifest at once
+
+    monkeypatch.setattr(ex, "claim", claim)
+    monkeypatch.setattr(ex, "check_parts", check_parts)
+    results: list = [None, None]
+
+    def run(i):
+        try:
+            results[i] = ex.export_metadata(db, fs, base)
+        except Exception as exc:  # noqa: BLE001 - the loser's error is the result
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    won = [r for r in results if isinstance(r, ex.Manifest)]
+    lost = [r for r in results if not isinstance(r, ex.Manifest)]
+    assert len(won) == 1 and isinstance(lost[0], loc.LocationTaken), results
+    assert "another export took" in str(lost[0])
+    assert ex.read_manifest(fs, base).export_id == won[0].export_id
+    real_check(fs, base, won[0])  # complete
+    assert _files(fs, base) == sorted(["manifest.json"] + [p.path for t in won[0].tables.values() for p in t.files])
+
+
+def test_a_part_removed_under_the_manifest_takes_the_manifest_away(world, db, where, monkeypatch):
+    fs, base = where
+    real_check = ex.check_parts
+
+    def check_then_lose_a_part(fs_, base_, manifest):
+        real_check(fs_, base_, manifest)  # passed; then another export's claim removes a part
+        fs.delete_file(f"{base}/{manifest.tables['ledger'].files[0].path}")
+
+    monkeypatch.setattr(ex, "check_parts", check_then_lose_a_part)
+    with pytest.raises(loc.LocationTaken, match="removed part ledger/part-"):
+        ex.export_metadata(db, fs, base)
+    assert _files(fs, base) == []  # neither a manifest over a missing part nor the remaining parts
 
 
 # ------------------------------------------------------------------------------------------- the Spark job

@@ -8,28 +8,44 @@ part file identified as the export's own, nothing left behind by a failed one.
 - `claim` before the first part: a location that holds a complete export (a manifest) is refused unless
   `overwrite`; then the manifest goes FIRST, so a failure midway leaves a recognisably incomplete export,
   never an old manifest over new parts. What earlier, incomplete exports left there (parts without a
-  manifest: a killed driver's) is removed. On a local path it writes the export's marker `_exporting-{id}`.
+  manifest: a killed driver's) is removed: only files that are such parts (named `part-ID-NNNNN.parquet`, or
+  `part-NNNNN.parquet` before exports had ids, with this format's table and the same id in their Parquet
+  metadata; on a local path also a part of an id with a marker there, which a killed writer may have left
+  without its footer). A table directory holding anything else is someone else's: the location is refused
+  before anything is removed or written. On a local path it writes the export's marker `_exporting-{id}`.
 - `check_shared` on each executor before it writes a part to a local path: the marker must be visible
   there. An executor on another machine does not see the driver's disk; it writes nothing and says so,
   instead of leaving parts on its own disk that no one would ever collect.
 - `discard` after a failure: this export's parts and marker go (on S3, and on local paths the driver sees).
   `release` after the manifest: the marker goes.
 
-A location is written by one export at a time; two exports into the same location at once defeat each
-other (the second's `claim` removes the first's parts) and both fail their checks: neither writes a manifest.
+A location is written by one export at a time. Two exports into the same location at once: the manifest is
+created only if there is none (`create_manifest`: a hard link on a local path, a PUT with `If-None-Match: *`
+on S3), so one of them at most writes it; the other fails with `LocationTaken` and removes its parts. A
+`claim` that removes the parts of an export still running makes that one fail its check before the manifest,
+or its check after it (then it deletes the manifest it wrote): no manifest stays over missing parts.
 """
 from __future__ import annotations
 
+import os
+import re
 import uuid
 
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from tiering.errors import BadInput, TieringError
 from tiering.metadata.export_rows import table_names
+from tiering.tier2.arrowfs import create_object_if_absent
 
 MANIFEST = "manifest.json"
 EXPORT_ID_KEY = "tiering.export_id"  # in each part's Parquet (Arrow schema) metadata
 _MARKER = "_exporting-"
+_PART = re.compile(r"part-(?:(?P<id>[A-Za-z0-9][A-Za-z0-9-]*)-)?\d{5,}\.parquet")  # see part_name
+
+
+class LocationTaken(TieringError):
+    """Another export wrote its manifest into the location first (two exports into one location at once)."""
 
 
 class ExportNotShared(TieringError):
@@ -59,21 +75,92 @@ def part_name(table: str, part_no: int, export_id: str) -> str:
 
 def claim(fs: pafs.FileSystem, base: str, export_id: str, overwrite: bool) -> None:
     """Make `base` this export's: refuse a complete export there unless `overwrite` (then its manifest is
-    deleted first), remove leftovers of incomplete exports, and on a local path write the marker."""
+    deleted first), refuse a table directory with files that are not parts of an export (BadInput, nothing
+    touched), remove leftovers of incomplete exports, and on a local path write the marker."""
     manifest = join(base, MANIFEST)
-    if exists(fs, manifest):
-        if not overwrite:
-            raise BadInput(f"{base!r} already holds a complete export; choose a new location or overwrite")
+    complete = exists(fs, manifest)
+    if complete and not overwrite:
+        raise BadInput(f"{base!r} already holds a complete export; choose a new location or overwrite")
+    leftovers = _leftovers(fs, base)  # before any change: a refused location is left as it was
+    if complete:
         fs.delete_file(manifest)  # first: from here on the location is an incomplete export, never a mixed one
-    for table in table_names():  # no manifest here now: whatever parts are left belong to no export
-        if exists(fs, join(base, table)):
-            fs.delete_dir_contents(join(base, table), missing_dir_ok=True)
+    for path in leftovers:
+        if exists(fs, manifest):  # an export running here has just completed: these parts are its own now
+            raise LocationTaken(f"another export took {base!r} while this one was starting; nothing written")
+        _delete(fs, path)
     if is_local(fs):
         for old in _markers(fs, base):
             fs.delete_file(old)
         fs.create_dir(base, recursive=True)
         with fs.open_output_stream(join(base, _MARKER + export_id)) as out:
             out.write(export_id.encode())
+
+
+def _leftovers(fs: pafs.FileSystem, base: str) -> list[str]:
+    """The parts earlier exports left in the table directories; BadInput if anything else is there."""
+    marked = {p.rsplit("/", 1)[-1][len(_MARKER):] for p in _markers(fs, base)} if is_local(fs) else set()
+    ours, foreign = [], []
+    for table in table_names():
+        where = fs.get_file_info(join(base, table))
+        if where.type == pafs.FileType.NotFound:
+            continue
+        entries = [where] if where.type != pafs.FileType.Directory else \
+            fs.get_file_info(pafs.FileSelector(where.path, allow_not_found=True))
+        for info in entries:
+            (ours if info is not where and _is_part(fs, info, table, marked) else foreign).append(info.path)
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise BadInput(f"{base!r} is not an export location: {foreign[0]}{more} is not a part of a metadata "
+                       f"export; choose another location (nothing written or removed)")
+    return ours
+
+
+def _is_part(fs: pafs.FileSystem, info: pafs.FileInfo, table: str, marked: set[str]) -> bool:
+    """A part of an export of `table`: its name, and its footer's table and export id (the name alone could
+    be anyone's file)."""
+    name = _PART.fullmatch(info.base_name) if info.type == pafs.FileType.File else None
+    if name is None:
+        return False
+    if name["id"] is not None and name["id"] in marked:  # a killed writer's part may have no footer yet
+        return True
+    try:
+        with fs.open_input_file(info.path) as f:
+            meta = pq.ParquetFile(f).metadata.metadata or {}
+    except (OSError, ValueError):  # not Parquet (ArrowInvalid is a ValueError)
+        return False
+    return (meta.get(b"tiering.table") == table.encode()
+            and (meta.get(EXPORT_ID_KEY.encode(), b"").decode() or None) == name["id"])
+
+
+def create_manifest(fs: pafs.FileSystem, base: str, data: bytes, export_id: str) -> str:
+    """Create the manifest only if there is none, atomically: one of two exports into a location at once
+    writes it, the other gets LocationTaken."""
+    path = join(base, MANIFEST)
+    taken = LocationTaken(f"another export took {base!r} (its manifest is there); this export's parts are "
+                          f"removed, nothing of it stays")
+    if is_local(fs):
+        fs.create_dir(base, recursive=True)
+        tmp = f"{path}.{export_id}.tmp"  # one per export: two writers never share it
+        with fs.open_output_stream(tmp) as out:
+            out.write(data)
+        try:
+            os.link(tmp, path)  # readers see no manifest or a whole one; fails if one exists
+        except FileExistsError:
+            raise taken from None
+        finally:
+            os.unlink(tmp)
+        return path
+    if not create_object_if_absent(fs, path, data):
+        raise taken
+    return path
+
+
+def another_export(fs: pafs.FileSystem, base: str, table: str, export_id: str | None) -> bool:
+    """Whether parts of another export are in `table`'s directory: a part of this one that is missing was
+    then removed by that export's `claim`, not written on another machine."""
+    return export_id is not None and any(
+        (m := _PART.fullmatch(i.base_name)) is not None and m["id"] not in (None, export_id)
+        for i in _listing(fs, join(base, table)))
 
 
 def check_shared(fs: pafs.FileSystem, base: str, export_id: str, host: str) -> None:

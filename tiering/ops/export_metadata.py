@@ -42,8 +42,9 @@ from tiering.tier2.arrowfs import s3_filesystem
 from tiering.errors import BadInput, TieringError
 from tiering.metadata import export_rows as R
 from tiering.metadata.export_rows import jdbc_query, table_names  # re-exported: the Spark job uses them from here
-from tiering.ops.export_location import (EXPORT_ID_KEY, MANIFEST, claim, discard, exists as _exists,
-                                         is_local as _is_local, join as _join, new_export_id, part_name, release)
+from tiering.ops.export_location import (EXPORT_ID_KEY, MANIFEST, LocationTaken, another_export, claim,
+                                         create_manifest, discard, exists as _exists, is_local as _is_local,
+                                         join as _join, new_export_id, part_name, release)
 
 FORMAT = "tiering-metadata-export"
 FORMAT_VERSION = 1
@@ -261,6 +262,9 @@ def check_parts(fs: pafs.FileSystem, base_path: str, manifest: Manifest) -> None
                 if _exists(fs, path):
                     raise TieringError(f"export part {path} cannot be read: {str(exc).splitlines()[0]}") from None
                 rows = None
+            if rows is None and another_export(fs, base_path, table, manifest.export_id):
+                raise LocationTaken(f"another export took {base_path!r} (it removed part {part.path} of this "
+                                    f"one); no manifest written")
             if rows is None:
                 raise TieringError(f"export part {path} of table {table} is missing where the manifest goes "
                                    f"(written on another machine? export to s3:// or to a path every Spark "
@@ -275,19 +279,21 @@ def check_parts(fs: pafs.FileSystem, base_path: str, manifest: Manifest) -> None
 
 def write_manifest(fs: pafs.FileSystem, base_path: str, manifest: Manifest) -> str:
     """Write the manifest (last step of an export), after checking every part it names (`check_parts`).
-    Atomic: a temporary file renamed on local disks; a single PUT (visible only when complete) on S3."""
+    Created only if there is none, atomically (export_location.create_manifest): of two exports into one
+    location at once, the one that does not write it gets LocationTaken. Every part is looked for again after:
+    a `claim` of the location that started before the manifest was there may have removed some; then the
+    manifest goes again and the export fails."""
     check_parts(fs, base_path, manifest)
-    path = _join(base_path, MANIFEST)
-    data = manifest.to_json().encode()
-    if _is_local(fs):
-        fs.create_dir(base_path, recursive=True)
-        tmp = path + ".tmp"
-        with fs.open_output_stream(tmp) as out:
-            out.write(data)
-        fs.move(tmp, path)
-    else:
-        with fs.open_output_stream(path) as out:
-            out.write(data)
+    path = create_manifest(fs, base_path, manifest.to_json().encode(), manifest.export_id or new_export_id())
+    gone = [p.path for t in manifest.tables.values() for p in t.files if not _exists(fs, _join(base_path, p.path))]
+    if gone:
+        try:
+            if read_manifest(fs, base_path).export_id == manifest.export_id:
+                fs.delete_file(path)
+        except (OSError, TieringError):
+            pass  # best effort: the error below says what happened
+        raise LocationTaken(f"another export took {base_path!r} and removed part {gone[0]} of this one; "
+                            f"no manifest of this export stays")
     return path
 
 

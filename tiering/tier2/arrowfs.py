@@ -45,6 +45,37 @@ def s3_filesystem(settings: Settings | None, **kwargs) -> pafs.FileSystem:
     return pafs.PyFileSystem(Boto3Handler(make_client(settings.with_(**changes) if changes else settings)))
 
 
+def create_object_if_absent(fs: pafs.FileSystem, path: str, data: bytes) -> bool:
+    """PUT `bucket/key` with `If-None-Match: *` (Ceph RGW 16 and AWS answer 412 when it exists): False if an
+    object is there already. pyarrow's S3FileSystem cannot send the header, so the PUT goes through boto3:
+    this module's encrypting client, or one built from the options pyarrow's filesystem was made with."""
+    bucket, key = _split(path)
+    handler = getattr(fs, "handler", None)
+    client = handler.s3 if isinstance(handler, Boto3Handler) else _client_like(fs)
+    try:
+        client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        return True
+    except (ClientError, BotoCoreError) as exc:
+        if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in (
+                "PreconditionFailed", "ConditionalRequestConflict"):
+            return False
+        raise tier2_error("PUT", key, exc) from None
+
+
+def _client_like(fs: pafs.FileSystem):
+    import boto3
+    from botocore.config import Config
+
+    o = fs.__reduce__()[1][0]  # pyarrow S3FileSystem's options
+    return boto3.client(
+        "s3", endpoint_url=f"{o['scheme']}://{o['endpoint_override']}" if o.get("endpoint_override") else None,
+        aws_access_key_id=o.get("access_key") or None, aws_secret_access_key=o.get("secret_key") or None,
+        aws_session_token=o.get("session_token") or None, region_name=o.get("region") or None,
+        verify=o.get("tls_ca_file_path") or None,
+        config=Config(request_checksum_calculation="when_required", response_checksum_validation="when_required",
+                      retries={"max_attempts": 5, "mode": "standard"}))
+
+
 def _split(path: str) -> tuple[str, str]:
     bucket, _, key = path.lstrip("/").partition("/")
     return bucket, key.rstrip("/")
