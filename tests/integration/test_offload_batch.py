@@ -124,7 +124,9 @@ def test_recovery_retention_gc_and_defrag_work_on_batch_objects(deps, new_databa
     report = recover_from_bucket(target, deps.bucket)
     assert sorted(report.ledgers_recovered) == [("t", i) for i in range(7)], report.ignored
     from tiering.metadata.repository import MetadataStore
-    assert MetadataStore(target).chunks("t") == {i: dataclasses.replace(c, version=0) for i, c in chunks.items()}
+    # no ETags: recovery records them only after checking the pages
+    assert MetadataStore(target).chunks("t") == {i: dataclasses.replace(c, version=0, data_etag=None, index_etag=None)
+                                                 for i, c in chunks.items()}
     # defrag leaves a shared object alone
     assert defrag(deps, "t").groups == 0
     # retention of some ledgers keeps the shared object while others reference it; GC after all are gone

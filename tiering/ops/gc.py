@@ -161,9 +161,9 @@ def preview_sweep(deps: Deps, orphan_grace: timedelta | None = None, max_pages: 
         report.pages += 1
         report.objects_listed += len(page.objects)
         old = [o["Key"] for o in page.objects if not is_trim_marker(b.prefix, o["Key"]) and o["LastModified"] <= cutoff]
-        if any(parse_key(b.prefix, k) is not None for k in old) and not gc_sweep.references_any(engine):
+        orphans, unknown = proven_orphans(deps, old)
+        if unknown and not gc_sweep.references_any(engine):
             _refuse_if_metadata_empty(engine, b)
-        orphans = proven_orphans(deps, old)
         report.orphans_deleted += orphans
         cursor = "" if not page.truncated else (page.last_key or "")
         report.cursor, report.pass_complete = cursor, not page.truncated
@@ -224,10 +224,10 @@ def sweep_orphans(deps: Deps, orphan_grace: timedelta | None = None, max_pages: 
             report.objects_listed += len(page.objects)
             old = [o["Key"] for o in page.objects
                    if not is_trim_marker(b.prefix, o["Key"]) and o["LastModified"] <= cutoff]
-            if not refs_checked and any(parse_key(b.prefix, k) is not None for k in old):
+            orphans, unknown = proven_orphans(deps, old)  # ... then decided on one snapshot taken after it
+            if not refs_checked and unknown:
                 _refuse_if_metadata_empty(engine, b)
                 refs_checked = True
-            orphans = proven_orphans(deps, old)  # ... then decided on one snapshot taken after it
             failed = set(delete_keys(b, orphans))
             report.orphans_deleted += [k for k in orphans if k not in failed]
             if failed:  # the cursor stays before this page: the next run lists and decides it again
@@ -244,7 +244,7 @@ def sweep_orphans(deps: Deps, orphan_grace: timedelta | None = None, max_pages: 
     return report
 
 
-def proven_orphans(deps: Deps, keys: list[str]) -> list[str]:
+def proven_orphans(deps: Deps, keys: list[str]) -> tuple[list[str], bool]:
     """The listed keys that one snapshot taken after the listing proves unreferenced (module docstring):
     neither referenced nor queued, and, for a ledger object, known to metadata as gone. Metadata that does
     not say so (a topic or ledger it lacks: restored from an older export, a recovery partly done or killed;
@@ -252,12 +252,13 @@ def proven_orphans(deps: Deps, keys: list[str]) -> list[str]:
     no proof, and the object is kept. Gone: the ledger is DELETED; or OFFLOADED and both objects its chunk
     row names are in the bucket (then this one is an older copy); or it has no row and lies below its
     topic's trim marker; or its topic has no row and the bucket's marker for the topic's segment (written by
-    retention and by topic deletion) lies above it."""
+    retention and by topic deletion) lies above it. Also whether any ledger object was neither referenced
+    nor queued (with no chunk row at all, the sign of a lost database)."""
     b = deps.bucket
     parsed = {k: p for k in keys if (p := parse_key(b.prefix, k)) is not None}
     view = gc_sweep.sweep_view(deps.meta.engine, keys, parsed)
     markers: dict[str, int] = {}
-    out = []
+    out, unknown = [], False
     for k in keys:
         if k in view.kept:
             continue
@@ -265,6 +266,7 @@ def proven_orphans(deps: Deps, keys: list[str]) -> list[str]:
         if p is None:  # not a ledger object: nothing in metadata could reference it
             out.append(k)
             continue
+        unknown = True
         at = (p.segment, p.ledger_id)
         state = view.states.get(at)
         if p.segment not in view.trim_marks:
@@ -281,7 +283,7 @@ def proven_orphans(deps: Deps, keys: list[str]) -> list[str]:
             gone = False
         if gone:
             out.append(k)
-    return out
+    return out, unknown
 
 
 def _refuse_if_metadata_empty(engine, b) -> None:
