@@ -145,3 +145,35 @@ def test_a_recovered_copy_is_checked_before_the_tier1_copy_it_would_replace_is_d
     assert "fails its check" in report.failed[0][2]
     assert deps.tier1.exists("c", 0) and meta.get_ledger("c", 0).tier1_present
     assert meta.get_chunk(meta.get_ledger("c", 1)).data_etag is not None  # checked once, recorded
+
+
+def test_recovery_brings_back_ledgers_metadata_has_as_sealed_whose_copy_is_in_the_bucket(deps, db):
+    """Metadata restored from an export taken before ledgers 1 and 2 were offloaded and their tier-1 copies
+    deleted: SEALED rows, no chunk rows, no files. Recovery makes them OFFLOADED with the bucket's copies
+    (their tier-1 copies recorded as gone), reads give every entry, and a rerun changes nothing."""
+    from sqlalchemy import text
+
+    from tests.integration.helpers import entries, produce
+    from tiering.model import LedgerState as S, TopicPolicy
+    from tiering.ops.delete_lagged import delete_lagged
+    from tiering.ops.offload import offload_many
+    from tiering.ops.recover import recover_from_bucket
+    from tiering.read import Entry, ReadHandle
+    from tiering.tier2.reader import tier2_opener
+
+    expected = produce(deps, "s", [entries(f"s{i}", 3, 100) for i in range(3)],
+                       TopicPolicy(deletion_lag_seconds=0, rollover_entries=10**9, rollover_bytes=2**40))
+    offload_many(deps, deps.meta.list_ledgers("s", [S.SEALED]))
+    assert sorted(delete_lagged(deps, "s").deleted) == [("s", 0), ("s", 1), ("s", 2)]
+    with db.begin() as conn:  # as the older export had them
+        conn.execute(text("DELETE FROM tiering.chunk WHERE ledger_id IN (1, 2)"))
+        conn.execute(text("UPDATE tiering.ledger SET state = 'SEALED', tier1_present = true, offload_uuid = NULL, "
+                          "offloaded_at = NULL, tier1_deleted_at = NULL WHERE ledger_id IN (1, 2)"))
+    report = recover_from_bucket(db, deps.bucket, tier1=deps.tier1)
+    assert report.ok and sorted(report.ledgers_recovered) == [("s", 1), ("s", 2)]
+    assert [(led.state, led.tier1_present) for led in deps.meta.list_ledgers("s")] == [(S.OFFLOADED, False)] * 3
+    got = {(e.ledger_id, e.entry_id): e.data
+           for e in ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket)).read("s") if isinstance(e, Entry)}
+    assert got == expected
+    again = recover_from_bucket(db, deps.bucket, tier1=deps.tier1)
+    assert again.ok and again.ledgers_recovered == [] and len(again.already_known) == 3

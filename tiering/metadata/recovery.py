@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Mapping
+from typing import Callable, Mapping
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -62,12 +62,15 @@ def known_ledgers(engine: Engine, name: str) -> dict[int, tuple[str, bool]]:
 
 
 def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mapping[int, RecoveredLedger],
-                  adopted: Mapping[int, AdoptedLedger] | None = None, top: int = -1) -> RestoredTopic:
+                  adopted: Mapping[int, AdoptedLedger] | None = None, top: int = -1,
+                  tier1_has: Callable[[int], bool] | None = None) -> RestoredTopic:
     """Create topic `name` if missing (with `policy`), insert each offloaded ledger it does not have as
     OFFLOADED with its chunk row (`tier1_present` as given), each adopted tier-1 ledger as SEALED with
     `tier1_present`, and move `next_ledger_id` past the largest id given and past `top` (the largest
     ledger file tier 1 holds); one transaction. Ledgers the database already has are untouched, so a
-    second run adds nothing."""
+    second run adds nothing, except a SEALED one whose copy the bucket holds (metadata older than the
+    store: an export taken before it was offloaded): it becomes OFFLOADED with that chunk, its tier-1 copy
+    recorded as gone when `tier1_has` (the root recovery scanned) says the file is not there."""
     adopted = adopted or {}
     with engine.begin() as conn:
         created = conn.execute(
@@ -75,9 +78,22 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
             .on_conflict_do_nothing(index_elements=[topic_t.c.name]).returning(topic_t.c.topic_id)).scalar()
         row = conn.execute(select(topic_t.c.topic_id, topic_t.c.next_ledger_id)
                            .where(topic_t.c.name == name).with_for_update()).one()
-        existing = set(conn.execute(select(ledger_t.c.ledger_id)
-                                    .where(ledger_t.c.topic_id == row.topic_id).with_for_update()).scalars())
+        have = {r.ledger_id: r for r in conn.execute(
+            select(ledger_t.c.ledger_id, ledger_t.c.state, ledger_t.c.entry_count, ledger_t.c.size_bytes,
+                   ledger_t.c.tier1_present).where(ledger_t.c.topic_id == row.topic_id).with_for_update())}
+        existing = set(have)
         now = conn.execute(select(func.now())).scalar_one()
+        upgraded = [ledgers[i] for i in sorted(ledgers) if i in have and _state(have[i]) == LedgerState.SEALED.value
+                    and (have[i].entry_count, have[i].size_bytes) == (ledgers[i].entry_count, ledgers[i].size_bytes)]
+        for c in upgraded:
+            kept = have[c.ledger_id].tier1_present and (tier1_has is None or tier1_has(c.ledger_id))
+            conn.execute(update(ledger_t).where(ledger_t.c.topic_id == row.topic_id,
+                                                ledger_t.c.ledger_id == c.ledger_id,
+                                                ledger_t.c.state == LedgerState.SEALED.value)
+                         .values(state=LedgerState.OFFLOADED.value, tier1_present=kept,
+                                 tier1_deleted_at=None if kept else now, offload_uuid=c.offload_uuid,
+                                 offload_started_at=c.offload_started_at, offloaded_at=c.offloaded_at,
+                                 version=ledger_t.c.version + 1))
         new = [ledgers[i] for i in sorted(ledgers) if i not in existing]
         sealed = [adopted[i] for i in sorted(adopted) if i not in existing and i not in ledgers]
         rows = [{
@@ -94,19 +110,24 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
             "offload_started_at": None, "offloaded_at": None, "deleted_at": None, "version": 0} for a in sealed]
         if rows:
             conn.execute(insert(ledger_t), rows)
-        if new:
+        if new or upgraded:
             conn.execute(insert(chunk_t), [{
                 "topic_id": row.topic_id, "ledger_id": c.ledger_id, "data_key": c.chunk.data_key,
                 "data_offset": c.chunk.data_offset, "data_length": c.chunk.data_length,
                 "index_key": c.chunk.index_key, "index_offset": c.chunk.index_offset,
                 "index_length": c.chunk.index_length, "first_entry_id": c.chunk.first_entry_id,
                 "last_entry_id": c.chunk.last_entry_id, "data_etag": c.chunk.data_etag,
-                "index_etag": c.chunk.index_etag, "created_at": now, "version": 0} for c in new])
+                "index_etag": c.chunk.index_etag, "created_at": now, "version": 0} for c in new + upgraded])
         top = max([top, *ledgers, *adopted])
         if row.next_ledger_id <= top:
             conn.execute(update(topic_t).where(topic_t.c.topic_id == row.topic_id)
                          .values(next_ledger_id=top + 1))
-    return RestoredTopic(created is not None, existing, [c.ledger_id for c in new], [a.ledger_id for a in sealed])
+    return RestoredTopic(created is not None, existing - {c.ledger_id for c in upgraded},
+                         sorted(c.ledger_id for c in new + upgraded), [a.ledger_id for a in sealed])
+
+
+def _state(r) -> str:
+    return r.state if isinstance(r.state, str) else r.state.value
 
 
 __all__ = ["AdoptedLedger", "RecoveredLedger", "RestoredTopic", "known_ledgers", "restore_topic"]

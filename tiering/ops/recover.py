@@ -302,7 +302,8 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
                                f"ledger {lid} trimmed by retention (marker: before ledger {trimmed_before})"))
     scan = _scan_tier1(engine, tier1, name, chosen, trimmed_before, report)
     if chosen or scan.ledgers or scan.top >= 0:
-        _commit_topic(engine, name, chosen, scan, policy, report)
+        _commit_topic(engine, name, chosen, scan, policy, report,
+                      None if tier1 is None else (lambda lid: tier1.exists(name, lid)))
 
 
 def _scan_tier1(engine, tier1: Tier1Store | None, name: str, chosen: dict[int, _Copy], trimmed_before: int,
@@ -443,12 +444,12 @@ def _gaps(known: set[int]) -> list[tuple[int, int]]:
 
 
 def _commit_topic(engine, name: str, chosen: dict[int, _Copy], scan: Tier1Scan, policy: TopicPolicy,
-                  report: RecoverReport) -> None:
+                  report: RecoverReport, tier1_has=None) -> None:
     restored = restore_topic(engine, name, policy, {i: RecoveredLedger(
         c.ledger_id, c.entry_count, c.length, c.sealed_at, _as_uuid(c.offload_uuid, c.chunk.index_key),
         c.started_at, c.finished_at, c.chunk, tier1_present=i in scan.copies) for i, c in chosen.items()},
         {i: AdoptedLedger(f.ledger_id, f.entry_count, f.size_bytes, f.sealed_at) for i, f in scan.ledgers.items()},
-        top=scan.top)
+        top=scan.top, tier1_has=tier1_has)
     existing = restored.existing
     if restored.created:
         report.topics_created.append(name)
