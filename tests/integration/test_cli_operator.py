@@ -14,7 +14,7 @@ from tiering.model import TopicPolicy
 from tiering.ops.offload import offload_many
 
 BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
-STRAY = "t/stray/0-ledger-0"  # an object no chunk references and no task holds: the sweep's orphan
+STRAY = "t/stray/notes.txt"  # not a ledger object, no chunk references it, no task holds it: the sweep's orphan
 
 
 def everything(deps) -> tuple:
