@@ -138,3 +138,48 @@ def test_the_cli_exits_1_when_the_merged_objects_were_collected(
     assert res.returncode == 1, (res.stdout, res.stderr)
     assert "0 lost race(s), 1 failed" in res.stdout and "TIERING_OFFLOAD_TIMEOUT_SECONDS" in res.stderr
     _nothing_changed_nothing_leaked(deps, db, expected, "t")
+
+
+def test_a_repair_slower_than_the_offload_timeout_keeps_its_new_copy_from_gc(slow_deps, db):
+    """A repair's new copy is queued under its attempt as defrag's merged objects are: GC running while the
+    repair is past the timeout leaves it alone, and the repair commits it."""
+    from tests.integration.test_repair import damage
+    from tiering.ops.repair import repair
+
+    deps = slow_deps
+    expected = small_topic(deps, "r")
+    bad = deps.meta.get_chunk(deps.meta.get_ledger("r", 1))
+    damage(deps, bad.data_key, "flip", at=bad.data_length // 2)
+    collected = []
+
+    def gc_meanwhile(name):
+        if name == "checked":
+            time.sleep(TIMEOUT.total_seconds() + 0.5)
+            collected.extend(run_gc(deps).deleted)
+    report = repair(deps, "r", hook=gc_meanwhile)
+    assert report.repaired == [("r", 1)] and report.failed == [] and report.skipped == []
+    new = deps.meta.get_chunk(deps.meta.get_ledger("r", 1))
+    assert new.data_key != bad.data_key and {new.data_key, new.index_key}.isdisjoint(collected)
+    assert {new.data_key, new.index_key} <= bucket_keys(deps)
+    assert read(deps, "r") == expected
+
+
+def test_a_repair_whose_new_copy_was_collected_fails_and_is_not_skipped(slow_deps, db):
+    """Its new copy's queue rows gone before the commit (as GC would after the worker lost its lock): a
+    failure naming the cause, not "skipped" (no other worker took the ledger), and nothing dangles."""
+    from tests.integration.test_repair import damage
+    from tiering.ops.repair import repair
+
+    deps = slow_deps
+    small_topic(deps, "q")
+    bad = deps.meta.get_chunk(deps.meta.get_ledger("q", 0))
+    damage(deps, bad.data_key, "flip", at=bad.data_length // 2)
+
+    def collect(name):
+        if name == "checked":
+            with db.begin() as conn:
+                conn.execute(text("DELETE FROM tiering.gc_task WHERE reason = 'repair attempt'"))
+    report = repair(deps, "q", hook=collect)
+    assert report.repaired == [] and report.skipped == []
+    assert [f["ledger"] for f in report.failed] == [0] and "collected" in report.failed[0]["error"]
+    assert deps.meta.get_chunk(deps.meta.get_ledger("q", 0)) == bad  # the chunk did not move

@@ -11,10 +11,10 @@ without closing its TCP connections (PostgreSQL holds the lock until its keepali
 when its attempt is older than the timeout, as before. Takeover is safe either way: every transition is a
 compare-and-set on the attempt, so a worker that was wrongly presumed dead loses its commit and cleans up.
 
-Defrag attempts hold a lock of their own class the same way, from before their merged keys are queued until
+Defrag and repair attempts hold a lock of their own class the same way, from before their merged keys are queued until
 their commit or discard: GC leaves the queued keys of a defrag attempt alone while its worker holds that lock
-(metadata/gc_queue.py), so a merge that outlives its queue delay (the offload timeout) keeps its objects; a
-dead defrag's keys are collected once due. The lock is taken before the keys are queued and its uuid is
+(metadata/gc_queue.py), so a merge or a repair upload that outlives its queue delay (the offload timeout)
+keeps its objects; a dead worker's keys are collected once due. The lock is taken before the keys are queued and its uuid is
 fresh, so an attempt found without a holder never gets one again.
 
 Locks are two-key (class, hashtext(uuid)), apart from job_run's one-key locks and the GC sweep's classes
@@ -34,6 +34,10 @@ from sqlalchemy.engine import Connection, Engine
 OFFLOAD_CLASS = 0x6f66666c  # "offl"
 DEFRAG_CLASS = 0x64667267  # "dfrg"
 DEFRAG_REASON = "defrag attempt"  # the reason of a defrag attempt's queued keys: those GC checks the lock of
+REPAIR_CLASS = 0x72707172  # "rpqr": a repair's new copy, protected as a defrag's merged objects are
+REPAIR_REASON = "repair attempt"
+# the queue reasons whose rows GC leaves alone while the attempt's worker holds the lock of their class
+LIVE_ATTEMPT_CLASSES = {DEFRAG_REASON: DEFRAG_CLASS, REPAIR_REASON: REPAIR_CLASS}
 _DRAWS = 8
 
 

@@ -4,7 +4,7 @@ GC holds the claimed rows locked (FOR UPDATE SKIP LOCKED) while it deletes their
 outcome in the same transaction. An offload commit that dequeues one of those keys blocks on the lock and
 then finds the row gone, so it fails whole: an object GC deletes is never one a committed chunk references.
 
-A defrag attempt's keys are not due while its worker lives (it holds the attempt's lock: metadata/
+A defrag or repair attempt's keys are not due while its worker lives (it holds the attempt's lock: metadata/
 attempt_locks.py): a merge may outlast the queue delay, and collecting its objects then would only fail it.
 """
 from __future__ import annotations
@@ -17,15 +17,16 @@ from typing import Iterable, Iterator
 from sqlalchemy import and_, case, delete, func, or_, select, true, union, update
 from sqlalchemy.engine import Connection, Engine
 
-from tiering.metadata.attempt_locks import DEFRAG_CLASS, DEFRAG_REASON, holder_gone_sql
+from tiering.metadata.attempt_locks import LIVE_ATTEMPT_CLASSES, holder_gone_sql
 from tiering.metadata.tables import chunk, gc_task
 
 
 def _collectable():
-    """Due rows may go unless they are a live defrag attempt's (CASE: only those rows take a lock check,
-    held to the end of the caller's transaction)."""
-    live_check = and_(gc_task.c.owner_uuid.isnot(None), gc_task.c.reason == DEFRAG_REASON)
-    return case((live_check, holder_gone_sql(gc_task.c.owner_uuid, DEFRAG_CLASS)), else_=true())
+    """Due rows may go unless they are a live defrag or repair attempt's (CASE: only those rows take a lock
+    check, held to the end of the caller's transaction)."""
+    return case(*[(and_(gc_task.c.owner_uuid.isnot(None), gc_task.c.reason == reason),
+                   holder_gone_sql(gc_task.c.owner_uuid, lock_class))
+                  for reason, lock_class in LIVE_ATTEMPT_CLASSES.items()], else_=true())
 
 
 @dataclass(frozen=True)

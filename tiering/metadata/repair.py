@@ -35,7 +35,7 @@ class Repairs:
         until now), the new keys dequeued and the old ones queued, the ledger's row bumped with the new
         attempt (`recover`: a lost ledger, its mark cleared; `tier1_present`: recorded so, for a tier-1 file
         put back that the repair read at this row's version): all or nothing. Returns the ledger's new row."""
-        from tiering.metadata.repository import _chunk_values
+        from tiering.metadata.repository import AttemptKeysCollected, _chunk_values
 
         with self.engine.begin() as conn:
             self._lock(conn, led)
@@ -52,9 +52,9 @@ class Repairs:
             keys = sorted({new.data_key, new.index_key})
             gone = conn.execute(delete(gc_task).where(gc_task.c.owner_uuid == attempt,
                                                       gc_task.c.key.in_(keys))).rowcount
-            if gone != len(keys):
-                raise ConditionalUpdateFailed(f"gc queue of repair {attempt}", f"{len(keys)} queued keys",
-                                              f"{gone} (collected meanwhile)")
+            if gone != len(keys):  # the rows held: no other worker took the ledger, GC deleted the new copy
+                raise AttemptKeysCollected(f"gc queue of repair {attempt}: expected {len(keys)} queued keys, "
+                                           f"found {gone} (collected meanwhile)")
             # GC skips a key another chunk still references (the other ledgers of a batched object)
             self.store._enqueue(conn, sorted({old.data_key, old.index_key}), reason="repair: replaced",
                                 owner=None, delay=old_keys_delay)

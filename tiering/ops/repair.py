@@ -32,7 +32,6 @@ Killed anywhere, the ledger is still lost or recovered, never half: a rerun reco
 from __future__ import annotations
 
 import logging
-import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -40,6 +39,7 @@ from tiering.errors import (ConditionalUpdateFailed, CorruptObjectError, DataLos
                             LedgerStorageError, TieringError)
 from tiering.format.index import decode_index
 from tiering.format.keys import data_key, index_key
+from tiering.metadata.attempt_locks import REPAIR_CLASS, REPAIR_REASON
 from tiering.model import Chunk, Ledger, LedgerState
 from tiering.ops.context import Deps, select_topics
 from tiering.tier2.errors import NotFound, ShortObject
@@ -264,15 +264,22 @@ def _recover(deps: Deps, led: Ledger, ch: Chunk, problem: str | None, step) -> s
 
 
 def _rewrite(deps: Deps, finding: Finding, step, recover: bool = False) -> str:
-    led, old, b, knobs = finding.led, finding.chunk, deps.bucket, deps.knobs
+    led, old = finding.led, finding.chunk
     if old is None:  # nothing to compare-and-set against (no completed offload leaves this)
         if _changed(deps, led):  # retention deleted it between the reads of its row and of its chunk row
             return "skipped"
         raise TieringError(f"ledger {led.topic}/{led.ledger_id} is OFFLOADED with no chunk row: not repaired")
-    attempt = str(uuid.uuid4())
+    # the attempt's lock is held until the new copy is committed or discarded: GC leaves it alone meanwhile,
+    # however long the upload takes (a dead repair's copy is collected once due)
+    with deps.meta.new_attempt(REPAIR_CLASS) as attempt:
+        return _rewrite_as(deps, finding, step, recover, attempt)
+
+
+def _rewrite_as(deps: Deps, finding: Finding, step, recover: bool, attempt: str) -> str:
+    led, old, b, knobs = finding.led, finding.chunk, deps.bucket, deps.knobs
     keys = (data_key(b.prefix, led.topic, attempt, led.ledger_id), index_key(b.prefix, led.topic, attempt, led.ledger_id))
     # queued before the first byte: a repair killed from here on leaves GC the new objects, never an orphan
-    deps.meta.enqueue_gc(keys, "repair attempt", owner=attempt, delay=knobs.offload_timeout)
+    deps.meta.enqueue_gc(keys, REPAIR_REASON, owner=attempt, delay=knobs.offload_timeout)
     step("queued")
     try:
         uploaded = upload_ledgers(b, topic=led.topic, attempt=attempt, data_key=keys[0], index_key=keys[1],
