@@ -98,7 +98,8 @@ def test_the_sweep_takes_older_copies_and_what_a_deleted_topic_left_and_keeps_a_
     """Gone for sure: an object of a DELETED ledger; an older copy of an OFFLOADED ledger whose chunk's
     objects are in the bucket; an object of a deleted topic below the marker its deletion wrote. Kept: a
     copy of an OFFLOADED ledger whose chunk row names objects no longer there (a stale row: this copy may be
-    the only one), and an object of a topic metadata does not have, above that topic's marker."""
+    the only one), and a data object of a deleted topic whose index object is gone (nothing says which
+    ledgers it holds)."""
     from tiering.ops.retention import truncate
     from tiering.ops.topics import delete_topic
     from tiering.model import Position
@@ -106,8 +107,9 @@ def test_the_sweep_takes_older_copies_and_what_a_deleted_topic_left_and_keeps_a_
     _offloaded_topics(deps, ["live", "gone"], n=3)
     s3, name = deps.bucket.s3, deps.bucket.name
 
-    def copy(key, new):
-        s3.copy_object(Bucket=name, Key=new, CopySource={"Bucket": name, "Key": key})
+    def copy(key, new):  # the data object and its index object, as an older attempt's pair
+        for suffix in ("", "-index"):
+            s3.copy_object(Bucket=name, Key=new + suffix, CopySource={"Bucket": name, "Key": key + suffix})
         return new
     chunks = {led.ledger_id: deps.meta.get_chunk(led) for led in deps.meta.list_ledgers("live")}
     gone_chunks = [deps.meta.get_chunk(led) for led in deps.meta.list_ledgers("gone")]
@@ -120,9 +122,10 @@ def test_the_sweep_takes_older_copies_and_what_a_deleted_topic_left_and_keeps_a_
     gone_prefix = gone_chunks[0].data_key.rsplit("/", 1)[0]
     left = copy(gone_chunks[0].data_key, f"{gone_prefix}/00000000-0000-0000-0000-000000000004-ledger-0")
     delete_topic(deps, "gone")  # its marker: trimmed before its next ledger id (3)
-    above = copy(gone_chunks[0].data_key, f"{gone_prefix}/00000000-0000-0000-0000-000000000005-ledger-7")
+    above = f"{gone_prefix}/00000000-0000-0000-0000-000000000005-ledger-7"  # no index object: what it holds
+    s3.copy_object(Bucket=name, Key=above, CopySource={"Bucket": name, "Key": gone_chunks[0].data_key})  # is unknown
     r = sweep_orphans(deps, orphan_grace=timedelta(0))
-    assert sorted(r.orphans_deleted) == sorted([older, trimmed, left])
+    assert sorted(r.orphans_deleted) == sorted(k + suffix for k in (older, trimmed, left) for suffix in ("", "-index"))
     assert {stale, above} <= bucket_keys(deps)
 
 
@@ -137,12 +140,43 @@ def test_a_topic_whose_key_segment_is_cut_and_hashed_is_found_for_the_sweep(deps
     chunks = {led.ledger_id: deps.meta.get_chunk(led) for led in deps.meta.list_ledgers(long_name)}
     prefix = chunks[0].data_key.rsplit("/", 1)[0]
     older = f"{prefix}/00000000-0000-0000-0000-000000000001-ledger-0"
-    s3.copy_object(Bucket=name, Key=older, CopySource={"Bucket": name, "Key": chunks[0].data_key})
+    for suffix in ("", "-index"):
+        s3.copy_object(Bucket=name, Key=older + suffix, CopySource={"Bucket": name, "Key": chunks[0].data_key + suffix})
     with db.begin() as conn:  # ledger 1 back to SEALED, its chunk row gone (as an older export has it)
         conn.execute(text("DELETE FROM tiering.chunk c USING tiering.topic t WHERE c.topic_id = t.topic_id "
                           "AND t.name = :n AND c.ledger_id = 1"), {"n": long_name})
         conn.execute(text("UPDATE tiering.ledger l SET state = 'SEALED' FROM tiering.topic t WHERE "
                           "l.topic_id = t.topic_id AND t.name = :n AND l.ledger_id = 1"), {"n": long_name})
     r = sweep_orphans(deps, orphan_grace=timedelta(0))
-    assert r.orphans_deleted == [older]
+    assert r.orphans_deleted == [older, older + "-index"]
     assert {chunks[1].data_key, chunks[1].index_key} <= bucket_keys(deps)
+
+
+def test_an_object_is_gone_only_when_every_ledger_it_holds_is(deps, db):
+    """Four ledgers offloaded as one batch (one object pair, named after ledger 0), the first two trimmed
+    (the topic's marker at 2), then the metadata lost and only another topic recovered: the marker is below
+    ledgers 2 and 3, which the object still holds, so the sweep keeps it and a recovery brings them back."""
+    from dataclasses import replace
+
+    from tiering.model import Position
+    from tiering.ops.gc import run_gc
+    from tiering.ops.retention import truncate
+    from tiering.read import Entry, ReadHandle
+    from tiering.tier2.reader import tier2_opener
+
+    expected = produce(deps, "sb", [entries(f"sb{i}", 3, 100) for i in range(4)], BIG)
+    batched = replace(deps, knobs=replace(deps.knobs, batch_small_bytes=8 * 1024 * 1024))
+    assert len(offload_many(batched, deps.meta.list_ledgers("sb", [S.SEALED])).offloaded) == 4
+    _offloaded_topics(deps, ["other"])
+    truncate(deps, "sb", Position(2, 0))
+    run_gc(deps)  # nothing of the batch is due: ledgers 2 and 3 still reference it
+    keys = bucket_keys(deps)
+    empty_tables(db)
+    assert recover_from_bucket(db, deps.bucket, topic="other").ok
+    assert sweep_orphans(deps, orphan_grace=timedelta(0)).orphans_deleted == []
+    assert bucket_keys(deps) == keys
+    report = recover_from_bucket(db, deps.bucket)
+    assert report.ok and sorted(i for t, i in report.ledgers_recovered if t == "sb") == [2, 3]
+    got = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket)).read("sb")
+    assert {(e.ledger_id, e.entry_id): e.data for e in got if isinstance(e, Entry)} == \
+        {k: v for k, v in expected.items() if k[0] >= 2}

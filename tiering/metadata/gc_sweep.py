@@ -94,11 +94,13 @@ class SweepView:
     chunks: dict[tuple[str, int], tuple[str, str]]  # (segment, ledger id) -> its chunk's data and index keys
 
 
-def sweep_view(engine: Engine, keys: list[str], parsed: dict[str, ParsedKey]) -> SweepView:
-    """The keys kept, then the rows of the topics and ledgers that the other keys name (`parsed`: the keys
-    that are ledger objects), in ONE REPEATABLE READ snapshot: a commit that moves a key or a ledger is
-    seen whole or not at all. A cut (hashed) segment's topic is found among the names that start with its
-    readable part."""
+def sweep_view(engine: Engine, keys: list[str], parsed: dict[str, ParsedKey],
+               held: dict[str, list[int]] | None = None) -> SweepView:
+    """The keys kept, then the rows of the topics and ledgers that the other keys hold (`parsed`: the keys
+    that are ledger objects; `held`: the ledger ids each one's index object lists, the one its name gives
+    when not given), in ONE REPEATABLE READ snapshot: a commit that moves a key or a ledger is seen whole or
+    not at all. A cut (hashed) segment's topic is found among the names that start with its readable part."""
+    held = held or {}
     keys = sorted(set(keys))
     if not keys:
         return SweepView(set(), {}, {}, {})
@@ -118,7 +120,8 @@ def sweep_view(engine: Engine, keys: list[str], parsed: dict[str, ParsedKey]) ->
             if names:
                 marks = {segment_of[r.name]: r.trim_marker_written for r in conn.execute(
                     select(topic.c.name, topic.c.trim_marker_written).where(topic.c.name.in_(sorted(segment_of))))}
-            pairs = sorted({(names[p.segment], p.ledger_id) for p in wanted if p.segment in names})
+            pairs = sorted({(names[p.segment], lid) for k, p in parsed.items() if k not in kept and p.segment in names
+                            for lid in held.get(k, [p.ledger_id])})
             if pairs:
                 rows = conn.execute(
                     select(topic.c.name, ledger.c.ledger_id, ledger.c.state, chunk.c.data_key, chunk.c.index_key)

@@ -45,7 +45,8 @@ the queue to a chunk row behind the sweep's back, and K looks like neither.
 Metadata that is not the store's whole history breaks (W1)-(W3): restored from an older export, or rebuilt
 by a recovery of one topic or one killed midway, it lacks rows whose objects are in the bucket, and those are
 in no queue. So a ledger object neither referenced nor queued is deleted only when the same snapshot also
-knows its ledger gone (`proven_orphans`): DELETED; OFFLOADED with both objects of its chunk row in the bucket
+knows gone every ledger its index object lists (a batch's or a defrag's object holds several and is named
+after the first; one whose index cannot be read is kept) (`proven_orphans`): DELETED; OFFLOADED with both objects of its chunk row in the bucket
 (this one is an older copy); without a row but below its topic's trim marker; or of a topic without a row,
 below the marker the bucket holds for that topic's key segment (retention's and topic deletion's). Anything
 else, a ledger SEALED or OPEN whose bucket copy a recovery may need included, is kept: at worst an orphan
@@ -69,14 +70,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
-from tiering.format.keys import is_trim_marker, parse_key
+from tiering.errors import BadInput, ConditionalUpdateFailed, CorruptObjectError, DataLossError, TieringError
+from tiering.format.keys import INDEX_SUFFIX, is_trim_marker, parse_key
+from tiering.format.merged import split_indexes
 from tiering.metadata import gc_queue, gc_sweep
 from tiering.model import LedgerState
 from tiering.ops.context import Deps
 from tiering.ops.export_metadata import default_export_prefix
 from tiering.tier2.markers import read_segment_marker
-from tiering.tier2.objects import abort_upload, check_bucket, delete_keys, list_page, list_uploads, object_head
+from tiering.tier2.objects import (abort_upload, check_bucket, delete_keys, get_range, list_page, list_uploads,
+                                   object_head, object_length)
 
 PAGE_KEYS = 1000  # S3's largest LIST page
 SWEEP_MAX_PAGES = 10_000  # default page budget of one sweep run: 10M keys (docs/performance.md: how long an orphan lives)
@@ -246,18 +249,40 @@ def sweep_orphans(deps: Deps, orphan_grace: timedelta | None = None, max_pages: 
 
 def proven_orphans(deps: Deps, keys: list[str]) -> tuple[list[str], bool]:
     """The listed keys that one snapshot taken after the listing proves unreferenced (module docstring):
-    neither referenced nor queued, and, for a ledger object, known to metadata as gone. Metadata that does
-    not say so (a topic or ledger it lacks: restored from an older export, a recovery partly done or killed;
-    a ledger SEALED, OPEN or OFFLOADING, whose copy in the bucket may be the one a recovery brings back) is
-    no proof, and the object is kept. Gone: the ledger is DELETED; or OFFLOADED and both objects its chunk
-    row names are in the bucket (then this one is an older copy); or it has no row and lies below its
-    topic's trim marker; or its topic has no row and the bucket's marker for the topic's segment (written by
-    retention and by topic deletion) lies above it. Also whether any ledger object was neither referenced
-    nor queued (with no chunk row at all, the sign of a lost database)."""
+    neither referenced nor queued, and, for a ledger object, every ledger its index object lists (a batch's
+    or a defrag's object holds several, and is named after the first) known to metadata as gone. Metadata
+    that does not say so (a topic or ledger it lacks: restored from an older export, a recovery partly done
+    or killed; a ledger SEALED, OPEN or OFFLOADING, whose copy in the bucket may be the one a recovery brings
+    back) is no proof, and the object is kept; so is one whose index object cannot be read. Gone: the ledger
+    is DELETED; or OFFLOADED and both objects its chunk row names are in the bucket (then this one is an
+    older copy); or it has no row and lies below its topic's trim marker; or its topic has no row and the
+    bucket's marker for the topic's segment (written by retention and by topic deletion) lies above it.
+    Also whether any ledger object was neither referenced nor queued (with no chunk row at all, the sign
+    of a lost database)."""
     b = deps.bucket
     parsed = {k: p for k in keys if (p := parse_key(b.prefix, k)) is not None}
-    view = gc_sweep.sweep_view(deps.meta.engine, keys, parsed)
+    # which ledgers the candidates hold, from their index objects (read between the listing and the snapshot
+    # that decides: an object's bytes never change under its key)
+    first = gc_sweep.sweep_view(deps.meta.engine, keys, {})
+    held = {k: _held_ledgers(b, k, p) for k, p in parsed.items() if k not in first.kept}
+    view = gc_sweep.sweep_view(deps.meta.engine, keys, parsed, {k: ids for k, ids in held.items() if ids})
     markers: dict[str, int] = {}
+
+    def gone(segment: str, ledger_id: int) -> bool:
+        at = (segment, ledger_id)
+        state = view.states.get(at)
+        if segment not in view.trim_marks:
+            if segment not in markers:
+                markers[segment] = read_segment_marker(b, segment)
+            return ledger_id < markers[segment]
+        if state is None:
+            return ledger_id < view.trim_marks[segment]
+        if state == LedgerState.DELETED.value:
+            return True
+        if state == LedgerState.OFFLOADED.value and at in view.chunks:
+            return all(object_head(b, key) is not None for key in view.chunks[at])
+        return False
+
     out, unknown = [], False
     for k in keys:
         if k in view.kept:
@@ -267,23 +292,23 @@ def proven_orphans(deps: Deps, keys: list[str]) -> tuple[list[str], bool]:
             out.append(k)
             continue
         unknown = True
-        at = (p.segment, p.ledger_id)
-        state = view.states.get(at)
-        if p.segment not in view.trim_marks:
-            if p.segment not in markers:
-                markers[p.segment] = read_segment_marker(b, p.segment)
-            gone = p.ledger_id < markers[p.segment]
-        elif state is None:
-            gone = p.ledger_id < view.trim_marks[p.segment]
-        elif state == LedgerState.DELETED.value:
-            gone = True
-        elif state == LedgerState.OFFLOADED.value and at in view.chunks:
-            gone = all(object_head(b, key) is not None for key in view.chunks[at])
-        else:
-            gone = False
-        if gone:
+        ids = held.get(k)
+        if ids and all(gone(p.segment, lid) for lid in ids):
             out.append(k)
     return out, unknown
+
+
+def _held_ledgers(b, key: str, p) -> list[int] | None:
+    """The ledger ids the object's index object lists (its own bytes for an index key), or None when it
+    cannot be read whole (then nothing proves what the object holds)."""
+    index = key if p.is_index else key + INDEX_SUFFIX
+    try:
+        size = object_length(b, index)
+        if size is None:
+            return None
+        return [ix.metadata.ledger_id for _, _, ix in split_indexes(get_range(b, index, 0, size), index)]
+    except (CorruptObjectError, DataLossError):
+        return None
 
 
 def _refuse_if_metadata_empty(engine, b) -> None:
