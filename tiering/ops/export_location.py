@@ -83,7 +83,10 @@ def claim(fs: pafs.FileSystem, base: str, export_id: str, overwrite: bool) -> No
         raise BadInput(f"{base!r} already holds a complete export; choose a new location or overwrite")
     leftovers = _leftovers(fs, base)  # before any change: a refused location is left as it was
     if complete:
-        fs.delete_file(manifest)  # first: from here on the location is an incomplete export, never a mixed one
+        try:
+            fs.delete_file(manifest)  # first: from here on the location is an incomplete export, never a mixed one
+        except FileNotFoundError:  # another export overwriting it at once deleted it first
+            raise LocationTaken(f"another export is overwriting {base!r} at the same time; nothing written") from None
     for path in leftovers:
         if exists(fs, manifest):  # an export running here has just completed: these parts are its own now
             raise LocationTaken(f"another export took {base!r} while this one was starting; nothing written")
