@@ -177,3 +177,35 @@ def test_recovery_brings_back_ledgers_metadata_has_as_sealed_whose_copy_is_in_th
     assert got == expected
     again = recover_from_bucket(db, deps.bucket, tier1=deps.tier1)
     assert again.ok and again.ledgers_recovered == [] and len(again.already_known) == 3
+
+
+def test_recovery_records_a_tier1_copy_metadata_still_claims_as_gone_only_on_the_right_root(deps, db, tmp_path):
+    """Metadata from an export taken before delete-lagged removed ledger 0's tier-1 copy: OFFLOADED, its
+    row says tier 1 holds a copy that is not there, so every delete-lagged run failed on it. Recovery with
+    the root that holds the topic records the copy gone; from a root without the topic it records nothing."""
+    from sqlalchemy import text
+
+    from tests.integration.helpers import entries, produce
+    from tiering.model import LedgerState as S, TopicPolicy
+    from tiering.ops.delete_lagged import delete_lagged
+    from tiering.ops.offload import offload_many
+    from tiering.ops.recover import recover_from_bucket
+    from tiering.tier1 import Tier1Store
+
+    produce(deps, "g", [entries(f"g{i}", 3, 100) for i in range(2)],
+            TopicPolicy(deletion_lag_seconds=0, rollover_entries=10**9, rollover_bytes=2**40))
+    offload_many(deps, deps.meta.list_ledgers("g", [S.SEALED]))
+    assert sorted(delete_lagged(deps, "g").deleted) == [("g", 0), ("g", 1)]
+    with db.begin() as conn:  # as the older export had ledger 0
+        conn.execute(text("UPDATE tiering.ledger SET tier1_present = true, tier1_deleted_at = NULL "
+                          "WHERE ledger_id = 0"))
+    assert [i for _, i, _ in delete_lagged(deps, "g").failed] == [0]
+    elsewhere = tmp_path / "other-root"
+    elsewhere.mkdir()
+    wrong = recover_from_bucket(db, deps.bucket, tier1=Tier1Store(elsewhere))
+    assert wrong.ok and wrong.tier1_copies_gone == [] and deps.meta.get_ledger("g", 0).tier1_present
+    report = recover_from_bucket(db, deps.bucket, tier1=deps.tier1)
+    assert report.ok and report.tier1_copies_gone == [("g", 0)]
+    assert not deps.meta.get_ledger("g", 0).tier1_present
+    assert delete_lagged(deps, "g").failed == []
+    assert recover_from_bucket(db, deps.bucket, tier1=deps.tier1).tier1_copies_gone == []

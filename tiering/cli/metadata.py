@@ -95,6 +95,7 @@ def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
                       already_known_count=len(report.already_known), ignored_count=len(report.ignored),
                       tier1_adopted_count=len(report.tier1_adopted), tier1_sealed_count=len(report.tier1_sealed),
                       tier1_copies_recorded_count=len(report.tier1_copies_recorded),
+                      tier1_copies_gone_count=len(report.tier1_copies_gone),
                       tier1_ignored=[f"{what}: {why}" for what, why in report.tier1_ignored],
                       unnamed_tier1_dirs=report.unnamed_tier1_dirs,
                       unknown={t: [list(r) for r in rs] for t, rs in report.unknown.items()}, errors=report.errors,
@@ -102,6 +103,7 @@ def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
     out.result(result, f"recovered {len(report.ledgers_recovered)} offloaded ledger(s) from the bucket and "
                        f"{len(report.tier1_adopted)} sealed ledger(s) from tier 1 ({len(report.tier1_sealed)} "
                        f"sealed now), {len(report.tier1_copies_recorded)} tier-1 copie(s) recorded, "
+                       f"{len(report.tier1_copies_gone)} recorded gone, "
                        f"{len(report.topics_created)} new topic(s); {len(report.already_known)} already known, "
                        f"{len(report.ignored)} object(s) and {len(report.tier1_ignored)} tier-1 file(s) ignored, "
                        f"{len(report.errors)} error(s); pages "

@@ -49,6 +49,7 @@ class RestoredTopic:
     existing: set[int] = field(default_factory=set)  # ledger ids the database had: left alone
     restored: list[int] = field(default_factory=list)  # offloaded ledger ids inserted, ascending
     adopted: list[int] = field(default_factory=list)  # sealed tier-1 ledger ids inserted, ascending
+    tier1_gone: list[int] = field(default_factory=list)  # OFFLOADED ledgers whose missing tier-1 copy is recorded
 
 
 def known_ledgers(engine: Engine, name: str) -> dict[int, tuple[str, bool]]:
@@ -63,14 +64,16 @@ def known_ledgers(engine: Engine, name: str) -> dict[int, tuple[str, bool]]:
 
 def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mapping[int, RecoveredLedger],
                   adopted: Mapping[int, AdoptedLedger] | None = None, top: int = -1,
-                  tier1_has: Callable[[int], bool] | None = None) -> RestoredTopic:
+                  tier1_has: Callable[[int], bool] | None = None, root_holds_topic: bool = False) -> RestoredTopic:
     """Create topic `name` if missing (with `policy`), insert each offloaded ledger it does not have as
     OFFLOADED with its chunk row (`tier1_present` as given), each adopted tier-1 ledger as SEALED with
     `tier1_present`, and move `next_ledger_id` past the largest id given and past `top` (the largest
     ledger file tier 1 holds); one transaction. Ledgers the database already has are untouched, so a
     second run adds nothing, except a SEALED one whose copy the bucket holds (metadata older than the
     store: an export taken before it was offloaded): it becomes OFFLOADED with that chunk, its tier-1 copy
-    recorded as gone when `tier1_has` (the root recovery scanned) says the file is not there."""
+    recorded as gone when `tier1_has` (the root recovery scanned) says the file is not there; and an OFFLOADED
+    one whose row says tier 1 holds a copy that is not there, on a root that holds the topic's directory
+    (`root_holds_topic`: the right mount, the file deleted since the metadata was taken), is recorded so."""
     adopted = adopted or {}
     with engine.begin() as conn:
         created = conn.execute(
@@ -94,6 +97,12 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
                                  tier1_deleted_at=None if kept else now, offload_uuid=c.offload_uuid,
                                  offload_started_at=c.offload_started_at, offloaded_at=c.offloaded_at,
                                  version=ledger_t.c.version + 1))
+        gone = sorted(i for i, r in have.items() if root_holds_topic and tier1_has is not None and r.tier1_present
+                      and _state(r) == LedgerState.OFFLOADED.value and not tier1_has(i))
+        for i in gone:
+            conn.execute(update(ledger_t).where(ledger_t.c.topic_id == row.topic_id, ledger_t.c.ledger_id == i,
+                                                ledger_t.c.state == LedgerState.OFFLOADED.value, ledger_t.c.tier1_present)
+                         .values(tier1_present=False, tier1_deleted_at=now, version=ledger_t.c.version + 1))
         new = [ledgers[i] for i in sorted(ledgers) if i not in existing]
         sealed = [adopted[i] for i in sorted(adopted) if i not in existing and i not in ledgers]
         rows = [{
@@ -123,7 +132,7 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
             conn.execute(update(topic_t).where(topic_t.c.topic_id == row.topic_id)
                          .values(next_ledger_id=top + 1))
     return RestoredTopic(created is not None, existing - {c.ledger_id for c in upgraded},
-                         sorted(c.ledger_id for c in new + upgraded), [a.ledger_id for a in sealed])
+                         sorted(c.ledger_id for c in new + upgraded), [a.ledger_id for a in sealed], gone)
 
 
 def _state(r) -> str:

@@ -64,7 +64,8 @@ from tiering.tier2.reader import check_stored_pages
 _UUID_NS = _uuid.UUID("6f1d3c2e-8a43-4f0e-9d7c-2b6a5e1f0c11")
 _WINDOW = 1024 * 1024  # bytes read at once when walking the block headers of a shared object
 _LIST_FIELDS = ("topics_created", "topics", "ledgers_recovered", "already_known", "ignored", "errors",
-                "tier1_adopted", "tier1_sealed", "tier1_copies_recorded", "tier1_ignored", "unnamed_tier1_dirs")
+                "tier1_adopted", "tier1_sealed", "tier1_copies_recorded", "tier1_ignored", "unnamed_tier1_dirs",
+                "tier1_copies_gone")
 
 
 @dataclass
@@ -85,6 +86,7 @@ class RecoverReport:
     tier1_sealed: list[tuple[str, int]] = field(default_factory=list)  # of those, open files sealed now
     tier1_copies_recorded: list[tuple[str, int]] = field(default_factory=list)  # OFFLOADED + tier-1 copy
     tier1_ignored: list[tuple[str, str]] = field(default_factory=list)  # ("topic/ledger", why) not used
+    tier1_copies_gone: list[tuple[str, int]] = field(default_factory=list)  # OFFLOADED, recorded copy not there
     unnamed_tier1_dirs: list[str] = field(default_factory=list)  # tier-1 directories of topics not named
 
     @property
@@ -303,7 +305,8 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
     scan = _scan_tier1(engine, tier1, name, chosen, trimmed_before, report)
     if chosen or scan.ledgers or scan.top >= 0:
         _commit_topic(engine, name, chosen, scan, policy, report,
-                      None if tier1 is None else (lambda lid: tier1.exists(name, lid)))
+                      None if tier1 is None else (lambda lid: tier1.exists(name, lid)),
+                      tier1 is not None and tier1.has_topic(name))
 
 
 def _scan_tier1(engine, tier1: Tier1Store | None, name: str, chosen: dict[int, _Copy], trimmed_before: int,
@@ -444,17 +447,18 @@ def _gaps(known: set[int]) -> list[tuple[int, int]]:
 
 
 def _commit_topic(engine, name: str, chosen: dict[int, _Copy], scan: Tier1Scan, policy: TopicPolicy,
-                  report: RecoverReport, tier1_has=None) -> None:
+                  report: RecoverReport, tier1_has=None, root_holds_topic: bool = False) -> None:
     restored = restore_topic(engine, name, policy, {i: RecoveredLedger(
         c.ledger_id, c.entry_count, c.length, c.sealed_at, _as_uuid(c.offload_uuid, c.chunk.index_key),
         c.started_at, c.finished_at, c.chunk, tier1_present=i in scan.copies) for i, c in chosen.items()},
         {i: AdoptedLedger(f.ledger_id, f.entry_count, f.size_bytes, f.sealed_at) for i, f in scan.ledgers.items()},
-        top=scan.top, tier1_has=tier1_has)
+        top=scan.top, tier1_has=tier1_has, root_holds_topic=root_holds_topic)
     existing = restored.existing
     if restored.created:
         report.topics_created.append(name)
     report.ledgers_recovered += [(name, i) for i in restored.restored]
     report.tier1_copies_recorded += [(name, i) for i in restored.restored if i in scan.copies]
+    report.tier1_copies_gone += [(name, i) for i in restored.tier1_gone]
     report.tier1_adopted += [(name, i) for i in restored.adopted]
     report.tier1_sealed += [(name, i) for i in restored.adopted if scan.ledgers[i].was_open]
     report.already_known += [(name, i) for i in sorted(chosen) if i in existing]
