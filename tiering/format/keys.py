@@ -92,7 +92,12 @@ TRIM_MARKER = "_trimmed"
 
 
 def trim_marker_key(prefix: str, topic: str) -> str:
-    return f"{prefix}{encode_topic(topic)}/{TRIM_MARKER}"
+    return segment_marker_key(prefix, encode_topic(topic))
+
+
+def segment_marker_key(prefix: str, segment: str) -> str:
+    """The marker's key under a topic's key segment (the sweep knows only that of a topic metadata lacks)."""
+    return f"{prefix}{segment}/{TRIM_MARKER}"
 
 
 def is_trim_marker(prefix: str, key: str) -> bool:

@@ -1,4 +1,4 @@
-"""Which offload and defrag attempts still have a live worker.
+"""Which offload, defrag and repair attempts still have a live worker.
 
 An attempt's worker holds a PostgreSQL session advisory lock keyed on the attempt's uuid, on a connection of
 its own, from before the ledgers move to OFFLOADING(attempt) until the attempt committed or was undone. A
@@ -11,11 +11,11 @@ without closing its TCP connections (PostgreSQL holds the lock until its keepali
 when its attempt is older than the timeout, as before. Takeover is safe either way: every transition is a
 compare-and-set on the attempt, so a worker that was wrongly presumed dead loses its commit and cleans up.
 
-Defrag and repair attempts hold a lock of their own class the same way, from before their merged keys are queued until
-their commit or discard: GC leaves the queued keys of a defrag attempt alone while its worker holds that lock
-(metadata/gc_queue.py), so a merge or a repair upload that outlives its queue delay (the offload timeout)
-keeps its objects; a dead worker's keys are collected once due. The lock is taken before the keys are queued and its uuid is
-fresh, so an attempt found without a holder never gets one again.
+Defrag and repair attempts hold a lock of their own class the same way, from before their new keys are
+queued until their commit or discard: GC leaves the queued keys of such an attempt alone while its worker
+holds that lock (metadata/gc_queue.py), so a merge or a repair upload that outlives its queue delay (the
+offload timeout) keeps its objects; a dead worker's keys are collected once due. The lock is taken before
+the keys are queued and its uuid is fresh, so an attempt found without a holder never gets one again.
 
 Locks are two-key (class, hashtext(uuid)), apart from job_run's one-key locks and the GC sweep's classes
 (metadata/gc_sweep.py). Two live attempts whose uuids hash alike cannot both hold the lock: the second

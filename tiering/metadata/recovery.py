@@ -59,7 +59,7 @@ def known_ledgers(engine: Engine, name: str) -> dict[int, tuple[str, bool]]:
         rows = conn.execute(select(ledger_t.c.ledger_id, ledger_t.c.state, ledger_t.c.tier1_present)
                             .join(topic_t, topic_t.c.topic_id == ledger_t.c.topic_id)
                             .where(topic_t.c.name == name)).all()
-    return {r.ledger_id: (r.state if isinstance(r.state, str) else r.state.value, r.tier1_present) for r in rows}
+    return {r.ledger_id: (_state(r), r.tier1_present) for r in rows}
 
 
 def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mapping[int, RecoveredLedger],

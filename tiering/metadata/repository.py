@@ -195,7 +195,8 @@ class MetadataStore:
     def new_attempt(self, lock_class: int = attempt_locks.OFFLOAD_CLASS):
         """`with meta.new_attempt() as attempt:` a fresh offload attempt uuid whose lock this process holds
         for the block (metadata/attempt_locks.py): while it runs, no other worker takes its ledgers over
-        (a defrag's, `attempt_locks.DEFRAG_CLASS`: while it runs, GC leaves its queued keys alone)."""
+        (a defrag's or a repair's, `attempt_locks.DEFRAG_CLASS`/`REPAIR_CLASS`: while it runs, GC leaves its
+        queued keys alone)."""
         return attempt_locks.new_attempt(self.engine, lock_class)
 
     # ---------------------------------------------------------------- ledgers: transitions

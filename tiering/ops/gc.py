@@ -46,9 +46,10 @@ Metadata that is not the store's whole history breaks (W1)-(W3): restored from a
 by a recovery of one topic or one killed midway, it lacks rows whose objects are in the bucket, and those are
 in no queue. So a ledger object neither referenced nor queued is deleted only when the same snapshot also
 knows gone every ledger its index object lists (a batch's or a defrag's object holds several and is named
-after the first; one whose index cannot be read is kept) (`proven_orphans`): DELETED; OFFLOADED with both objects of its chunk row in the bucket
-(this one is an older copy); without a row but below its topic's trim marker; or of a topic without a row,
-below the marker the bucket holds for that topic's key segment (retention's and topic deletion's). Anything
+after the first; one whose index cannot be read is kept) (`proven_orphans`): DELETED; OFFLOADED with both
+objects of its chunk row in the bucket (this one is an older copy); without a row but below its topic's trim
+marker; or of a topic without a row, below the marker the bucket holds for that topic's key segment
+(retention's and topic deletion's). Anything
 else, a ledger SEALED or OPEN whose bucket copy a recovery may need included, is kept: at worst an orphan
 lives until its ledger is offloaded or trimmed.
 
@@ -263,8 +264,9 @@ def proven_orphans(deps: Deps, keys: list[str]) -> tuple[list[str], bool]:
     parsed = {k: p for k in keys if (p := parse_key(b.prefix, k)) is not None}
     # which ledgers the candidates hold, from their index objects (read between the listing and the snapshot
     # that decides: an object's bytes never change under its key)
-    first = gc_sweep.sweep_view(deps.meta.engine, keys, {})
-    held = {k: _held_ledgers(b, k, p) for k, p in parsed.items() if k not in first.kept}
+    kept = gc_queue.kept_in_one_snapshot(deps.meta.engine, keys)
+    indexes: dict[str, list[int] | None] = {}  # a pair's data and index keys share one index object: read once
+    held = {k: _held_ledgers(b, k, p, indexes) for k, p in parsed.items() if k not in kept}
     view = gc_sweep.sweep_view(deps.meta.engine, keys, parsed, {k: ids for k, ids in held.items() if ids})
     markers: dict[str, int] = {}
 
@@ -298,10 +300,16 @@ def proven_orphans(deps: Deps, keys: list[str]) -> tuple[list[str], bool]:
     return out, unknown
 
 
-def _held_ledgers(b, key: str, p) -> list[int] | None:
+def _held_ledgers(b, key: str, p, indexes: dict[str, list[int] | None]) -> list[int] | None:
     """The ledger ids the object's index object lists (its own bytes for an index key), or None when it
-    cannot be read whole (then nothing proves what the object holds)."""
+    cannot be read whole (then nothing proves what the object holds); `indexes` keeps those read."""
     index = key if p.is_index else key + INDEX_SUFFIX
+    if index not in indexes:
+        indexes[index] = _index_ledgers(b, index)
+    return indexes[index]
+
+
+def _index_ledgers(b, index: str) -> list[int] | None:
     try:
         size = object_length(b, index)
         if size is None:

@@ -110,7 +110,7 @@ class Tier1Store:
 
     def has_topic(self, topic: str) -> bool:
         """Whether this root holds the topic's directory (an empty or unmounted root does not)."""
-        return self.path(topic, 0).parent.is_dir()
+        return topic_dir(self.root, topic).is_dir()
 
     def file_size(self, topic: str, ledger_id: int) -> int:
         """Bytes the ledger's file takes (headers, frames and footer included)."""

@@ -11,7 +11,7 @@ import json
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from tiering.format.keys import TRIM_MARKER, trim_marker_key
+from tiering.format.keys import segment_marker_key, trim_marker_key
 from tiering.tier2.errors import NotFound, tier2_error
 from tiering.tier2.objects import Bucket
 
@@ -24,7 +24,7 @@ def read_trim_marker(b: Bucket, topic: str) -> int:
 def read_segment_marker(b: Bucket, segment: str) -> int:
     """The same, for a topic known only by its key segment (format/keys.py: a topic metadata no longer has,
     e.g. one deleted, whose topic deletion wrote a marker past its last ledger)."""
-    return _read(b, f"{b.prefix}{segment}/{TRIM_MARKER}")
+    return _read(b, segment_marker_key(b.prefix, segment))
 
 
 def _read(b: Bucket, key: str) -> int:

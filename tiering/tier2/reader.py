@@ -27,7 +27,7 @@ from tiering.format.index import OffloadIndex, check_page_run
 from tiering.format.pages import run_payload_buffers, run_payloads
 from tiering.model import Chunk, Ledger
 from tiering.tier2.objects import Bucket, RangeStream, get_range, prefetch_ranges
-from tiering.tier2.reader_caches import IndexCache, OffsetCache, ReaderCaches
+from tiering.tier2.reader_caches import IndexCache, OffsetCache, ReaderCaches, index_range
 
 FIRST_RANGE = 64 * 1024
 MAX_RANGE = 4 * 1024 * 1024
@@ -141,10 +141,10 @@ class OffloadedLedger:
         a scan sent before it reached this ledger (`LedgerOpener.send_ahead`) is taken instead."""
         whole = first == 0 and last == self.led.entry_count - 1
         if self._sent is not None:
-            data, self._sent.data = self._sent.data, None
             if whole:
+                data, self._sent.data = self._sent.data, None
                 return [data]
-            data.add_done_callback(_close_stream)
+            self._sent.drop()
         if not whole or self.ch in self.caches.index:
             return []
         self.requests += 1
@@ -444,7 +444,7 @@ class LedgerOpener:
     def _fetch_index(self, ch: Chunk, following: list[Chunk]) -> Future:
         """The fetch that brings the chunk's index into the cache: one already on its way for an earlier
         chunk's group, or a new one for this chunk and those after it in its index object (under the lock)."""
-        pending = self._indexes.get(_index_range(ch))
+        pending = self._indexes.get(index_range(ch))
         if pending is not None:
             return pending
         if ch in self.caches.index:
@@ -459,7 +459,7 @@ class LedgerOpener:
             group.append(other)
             end += other.index_length
         fetch = self.pool.submit(self.caches.index.prefetch, self.b, group)
-        ranges = [_index_range(c) for c in group]
+        ranges = [index_range(c) for c in group]
         for r in ranges:
             self._indexes[r] = fetch
 
@@ -479,10 +479,6 @@ class LedgerOpener:
                 return
             del self._sent[ch]
         sent.drop()
-
-
-def _index_range(ch: Chunk) -> tuple[str, int, int]:
-    return ch.index_key, ch.index_offset, ch.index_length
 
 
 def tier2_opener(b: Bucket, caches: ReaderCaches | None = None, pool: ThreadPoolExecutor | None = None) -> LedgerOpener:

@@ -1,6 +1,6 @@
 """The tier-2 reader's caches, shared by every ledger one opener reads: decoded index objects (LRU, keyed by
 the index's range so merged objects work too) and a bounded map of entry checkpoints (Pulsar's offset cache
-was unbounded, #22679 there)."""
+was unbounded)."""
 from __future__ import annotations
 
 import bisect
@@ -14,6 +14,11 @@ from tiering.model import Chunk
 from tiering.tier2.objects import Bucket, get_range
 
 
+def index_range(ch: Chunk) -> tuple[str, int, int]:
+    """Where a chunk's index lies: (object key, offset, length), the cache's key (merged objects hold several)."""
+    return ch.index_key, ch.index_offset, ch.index_length
+
+
 class IndexCache:
     """LRU of decoded index objects, keyed by (key, offset, length) so merged objects work too."""
 
@@ -25,10 +30,10 @@ class IndexCache:
 
     def __contains__(self, ch: Chunk) -> bool:
         with self._lock:
-            return (ch.index_key, ch.index_offset, ch.index_length) in self._items
+            return index_range(ch) in self._items
 
     def get(self, b: Bucket, ch: Chunk) -> OffloadIndex:
-        key = (ch.index_key, ch.index_offset, ch.index_length)
+        key = index_range(ch)
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
@@ -52,7 +57,7 @@ class IndexCache:
                 index = decode_index(data[at:at + ch.index_length], f"index object {ch.index_key} at {ch.index_offset}")
             except CorruptObjectError:
                 continue
-            self._put((ch.index_key, ch.index_offset, ch.index_length), index)
+            self._put(index_range(ch), index)
 
     def _put(self, key: tuple, index: OffloadIndex) -> OffloadIndex:
         with self._lock:
