@@ -104,13 +104,9 @@ def _leftovers(fs: pafs.FileSystem, base: str) -> list[str]:
     marked = {p.rsplit("/", 1)[-1][len(_MARKER):] for p in _markers(fs, base)} if is_local(fs) else set()
     ours, foreign = [], []
     for table in table_names():
-        where = fs.get_file_info(join(base, table))
-        if where.type == pafs.FileType.NotFound:
-            continue
-        entries = [where] if where.type != pafs.FileType.Directory else \
-            fs.get_file_info(pafs.FileSelector(where.path, allow_not_found=True))
-        for info in entries:
-            (ours if info is not where and _is_part(fs, info, table, marked) else foreign).append(info.path)
+        where = join(base, table)
+        for info in _entries(fs, where):  # a file at the table's own path is foreign
+            (ours if info.path != where and _is_part(fs, info, table, marked) else foreign).append(info.path)
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
         raise BadInput(f"{base!r} is not an export location: {foreign[0]}{more} is not a part of a metadata "
@@ -192,10 +188,20 @@ def release(fs: pafs.FileSystem, base: str, export_id: str) -> None:
         _delete(fs, join(base, _MARKER + export_id))
 
 
+def _entries(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
+    """What is at `path`: nothing, the file itself, or a directory's entries (files and directories)."""
+    where = fs.get_file_info(path)
+    if where.type == pafs.FileType.NotFound:
+        return []
+    if where.type != pafs.FileType.Directory:
+        return [where]
+    return fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+
+
 def _listing(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
+    """The files at `path` (best effort: a listing that fails is empty, for the clean-up after a failure)."""
     try:
-        return [i for i in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-                if i.type == pafs.FileType.File]
+        return [i for i in _entries(fs, path) if i.type == pafs.FileType.File]
     except OSError:
         return []
 

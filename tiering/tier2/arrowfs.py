@@ -21,7 +21,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.config import Settings, aws_sdk_checksums_when_required
 from tiering.tier2.multipart import MIN_PART_SIZE, MultipartUpload
-from tiering.tier2.client import make_client
+from tiering.tier2.client import make_client, s3_client
 from tiering.tier2.errors import NotFound, tier2_error
 from tiering.tier2.objects import Bucket, delete_keys, get_range
 
@@ -63,17 +63,12 @@ def create_object_if_absent(fs: pafs.FileSystem, path: str, data: bytes) -> bool
 
 
 def _client_like(fs: pafs.FileSystem):
-    import boto3
-    from botocore.config import Config
-
     o = fs.__reduce__()[1][0]  # pyarrow S3FileSystem's options
-    return boto3.client(
-        "s3", endpoint_url=f"{o['scheme']}://{o['endpoint_override']}" if o.get("endpoint_override") else None,
-        aws_access_key_id=o.get("access_key") or None, aws_secret_access_key=o.get("secret_key") or None,
-        aws_session_token=o.get("session_token") or None, region_name=o.get("region") or None,
-        verify=o.get("tls_ca_file_path") or None,
-        config=Config(request_checksum_calculation="when_required", response_checksum_validation="when_required",
-                      retries={"max_attempts": 5, "mode": "standard"}))
+    return s3_client(
+        endpoint_url=f"{o['scheme']}://{o['endpoint_override']}" if o.get("endpoint_override") else None,
+        access_key=o.get("access_key") or None, secret_key=o.get("secret_key") or None,
+        session_token=o.get("session_token") or None, region=o.get("region") or None,
+        ca_bundle=o.get("tls_ca_file_path") or None, max_pool_connections=1)
 
 
 def _split(path: str) -> tuple[str, str]:

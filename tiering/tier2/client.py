@@ -1,4 +1,4 @@
-"""The boto3 client of tier 2 (`make_client`): endpoint, credentials, CA bundle, retries, the checksum
+"""The boto3 client of tier 2 (`make_client`, over `s3_client`): endpoint, credentials, CA bundle, retries, the checksum
 settings older S3-compatible servers accept, and the server-side encryption every request carries
 (tier2/encryption.py)."""
 from __future__ import annotations
@@ -10,18 +10,29 @@ from tiering.tier2.encryption import install_encryption
 def make_client(settings: Settings, max_pool_connections: int = 32):
     """The boto3 S3 client of tier 2: the endpoint, credentials, CA bundle (`verify`) and encryption of the
     settings. `tiering.clients.s3_client` and the export's filesystem (tier2/arrowfs.py) both build it here."""
+    client = s3_client(
+        endpoint_url=settings.s3_endpoint_url, access_key=settings.aws_access_key_id,
+        secret_key=settings.aws_secret_access_key, session_token=settings.aws_session_token,
+        region=settings.aws_region, ca_bundle=str(settings.s3_ca_bundle) if settings.s3_ca_bundle else None,
+        max_pool_connections=max_pool_connections)
+    install_encryption(client, settings.s3_encryption, settings.s3_endpoint_url)
+    return client
+
+
+def s3_client(*, endpoint_url: str | None, access_key: str | None, secret_key: str | None,
+              session_token: str | None, region: str | None, ca_bundle: str | None,
+              max_pool_connections: int = 32):
+    """A boto3 S3 client with the product's retries and checksum settings, without encryption: what
+    `make_client` builds on, and what the export uses for a conditional PUT beside pyarrow's own filesystem
+    (its options give the endpoint and credentials; tier2/arrowfs.py)."""
     import boto3
     from botocore.config import Config
 
     client = boto3.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint_url,
-        aws_access_key_id=settings.aws_access_key_id,
-        aws_secret_access_key=settings.aws_secret_access_key,
-        aws_session_token=settings.aws_session_token,
-        region_name=settings.aws_region,
+        "s3", endpoint_url=endpoint_url, aws_access_key_id=access_key, aws_secret_access_key=secret_key,
+        aws_session_token=session_token, region_name=region,
         # None: boto3's default (certifi's CAs, or AWS_CA_BUNDLE); never False: TLS is verified or refused
-        verify=str(settings.s3_ca_bundle) if settings.s3_ca_bundle else None,
+        verify=ca_bundle,
         # checksums only when an operation requires them: older S3-compatible servers (Ceph RGW 16) neither
         # return nor verify the newer flexible checksums, and the readers check every page themselves
         config=Config(max_pool_connections=max_pool_connections, retries={"max_attempts": 5, "mode": "standard"},
@@ -32,7 +43,6 @@ def make_client(settings: Settings, max_pool_connections: int = 32):
     # (botocore wraps them in a BytesIO), so the checksum goes in a header as it does over http
     for op in ("PutObject", "UploadPart"):
         client.meta.events.register(f"before-call.s3.{op}", _checksum_in_header)
-    install_encryption(client, settings.s3_encryption, settings.s3_endpoint_url)
     return client
 
 
