@@ -87,6 +87,27 @@ def test_gc_collects_a_defrag_attempts_keys_once_its_holder_is_gone(deps, db):
     assert sorted(run_gc(deps).deleted) == sorted(keys) and not set(keys) & bucket_keys(deps)
 
 
+def test_gc_aborts_no_upload_of_a_live_attempt_however_old(deps, db):
+    from tiering.metadata.attempt_locks import DEFRAG_CLASS, DEFRAG_REASON, REPAIR_CLASS, REPAIR_REASON
+
+    s3, name, prefix = deps.bucket.s3, deps.bucket.name, deps.bucket.prefix
+
+    def uploads() -> set[str]:
+        return {u["Key"] for u in s3.list_multipart_uploads(Bucket=name, Prefix=prefix).get("Uploads", [])}
+
+    stray = f"{prefix}t/stray/merged"  # no attempt queued it: a killed worker's
+    s3.create_multipart_upload(Bucket=name, Key=stray)
+    with deps.meta.new_attempt(DEFRAG_CLASS) as merge, deps.meta.new_attempt(REPAIR_CLASS) as fix:
+        kept = {f"{prefix}t/x/{merge}/merged": (DEFRAG_REASON, merge), f"{prefix}t/x/{fix}/data": (REPAIR_REASON, fix)}
+        for key, (reason, attempt) in kept.items():
+            deps.meta.enqueue_gc([key], reason, owner=attempt, delay=timedelta(hours=1))
+            s3.create_multipart_upload(Bucket=name, Key=key)
+        report = run_gc(deps, orphan_grace=timedelta(0))  # every upload is past the grace period
+        assert report.uploads_aborted == 1 and uploads() == set(kept)
+    # their holders are gone (the block ended, as a dead process's connection does)
+    assert run_gc(deps, orphan_grace=timedelta(0)).uploads_aborted == 2 and uploads() == set()
+
+
 @pytest.fixture
 def collected_before_commit(deps, db, monkeypatch):
     """GC collects a defrag's merged objects after they are written, as when its attempt lock is lost."""

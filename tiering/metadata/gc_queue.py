@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Iterable, Iterator
 
-from sqlalchemy import and_, case, delete, func, or_, select, true, union, update
+from sqlalchemy import and_, case, delete, func, not_, or_, select, true, union, update
 from sqlalchemy.engine import Connection, Engine
 
 from tiering.metadata.attempt_locks import LIVE_ATTEMPT_CLASSES, holder_gone_sql
@@ -89,6 +89,18 @@ def referenced(conn: Connection, keys: Iterable[str]) -> set[str]:
                         .where(or_(chunk.c.data_key.in_(keys), chunk.c.index_key.in_(keys)))).all()
     wanted = set(keys)
     return {k for r in rows for k in r if k in wanted}
+
+
+def live_attempt_keys(engine: Engine, keys: Iterable[str]) -> set[str]:
+    """The keys among `keys` that a live defrag or repair attempt queued (its worker holds the lock of its
+    class): GC aborts no multipart upload of such a key however old, as it leaves the key's row alone, since a
+    merge or a repair upload may outlast any grace period on a slow link."""
+    keys = sorted(set(keys))
+    if not keys:
+        return set()
+    with engine.begin() as conn:  # the lock checks hold xact locks of dead attempts only, to the block's end
+        return set(conn.execute(select(gc_task.c.key).distinct().where(
+            gc_task.c.key.in_(keys), gc_task.c.state == "PENDING", not_(_collectable()))).scalars())
 
 
 def queued(conn: Connection, keys: Iterable[str]) -> set[str]:

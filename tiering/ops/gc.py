@@ -7,7 +7,8 @@ holds: one HEAD of the bucket, the due rows of the queue, and a listing of multi
    queue (a later removal queues it again); the others are deleted (with any multipart upload under them)
    and dequeued; a failure retries with exponential backoff and becomes FAILED after `max_attempts`.
 2. Multipart uploads older than the grace period are aborted: under the prefix, and under the default
-   export location beside it (a failed or killed metadata export leaves its Parquet uploads there).
+   export location beside it (a failed or killed metadata export leaves its Parquet uploads there); not
+   those of keys a live defrag or repair attempt queued (gc_queue.live_attempt_keys).
 
 The orphan sweep (`sweep_orphans`: `tiering gc --sweep`, DAG `tiering_gc_sweep`, daily) is an operation of
 its own: objects under the prefix that no chunk references and no task holds, older than the grace period
@@ -196,7 +197,9 @@ def stale_uploads(deps: Deps, grace: timedelta) -> list[dict]:
     cutoff = datetime.now(timezone.utc) - grace
     b = deps.bucket
     prefixes = [b.prefix] if not b.prefix else [b.prefix, default_export_prefix(b.prefix)]  # "" lists all
-    return [up for p in prefixes for up in list_uploads(b, p) if up["Initiated"] <= cutoff]
+    stale = [up for p in prefixes for up in list_uploads(b, p) if up["Initiated"] <= cutoff]
+    live = gc_queue.live_attempt_keys(deps.meta.engine, (up["Key"] for up in stale)) if stale else set()
+    return [up for up in stale if up["Key"] not in live]
 
 
 def sweep_orphans(deps: Deps, orphan_grace: timedelta | None = None, max_pages: int = SWEEP_MAX_PAGES,
