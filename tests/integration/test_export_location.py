@@ -4,6 +4,7 @@ replaced with its manifest deleted first; a part of another export passes no che
 neither a manifest nor parts; an executor that does not see a local destination writes nothing."""
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pyarrow.fs as pafs
@@ -154,8 +155,38 @@ def test_a_killed_writers_part_without_a_footer_is_removed(world, db, tmp_path):
     assert not any("dead" in f for f in _files(fs, base))
 
 
-def test_two_exports_into_one_location_at_once_one_wins(world, db, where, monkeypatch):
+def test_a_second_export_into_a_location_being_written_stops_before_touching_it(world, db, where, monkeypatch):
     fs, base = where
+    inside, go_on = threading.Event(), threading.Event()
+    real_claim = ex.claim
+
+    def claim(*a, **k):
+        real_claim(*a, **k)
+        inside.set()
+        go_on.wait(60)  # the first export holds the location, its claim done, no manifest yet
+
+    monkeypatch.setattr(ex, "claim", claim)
+    results: list = []
+    first = threading.Thread(target=lambda: results.append(ex.export_metadata(db, fs, base)))
+    first.start()
+    assert inside.wait(60)
+    before = _files(fs, base)
+    monkeypatch.setattr(ex, "claim", real_claim)
+    with pytest.raises(loc.LocationTaken, match="another export is writing to .* now; nothing written"):
+        ex.export_metadata(db, fs, base, overwrite=True)
+    assert _files(fs, base) == before  # nothing read, removed or written
+    go_on.set()
+    first.join(120)
+    [done] = results
+    real_check = ex.check_parts
+    real_check(fs, base, done)
+    assert _files(fs, base) == sorted(["manifest.json"] + [p.path for t in done.tables.values() for p in t.files])
+
+
+def test_two_exports_past_the_lock_at_once_one_wins(world, db, where, monkeypatch):
+    """Exports of two databases into one location (no shared lock): the manifest decides."""
+    fs, base = where
+    monkeypatch.setattr(ex, "only_writer", lambda *a: contextlib.nullcontext())
     claimed, checked = threading.Barrier(2, timeout=60), threading.Barrier(2, timeout=60)
     real_claim, real_check = ex.claim, ex.check_parts
 

@@ -23,7 +23,7 @@ from tiering.config import Settings
 from tiering.errors import TieringError
 from tiering.metadata.job_runs import JobOutcome
 from tiering.ops import export_metadata as ex
-from tiering.ops.export_location import claim, discard, new_export_id, release
+from tiering.ops.export_location import claim, discard, new_export_id, only_writer, release
 
 
 def default_dest(settings: Settings, now: datetime) -> str:
@@ -83,29 +83,37 @@ def main(argv=None) -> int:
     engine = clients.engine(settings, pool_size=1)
 
     def body(outcome: JobOutcome, run_id: int) -> None:
-        claimed = []  # [(fs, base, export id)] once the location is this run's: a failure removes its parts
         try:
-            _export(settings, engine, args, run_id, outcome, claimed)
+            _export(settings, engine, args, run_id, outcome)
         except Exception as exc:  # noqa: BLE001 - a Spark failure's first line, not its JVM trace
             outcome.errors.append(str(exc) if isinstance(exc, TieringError) else
                                   f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-            if claimed:
-                outcome.details["parts_removed"] = discard(*claimed[0])
 
     return recorded("export_metadata", run_ref("export_metadata"), None, engine, body)
 
 
-def _export(settings: Settings, engine, args, run_id: int, outcome: JobOutcome, claimed: list) -> None:
-    """Claim the location, write every table's parts from one snapshot, then the manifest."""
+def _export(settings: Settings, engine, args, run_id: int, outcome: JobOutcome) -> None:
+    """Hold the location, claim it, write every table's parts from one snapshot, then the manifest; a
+    failure removes this run's parts while the location is still held."""
     from tiering.jobs.runner import spark_session
 
     spark = spark_session("tiering-export-metadata", outcome)
     dest = args.dest or default_dest(settings, datetime.now(timezone.utc))
     fs, base = ex.filesystem_for(dest, settings)
     export_id = f"{run_id}-{new_export_id()[:8]}"
-    claim(fs, base, export_id, args.overwrite)
-    claimed.append((fs, base, export_id))
-    outcome.details.update(dest=dest, export_id=export_id)
+    with only_writer(engine, fs, base):
+        claim(fs, base, export_id, args.overwrite)
+        outcome.details.update(dest=dest, export_id=export_id)
+        try:
+            manifest = _write(spark, settings, engine, fs, base, dest, export_id, outcome)
+        except BaseException:
+            outcome.details["parts_removed"] = discard(fs, base, export_id)
+            raise
+        release(fs, base, export_id)
+    outcome.details.update(tables={t: m.rows for t, m in manifest.tables.items()})
+
+
+def _write(spark, settings: Settings, engine, fs, base: str, dest: str, export_id: str, outcome: JobOutcome):
     opts = jdbc_options(settings)
     with engine.connect() as snap_conn:  # held open: the snapshot lives as long as its transaction
         snap_conn.exec_driver_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -124,8 +132,7 @@ def _export(settings: Settings, engine, args, run_id: int, outcome: JobOutcome, 
             outcome.items_done += sum(f.rows for f in parts[table])
         manifest = ex.build_manifest(snap_conn, parts, export_id=export_id)
     ex.write_manifest(fs, base, manifest)
-    release(fs, base, export_id)
-    outcome.details.update(tables={t: m.rows for t, m in manifest.tables.items()})
+    return manifest
 
 
 if __name__ == "__main__":

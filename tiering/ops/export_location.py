@@ -19,7 +19,9 @@ part file identified as the export's own, nothing left behind by a failed one.
 - `discard` after a failure: this export's parts and marker go (on S3, and on local paths the driver sees).
   `release` after the manifest: the marker goes.
 
-A location is written by one export at a time. Two exports into the same location at once: the manifest is
+A location is written by one export at a time: its driver holds a lock on the location in the metadata
+database (`only_writer`) from its claim to its manifest; a second export finds it held and fails with
+`LocationTaken` before touching anything. Beyond that lock (exports of two databases into one location), the manifest is
 created only if there is none (`create_manifest`: a hard link on a local path, a PUT with `If-None-Match: *`
 on S3), so one of them at most writes it; the other fails with `LocationTaken` and removes its parts. A
 `claim` that removes the parts of an export still running makes that one fail its check before the manifest,
@@ -30,11 +32,14 @@ from __future__ import annotations
 import os
 import re
 import uuid
+from contextlib import contextmanager
+from typing import Iterator
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from tiering.errors import BadInput, TieringError
+from tiering.metadata import export_lock
 from tiering.metadata.export_rows import table_names
 from tiering.tier2.arrowfs import create_object_if_absent
 
@@ -71,6 +76,16 @@ def is_local(fs: pafs.FileSystem) -> bool:
 def part_name(table: str, part_no: int, export_id: str) -> str:
     """A part's path relative to the base path."""
     return f"{table}/part-{export_id}-{part_no:05d}.parquet"
+
+
+@contextmanager
+def only_writer(engine, fs: pafs.FileSystem, base: str) -> Iterator[None]:
+    """Hold the location for one export from its `claim` to its manifest (metadata/export_lock.py), or raise
+    LocationTaken at once when another export holds it: nothing is read, removed or written then."""
+    with export_lock.writing(engine, f"{fs.type_name}:{base.rstrip('/')}") as mine:
+        if not mine:
+            raise LocationTaken(f"another export is writing to {base!r} now; nothing written (rerun it later)")
+        yield
 
 
 def claim(fs: pafs.FileSystem, base: str, export_id: str, overwrite: bool) -> None:

@@ -44,7 +44,7 @@ from tiering.metadata import export_rows as R
 from tiering.metadata.export_rows import jdbc_query, table_names  # re-exported: the Spark job uses them from here
 from tiering.ops.export_location import (EXPORT_ID_KEY, MANIFEST, LocationTaken, another_export, claim,
                                          create_manifest, discard, exists as _exists, is_local as _is_local,
-                                         join as _join, new_export_id, part_name, release)
+                                         join as _join, new_export_id, only_writer, part_name, release)
 
 FORMAT = "tiering-metadata-export"
 FORMAT_VERSION = 1
@@ -356,17 +356,18 @@ def export_metadata(engine, fs: pafs.FileSystem, base_path: str, batch_rows: int
     if batch_rows < 1 or rows_per_part < 1:
         raise BadInput("batch_rows and rows_per_part must be positive")
     export_id = new_export_id()
-    claim(fs, base_path, export_id, overwrite)
-    try:
-        with R.snapshot(engine) as snap:
-            parts = {t: _export_table(snap, fs, base_path, t, batch_rows, rows_per_part, export_id)
-                     for t in table_names()}
-            manifest = build_manifest(snap, parts, snap.now, export_id)
-        write_manifest(fs, base_path, manifest)
-    except BaseException:
-        discard(fs, base_path, export_id)
-        raise
-    release(fs, base_path, export_id)
+    with only_writer(engine, fs, base_path):
+        claim(fs, base_path, export_id, overwrite)
+        try:
+            with R.snapshot(engine) as snap:
+                parts = {t: _export_table(snap, fs, base_path, t, batch_rows, rows_per_part, export_id)
+                         for t in table_names()}
+                manifest = build_manifest(snap, parts, snap.now, export_id)
+            write_manifest(fs, base_path, manifest)
+        except BaseException:
+            discard(fs, base_path, export_id)
+            raise
+        release(fs, base_path, export_id)
     return manifest
 
 

@@ -1,0 +1,29 @@
+"""One metadata export at a time per location, across processes and machines that share the database.
+
+The manifest is created only if absent (ops/export_location.py), so of two exports racing into one
+location at most one completes; but a `claim` removes what it takes for an earlier export's leftovers, and
+that could be a part a running export had just written. A session advisory lock on the location, held by the
+export's driver from its claim to its manifest, closes that: a second export finds it held and stops before
+touching anything. Killed, the driver loses the lock with its connection."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from sqlalchemy import func, literal, select
+from sqlalchemy.engine import Engine
+
+LOCK_CLASS = 0x6578706c  # "expl" (two-key advisory locks: metadata/attempt_locks.py)
+
+
+@contextmanager
+def writing(engine: Engine, location: str) -> Iterator[bool]:
+    """Yields True while this process holds the export lock of `location`, False when another session does
+    (it does not wait). Two locations whose names hash alike share a lock: the later export waits its turn
+    (fails, to be rerun), never writes beside the other."""
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        yield bool(conn.execute(select(func.pg_try_advisory_lock(
+            literal(LOCK_CLASS), func.hashtext(literal(location))))).scalar_one())
+    finally:
+        conn.close()  # the pool's check-in releases the lock (metadata/db.py)
