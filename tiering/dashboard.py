@@ -245,6 +245,25 @@ def job_runs(conn: Connection, limit: int = 50) -> dict:
         FROM tiering.job_run ORDER BY run_id DESC LIMIT :limit""", limit=_limit(limit))}
 
 
+# The parts both series queries share: the buckets, the sums per bucket, and the job runs' events in them.
+_BUCKETS = """
+    WITH buckets AS (
+        SELECT i, CAST(:w AS timestamptz) + make_interval(secs => :step * i) AS bucket_start,
+               CAST(:w AS timestamptz) + make_interval(secs => :step * (i + 1)) AS bucket_end
+        FROM generate_series(0, :count - 1) AS i),"""
+_COUNTS_HEAD = """
+        SELECT k, sum(ob) AS offloaded_bytes, sum(ol) AS offloaded_ledgers, sum(bb) AS backlog_bytes,
+               sum(bn) AS backlog_ledgers, sum(jr) AS job_runs, sum(jb) AS job_bytes
+        FROM (
+"""
+_JOB_EVENTS = """            UNION ALL
+            SELECT date_bin(make_interval(secs => :step), j.started_at, :w), 0, 0, 0, 0, 1, 0
+            FROM tiering.job_run j WHERE j.started_at >= :w AND j.started_at < :w_end
+            UNION ALL
+            SELECT date_bin(make_interval(secs => :step), j.ended_at, :w), 0, 0, 0, 0, 0, j.bytes
+            FROM tiering.job_run j WHERE j.ended_at >= :w AND j.ended_at < :w_end) AS x
+        GROUP BY k)
+"""
 # The series reads only rows that can fall in its window, through indexes (migration 0003), so its cost
 # follows the window and the backlog, not the history:
 # - offloaded per bucket: one range scan of `offloaded_at` over the window (index ledger_series_offloaded);
@@ -259,11 +278,7 @@ def job_runs(conn: Connection, limit: int = 50) -> dict:
 # Every row lands in its bucket by date_bin (exact microseconds). An event at t counts from the first bucket
 # whose end is >= t: the bin of t - 1 us (timestamps have microsecond resolution), W's for t <= W. W, its end
 # and now are bound as values, so the planner sees the ranges it reads.
-_SERIES_SQL = """
-    WITH buckets AS (
-        SELECT i, CAST(:w AS timestamptz) + make_interval(secs => :step * i) AS bucket_start,
-               CAST(:w AS timestamptz) + make_interval(secs => :step * (i + 1)) AS bucket_end
-        FROM generate_series(0, :count - 1) AS i),
+_SERIES_SQL = _BUCKETS + """
     spans AS (
         SELECT l.sealed_at, NULL::timestamptz AS end_at, l.size_bytes
         FROM tiering.ledger l
@@ -277,11 +292,7 @@ _SERIES_SQL = """
         FROM tiering.ledger l
         WHERE l.deleted_at > :w AND (l.offloaded_at IS NULL OR l.offloaded_at <= :w)
           AND l.entry_count > 0 AND l.sealed_at <= :now),
-    counts AS (
-        SELECT k, sum(ob) AS offloaded_bytes, sum(ol) AS offloaded_ledgers, sum(bb) AS backlog_bytes,
-               sum(bn) AS backlog_ledgers, sum(jr) AS job_runs, sum(jb) AS job_bytes
-        FROM (
-            SELECT date_bin(make_interval(secs => :step), l.offloaded_at, :w) AS k,
+    counts AS (""" + _COUNTS_HEAD + """            SELECT date_bin(make_interval(secs => :step), l.offloaded_at, :w) AS k,
                    l.size_bytes AS ob, 1 AS ol, 0 AS bb, 0 AS bn, 0 AS jr, 0 AS jb
             FROM tiering.ledger l WHERE l.offloaded_at >= :w AND l.offloaded_at < :w_end
             UNION ALL
@@ -291,14 +302,7 @@ _SERIES_SQL = """
             FROM spans s
             CROSS JOIN LATERAL (VALUES (s.sealed_at, 1, s.size_bytes), (s.end_at, -1, -s.size_bytes)) AS e (at, n, b)
             WHERE (s.end_at IS NULL OR (s.end_at > :w AND s.end_at > s.sealed_at)) AND e.at <= :now
-            UNION ALL
-            SELECT date_bin(make_interval(secs => :step), j.started_at, :w), 0, 0, 0, 0, 1, 0
-            FROM tiering.job_run j WHERE j.started_at >= :w AND j.started_at < :w_end
-            UNION ALL
-            SELECT date_bin(make_interval(secs => :step), j.ended_at, :w), 0, 0, 0, 0, 0, j.bytes
-            FROM tiering.job_run j WHERE j.ended_at >= :w AND j.ended_at < :w_end) AS x
-        GROUP BY k)
-    SELECT bk.bucket_start, bk.bucket_end,
+""" + _JOB_EVENTS + """    SELECT bk.bucket_start, bk.bucket_end,
            coalesce(c.offloaded_bytes, 0)::bigint AS offloaded_bytes,
            coalesce(c.offloaded_ledgers, 0)::bigint AS offloaded_ledgers,
            (sum(coalesce(c.backlog_bytes, 0)) OVER upto)::bigint AS backlog_bytes,
@@ -315,31 +319,16 @@ _SERIES_SQL = """
 # the hours after the bucket: the counters put an event at t in the hour (h, h + 1 h], as the query above
 # puts it in its bucket, so the two agree (tests/integration/test_dashboard_scale.py compares both with the
 # old per-bucket definition). The last bucket holds now: its backlog is the backlog now.
-_SERIES_HOURLY_SQL = """
-    WITH buckets AS (
-        SELECT i, CAST(:w AS timestamptz) + make_interval(secs => :step * i) AS bucket_start,
-               CAST(:w AS timestamptz) + make_interval(secs => :step * (i + 1)) AS bucket_end
-        FROM generate_series(0, :count - 1) AS i),
+_SERIES_HOURLY_SQL = _BUCKETS + """
     backlog_now AS (
         SELECT count(*) AS n, coalesce(sum(l.size_bytes), 0) AS b
         FROM tiering.ledger l
         WHERE l.offloaded_at IS NULL AND l.deleted_at IS NULL AND l.entry_count > 0 AND l.sealed_at <= :now),
-    counts AS (
-        SELECT k, sum(ob) AS offloaded_bytes, sum(ol) AS offloaded_ledgers, sum(bb) AS backlog_bytes,
-               sum(bn) AS backlog_ledgers, sum(jr) AS job_runs, sum(jb) AS job_bytes
-        FROM (
-            SELECT date_bin(make_interval(secs => :step), h.hour, :w) AS k,
+    counts AS (""" + _COUNTS_HEAD + """            SELECT date_bin(make_interval(secs => :step), h.hour, :w) AS k,
                    h.offloaded_bytes AS ob, h.offloaded_ledgers AS ol, h.backlog_bytes AS bb,
                    h.backlog_ledgers AS bn, 0 AS jr, 0 AS jb
             FROM tiering.ledger_hourly h WHERE h.hour >= :w AND h.hour < :w_end
-            UNION ALL
-            SELECT date_bin(make_interval(secs => :step), j.started_at, :w), 0, 0, 0, 0, 1, 0
-            FROM tiering.job_run j WHERE j.started_at >= :w AND j.started_at < :w_end
-            UNION ALL
-            SELECT date_bin(make_interval(secs => :step), j.ended_at, :w), 0, 0, 0, 0, 0, j.bytes
-            FROM tiering.job_run j WHERE j.ended_at >= :w AND j.ended_at < :w_end) AS x
-        GROUP BY k)
-    SELECT bk.bucket_start, bk.bucket_end,
+""" + _JOB_EVENTS + """    SELECT bk.bucket_start, bk.bucket_end,
            coalesce(c.offloaded_bytes, 0)::bigint AS offloaded_bytes,
            coalesce(c.offloaded_ledgers, 0)::bigint AS offloaded_ledgers,
            (bn.b - coalesce(sum(c.backlog_bytes) OVER later, 0))::bigint AS backlog_bytes,
