@@ -9,6 +9,7 @@ exactly what metadata references, with no upload in progress.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from urllib.parse import urlsplit
 
@@ -18,9 +19,11 @@ from botocore.config import Config
 
 from tests.faults.harness import OFFLOAD_TIMEOUT, check_invariants, gc_all, settle
 from tests.integration.helpers import bucket_keys, entries, make_deps, open_uploads, produce
-from tiering.errors import Tier2Error
+from tiering.errors import CorruptObjectError, Tier2Error
 from tiering.model import LedgerState as S, TopicPolicy
 from tiering.ops.offload import offload_ledger, offload_many
+from tiering.tier2.objects import RangeStream
+from tiering.tier2.reader import tier2_opener
 
 KIB = 1024
 BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
@@ -47,9 +50,25 @@ class SlowLink:
         ready.set()
         self.loop.run_forever()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    breaks_left = 0  # break_responses(): connections still to be broken
+    break_after = 0
+
+    def break_responses(self, after: int, connections: int) -> None:
+        """The next `connections` connections are reset once `after` bytes of responses went through each."""
+        self.break_after, self.breaks_left = after, connections
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int | None = None,
+                    other: asyncio.StreamWriter | None = None) -> None:
+        passed = 0
         try:
             while data := await reader.read(16 * KIB):
+                if limit is not None and passed + len(data) > limit:  # a reset mid-response
+                    writer.write(data[:limit - passed])
+                    await writer.drain()
+                    writer.transport.abort()
+                    other.transport.abort()
+                    return
+                passed += len(data)
                 await asyncio.sleep(self.delay + len(data) / self.rate)
                 writer.write(data)
                 await writer.drain()
@@ -61,7 +80,11 @@ class SlowLink:
     async def _handle(self, client_r, client_w) -> None:
         server_r, server_w = await asyncio.open_connection(*self.target)
         self._writers |= {client_w, server_w}
-        await asyncio.gather(self._pipe(client_r, server_w), self._pipe(server_r, client_w))
+        limit = None
+        if self.breaks_left:
+            self.breaks_left -= 1
+            limit = self.break_after
+        await asyncio.gather(self._pipe(client_r, server_w), self._pipe(server_r, client_w, limit, server_w))
 
     @property
     def url(self) -> str:
@@ -138,3 +161,59 @@ def test_a_link_cut_mid_upload_fails_cleanly_and_a_rerun_converges(link, s3_sett
     gc_all(deps)  # the cut attempt's upload is aborted or its objects collected
     check_invariants(deps, db, {"cut": expected})
     assert len(bucket_keys(deps)) == 4 and open_uploads(deps) == []
+
+
+@pytest.fixture
+def offloaded_topic(deps):
+    """A topic of one ~6 MiB ledger, offloaded, its tier-1 copy gone: reads come from tier 2 only."""
+    expected = produce(deps, "broken", [entries("big", 60, 100 * KIB)], TopicPolicy(**BIG), open_tail=[b"tail"])
+    [led] = deps.meta.list_ledgers("broken", [S.SEALED])
+    offload_ledger(deps, led)
+    led = deps.meta.mark_tier1_deleted(deps.meta.get_ledger("broken", 0))
+    deps.tier1.delete("broken", 0)
+    return expected, led
+
+
+def _read_over(link, s3_settings, db, bucket, tier1_root, led):
+    deps = deps_over(link, s3_settings, db, bucket, tier1_root)
+    return deps, dict(tier2_opener(deps.bucket)(led, deps.meta.get_chunk(led)).iter_entries(0, led.entry_count - 1))
+
+
+def test_a_read_whose_response_breaks_off_goes_on_from_the_byte_reached(
+        link, s3_settings, db, bucket, tier1_root, offloaded_topic, caplog):
+    expected, led = offloaded_topic
+    over = link(rate=64 * 1024 * KIB, delay=0)
+    over.break_responses(after=1536 * KIB, connections=2)  # the data GET, and the GET going on after it, break
+    caplog.set_level(logging.WARNING, logger="tiering.tier2.objects")
+    deps, got = _read_over(over, s3_settings, db, bucket, tier1_root, led)
+    assert got == {e: v for (_, e), v in expected.items() if _ == 0}
+    assert [r for r in caplog.records if "broke off" in r.getMessage()], "no read broke off: the test tested nothing"
+    check_invariants(deps, db, {"broken": expected})
+
+
+def test_a_read_that_keeps_breaking_off_fails_with_one_line(
+        link, s3_settings, db, bucket, tier1_root, offloaded_topic):
+    _, led = offloaded_topic
+    over = link(rate=64 * 1024 * KIB, delay=0)
+    over.break_responses(after=256 * KIB, connections=10**6)
+    with pytest.raises(Tier2Error) as failure:
+        _read_over(over, s3_settings, db, bucket, tier1_root, led)
+    msg = str(failure.value)
+    assert "\n" not in msg and s3_settings["aws_secret_access_key"] not in msg, msg
+
+
+def test_an_object_replaced_while_its_read_broke_off_is_not_mixed_in(
+        link, s3_settings, db, bucket, tier1_root, offloaded_topic):
+    _, led = offloaded_topic
+    over = link(rate=64 * 1024 * KIB, delay=0)
+    deps = deps_over(over, s3_settings, db, bucket, tier1_root)
+    ch = deps.meta.get_chunk(led)
+    over.break_responses(after=1024 * KIB, connections=1)
+    stream = RangeStream(deps.bucket, ch.data_key, ch.data_offset, ch.data_length)
+    first = stream.read(512 * KIB)
+    s3 = boto3.client("s3", **s3_settings)  # the same bytes, written again: a new object (new ETag)
+    body = s3.get_object(Bucket=bucket, Key=ch.data_key)["Body"].read()
+    s3.put_object(Bucket=bucket, Key=ch.data_key, Body=body[:-1] + bytes([body[-1] ^ 1]))
+    with pytest.raises(CorruptObjectError, match="replaced while being read"):
+        stream.read(ch.data_length - len(first))
+    stream.close()

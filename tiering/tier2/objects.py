@@ -3,6 +3,7 @@ prefix), their failures translated by tier2/errors.py. The client itself is buil
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +15,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.errors import CorruptObjectError, DataLossError
 from tiering.tier2.errors import NotFound, ShortObject, bucket_unavailable, error_class, tier2_error
+
+log = logging.getLogger(__name__)
+# how many times one read goes on after its body broke off mid-way (get_range, RangeStream)
+BODY_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -36,14 +41,25 @@ def completed_part(part_number: int, resp: dict) -> dict:
 
 
 def get_range(b: Bucket, key: str, start: int, length: int) -> bytes:
-    """Bytes [start, start+length) of an object; a short read is an error, not a silent truncation."""
+    """Bytes [start, start+length) of an object; a short read is an error, not a silent truncation. A body
+    broken off mid-way (a reset link: botocore retries the request, not its body) is asked for again, up to
+    BODY_RETRIES times."""
     if length <= 0:
         return b""
-    try:
-        body = b.s3.get_object(Bucket=b.name, Key=key, Range=f"bytes={start}-{start + length - 1}")["Body"]
-        data = body.read()
-    except (ClientError, BotoCoreError) as exc:
-        raise _read_error(key, exc) from None
+    for attempt in range(BODY_RETRIES + 1):
+        try:
+            body = b.s3.get_object(Bucket=b.name, Key=key, Range=f"bytes={start}-{start + length - 1}")["Body"]
+        except (ClientError, BotoCoreError) as exc:
+            raise _read_error(key, exc) from None
+        try:
+            data = body.read()
+            break
+        except (BotoCoreError, OSError) as exc:
+            body.close()
+            if attempt == BODY_RETRIES:
+                raise tier2_error("GET", key, exc) from None
+            log.warning("GET of %r bytes %d..%d broke off (%s); asking again", key, start, start + length - 1,
+                        type(exc).__name__)
     if len(data) != length:
         raise CorruptObjectError("object", f"{key} bytes {start}..{start + length - 1}",
                                  f"got {len(data)} bytes, expected {length} (object shorter than metadata says)")
@@ -62,32 +78,64 @@ class RangeStream:
     """One GET of [start, start+length) of an object, read in consecutive pieces as the bytes arrive: a scan
     at the speed of one streaming GET, with memory bounded by what the caller holds. Each `read(n)` returns
     exactly n bytes or raises (a short body is CorruptObjectError, a broken connection Tier2Error, a
-    missing object DataLossError). `close()` drops the rest (the connection is discarded)."""
+    missing object DataLossError). `close()` drops the rest (the connection is discarded).
+
+    A body broken off mid-way (a link reset, a read timeout: botocore retries a request, not the body of a
+    response it returned) goes on from the byte reached with a new ranged GET, up to BODY_RETRIES times per
+    stream, as s3transfer's downloads do; the new GET asks `If-Match` the first one's ETag, so an object
+    replaced in between fails the read (CorruptObjectError) instead of mixing two objects' bytes."""
 
     def __init__(self, b: Bucket, key: str, start: int, length: int):
-        self.key, self.start, self.left = key, start, length
+        self.b, self.key, self.start, self.left = b, key, start, length
+        self.etag: str | None = None
+        self.resumed = 0
+        self._body = self._open() if length > 0 else None
+
+    def _open(self):
+        match = {"IfMatch": self.etag} if self.etag else {}
         try:
-            self._body = b.s3.get_object(Bucket=b.name, Key=key,
-                                         Range=f"bytes={start}-{start + length - 1}")["Body"] if length > 0 else None
+            resp = self.b.s3.get_object(Bucket=self.b.name, Key=self.key,
+                                        Range=f"bytes={self.start}-{self.start + self.left - 1}", **match)
         except (ClientError, BotoCoreError) as exc:
-            raise _read_error(key, exc) from None
+            if match and isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in (
+                    "PreconditionFailed", "412"):
+                raise CorruptObjectError("object", f"{self.key} from byte {self.start}",
+                                         "it was replaced while being read (its ETag changed)") from None
+            raise _read_error(self.key, exc) from None
+        self.etag = self.etag or resp.get("ETag")
+        return resp["Body"]
 
     def read(self, n: int) -> bytes:
         if n <= 0:
             return b""
         if n > self.left:
             raise ValueError(f"read of {n} bytes past the range's end ({self.left} left)")
-        try:
-            data = self._body.read(n)
-        except (BotoCoreError, OSError) as exc:  # the connection broke mid-body (urllib3's errors are OSErrors)
-            raise tier2_error("GET", self.key, exc) from None
-        if len(data) != n:
+        pieces, got = [], 0
+        while got < n:
+            try:
+                data = self._body.read(n - got)
+            except (BotoCoreError, OSError) as exc:  # the connection broke mid-body (urllib3's errors are OSErrors)
+                self._resume(exc)
+                continue
+            if not data:
+                break
+            pieces.append(data)
+            got += len(data)
+            self.left -= len(data)
+            self.start += len(data)
+        if got != n:
             raise CorruptObjectError("object", f"{self.key} from byte {self.start}",
-                                     f"the body ended {self.left - len(data)} bytes early (object shorter than "
-                                     f"metadata says)")
-        self.left -= n
-        self.start += n
-        return data
+                                     f"the body ended {self.left} bytes early (object shorter than metadata says)")
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _resume(self, exc: BaseException) -> None:
+        self._body.close()
+        if self.resumed == BODY_RETRIES:
+            raise tier2_error("GET", self.key, exc) from None
+        self.resumed += 1
+        log.warning("GET of %r broke off at byte %d (%s); going on from there", self.key, self.start,
+                    type(exc).__name__)
+        self._body = self._open()
 
     def close(self) -> None:
         if self._body is not None:
