@@ -237,7 +237,7 @@ class ReadHandle:
         source = None  # the run being read: closed with this generator (a reader stopping early drops its GET)
         to_batch = partial(_entry_batch, led.ledger_id)
         if arrays:
-            from tiering.tier2.reader import array_batches  # here: `read` alone does not import S3's client
+            from tiering.tier2.reader_arrays import array_batches  # here: `read` alone does not import pyarrow
         try:
             for got in read_ledger_range(self.meta, led, first, last, self.tier1, self.open_tier2, held,
                                          arrays=arrays):

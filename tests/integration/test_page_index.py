@@ -315,7 +315,28 @@ def test_a_whole_ledger_scan_sends_its_data_get_beside_the_index_get(deps, s3_se
         assert (sends[0] == "data") == early, (first, last, sends)
 
 
-def test_a_data_get_sent_ahead_is_dropped_when_the_index_fails_or_has_no_pages(deps, stream_spy):
+def test_a_ledger_without_a_page_index_is_read_whole_from_the_get_sent_beside_its_index(
+        deps, two_blocks, stream_spy, s3_settings, bucket):
+    """Blocks with padding, read one after the other from the one data GET (none dropped, none asked for
+    again); a range that is not the whole ledger still reads by blocks."""
+    ch, _ = two_blocks
+    expected = {e.entry_id: e.data for e in read_all(deps, "t")}
+    n = strip_page_index(deps, ch)
+    with deps.meta.engine.begin() as conn:
+        conn.execute(text("UPDATE tiering.chunk SET index_length = :n WHERE index_key = :k"),
+                     {"n": n, "k": ch.index_key})
+    own, gets = _counted(deps, s3_settings, bucket)
+    stream_spy.update(opened=0, closed=0)
+    got = [e for e in ReadHandle(own.meta, own.tier1, tier2_opener(own.bucket, ReaderCaches.new())).read("t")
+           if isinstance(e, Entry)]
+    assert {e.entry_id: e.data for e in got} == expected and len(expected) == 60
+    assert len(gets) == 2 and stream_spy == {"opened": 1, "closed": 1}, (gets, stream_spy)  # index, data
+    part = [e for e in ReadHandle(own.meta, own.tier1, tier2_opener(own.bucket, ReaderCaches.new())).read(
+        "t", Position(0, 5), Position(0, 55)) if isinstance(e, Entry)]
+    assert [e.entry_id for e in part] == list(range(5, 56)) and all(e.data == expected[e.entry_id] for e in part)
+
+
+def test_a_data_get_sent_ahead_is_dropped_when_the_index_fails(deps, stream_spy):
     from concurrent.futures import ThreadPoolExecutor
 
     expected = produce(deps, "x", [entries("x", 30, 2000), entries("y", 30, 2000)])
@@ -326,7 +347,7 @@ def test_a_data_get_sent_ahead_is_dropped_when_the_index_fails_or_has_no_pages(d
         list(ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket, ReaderCaches.new(), pool)).read("x"))
     pool.shutdown(wait=True)
     assert stream_spy["opened"] == 1 and stream_spy["closed"] == 1, stream_spy
-    # an index written before page indexes: the block path reads the ledger, the GET sent ahead is dropped
+    # an index written before page indexes: the block path reads the ledger from the GET sent ahead
     n = strip_page_index(deps, second)
     with deps.meta.engine.begin() as conn:
         conn.execute(text("UPDATE tiering.chunk SET index_length = :n WHERE index_key = :k"),

@@ -101,9 +101,9 @@ def test_a_batch_read_closed_early_drops_its_get(deps, topic):
 def test_runs_split_at_the_arrays_limit_read_the_same(deps, topic, monkeypatch):
     """A run whose payloads one Arrow array cannot hold (2 GiB: here made 50,000 bytes) is handed out as
     several batches, each one array: together the same entries."""
-    import tiering.tier2.reader as reader
+    import tiering.tier2.reader_arrays as arrays
 
-    monkeypatch.setattr(reader, "MAX_ARRAY_BYTES", 50_000)
+    monkeypatch.setattr(arrays, "MAX_ARRAY_BYTES", 50_000)
     batches = list(handle(deps).read_batches(topic))
     assert flattened(batches) == list(handle(deps).read(topic))
     assert all(isinstance(b.payloads, pa.BinaryArray) for b in batches if isinstance(b, EntryBatch))

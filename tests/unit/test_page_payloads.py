@@ -12,7 +12,7 @@ import pytest
 from tiering.errors import CorruptObjectError
 from tiering.format.block import ENTRY_HEADER_LEN, HEADER_LEN, pack_blocks
 from tiering.format.pages import page_entries, page_payloads, run_payloads
-from tiering.tier2.reader import run_payload_array
+from tiering.tier2.reader_arrays import run_payload_array
 
 
 def packed(payloads, block_size=64 * 1024, page_size=4096):
@@ -175,16 +175,16 @@ def test_a_batch_of_one_page_or_of_empty_payloads_is_an_arrow_array():
 def test_a_run_whose_payloads_one_array_cannot_hold_is_split_into_arrays(monkeypatch, sizes):
     """Payloads of 2 GiB or more in one run (a page size that large) do not fit one `binary` array's 32-bit
     offsets: the run comes back as a ChunkedArray of arrays within the limit (here made 2,500 bytes), which
-    `_one_array_each` hands out as consecutive batches of one array each."""
-    import tiering.tier2.reader as reader
+    `one_array_each` hands out as consecutive batches of one array each."""
+    import tiering.tier2.reader_arrays as arrays
 
-    monkeypatch.setattr(reader, "MAX_ARRAY_BYTES", 2500)
+    monkeypatch.setattr(arrays, "MAX_ARRAY_BYTES", 2500)
     payloads = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
     data, pages = packed(payloads)
     for run in runs_of_one_block(pages, 3):
         got = parse_run(data, run, run_payload_array)
         assert got.to_pylist() == payloads[run[0][0]:run[-1][1] + 1]
-        batches = list(reader._one_array_each([(run[0][0], got)]))
+        batches = list(arrays.one_array_each([(run[0][0], got)]))
         assert all(isinstance(a, pa.BinaryArray) for _, a in batches)
         assert all(sum(map(len, a.to_pylist())) <= 2500 or len(a) == 1 for _, a in batches)
         assert [(f, a.to_pylist()) for f, a in batches] == \

@@ -209,7 +209,7 @@ def _chunks(reader: TieringReader, part: Part, token: str | None) -> Iterator[tu
             yield start, min(BATCH_ROWS, last + 1 - start), None, tier
         return
     from tiering.read import TIER2, TRIMMED, Run, read_ledger_range
-    from tiering.tier2.reader import array_batches
+    from tiering.tier2.reader_arrays import array_batches
 
     c = _clients(reader.settings)
     sees, why_not = _sees_root(reader.settings, token)

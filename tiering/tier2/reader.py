@@ -24,9 +24,10 @@ from typing import Iterator
 from tiering.errors import CorruptObjectError, EntryNotFound
 from tiering.format.block import HEADER_LEN, Entry, NeedMore, parse_block_header, read_entry_at
 from tiering.format.index import OffloadIndex, check_page_run
-from tiering.format.pages import run_payload_buffers, run_payloads
+from tiering.format.pages import run_payloads
 from tiering.model import Chunk, Ledger
 from tiering.tier2.objects import Bucket, RangeStream, get_range, prefetch_ranges
+from tiering.tier2.reader_arrays import array_batches, one_array_each, run_payload_array
 from tiering.tier2.reader_caches import IndexCache, OffsetCache, ReaderCaches, index_range
 
 FIRST_RANGE = 64 * 1024
@@ -34,7 +35,6 @@ MAX_RANGE = 4 * 1024 * 1024
 READ_AHEAD = 4
 CHECKPOINT_STRIDE = 64
 SCAN_GROUP = 1024 * 1024  # bytes of whole pages a scan's streaming GET hands over at a time
-MAX_ARRAY_BYTES = 2**31 - 1  # payload bytes one Arrow `binary` array holds (32-bit offsets)
 # A scan fetches the indexes of ledgers offloaded together (back to back in one index object) in one GET of
 # at most this many bytes: a GET costs ~1 ms of client CPU on top of its round trip, more than its bytes.
 INDEX_GROUP_BYTES = 1024 * 1024
@@ -117,10 +117,13 @@ class OffloadedLedger:
             if index.pages is not None:
                 parse = run_payload_array if arrays else run_payloads
                 batches = self._read_pages(index, first, last, parse, early)
-                yield from (_one_array_each(batches) if arrays else batches)
+                yield from (one_array_each(batches) if arrays else batches)
+                return
+            if early and _blocks_fill(index, self.ch.data_length):  # written before page indexes, read whole
+                yield from self._blocks_from_stream(early.pop(), index, first, last, arrays)
                 return
         finally:
-            if early:  # not taken: the index failed, the caller stopped first, or no page index
+            if early:  # not taken: the index failed, the caller stopped first, or blocks that leave gaps
                 early.pop().add_done_callback(_close_stream)
         # Written before page indexes: no checksum to check, only the framing (tiering verify says so).
         block_no = index.find(first)
@@ -225,16 +228,40 @@ class OffloadedLedger:
         check_page_run(index, a, b_, data, start, where, base)
         return data
 
-    def _read_block(self, index: OffloadIndex, i: int, first: int, last: int) -> Iterator[tuple[int, bytes]]:
+    def _blocks_from_stream(self, sent: Future, index: OffloadIndex, first: int, last: int,
+                            arrays: bool) -> Iterator[tuple[int, list]]:
+        """A whole ledger written before page indexes, block after block from the one GET of its span sent
+        before its index was read (instead of dropping that GET and asking for each block again)."""
+        try:
+            stream = sent.result()
+        except BaseException:
+            sent.add_done_callback(_close_stream)
+            raise
+        try:
+            for block_no in range(len(index.entries)):
+                piece = _StreamSlice(stream, index.block_length(block_no))
+                entries = self._read_block(index, block_no, first, last, piece)
+                yield from (array_batches(entries) if arrays else ((e, [payload]) for e, payload in entries))
+                piece.skip_rest()  # the block's padding
+        finally:
+            stream.close()
+
+    def _read_block(self, index: OffloadIndex, i: int, first: int, last: int,
+                    piece: _StreamSlice | None = None) -> Iterator[tuple[int, bytes]]:
+        """Entries of block i from `first` to `last` (or the block's end): from `piece` (the block's bytes of a
+        whole-ledger GET) when given, else by ranged GETs from the block's start or a cached offset."""
         entry = index.entries[i]
         block_start = self.ch.data_offset + entry.block_offset
         block_end = block_start + index.block_length(i)
         cache_key = (self.ch.data_key, block_start)
         # A point read fetches one growing range at a time (no bytes far past the entry); a scan reads ahead.
         window = 1 if first == last else READ_AHEAD
-        point = self.caches.offsets.floor(cache_key, first)
+        point = None if piece is not None else self.caches.offsets.floor(cache_key, first)
         where = f"data object {self.ch.data_key}"
-        if point is not None and point[0] >= entry.first_entry_id:
+        if piece is not None:
+            expected, pos, stream = entry.first_entry_id, block_start, piece
+            buf, base = bytearray(), block_start
+        elif point is not None and point[0] >= entry.first_entry_id:
             expected, pos = point
             stream = _RangeStream(self.b, self.ch.data_key, pos, block_end, self.pool, window)
             buf, base = bytearray(), pos
@@ -288,6 +315,40 @@ class OffloadedLedger:
         return True
 
 
+class _StreamSlice:
+    """One block's bytes of a whole-ledger streaming GET, handed over as `_RangeStream.next` does; the GET
+    itself is its owner's to close."""
+
+    requests = 0
+
+    def __init__(self, stream: RangeStream, length: int):
+        self.stream, self.left = stream, length
+
+    def next(self) -> bytes | None:
+        if not self.left:
+            return None
+        data = self.stream.read(min(self.left, SCAN_GROUP))
+        self.left -= len(data)
+        return data
+
+    def skip_rest(self) -> None:
+        while self.next() is not None:
+            pass
+
+    def close(self) -> None:
+        pass
+
+
+def _blocks_fill(index: OffloadIndex, length: int) -> bool:
+    """Whether the index's blocks lie back to back from the ledger's first byte to its last."""
+    at = 0
+    for i, entry in enumerate(index.entries):
+        if entry.block_offset != at:
+            return False
+        at += index.block_length(i)
+    return at == length
+
+
 def _close_stream(f: Future) -> None:
     """A GET sent ahead that the read no longer needs (its index failed, the caller stopped): dropped once
     its headers are in, without waiting for them."""
@@ -324,63 +385,6 @@ def _block_runs(block_pages: list[int], a: int, b_: int) -> Iterator[tuple[int, 
         yield run, p - 1
         run = p
     yield run, b_
-
-
-def run_payload_array(*args, **kwargs):
-    """run_payloads as an Arrow `binary` array (format/pages.run_payload_buffers: the same checks, no Python
-    object per entry of equal length); a run whose payloads reach 2 GiB (only a page size that large makes
-    one) as a ChunkedArray of such arrays, each within the 32-bit offsets, which `_one_array_each` splits."""
-    import numpy as np
-    import pyarrow as pa  # here, not at import: only batch reads need it
-
-    offsets, values = run_payload_buffers(*args, **kwargs)
-    pieces, i, n = [], 0, len(offsets) - 1
-    while True:
-        # the most entries from i on whose payloads one array holds (at least one: an entry is < 2 GiB)
-        j = min(n, max(i + 1, int(np.searchsorted(offsets, offsets[i] + MAX_ARRAY_BYTES, "right")) - 1))
-        pieces.append(pa.Array.from_buffers(pa.binary(), j - i, [
-            None, pa.py_buffer((offsets[i:j + 1] - offsets[i]).astype(np.int32)),
-            pa.py_buffer(values[offsets[i]:offsets[j]])]))
-        if j >= n:
-            return pieces[0] if len(pieces) == 1 else pa.chunked_array(pieces, pa.binary())
-        i = j
-
-
-def _one_array_each(batches: Iterator[tuple[int, object]]) -> Iterator[tuple[int, object]]:
-    """The batches with each ChunkedArray (payloads of 2 GiB or more) cut into one batch per chunk: a batch's
-    payloads are always one `binary` array."""
-    import pyarrow as pa
-
-    for first, payloads in batches:
-        if isinstance(payloads, pa.ChunkedArray):
-            for chunk in payloads.chunks:
-                if len(chunk):
-                    yield first, chunk
-                    first += len(chunk)
-        else:
-            yield first, payloads
-
-
-def array_batches(entries: Iterator[tuple[int, bytes]], max_rows: int = 4096,
-                  max_bytes: int = 1024 * 1024) -> Iterator[tuple[int, object]]:
-    """(first entry id, Arrow binary array) batches of consecutive (entry id, payload) pairs, each of at most
-    `max_rows` entries or about `max_bytes` of payload: ledgers offloaded before page indexes, and the tier-1
-    side of a batch read (ReadHandle.read_batches, the Spark source)."""
-    import pyarrow as pa
-
-    def gathered():
-        first, batch, size = None, [], 0
-        for entry_id, payload in entries:
-            if first is None:
-                first = entry_id
-            batch.append(payload)
-            size += len(payload)
-            if len(batch) >= max_rows or size >= max_bytes:
-                yield first, pa.array(batch, pa.binary())  # a ChunkedArray past 2 GiB
-                first, batch, size = None, [], 0
-        if batch:
-            yield first, pa.array(batch, pa.binary())
-    return _one_array_each(gathered())
 
 
 def check_stored_pages(b: Bucket, key: str, base: int, index: OffloadIndex, window: int = READ_AHEAD) -> bool:
