@@ -79,7 +79,7 @@ from tiering.metadata import gc_queue, gc_sweep
 from tiering.model import LedgerState
 from tiering.ops.context import Deps
 from tiering.ops.export_metadata import default_export_prefix
-from tiering.tier2.markers import read_segment_marker
+from tiering.tier2.markers import read_segment_marker, readable_or_none
 from tiering.tier2.objects import (abort_upload, check_bucket, delete_keys, get_range, list_page, list_uploads,
                                    object_head, object_length)
 
@@ -278,7 +278,7 @@ def proven_orphans(deps: Deps, keys: list[str]) -> tuple[list[str], bool]:
         state = view.states.get(at)
         if segment not in view.trim_marks:
             if segment not in markers:
-                markers[segment] = read_segment_marker(b, segment)
+                markers[segment] = readable_or_none(read_segment_marker, b, segment)
             return ledger_id < markers[segment]
         if state is None:
             return ledger_id < view.trim_marks[segment]

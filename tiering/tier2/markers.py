@@ -4,16 +4,24 @@ by recovery; S3 errors mapped to `Tier2Error`.
 
 Retention calls `record_trim` only when the topic's trim point moved past the marker metadata last recorded
 (topic.trim_marker_written, ops/retention.py): an idle run makes no request here; a move costs a GET and a
-PUT (the GET keeps a marker that is further on in the bucket, e.g. after a recovery, from moving back)."""
+PUT (the GET keeps a marker that is further on in the bucket, e.g. after a recovery, from moving back).
+A marker that cannot be read as one is a CorruptObjectError for recovery (which then leaves the topic to
+the operator); GC's sweep takes it as no marker (keeps), retention writes its own over it."""
 from __future__ import annotations
 
 import json
+import logging
 
 from botocore.exceptions import BotoCoreError, ClientError
+
+from tiering.errors import CorruptObjectError
 
 from tiering.format.keys import segment_marker_key, trim_marker_key
 from tiering.tier2.errors import NotFound, tier2_error
 from tiering.tier2.objects import Bucket
+
+log = logging.getLogger(__name__)
+MAX_MARKER_BYTES = 4096  # a marker is a few dozen bytes: anything larger is not one
 
 
 def read_trim_marker(b: Bucket, topic: str) -> int:
@@ -28,18 +36,41 @@ def read_segment_marker(b: Bucket, segment: str) -> int:
 
 
 def _read(b: Bucket, key: str) -> int:
+    """The marker's ledger; CorruptObjectError when the object is not a marker this module wrote."""
     try:
-        return int(json.loads(b.s3.get_object(Bucket=b.name, Key=key)["Body"].read())["trimmed_before_ledger"])
+        stream = b.s3.get_object(Bucket=b.name, Key=key)["Body"]
+        try:
+            body = stream.read(MAX_MARKER_BYTES + 1)
+        finally:
+            stream.close()
     except (ClientError, BotoCoreError) as exc:
         error = tier2_error("GET", key, exc)
         if isinstance(error, NotFound):
             return -1
         raise error from None
+    try:
+        value = json.loads(body)["trimmed_before_ledger"] if len(body) <= MAX_MARKER_BYTES else None
+    except (ValueError, TypeError, KeyError):  # not JSON (UnicodeDecodeError is a ValueError), not an object
+        value = None
+    if type(value) is not int or value < 0:
+        raise CorruptObjectError("trim marker", key, 'not {"trimmed_before_ledger": <ledger id>}; rewrite or delete it, '
+                                                        'then rerun')
+    return value
+
+
+def readable_or_none(read, *args) -> int:
+    """A marker read where a corrupt one proves nothing (-1: none), logged: GC's sweep keeps what it would
+    have proven trimmed; retention writes its own over it."""
+    try:
+        return read(*args)
+    except CorruptObjectError as exc:
+        log.warning("%s; taken as no marker", exc)
+        return -1
 
 
 def record_trim(b: Bucket, topic: str, before_ledger: int) -> None:
     """Write the topic's trim marker, only ever moving it forward."""
-    if before_ledger <= read_trim_marker(b, topic):
+    if before_ledger <= readable_or_none(read_trim_marker, b, topic):
         return
     key = trim_marker_key(b.prefix, topic)
     try:

@@ -1,0 +1,67 @@
+"""A trim marker in the bucket that is not one (corrupt, hostile, cut short): GC's sweep takes it as no
+marker and deletes nothing on its word, recovery reports it by name with one line and commits nothing of
+that topic, retention writes its own over it. PostgreSQL and RGW."""
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from tests.integration.helpers import bucket_keys
+from tests.integration.test_export_recover import new_database  # noqa: F401  (extra databases)
+from tests.integration.test_sweep_guards import _offloaded_topics
+from tiering.format.keys import trim_marker_key
+from tiering.model import Position
+from tiering.ops.gc import sweep_orphans
+from tiering.ops.recover import recover_from_bucket
+from tiering.ops.retention import truncate
+from tiering.ops.topics import delete_topic
+from tiering.tier2.markers import read_trim_marker
+
+NOT_MARKERS = [b"\xff\xfe", b"", b"{}", b"[1]", b'{"trimmed_before_ledger": "9"}', b'{"trimmed_before_ledger": -5}',
+               b'{"trimmed_before_ledger": 1.5}', b'{"trimmed_before_ledger": true}', b"1" * 5000]
+
+
+def _put(deps, key, body):
+    deps.bucket.s3.put_object(Bucket=deps.bucket.name, Key=key, Body=body)
+
+
+def test_the_sweep_deletes_nothing_on_the_word_of_a_corrupt_marker(deps):
+    _offloaded_topics(deps, ["live", "gone"], n=2)  # live: the sweep refuses a database that references nothing
+    s3, name = deps.bucket.s3, deps.bucket.name
+    data_key = deps.meta.get_chunk(deps.meta.list_ledgers("gone")[0]).data_key
+    left = f"{data_key.rsplit('/', 1)[0]}/00000000-0000-0000-0000-000000000004-ledger-0"
+    for suffix in ("", "-index"):  # an older attempt's pair of ledger 0, which no queue row holds
+        s3.copy_object(Bucket=name, Key=left + suffix, CopySource={"Bucket": name, "Key": data_key + suffix})
+    delete_topic(deps, "gone")  # its marker: trimmed before ledger 2
+    marker = trim_marker_key(deps.bucket.prefix, "gone")
+    for body in NOT_MARKERS:
+        _put(deps, marker, body)
+        assert sweep_orphans(deps, orphan_grace=timedelta(0)).orphans_deleted == [], body
+        assert {left, left + "-index"} <= bucket_keys(deps), body
+    _put(deps, marker, json.dumps({"trimmed_before_ledger": 2}).encode())
+    assert sorted(sweep_orphans(deps, orphan_grace=timedelta(0)).orphans_deleted) == [left, left + "-index"]
+
+
+@pytest.mark.parametrize("body", NOT_MARKERS[:3] + NOT_MARKERS[-1:])
+def test_recovery_names_a_corrupt_marker_and_commits_nothing_of_its_topic(deps, new_database, body):  # noqa: F811
+    _offloaded_topics(deps, ["t", "u"], n=3)
+    truncate(deps, "t", Position(1, 0))
+    marker = trim_marker_key(deps.bucket.prefix, "t")
+    assert read_trim_marker(deps.bucket, "t") == 1
+    _put(deps, marker, body)
+    target = new_database()
+    report = recover_from_bucket(target, deps.bucket)
+    [error] = report.errors
+    assert error.startswith("topic 't': corrupt trim marker at ") and marker in error and "\n" not in error
+    assert "rewrite or delete it" in error
+    assert sorted(report.topics_created) == ["u"]
+
+
+def test_retention_writes_its_marker_over_a_corrupt_one(deps):
+    _offloaded_topics(deps, ["t"], n=3)
+    marker = trim_marker_key(deps.bucket.prefix, "t")
+    _put(deps, marker, b"not a marker")
+    truncate(deps, "t", Position(2, 0))
+    assert read_trim_marker(deps.bucket, "t") == 2
