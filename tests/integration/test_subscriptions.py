@@ -276,3 +276,17 @@ def test_truncate_takes_an_offload_in_flight_with_the_rest_of_the_head(cli, deps
     assert keys <= known, keys - known
     gap = cli("read", "f", "--json").ok().json_lines[0]
     assert gap == {"gap": "TRIMMED", "from": "0:0", "to": "1:9"}
+
+
+def test_truncate_that_cannot_remove_a_tier1_copy_exits_1_as_retention_does(cli, deps, tmp_path):
+    # a worker whose tier-1 root is not the one the files were written to (a wrong mount): the ledgers are
+    # DELETED (committed) but their copies stay; that is a failed item, as `retention` reports it
+    produce(deps, "w", [entries(f"l{i}", 10, 100) for i in range(3)], TopicPolicy(**TEN))
+    elsewhere = tmp_path / "other-root"
+    elsewhere.mkdir()
+    got = cli("truncate", "w", "2:0", "--json", env={"TIERING_TIER1_ROOT": str(elsewhere)})
+    assert "2 ledger(s) failed" in got.one_line_error(1)
+    doc = got.json
+    assert doc["deleted_count"] == 2 and [f["ledger"] for f in doc["failed"]] == [0, 1]
+    assert states(deps, "w") == [S.DELETED, S.DELETED, S.SEALED]
+    assert cli("retention", "--topic", "w", "--json").ok().json["files_removed_count"] == 2  # the right root

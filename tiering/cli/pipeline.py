@@ -229,8 +229,10 @@ def cmd_truncate(ctx: Context, args, out: Output) -> int:
     result = {**_retention_result(args, report, args.name), "position": str(args.position)}
     out.result(result, _would(args, f"truncated {args.name!r} before {args.position}: deleted {len(report.deleted)} "
                                     f"ledger(s) ({report.bytes} bytes), removed {report.files_removed} tier-1 "
-                                    f"file(s); their tier-2 objects are queued for gc" + _losses(report)))
-    return 0
+                                    f"file(s); their tier-2 objects are queued for gc" + _losses(report)
+                                    + (f"; {len(report.failed)} tier-1 cop(ies) not removed" if report.failed else "")))
+    # a copy it could not remove is planned work not done, as in retention: the next retention run removes it
+    return exit_failed(result["failed"], "ledger(s)")
 
 
 # --------------------------------------------------------------------------------------------- defrag, gc
