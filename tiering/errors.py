@@ -28,6 +28,16 @@ class TopicNotFound(BadInput):
         self.topic = topic
 
 
+class TopicReplaced(TopicNotFound):
+    """The topic a multi-step operation started on was deleted by another run meanwhile and its name taken
+    by a new topic: the operation stops rather than go on with the new one."""
+
+    def __init__(self, topic: str):
+        BadInput.__init__(self, f"topic {topic!r} does not exist any more: another run deleted it meanwhile "
+                                "(the topic created since under that name is left alone)")
+        self.topic = topic
+
+
 class TopicExists(BadInput):
     def __init__(self, topic: str):
         super().__init__(f"topic {topic!r} already exists")

@@ -66,3 +66,55 @@ def test_offload_by_age_goes_on_when_a_planned_topic_is_deleted(deps):
     report = offload_by_topic(deps, plan)
     assert report.failed == [] and sorted(report.skipped) == [("a", i) for i in range(3)]
     assert [led.state for led in deps.meta.list_ledgers("b")] == [S.OFFLOADED] * 3
+
+
+def test_a_delete_that_loses_its_topic_to_another_leaves_the_topic_made_again_alone(deps, monkeypatch):
+    # two deletes of one topic at once, and the name taken again by a new topic before the slower one
+    # goes on: the slower one must not delete the new topic's ledgers, nor the new topic, nor move its marker
+    from tiering.errors import TopicNotFound
+    from tiering.tier2.markers import read_trim_marker
+
+    produce(deps, "a", [entries(f"old{i}", 4, 100) for i in range(2)], TopicPolicy(**SMALL))
+    trims, real = deps.meta.trims, deps.meta.trims.begin_topic_delete
+    calls = []
+
+    def then_another_delete_and_a_new_topic(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if not calls:
+            calls.append(1)
+            delete_topic(deps, "a")  # the faster delete finishes
+            produce(deps, "a", [entries(f"new{i}", 4, 100) for i in range(2)], TopicPolicy(**SMALL))
+        return out
+    monkeypatch.setattr(trims, "begin_topic_delete", then_another_delete_and_a_new_topic)
+    try:
+        delete_topic(deps, "a")
+    except TopicNotFound as exc:
+        assert "another" in str(exc)  # says what happened: the topic it set out to delete is gone
+    else:
+        raise AssertionError("the slower delete reported deleting a topic another run deleted")
+    assert [led.state for led in deps.meta.list_ledgers("a")] == [S.SEALED, S.SEALED]
+    assert [led.ledger_id for led in deps.meta.list_ledgers("a")] == [2, 3]
+    assert read_trim_marker(deps.bucket, "a") == 2  # the old topic's marker, not past the new ledgers
+
+
+def test_topic_set_racing_a_delete_and_create_of_its_name_changes_nothing(deps, monkeypatch):
+    # `topic set` reads the policy, then writes it back with the change: when the topic it read is deleted
+    # and a new one of that name is made in between (both at version 0), the old topic's policy must not be
+    # written over the new topic's (here: retain-unread lost, so retention would delete unread entries)
+    import pytest
+
+    from tiering.errors import ConditionalUpdateFailed
+    from tiering.ops.topics import set_policy
+
+    deps.meta.create_topic("p", TopicPolicy(retention_seconds=3600))
+    meta, real = deps.meta, deps.meta.set_policy
+
+    def after_a_delete_and_create(*args, **kwargs):
+        delete_topic(deps, "p")
+        deps.meta.create_topic("p", TopicPolicy(retention_seconds=60, retain_unread=True))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(meta, "set_policy", after_a_delete_and_create)
+    with pytest.raises(ConditionalUpdateFailed):
+        set_policy(deps, "p", {"deletion_lag_seconds": 10})
+    now = deps.meta.get_topic("p")
+    assert now.policy == TopicPolicy(retention_seconds=60, retain_unread=True) and now.version == 0

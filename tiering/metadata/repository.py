@@ -101,16 +101,26 @@ class MetadataStore:
             return [_topic_row(r) for r in conn.execute(select(topic).order_by(topic.c.name))]
 
     def set_policy(self, name: str, expected_version: int, policy: TopicPolicy,
-                   then: Callable[[Connection, Topic], None] | None = None) -> Topic:
-        """Compare-and-set the topic's policy on its version; `then(conn, topic)` as in create_topic."""
+                   then: Callable[[Connection, Topic], None] | None = None, topic_id: int | None = None) -> Topic:
+        """Compare-and-set the topic's policy on its version; `then(conn, topic)` as in create_topic.
+        `topic_id`: the topic the policy was read from. A topic deleted and created again under its name
+        starts at version 0 again, so the version alone would let the old topic's policy, read before the
+        delete, be written over the new one's."""
         check_topic_name(name, existing=True)
+        cond = [topic.c.name == name, topic.c.version == expected_version]
+        if topic_id is not None:
+            cond.append(topic.c.topic_id == topic_id)
         with self.engine.begin() as conn:
             row = conn.execute(
-                update(topic).where(topic.c.name == name, topic.c.version == expected_version)
+                update(topic).where(*cond)
                 .values(version=topic.c.version + 1, **{f: getattr(policy, f) for f in _POLICY_FIELDS})
                 .returning(topic)).one_or_none()
             if row is None:
                 current = self.get_topic(name, conn)
+                if topic_id is not None and current.topic_id != topic_id:
+                    raise ConditionalUpdateFailed(f"topic {name!r}", f"the topic read (id {topic_id})",
+                                                  f"another topic of that name (id {current.topic_id}, version "
+                                                  f"{current.version}): it was deleted and created again")
                 raise ConditionalUpdateFailed(f"topic {name!r}", f"version {expected_version}",
                                               f"version {current.version}")
             if then is not None:

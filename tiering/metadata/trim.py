@@ -17,7 +17,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from tiering import policy
-from tiering.errors import BadInput, ConditionalUpdateFailed, LedgerNotFound, TieringError
+from tiering.errors import BadInput, ConditionalUpdateFailed, LedgerNotFound, TieringError, TopicReplaced
 from tiering.metadata.subscriptions import active, topic_row
 from tiering.metadata.tables import topic, topic_tombstone
 from tiering.model import EXPIRED, Ledger, LedgerState, Position, Subscription, Topic
@@ -159,16 +159,17 @@ class Trims:
             late += [s.name for s in subs]
 
     def delete_all_ledgers(self, topic_name: str, gc_delay: timedelta, force: bool = False,
-                           late: list[str] | None = None) -> list[Ledger]:
+                           late: list[str] | None = None, topic_id: int | None = None) -> list[Ledger]:
         """Step 2: every live ledger DELETED, chunks removed, keys queued for GC (one transaction). The open
         ledger must have been sealed (by its writer's lock: ops/topics.py); an offload in flight loses its
-        commit and its objects are collected."""
-        return _replanning(lambda: self._delete_all_ledgers(topic_name, gc_delay, force, late))
+        commit and its objects are collected. `topic_id`: the topic step 1 found (TopicReplaced when the
+        name is another topic's now)."""
+        return _replanning(lambda: self._delete_all_ledgers(topic_name, gc_delay, force, late, topic_id))
 
     def _delete_all_ledgers(self, topic_name: str, gc_delay: timedelta, force: bool,
-                            late: list[str] | None) -> list[Ledger]:
+                            late: list[str] | None, topic_id: int | None = None) -> list[Ledger]:
         with self.engine.begin() as conn:
-            t = topic_row(conn, topic_name, "UPDATE")
+            t = _same_topic(topic_row(conn, topic_name, "UPDATE"), topic_id)
             self._no_new_readers(conn, t, force, late)
             live = [led for led in self.store.list_ledgers(topic_name, conn=conn) if led.state != S.DELETED]
             if any(led.state == S.OPEN for led in live):
@@ -178,12 +179,12 @@ class Trims:
                                                 states=(S.SEALED, S.OFFLOADING, S.OFFLOADED))
 
     def finish_topic_delete(self, topic_name: str, marker: int, force: bool = False,
-                            late: list[str] | None = None) -> Topic:
+                            late: list[str] | None = None, topic_id: int | None = None) -> Topic:
         """Step 3: the topic row goes (its ledgers, subscriptions, attributes and totals with it), leaving a
         tombstone with the next ledger id and the trim marker written (`marker`), once nothing live and no
-        tier-1 copy is left."""
+        tier-1 copy is left. `topic_id` as in delete_all_ledgers."""
         with self.engine.begin() as conn:
-            t = topic_row(conn, topic_name, "UPDATE")
+            t = _same_topic(topic_row(conn, topic_name, "UPDATE"), topic_id)
             self._no_new_readers(conn, t, force, late)
             left = conn.execute(text("""
                 SELECT count(*) FILTER (WHERE state <> 'DELETED') AS live, count(*) FILTER (WHERE tier1_present) AS copies
@@ -203,6 +204,14 @@ class Trims:
     def _record(self, conn: Connection, sub: Subscription, loss: policy.UnreadLoss, reason: str) -> Loss:
         self.store.subs.record_loss(conn, sub, loss, reason)
         return Loss(sub.name, loss.entries, loss.bytes, loss.first, loss.new_position, reason)
+
+
+def _same_topic(t: Topic, topic_id: int | None) -> Topic:
+    """`t`, unless the delete began on another topic of that name: two deletes ran at once and the faster
+    one's topic was created again since; everything here goes by name, so going on would delete the new one."""
+    if topic_id is not None and t.topic_id != topic_id:
+        raise TopicReplaced(t.name)
+    return t
 
 
 def _replanning(attempt: Callable[[], R]) -> R:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from tiering.errors import BadInput
+from tiering.errors import BadInput, TopicReplaced
 from tiering.model import LedgerState, Topic, TopicPolicy
 from tiering.ops.context import Deps
 from tiering.ops.delete_lagged import delete_deleted_copies, sweep_tombstones
@@ -38,7 +38,7 @@ def set_policy(deps: Deps, name: str, changes: dict, expected_version: int | Non
     if not changes and then is None:
         raise BadInput("nothing to change: give at least one policy option")
     version = current.version if expected_version is None else expected_version
-    return deps.meta.set_policy(name, version, replace(current.policy, **changes), then)
+    return deps.meta.set_policy(name, version, replace(current.policy, **changes), then, current.topic_id)
 
 
 @dataclass
@@ -61,14 +61,18 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
         files = sum(1 for led in live if led.tier1_present and deps.tier1.exists(name, led.ledger_id))
         return TopicDeleteReport(name, [s.name for s in subs], len(live), sum(b for _, b in extents), files,
                                  t.next_ledger_id)
+    # every step goes by name: each one checks that the name is still the topic step 1 found (another delete
+    # of it may have finished meanwhile and a new topic taken the name), or it would delete the new one
     if deps.meta.list_ledgers(name, [LedgerState.OPEN]):
         writer = ManagedLedgerWriter(deps.meta, deps.tier1, name)  # takes the open file's writer lock
         try:
+            if writer.topic.topic_id != t.topic_id:
+                raise TopicReplaced(name)
             writer.seal()
         finally:
             writer.close()
     late: list[str] = []  # subscriptions created during the delete, deleted by --force
-    deleted = deps.meta.trims.delete_all_ledgers(name, deps.knobs.gc_delay, force, late)
+    deleted = deps.meta.trims.delete_all_ledgers(name, deps.knobs.gc_delay, force, late, t.topic_id)
     files, failed = delete_deleted_copies(deps, name)
     if failed:
         raise failed[0][1]  # the others were tried: the rerun has only the failed ones left
@@ -76,8 +80,10 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
     # the topic is gone no delete-lagged run lists it, so it is swept here, before the delete is finished
     sweep_tombstones(deps, [name])
     deps.tier1.remove_topic_dir(name)  # empty now; killed before the finish below, the rerun has no copy left
-    t = deps.meta.get_topic(name)  # next_ledger_id after a seal or a producer's rollover
-    record_trim(deps.bucket, name, t.next_ledger_id)
-    done = deps.meta.trims.finish_topic_delete(name, t.next_ledger_id, force, late)
+    now = deps.meta.get_topic(name)  # next_ledger_id after a seal or a producer's rollover
+    if now.topic_id != t.topic_id:
+        raise TopicReplaced(name)  # its marker would hide the new topic's ledgers
+    record_trim(deps.bucket, name, now.next_ledger_id)
+    done = deps.meta.trims.finish_topic_delete(name, now.next_ledger_id, force, late, t.topic_id)
     return TopicDeleteReport(name, [s.name for s in subs] + late, len(deleted),
                              sum(led.size_bytes for led in deleted), files, done.next_ledger_id)
