@@ -189,3 +189,22 @@ def test_retention_racing_another_run_removes_each_file_once_and_does_not_fail(d
     report = retention(slow, "rrace")
     assert slow.tier1.overtaken == 2 and report.files_removed == 0
     assert not deps.tier1.exists("rrace", 0) and not deps.tier1.exists("rrace", 1) and deps.tier1.exists("rrace", 2)
+
+
+def test_topic_delete_removes_the_empty_file_a_producer_killed_before_its_row_left(deps, tier1_root):
+    # a producer makes the next ledger's empty file, then its OPEN row; killed in between, the file has no
+    # row. The topic's deletion must not leave it (nor the directory) behind; a live producer's is refused.
+    from tiering.errors import TieringError
+    from tiering.ops.topics import delete_topic
+
+    produce(deps, "k", [entries("k0", 3, 100)], TopicPolicy(**BIG))
+    nxt = deps.meta.get_topic("k").next_ledger_id
+    live = deps.tier1.create_ledger("k", nxt)  # a producer between its file and its row
+    with pytest.raises(TieringError, match="being written"):
+        delete_topic(deps, "k")
+    assert deps.tier1.exists("k", nxt)
+    live.close()  # ... and killed there
+    delete_topic(deps, "k")
+    assert not any(tier1_root.rglob("*.ledger*")) and not deps.tier1.has_topic("k")
+    produce(deps, "k", [entries("k1", 2, 100)], TopicPolicy(**BIG))  # the name again: ids go on
+    assert [led.ledger_id for led in deps.meta.list_ledgers("k")] == [nxt]

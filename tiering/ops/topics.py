@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from tiering.errors import BadInput, TopicReplaced
+from tiering.errors import BadInput, TieringError, TopicReplaced
 from tiering.model import LedgerState, Topic, TopicPolicy
 from tiering.ops.context import Deps
 from tiering.ops.delete_lagged import delete_deleted_copies, sweep_tombstones
@@ -79,11 +79,31 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
     # a run killed between recording a copy's deletion and removing its renamed file left that file; once
     # the topic is gone no delete-lagged run lists it, so it is swept here, before the delete is finished
     sweep_tombstones(deps, [name])
-    deps.tier1.remove_topic_dir(name)  # empty now; killed before the finish below, the rerun has no copy left
     now = deps.meta.get_topic(name)  # next_ledger_id after a seal or a producer's rollover
     if now.topic_id != t.topic_id:
         raise TopicReplaced(name)  # its marker would hide the new topic's ledgers
+    _remove_unclaimed_files(deps, name, now.next_ledger_id)
+    deps.tier1.remove_topic_dir(name)  # empty now; killed before the finish below, the rerun has no copy left
     record_trim(deps.bucket, name, now.next_ledger_id)
     done = deps.meta.trims.finish_topic_delete(name, now.next_ledger_id, force, late, t.topic_id)
     return TopicDeleteReport(name, [s.name for s in subs] + late, len(deleted),
                              sum(led.size_bytes for led in deleted), files, done.next_ledger_id)
+
+
+def _remove_unclaimed_files(deps: Deps, name: str, next_ledger_id: int) -> None:
+    """A producer makes the next ledger's file before its OPEN row (writer.py); killed in between, it left an
+    empty file no row names, which no run would ever remove once the topic is gone. Such a file is removed
+    once its writer lock can be taken (a producer still holding it: LedgerStorageError, nothing removed);
+    one holding entries is not a producer's leftover and is kept, failing the delete."""
+    for ledger_id in deps.tier1.ledger_ids(name):
+        if ledger_id < next_ledger_id:
+            continue  # a ledger of the topic: its row says whether its copy is there
+        writer = deps.tier1.open_writer(name, ledger_id)  # raises while a producer holds it
+        try:
+            count = writer.entry_count
+        finally:
+            writer.close()
+        if count:
+            raise TieringError(f"tier-1 file of ledger {ledger_id} of topic {name!r} has {count} entries but no "
+                               "row in metadata: kept; the topic's delete is not finished")
+        deps.tier1.delete(name, ledger_id)
