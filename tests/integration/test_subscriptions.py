@@ -290,3 +290,26 @@ def test_truncate_that_cannot_remove_a_tier1_copy_exits_1_as_retention_does(cli,
     assert doc["deleted_count"] == 2 and [f["ledger"] for f in doc["failed"]] == [0, 1]
     assert states(deps, "w") == [S.DELETED, S.DELETED, S.SEALED]
     assert cli("retention", "--topic", "w", "--json").ok().json["files_removed_count"] == 2  # the right root
+
+
+def test_a_topic_delete_that_fails_keeps_the_subscriptions(deps):
+    # a producer still writing fails the delete (exit 1: stop it, run it again); until a delete deletes the
+    # ledgers, the subscriptions stay, with the topic they read (not gone while all their entries remain)
+    import pytest
+
+    from tiering.errors import TieringError
+    from tiering.ops.topics import delete_topic
+    from tiering.writer import ManagedLedgerWriter
+
+    produce(deps, "p", [entries(f"l{i}", 10, 100) for i in range(2)], TopicPolicy(**TEN), open_tail=[b"x"])
+    deps.meta.subs.create("p", "reader", None)
+    producer = ManagedLedgerWriter(deps.meta, deps.tier1, "p")  # holds the open ledger's file
+    try:
+        with pytest.raises(TieringError, match="being written"):
+            delete_topic(deps, "p", force=True)
+    finally:
+        producer.close()
+    assert deps.meta.subs.get("p", "reader").position is None
+    assert states(deps, "p") == [S.SEALED, S.SEALED, S.OPEN]
+    report = delete_topic(deps, "p", force=True)  # the producer stopped: the rerun deletes all, and says so
+    assert report.subscriptions_deleted == ["reader"] and report.ledgers_deleted == 3

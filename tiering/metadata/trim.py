@@ -131,22 +131,22 @@ class Trims:
     def begin_topic_delete(self, topic_name: str, force: bool, dry_run: bool = False
                            ) -> tuple[Topic, list[Subscription]]:
         """Step 1 of deleting a topic: refused (BadInput, nothing changed) while ACTIVE subscriptions read it,
-        unless `force`; otherwise its subscriptions go (returned). `dry_run`: the same refusal and answer, no
-        lock taken and nothing deleted."""
+        unless `force`; returns the topic and its subscriptions. Nothing is deleted here: the subscriptions
+        go in step 2, with the ledgers they read, so a delete that fails before (a producer still writing)
+        leaves them with the topic. `dry_run`: the same refusal and answer, no lock taken."""
         with self.engine.connect() if dry_run else self.engine.begin() as conn:
             t = topic_row(conn, topic_name, "" if dry_run else "UPDATE")
             subs = self.store.subs.of_topic(conn, t.topic_id, lock=not dry_run)
             readers = active(subs)
             if readers and not force:
                 raise BadInput(_readers_refusal(topic_name, readers) + "; delete them first or use --force")
-            if not dry_run:
-                self.store.subs.delete_all(conn, t.topic_id)
             return t, subs
 
     def _no_new_readers(self, conn: Connection, t: Topic, force: bool, late: list[str] | None) -> None:
-        """Steps 2 and 3, under the topic row's lock (which a subscription's creation shares): a subscription
-        created since step 1 is refused as step 1 refuses one (its reader would lose what the step deletes),
-        or with `force` deleted as step 1 deleted the others (their names appended to `late`)."""
+        """Steps 2 and 3, under the topic row's lock (which a subscription's creation shares): the topic's
+        subscriptions are deleted (their names appended to `late`), an ACTIVE one only with `force`; one
+        ACTIVE without it was created (or acknowledged) since step 1 refused those, and is refused as step 1
+        refuses one (its reader would lose what the step deletes)."""
         subs = self.store.subs.of_topic(conn, t.topic_id, lock=True)
         if not subs:
             return

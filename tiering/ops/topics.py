@@ -4,12 +4,12 @@ Changing a policy is a compare-and-set on the topic's version: the new policy is
 changes asked for, and a concurrent change makes it fail (refused, not lost; run it again).
 
 Deleting a topic (refused while ACTIVE subscriptions read it, unless forced) goes through the same steps as
-retention, each one safe to kill and to run again: the subscriptions go; the open ledger is sealed through
-its writer's lock (a producer still writing makes the delete fail, loudly); every ledger becomes DELETED with
-its tier-2 keys queued for GC; the tier-1 files are deleted; the trim marker moves past the last ledger, so
-recovery from the bucket never brings the topic back; then the topic row goes, leaving a tombstone: a topic
-created again under the name starts after the old ledger ids, so nothing the old one left can be mistaken
-for the new one's.
+retention, each one safe to kill and to run again: the open ledger is sealed through its writer's lock (a
+producer still writing makes the delete fail, loudly, the subscriptions kept); every ledger becomes DELETED
+with its tier-2 keys queued for GC and the subscriptions go, in one transaction; the tier-1 files are
+deleted; the trim marker moves past the last ledger, so recovery from the bucket never brings the topic
+back; then the topic row goes, leaving a tombstone: a topic created again under the name starts after the
+old ledger ids, so nothing the old one left can be mistaken for the new one's.
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
             writer.seal()
         finally:
             writer.close()
-    late: list[str] = []  # subscriptions created during the delete, deleted by --force
+    late: list[str] = []  # the subscriptions steps 2 and 3 delete (those created meanwhile too, with --force)
     deleted = deps.meta.trims.delete_all_ledgers(name, deps.knobs.gc_delay, force, late, t.topic_id)
     files, failed = delete_deleted_copies(deps, name)
     if failed:
@@ -86,7 +86,7 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
     deps.tier1.remove_topic_dir(name)  # empty now; killed before the finish below, the rerun has no copy left
     record_trim(deps.bucket, name, now.next_ledger_id)
     done = deps.meta.trims.finish_topic_delete(name, now.next_ledger_id, force, late, t.topic_id)
-    return TopicDeleteReport(name, [s.name for s in subs] + late, len(deleted),
+    return TopicDeleteReport(name, late, len(deleted),
                              sum(led.size_bytes for led in deleted), files, done.next_ledger_id)
 
 
