@@ -83,7 +83,8 @@ def test_a_delete_that_loses_its_topic_to_another_leaves_the_topic_made_again_al
         if not calls:
             calls.append(1)
             delete_topic(deps, "a")  # the faster delete finishes
-            produce(deps, "a", [entries(f"new{i}", 4, 100) for i in range(2)], TopicPolicy(**SMALL))
+            produce(deps, "a", [entries(f"new{i}", 4, 100) for i in range(2)], TopicPolicy(**SMALL),
+                    open_tail=[b"tail"])
         return out
     monkeypatch.setattr(trims, "begin_topic_delete", then_another_delete_and_a_new_topic)
     try:
@@ -92,8 +93,8 @@ def test_a_delete_that_loses_its_topic_to_another_leaves_the_topic_made_again_al
         assert "another" in str(exc)  # says what happened: the topic it set out to delete is gone
     else:
         raise AssertionError("the slower delete reported deleting a topic another run deleted")
-    assert [led.state for led in deps.meta.list_ledgers("a")] == [S.SEALED, S.SEALED]
-    assert [led.ledger_id for led in deps.meta.list_ledgers("a")] == [2, 3]
+    assert [led.state for led in deps.meta.list_ledgers("a")] == [S.SEALED, S.SEALED, S.OPEN]  # not even sealed
+    assert [led.ledger_id for led in deps.meta.list_ledgers("a")] == [2, 3, 4]
     assert read_trim_marker(deps.bucket, "a") == 2  # the old topic's marker, not past the new ledgers
 
 

@@ -63,7 +63,10 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
                                  t.next_ledger_id)
     # every step goes by name: each one checks that the name is still the topic step 1 found (another delete
     # of it may have finished meanwhile and a new topic taken the name), or it would delete the new one
-    if deps.meta.list_ledgers(name, [LedgerState.OPEN]):
+    opened = deps.meta.list_ledgers(name, [LedgerState.OPEN])
+    if any(led.topic_id != t.topic_id for led in opened):
+        raise TopicReplaced(name)
+    if opened:
         writer = ManagedLedgerWriter(deps.meta, deps.tier1, name)  # takes the open file's writer lock
         try:
             if writer.topic.topic_id != t.topic_id:
