@@ -123,6 +123,20 @@ VARIABLES: tuple[Variable, ...] = (
 )
 
 INTS: dict[str, IntSetting] = {v.field: v.ints for v in VARIABLES if v.ints}  # Settings field -> its setting
+# Settings that are file names: bytes on Linux, which need not be UTF-8 (os.fsencode gives them back)
+_PATH_VARIABLES = frozenset({"TIERING_TIER1_ROOT", "TIERING_S3_SSE_C_KEY_FILE", "TIERING_S3_CA_BUNDLE"})
+
+
+def _read(v: Variable, raw: str | None) -> Any:
+    """One variable's value. Bytes that are not UTF-8 arrive as lone surrogates (surrogateescape) and would
+    fail only where the text is first encoded (the database URL, a signed S3 header), as an error of that
+    library: a text setting holding them is refused here, named, never shown."""
+    if raw is not None and v.name not in _PATH_VARIABLES:
+        try:
+            raw.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"{v.name} is not valid UTF-8") from None
+    return v.read(raw, v.name)
 
 
 SSE_MODES = ("none", "AES256", "aws:kms")
@@ -199,7 +213,7 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if environ is None else environ
-        return cls(**{v.field: v.read(env.get(v.name), v.name) for v in VARIABLES}).validated()
+        return cls(**{v.field: _read(v, env.get(v.name)) for v in VARIABLES}).validated()
 
     def __post_init__(self) -> None:
         # The SSE-C key is read from its file once, where the settings are built: a Spark executor or a DAG
@@ -267,7 +281,7 @@ def settings_present(environ: Mapping[str, str] | None = None) -> dict[str, Any]
         raw = env.get(v.name)
         if v.default == "required" and (raw is None or not raw.strip()):
             continue
-        out[v.field] = v.read(raw, v.name)
+        out[v.field] = _read(v, raw)
     if "tier1_root" in out:
         _check_tier1_root(out["tier1_root"])
     return out

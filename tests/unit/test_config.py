@@ -45,6 +45,28 @@ def test_malformed_variable_is_named_without_its_value(var, value):
     assert "s3cret" not in str(err.value)
 
 
+# Bytes that are not UTF-8 reach os.environ as lone surrogates (surrogateescape): a text setting holding
+# them failed only where it was first encoded (a URL, a signed header) with exit 1 and a UnicodeEncodeError.
+@pytest.mark.parametrize("var", ["TIERING_DATABASE_URL", "TIERING_PREFIX", "TIERING_S3_ENDPOINT_URL",
+                                 "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                                 "AWS_DEFAULT_REGION", "TIERING_S3_SSE_KMS_KEY_ID"])
+def test_a_text_setting_that_is_not_utf8_is_named_without_its_value(var):
+    env = {**BASE, "TIERING_S3_ENDPOINT_URL": "http://127.0.0.1:9000", "TIERING_S3_SSE": "aws:kms"}
+    env[var] = (env.get(var) or "s3cret") + "\udcff"
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env(env)
+    assert str(err.value) == f"{var} is not valid UTF-8"
+    from tiering.config import settings_present
+
+    with pytest.raises(ConfigError, match=var):
+        settings_present(env)
+
+
+def test_a_path_setting_may_hold_bytes_that_are_not_utf8():
+    # a file name is bytes on Linux: os.fsencode gives the same bytes back
+    assert Settings.from_env({**BASE, "TIERING_TIER1_ROOT": "/data/t\udcff"}).tier1_root.name == "t\udcff"
+
+
 def test_prefix_gets_a_trailing_slash():
     assert Settings.from_env({**BASE, "TIERING_PREFIX": "logs"}).prefix == "logs/"
 
