@@ -274,3 +274,26 @@ class Chunk:
     # found by a recovery that could not tell): a PUT over a key since then answers HEAD with another ETag.
     data_etag: str | None = None
     index_etag: str | None = None
+
+
+def check_export_location(url: object, bucket: str | None = None, prefix: str | None = None) -> str:
+    """A metadata export's location, stripped: a local path (or file:// URL) or s3://bucket/path; with the
+    tier-2 `bucket` and `prefix`, never under that prefix: GC's orphan sweep owns everything there and
+    deletes every object that is not a ledger's, an export's parts and manifest included."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(url, str) or not url.strip():
+        raise BadInput("export location must be a local path or s3://bucket/path")
+    url = url.strip()
+    if "\x00" in url:  # no path, key or argv holds one
+        raise BadInput("export location may not contain NUL")
+    parts = urlsplit(url)
+    if parts.scheme in ("s3", "s3a"):
+        if not parts.netloc:
+            raise BadInput(f"export location {url!r} names no bucket (expected s3://bucket/path)")
+        if bucket is not None and prefix is not None and parts.netloc == bucket \
+                and (parts.path.lstrip("/") + "/").startswith(prefix):
+            raise BadInput(f"{url} is under the tier-2 prefix {prefix!r}, which GC's orphan sweep owns")
+    elif parts.scheme != "file" and len(parts.scheme) > 1:
+        raise BadInput(f"export location {url!r}: unsupported scheme {parts.scheme!r} (use s3:// or a path)")
+    return url

@@ -46,6 +46,17 @@ def test_bad_input_is_refused_once_with_a_sentence_and_a_failed_row(deps, dag_id
     assert (row["dag_id"], row["dag_run_id"], row["try_number"]) == (dag_id, "manual__1", 1)
 
 
+def test_an_export_under_the_tier2_prefix_is_refused_before_spark(deps):
+    # GC's orphan sweep deletes every object under the prefix that is not a ledger's: the export with it
+    dest = f"s3://{deps.bucket.name}/{deps.bucket.prefix}backup"
+    with pytest.raises(BadInput, match="under the tier-2 prefix"):
+        go(deps, "tiering_metadata_export", {"dest": dest}, {"dest"})
+    [row] = rows(deps)
+    assert row["status"] == "FAILED" and "which GC's orphan sweep owns" in row["error"]
+    result = go(deps, "tiering_metadata_export", {"dest": f"s3://{deps.bucket.name}/elsewhere"}, {"dest"})
+    assert result.run_spark and result.args == [f"--dest=s3://{deps.bucket.name}/elsewhere"]
+
+
 def test_an_idle_offload_is_recorded_and_skips_spark(deps):
     produce(deps, "idle", [entries("i", 3, 10)], TopicPolicy(**BIG))  # offload_after -1: never by age
     result = go(deps, "tiering_offload_by_age", {}, {"topic"}, run="scheduled__2026")

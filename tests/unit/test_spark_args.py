@@ -54,6 +54,11 @@ def test_args(dag_id, kwargs, expected):
     ("tiering_gc", {"position": "1:2"}),
     ("tiering_gc_sweep", {"topic": "orders"}),
     ("tiering_retention", {"dest": "/tmp"}),
+    # the export's destination, refused in the plan as the job would refuse it after starting Spark
+    ("tiering_metadata_export", {"dest": "ftp://host/x"}),
+    ("tiering_metadata_export", {"dest": "s3:///no-bucket"}),
+    ("tiering_metadata_export", {"dest": "/tmp/a\x00b"}),  # would fail spark-submit's exec with a traceback
+    ("tiering_metadata_export", {"dest": 5}),
     ("tiering_gc", {"check_pages": True}),
     ("tiering_recover", {"check_pages": "false"}),  # a string is not a switch: "false" would read as true
     ("tiering_recover", {"check_pages": 1}),
@@ -98,3 +103,14 @@ def test_recover_parser_reads_back_what_the_builder_writes():
     assert (args.topic, args.check_pages) == ("--check-pages", True)
     args = build_parser().parse_args(spark_submit_args("tiering_recover", check_pages=False))
     assert (args.topic, args.check_pages) == (None, False)
+
+
+def test_an_export_location_under_the_tier2_prefix_is_refused():
+    # GC's orphan sweep deletes every object under the prefix that is not a ledger's: an export there is lost
+    from tiering.model import check_export_location
+
+    for url in ("s3://bkt/tiering/x", "s3a://bkt/tiering", "s3://bkt//tiering/x", " s3://bkt/tiering/ "):
+        with pytest.raises(BadInput, match="under the tier-2 prefix 'tiering/'"):
+            check_export_location(url, "bkt", "tiering/")
+    for url in ("s3://bkt/tiering-metadata/x", "s3://other/tiering/x", "s3://bkt", "/tmp/x", "file:///tmp/x"):
+        assert check_export_location(url, "bkt", "tiering/") == url

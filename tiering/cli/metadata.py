@@ -6,12 +6,12 @@ for them."""
 from __future__ import annotations
 
 import argparse
-from urllib.parse import urlsplit
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
 from tiering.cli.output import Output, document, error, iso
 from tiering.errors import BadInput
+from tiering.model import check_export_location
 
 
 def register(sub) -> None:
@@ -47,11 +47,7 @@ def _concurrency(text: str) -> int:
 def _location(ctx: Context, url: str):
     from tiering.ops.export_metadata import filesystem_for
 
-    parts = urlsplit(url)
-    key = parts.path.lstrip("/") + "/"
-    if parts.scheme in ("s3", "s3a") and parts.netloc == ctx.settings.bucket and key.startswith(ctx.settings.prefix):
-        raise BadInput(f"{url} is under the tier-2 prefix {ctx.settings.prefix!r}, which GC's orphan sweep owns")
-    return filesystem_for(url, ctx.settings)
+    return filesystem_for(check_export_location(url, ctx.settings.bucket, ctx.settings.prefix), ctx.settings)
 
 
 def cmd_export_metadata(ctx: Context, args, out: Output) -> int:

@@ -22,6 +22,7 @@ from tiering import clients
 from tiering.config import Settings
 from tiering.errors import TieringError
 from tiering.metadata.job_runs import JobOutcome
+from tiering.model import check_export_location
 from tiering.ops import export_metadata as ex
 from tiering.ops.export_location import claim, discard, new_export_id, only_writer, release
 
@@ -98,7 +99,9 @@ def _export(settings: Settings, engine, args, run_id: int, outcome: JobOutcome) 
     from tiering.jobs.runner import spark_session
 
     spark = spark_session("tiering-export-metadata", outcome)
-    dest = args.dest or default_dest(settings, datetime.now(timezone.utc))
+    # the CLI's rule: GC's orphan sweep would delete an export written under the tier-2 prefix
+    dest = check_export_location(args.dest or default_dest(settings, datetime.now(timezone.utc)), settings.bucket,
+                                 settings.prefix)
     fs, base = ex.filesystem_for(dest, settings)
     export_id = f"{run_id}-{new_export_id()[:8]}"
     with only_writer(engine, fs, base):

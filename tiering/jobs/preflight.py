@@ -17,6 +17,7 @@ from tiering.errors import BadInput
 from tiering.jobs.runner import planned_ledgers
 from tiering.jobs.spec import JOBS, spark_submit_args
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
+from tiering.model import check_export_location
 
 @dataclass(frozen=True)
 class Preflight:
@@ -65,6 +66,8 @@ def preflight(dag_id: str, conf: dict | None, params: dict, allowed: set[str], d
         try:
             check_conf(dag_id, conf, allowed)
             args = job_args(dag_id, params)
+            if params.get("dest"):  # an export under the tier-2 prefix would be deleted by GC's orphan sweep
+                check_export_location(params["dest"], deps.bucket.name, deps.bucket.prefix)
             planned, ledgers = plan_count(dag_id, args, deps)
         except BadInput as exc:
             JobRuns(deps.meta.engine).record(job, topic, ref, JobOutcome(errors=[f"bad input: {exc}"],

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tiering.errors import BadInput
-from tiering.model import CONTROL_CHARS, INT64_MAX, TOPIC_MAX, Position, check_topic_name, parse_int
+from tiering.model import (CONTROL_CHARS, INT64_MAX, TOPIC_MAX, Position, check_export_location, check_topic_name,
+                           parse_int)
 from tiering.units import SIZE_HELP, parse_duration, parse_size
 
 JOBS_DIR = Path(__file__).resolve().parent
@@ -102,7 +103,7 @@ def _check_rate(value: object) -> str:
     return str(value)
 
 
-CHECKS = {"topic": check_topic_name, "position": _check_position, "dest": lambda text: text,
+CHECKS = {"topic": check_topic_name, "position": _check_position, "dest": check_export_location,
           "check_pages": _check_switch, "max_bytes_per_second": _check_rate, "repair": _check_switch}
 NOUNS = {"topic": "topic", "position": "position", "dest": "destination",  # in "<dag> takes no <noun>"
          "check_pages": "page check", "max_bytes_per_second": "upload limit", "repair": "repair"}

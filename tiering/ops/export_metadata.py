@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 
 from tiering.tier2.arrowfs import s3_filesystem
 from tiering.errors import BadInput, TieringError
+from tiering.model import check_export_location
 from tiering.metadata import export_rows as R
 from tiering.metadata.export_rows import jdbc_query, table_names  # re-exported: the Spark job uses them from here
 from tiering.ops.export_location import (EXPORT_ID_KEY, MANIFEST, LocationTaken, another_export, claim,
@@ -148,13 +149,9 @@ def filesystem_for(url: str, settings=None, *, endpoint_url: str | None = None, 
     S3 settings come from the keywords, else from a settings-like object (`s3_endpoint_url`,
     `aws_access_key_id`, `aws_secret_access_key`, `aws_region`, as `tiering.config.Settings`), else from
     pyarrow's default chain. An endpoint like `http://host:port` selects that host and scheme."""
-    if not isinstance(url, str) or not url.strip():
-        raise BadInput("export location must be a local path or s3://bucket/path")
-    url = url.strip()
+    url = check_export_location(url)
     parts = urlsplit(url)
     if parts.scheme in ("s3", "s3a"):
-        if not parts.netloc:
-            raise BadInput(f"export location {url!r} names no bucket (expected s3://bucket/path)")
         endpoint = endpoint_url or getattr(settings, "s3_endpoint_url", None)
         kwargs = {"region": region or getattr(settings, "aws_region", None) or "us-east-1"}
         ak = access_key or getattr(settings, "aws_access_key_id", None)
@@ -168,8 +165,6 @@ def filesystem_for(url: str, settings=None, *, endpoint_url: str | None = None, 
         return s3_filesystem(settings, **kwargs), base
     if parts.scheme == "file":
         return pafs.LocalFileSystem(), parts.path.rstrip("/") or "/"
-    if parts.scheme and len(parts.scheme) > 1:
-        raise BadInput(f"export location {url!r}: unsupported scheme {parts.scheme!r} (use s3:// or a path)")
     import os
 
     return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(url))
