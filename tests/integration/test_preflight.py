@@ -36,6 +36,8 @@ def go(deps, dag_id, conf, allowed, run="manual__1"):
     ("tiering_offload_prefix", {"topic": "nope", "position": "1:0"}, {"topic", "position"},
      "topic 'nope' does not exist"),
     ("tiering_offload_prefix", {"topic": "t", "position": "12"}, {"topic", "position"}, "malformed position '12'"),
+    # the scrub has no plan here (it always runs Spark): a misspelt topic is still refused before Spark starts
+    ("tiering_scrub", {"topic": "nope"}, {"topic", "repair"}, "topic 'nope' does not exist"),
 ])
 def test_bad_input_is_refused_once_with_a_sentence_and_a_failed_row(deps, dag_id, conf, allowed, says):
     produce(deps, "t", [[b"a"]], TopicPolicy(**BIG))
@@ -44,6 +46,12 @@ def test_bad_input_is_refused_once_with_a_sentence_and_a_failed_row(deps, dag_id
     [row] = rows(deps)
     assert row["status"] == "FAILED" and says in row["error"] and row["error"].startswith("bad input: ")
     assert (row["dag_id"], row["dag_run_id"], row["try_number"]) == (dag_id, "manual__1", 1)
+
+
+def test_a_scrub_of_a_topic_that_exists_runs_spark(deps):
+    produce(deps, "t", [[b"a"]], TopicPolicy(**BIG))
+    result = go(deps, "tiering_scrub", {"topic": "t"}, {"topic", "repair"})
+    assert result.run_spark and result.planned is None and result.args == ["--topic=t"] and rows(deps) == []
 
 
 def test_an_export_under_the_tier2_prefix_is_refused_before_spark(deps):

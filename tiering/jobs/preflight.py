@@ -68,6 +68,10 @@ def preflight(dag_id: str, conf: dict | None, params: dict, allowed: set[str], d
             args = job_args(dag_id, params)
             if params.get("dest"):  # an export under the tier-2 prefix would be deleted by GC's orphan sweep
                 check_export_location(params["dest"], deps.bucket.name, deps.bucket.prefix)
+            if topic and not JOBS[dag_id].planned_before_spark:
+                # a job planned here finds its topic in its plan; the others (the scrub) would start Spark,
+                # and retry it, only to be told the topic does not exist
+                deps.meta.get_topic(topic)
             planned, ledgers = plan_count(dag_id, args, deps)
         except BadInput as exc:
             JobRuns(deps.meta.engine).record(job, topic, ref, JobOutcome(errors=[f"bad input: {exc}"],
