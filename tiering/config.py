@@ -315,17 +315,35 @@ def _settings(values: dict) -> Settings:
     return Settings(**{**values, "database_url": url})
 
 
+# libpq's URL parameters that are secrets: the password (libpq takes it in the query as well as before the
+# host) and the passphrase of the client key
+_SECRET_PARAMS = ("password", "sslpassword")
+
+
+def _secret_params(query: str) -> list[str]:
+    return [kv for kv in query.split("&") if kv.partition("=")[0] in _SECRET_PARAMS] if query else []
+
+
+def has_password(url: str) -> bool:
+    """Whether the database URL holds a secret: a password before the host, or `password` / `sslpassword`
+    in its query."""
+    return _without_password(url) != url
+
+
 def _without_password(url: str) -> str:
     parts = urlsplit(url)
-    if parts.password is None:
+    if parts.password is None and not _secret_params(parts.query):
         return url
-    host = parts.netloc.rpartition("@")[2]
-    return parts._replace(netloc=f"{parts.username}@{host}" if parts.username is not None else host).geturl()
+    if parts.password is not None:
+        host = parts.netloc.rpartition("@")[2]
+        parts = parts._replace(netloc=f"{parts.username}@{host}" if parts.username is not None else host)
+    return parts._replace(query="&".join(kv for kv in parts.query.split("&") if kv not in
+                                         _secret_params(parts.query))).geturl()
 
 
 def _with_local_password(url: str, local: str | None) -> str:
     ours = urlsplit(url)
-    if ours.password is not None or not local:
+    if ours.password is not None or _secret_params(ours.query) or not local:
         return url
     try:
         theirs = urlsplit(local)
@@ -333,7 +351,11 @@ def _with_local_password(url: str, local: str | None) -> str:
             (ours.hostname, ours.port, ours.username, ours.path)
     except ValueError:  # a malformed local setting: libpq's own sources, as without one
         return url
-    return ours._replace(netloc=theirs.netloc).geturl() if same and theirs.password else url
+    if not same or not (theirs.password or _secret_params(theirs.query)):
+        return url
+    if theirs.password:
+        ours = ours._replace(netloc=theirs.netloc)
+    return ours._replace(query="&".join(filter(None, [ours.query, *_secret_params(theirs.query)]))).geturl()
 
 
 def aws_sdk_checksums_when_required() -> None:

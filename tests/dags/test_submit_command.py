@@ -77,6 +77,15 @@ def test_yarn_with_a_secret_is_refused_with_the_reason(monkeypatch, master):
     assert "PGPASSFILE" in msg and "instance role" in msg
 
 
+@pytest.mark.parametrize("query", [f"password={DB_PASSWORD}", f"sslmode=require&sslpassword={DB_PASSWORD}"])
+def test_yarn_with_a_password_in_the_database_urls_query_is_refused(monkeypatch, query):
+    # libpq takes the password (and the client key's passphrase) in the URL's query as well
+    op = _operator(monkeypatch, "yarn")
+    with pytest.raises(AirflowFailException, match="tiering_metadata password") as err:
+        op.prepare_submit({**NO_SECRETS, "TIERING_DATABASE_URL": f"{NO_SECRETS['TIERING_DATABASE_URL']}?{query}"})
+    _no_secret(str(err.value))
+
+
 @pytest.mark.parametrize("master", ["yarn", "yarn-cluster"])
 def test_yarn_without_secrets_passes_only_plain_settings_in_argv(monkeypatch, capsys, master):
     op = _operator(monkeypatch, master)

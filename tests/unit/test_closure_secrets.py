@@ -62,6 +62,19 @@ def test_unpickled_settings_resolve_secrets_where_they_run(settings, monkeypatch
     ("postgresql://u@h:1/db", "postgresql://u@h:1/db"),
     ("postgresql://h/db", "postgresql://h/db"),
     ("postgresql://:pw@h/db", "postgresql://@h/db"),
+    # libpq's password, and the client key's passphrase, in the query
+    ("postgresql://u@h/db?password=pw&sslmode=require", "postgresql://u@h/db?sslmode=require"),
+    ("postgresql://u:pw@h/db?sslmode=require&sslpassword=kp", "postgresql://u@h/db?sslmode=require"),
 ])
 def test_without_password(url, bare):
     assert config._without_password(url) == bare
+
+
+def test_a_password_in_the_query_stays_home_and_is_found_where_unpickled(monkeypatch):
+    monkeypatch.delenv("TIERING_DATABASE_URL", raising=False)
+    url = f"postgresql://tiering@db.internal:5433/meta?sslmode=require&password={PASSWORD}"
+    s = Settings(database_url=url, bucket="b-1", tier1_root="/tmp")
+    assert PASSWORD.encode() not in cloudpickle.dumps(s)
+    assert pickle.loads(pickle.dumps(s)).database_url == "postgresql://tiering@db.internal:5433/meta?sslmode=require"
+    monkeypatch.setenv("TIERING_DATABASE_URL", url)  # a local master's executors: the same database's URL
+    assert pickle.loads(pickle.dumps(s)).database_url == url

@@ -19,8 +19,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 from typing import Mapping
-from urllib.parse import urlsplit
 
+from tiering.config import has_password
 from tiering.errors import BadInput, ConfigError
 
 # Settings whose value is (or contains) a secret. The database URL is passed on YARN only without a password.
@@ -58,7 +58,7 @@ def job_environment(settings_env: Mapping[str, str], master: str, deploy_mode: s
     env = dict(settings_env)
     if kind == "yarn":
         leaks = [name for name in SECRET_VARS if env.get(name)]
-        if urlsplit(env.get("TIERING_DATABASE_URL", "")).password:
+        if has_password(env.get("TIERING_DATABASE_URL", "")):
             leaks.insert(0, "the tiering_metadata password")
         if leaks:
             raise BadInput(f"spark_default is a YARN master: the Spark provider would put {', '.join(leaks)} "
