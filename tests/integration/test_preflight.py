@@ -36,6 +36,8 @@ def go(deps, dag_id, conf, allowed, run="manual__1"):
     ("tiering_offload_prefix", {"topic": "nope", "position": "1:0"}, {"topic", "position"},
      "topic 'nope' does not exist"),
     ("tiering_offload_prefix", {"topic": "t", "position": "12"}, {"topic", "position"}, "malformed position '12'"),
+    # a misspelt topic would plan nothing: the run would skip Spark and report success
+    ("tiering_offload_by_age", {"topic": "nope"}, {"topic", "max_bytes_per_second"}, "topic 'nope' does not exist"),
     # the scrub has no plan here (it always runs Spark): a misspelt topic is still refused before Spark starts
     ("tiering_scrub", {"topic": "nope"}, {"topic", "repair"}, "topic 'nope' does not exist"),
 ])

@@ -205,11 +205,12 @@ def plan_offload(deps: Deps, by: str, topic: str | None = None) -> list[Ledger]:
     Pulsar's rule), plus attempts older than the offload timeout, whose worker is presumed dead. Both read
     candidate rows only (metadata/planning.py); by size stats the OPEN ledger of topics with candidates.
     Attempts whose worker is known dead (metadata/attempt_locks.py) are taken over at once."""
+    if topic is not None:
+        # an unknown topic fails: a misspelt one would plan nothing, and the run would report success
+        deps.meta.get_topic(topic)
     if by == "age":
         targets = deps.meta.offload_candidates_by_age(topic)
     elif by == "size":
-        if topic is not None:
-            deps.meta.get_topic(topic)  # an unknown topic fails, as before
         topics = deps.meta.planning.size_topics(topic)
         targets = deps.meta.planning.offload_by_size(topics, _open_sizes(deps, topics))
     else:
