@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tiering.errors import TieringError
-from tiering.jobs.executors import wait_for_executor
+from tiering.jobs.executors import EXPECTED_CONF, WAIT_CONF, wait_for_executor, wait_on
 
 
 class Clock:
@@ -49,3 +49,21 @@ def test_all_expected_executors_return_at_once():
     assert wait_for_executor(lambda: next(seen), 20, "a:1", "spark://m:7077", expected=2, clock=clock,
                              sleep=clock.sleep) is None
     assert clock.t == pytest.approx(0.5)
+
+
+class _Context:
+    """A SparkContext as wait_on reads it: its conf alone (no executor is ever asked for)."""
+
+    def __init__(self, conf: dict):
+        self.conf = conf
+
+    def getConf(self):
+        return self.conf
+
+
+@pytest.mark.parametrize("conf", [{WAIT_CONF: "nan"}, {WAIT_CONF: "inf"}, {WAIT_CONF: "1e400"},
+                                  {WAIT_CONF: "soon"}, {EXPECTED_CONF: "two"}])
+def test_a_wait_that_is_not_a_finite_number_is_refused_with_its_settings(conf):
+    # float() takes nan and inf: the deadline would never come, and the job would wait until the task's timeout
+    with pytest.raises(TieringError, match=WAIT_CONF):
+        wait_on(_Context({"spark.master": "spark://m:7077", **conf}))

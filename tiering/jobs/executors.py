@@ -15,6 +15,7 @@ the jobs that fan items out record the executors' hosts.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -59,6 +60,8 @@ def wait_on(sc) -> str | None:
     try:
         seconds = float(conf.get(WAIT_CONF, str(DEFAULT_WAIT_SECONDS)))
         expected = int(conf.get(EXPECTED_CONF, "1"))
+        if not math.isfinite(seconds):  # float() takes nan and inf: a deadline that never comes
+            raise ValueError(seconds)
     except ValueError:
         raise TieringError(f"{WAIT_CONF} must be a number of seconds and {EXPECTED_CONF} a whole number") from None
     if seconds <= 0:
