@@ -36,6 +36,11 @@ def go(deps, dag_id, conf, allowed, run="manual__1"):
     ("tiering_offload_prefix", {"topic": "nope", "position": "1:0"}, {"topic", "position"},
      "topic 'nope' does not exist"),
     ("tiering_offload_prefix", {"topic": "t", "position": "12"}, {"topic", "position"}, "malformed position '12'"),
+    # refused names that PostgreSQL text cannot hold: the refusal is still recorded (without the name), not a
+    # traceback while recording it, which Airflow would retry
+    ("tiering_offload_by_age", {"topic": "a\ud800"}, {"topic"}, "must be valid UTF-8"),
+    ("tiering_retention", {"topic": "a\x00b"}, {"topic"}, "with NUL"),
+    ("tiering_defrag", {"topic": ["orders"]}, {"topic"}, "a topic name is a string, got list"),
     # a misspelt topic would plan nothing: the run would skip Spark and report success
     ("tiering_offload_by_age", {"topic": "nope"}, {"topic", "max_bytes_per_second"}, "topic 'nope' does not exist"),
     # the scrub has no plan here (it always runs Spark): a misspelt topic is still refused before Spark starts

@@ -17,7 +17,7 @@ from tiering.errors import BadInput
 from tiering.jobs.runner import planned_ledgers
 from tiering.jobs.spec import JOBS, spark_submit_args
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
-from tiering.model import check_export_location
+from tiering.model import check_export_location, check_topic_name
 
 @dataclass(frozen=True)
 class Preflight:
@@ -55,6 +55,15 @@ def plan_count(dag_id: str, args: list[str], deps) -> tuple[int | None, int | No
     return len(items), planned_ledgers(items)
 
 
+def _storable(topic: object) -> str | None:
+    """The refused run's topic for its row, if PostgreSQL text can hold it (a refused name may be a list, or
+    hold NUL or bytes that are not UTF-8: recording it would fail the task with a traceback, and be retried)."""
+    try:
+        return None if topic is None else check_topic_name(topic, existing=True)
+    except BadInput:
+        return None
+
+
 def preflight(dag_id: str, conf: dict | None, params: dict, allowed: set[str], deps_factory, ref: RunRef) -> Preflight:
     """Validate, plan, and record the run's row when it ends here. `deps_factory()` gives the job's clients
     (called once; its engine is disposed here). Raises `BadInput` (already recorded) on bad input."""
@@ -74,8 +83,8 @@ def preflight(dag_id: str, conf: dict | None, params: dict, allowed: set[str], d
                 deps.meta.get_topic(topic)
             planned, ledgers = plan_count(dag_id, args, deps)
         except BadInput as exc:
-            JobRuns(deps.meta.engine).record(job, topic, ref, JobOutcome(errors=[f"bad input: {exc}"],
-                                                                         details={"planned": 0}))
+            JobRuns(deps.meta.engine).record(job, _storable(topic), ref, JobOutcome(errors=[f"bad input: {exc}"],
+                                                                                    details={"planned": 0}))
             raise
         if planned == 0:
             JobRuns(deps.meta.engine).record(job, topic, ref, JobOutcome(details={"planned": 0, "spark": "skipped"}))
