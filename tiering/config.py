@@ -85,7 +85,7 @@ VARIABLES: tuple[Variable, ...] = (
              lambda raw, var: raw or None, _if_set),
     Variable("AWS_SESSION_TOKEN", "aws_session_token", "unset", "session token of temporary S3 credentials",
              lambda raw, var: raw or None, _if_set),
-    Variable("AWS_DEFAULT_REGION", "aws_region", "us-east-1", "S3 region", lambda raw, var: raw or "us-east-1"),
+    Variable("AWS_DEFAULT_REGION", "aws_region", "us-east-1", "S3 region", lambda raw, var: _region(raw or "us-east-1")),
     # S3's part size limits; a block is also held in memory per upload slot
     _int_variable("block_size", "TIERING_BLOCK_SIZE", DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, 5 * 1024 * MIB,
                   "offload block (= multipart part) size in bytes; 5 MiB to 5 GiB, S3's part limits",
@@ -437,7 +437,10 @@ def _required(value: str | None, name: str) -> str:
 
 
 def _database_url(url: str) -> str:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a malformed IPv6 host ("postgresql://u@[::1/db")
+        raise ConfigError("TIERING_DATABASE_URL must be a postgresql:// URL") from None
     if parts.scheme not in ("postgresql", "postgres", "postgresql+psycopg2") or not parts.hostname and not parts.path:
         raise ConfigError("TIERING_DATABASE_URL must be a postgresql:// URL")
     try:
@@ -467,10 +470,24 @@ def _path(raw: str | None) -> Path | None:
 def _endpoint(url: str | None, name: str) -> str | None:
     if url is None:
         return None
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)  # raises on a malformed IPv6 host ("http://[::1")
+        parts.port  # noqa: B018 - raises on a port that is not a number from 0 to 65535
+    except ValueError:
+        raise ConfigError(f"{name} must be an http:// or https:// URL with a port from 0 to 65535") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(f"{name} must be an http:// or https:// URL")
     return url
+
+
+# botocore's rule for a region name (it refuses any other when the client is built, as an S3 error)
+_REGION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?")
+
+
+def _region(raw: str) -> str:
+    if not _REGION.fullmatch(raw):
+        raise ConfigError("AWS_DEFAULT_REGION must be a region name: letters, digits and '-', e.g. us-east-1")
+    return raw
 
 
 def _prefix(prefix: str) -> str:

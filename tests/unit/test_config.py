@@ -37,6 +37,12 @@ def test_missing_variable_is_named(missing):
     ("TIERING_PREFIX", ""),
     ("TIERING_PREFIX", "/"),
     ("TIERING_DATABASE_URL", "postgresql://u:s3cret@h:99999/db"),
+    ("TIERING_DATABASE_URL", "postgresql://u:s3cret@[::1/db"),
+    # each named itself: a malformed endpoint was reported as a malformed TIERING_DATABASE_URL by the CLI
+    ("TIERING_S3_ENDPOINT_URL", "http://[::1"),
+    ("TIERING_S3_ENDPOINT_URL", "http://127.0.0.1:99999"),  # failed as an unreachable endpoint (exit 1)
+    ("AWS_DEFAULT_REGION", "bad region"),  # failed as "S3 is unreachable or misconfigured" (exit 1)
+    ("AWS_DEFAULT_REGION", "-us"),
 ])
 def test_malformed_variable_is_named_without_its_value(var, value):
     with pytest.raises(ConfigError) as err:
