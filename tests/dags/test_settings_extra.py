@@ -36,6 +36,9 @@ CASES = {
                       "TIERING_OFFLOAD_TIMEOUT_SECONDS must be an integer in ASCII"),
     "huge": ({"gc_delay_seconds": 10**40}, {}, "TIERING_GC_DELAY_SECONDS must be from 0 to"),
     "zero": ({"offload_timeout_seconds": 0}, {}, "TIERING_OFFLOAD_TIMEOUT_SECONDS must be from 1 to"),
+    # the Amazon provider's own keys, not text: refused by name (they failed with a TypeError's traceback)
+    "endpoint-not-text": ({"endpoint_url": 9000}, {}, "TIERING_S3_ENDPOINT_URL must be an http"),
+    "region-not-text": ({"region_name": ["eu-west-1"]}, {}, "AWS_DEFAULT_REGION must be a region name"),
 }
 
 

@@ -53,10 +53,11 @@ class TieringHook(BaseHook):
         aws = self.get_connection(self.s3_conn_id)
         extra = aws.extra_dejson or {}
         env.update(self._s3_credentials_env(aws))
+        # as text, as the environment gives them: a JSON number or list is then refused by name, not by a TypeError
         if extra.get("endpoint_url"):
-            env["TIERING_S3_ENDPOINT_URL"] = extra["endpoint_url"]
+            env["TIERING_S3_ENDPOINT_URL"] = str(extra["endpoint_url"])
         if extra.get("region_name"):
-            env["AWS_DEFAULT_REGION"] = extra["region_name"]
+            env["AWS_DEFAULT_REGION"] = str(extra["region_name"])
         if isinstance(extra.get("verify"), str) and extra["verify"]:
             # the Amazon provider's botocore `verify`: a CA bundle path (True/False are not ours to honour:
             # verification is never switched off)
