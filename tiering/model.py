@@ -287,7 +287,10 @@ def check_export_location(url: object, bucket: str | None = None, prefix: str | 
     url = url.strip()
     if "\x00" in url:  # no path, key or argv holds one
         raise BadInput("export location may not contain NUL")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a malformed IPv6 host ("s3://[b/x")
+        raise BadInput("export location must be a local path or s3://bucket/path") from None
     if parts.scheme in ("s3", "s3a"):
         if not parts.netloc:
             raise BadInput(f"export location {url!r} names no bucket (expected s3://bucket/path)")

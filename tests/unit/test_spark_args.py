@@ -59,6 +59,7 @@ def test_args(dag_id, kwargs, expected):
     ("tiering_metadata_export", {"dest": "s3:///no-bucket"}),
     ("tiering_metadata_export", {"dest": "/tmp/a\x00b"}),  # would fail spark-submit's exec with a traceback
     ("tiering_metadata_export", {"dest": 5}),
+    ("tiering_metadata_export", {"dest": "s3://[bkt/x"}),  # urlsplit's ValueError
     ("tiering_gc", {"check_pages": True}),
     ("tiering_recover", {"check_pages": "false"}),  # a string is not a switch: "false" would read as true
     ("tiering_recover", {"check_pages": 1}),
