@@ -52,3 +52,32 @@ def test_an_item_another_worker_holds_throughout_is_skipped():
 
 def test_an_item_that_fails_after_losing_is_failed():
     assert run_items([lost(), TieringError("x"), TieringError("x")]) == {"done": 0, "skipped": 0, "failed": 1}
+
+
+def test_an_item_that_failed_after_its_own_retries_is_failed_at_once():
+    # GC's queue retries a failed delete on its own schedule: a retry here would claim other rows and pass
+    assert run_items([runner.ItemFailed("1 queued object(s) not deleted"), (1, False)]) == \
+        {"done": 0, "skipped": 0, "failed": 1}
+
+
+def test_a_gc_run_whose_deletes_s3_refused_fails_as_the_cli_does(monkeypatch):
+    # `tiering gc` exits 1 when a queued object could not be deleted; the DAG's job counted the run a success
+    import argparse
+
+    from tiering.jobs import gc
+    from tiering.metadata.job_runs import JobOutcome
+    from tiering.ops.gc import GcReport
+
+    refused = GcReport(deleted=["t/a"], retried=1, failed=1,
+                       failed_keys=[{"key": "t/b", "error": "S3 delete failed"}, {"key": "t/c", "error": "x"}])
+    monkeypatch.setattr(gc, "run_gc", lambda deps, **kw: refused)
+    with pytest.raises(runner.ItemFailed, match="2 could not be deleted from S3 .1 marked FAILED.*first: t/b"):
+        gc.work(None, {"worker": 0})
+    outcome = JobOutcome()
+    gc.finish(None, argparse.Namespace(), outcome)
+    assert outcome.errors and "could not be deleted from S3" in outcome.errors[0]  # an error fails the run
+    monkeypatch.setattr(gc, "run_gc", lambda deps, **kw: GcReport(deleted=["t/a"]))
+    assert gc.work(None, {"worker": 0}) == (1, False)
+    outcome = JobOutcome()
+    gc.finish(None, argparse.Namespace(), outcome)
+    assert outcome.errors == []

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tiering.jobs.runner import run
+from tiering.jobs.runner import ItemFailed, run
 from tiering.jobs.spec import int_arg
 from tiering.ops.gc import plan_gc, run_gc
 
@@ -23,14 +23,28 @@ def plan(deps, args) -> list[dict]:
     return [{"worker": 0}] if stale else []  # the driver's finish aborts them; one item starts the run
 
 
+def _undeleted(report) -> str | None:
+    """The sentence of a run that left queued objects in the bucket (S3 refused their delete: each row is
+    retried later, or FAILED after its last attempt), as `tiering gc` says it before it exits 1."""
+    if not (report.retried or report.failed):
+        return None
+    return (f"deleted {len(report.deleted)} queued object(s), {report.retried + report.failed} could not be "
+            f"deleted from S3 ({report.failed} marked FAILED after their last attempt); first: "
+            f"{report.failed_keys[0]['key'] if report.failed_keys else '?'}")
+
+
 def work(deps, item) -> tuple[int, bool]:
     report = run_gc(deps, batch=BATCH, uploads=False)
+    if why := _undeleted(report):
+        raise ItemFailed(why)  # the rows are retried on their own schedule, not by another attempt now
     return len(report.deleted), not report.deleted
 
 
 def finish(deps, args, outcome) -> None:
     report = run_gc(deps, batch=BATCH)
     outcome.details.update(uploads_aborted=report.uploads_aborted, gc_failed=report.failed)
+    if why := _undeleted(report):  # an error fails the run (runner.recorded); items are the workers, not objects
+        outcome.errors.append(why)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -35,6 +35,12 @@ Work = Callable[[Deps, dict], tuple[int, bool]]
 Check = Callable[[Deps, list[dict]], list[str]]
 
 
+class ItemFailed(TieringError):
+    """An item that failed after retrying in its own way (GC: a delete S3 refused is retried by its queue
+    row, on the row's schedule): counted failed and not attempted again here, where a new attempt would do
+    other work and hide this failure."""
+
+
 def deps_from(settings: Settings, **knobs) -> Deps:
     return clients.deps(settings, pool_size=2, **knobs)
 
@@ -81,7 +87,7 @@ def _attempt(work: Work, deps: Deps, item: dict) -> tuple[str, int, str | None]:
         return ("skipped" if skipped else "done"), nbytes, None
     except ConditionalUpdateFailed:
         return "lost", 0, None
-    except BadInput as exc:  # not transient: no retry
+    except (BadInput, ItemFailed) as exc:  # not transient, or retried already: no retry
         return "bad", 0, f"{item}: {exc}"
     except Exception as exc:  # noqa: BLE001 - counted, reported, retried
         return "failed", 0, f"{item}: {type(exc).__name__}: {exc}"
