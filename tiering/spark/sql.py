@@ -30,8 +30,15 @@ def jdbc_url(database_url: str) -> tuple[str, str, str]:
     # libpq's TLS parameters carry over (pgjdbc knows sslmode/sslrootcert/sslcert/sslkey): without them pgjdbc's
     # default sslmode=prefer would connect without checking the server's certificate
     ssl = urlencode(database_ssl_params(database_url))
+    # libpq also takes the user and password as query parameters (`?password=...`); pgjdbc is given them apart
+    user, password = url.username or _last(url.query.get("user")), url.password or _last(url.query.get("password"))
     return (f"jdbc:postgresql://{url.host or 'localhost'}:{url.port or 5432}/{url.database}" + (f"?{ssl}" if ssl else ""),
-            url.username or "", url.password or "")
+            user or "", password or "")
+
+
+def _last(value) -> str | None:
+    """A query parameter's value as libpq takes it: the last one given."""
+    return value[-1] if isinstance(value, tuple) else value
 
 
 def views(spark, settings, topics: str | None = None, jdbc: bool = True) -> None:
