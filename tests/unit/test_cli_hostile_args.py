@@ -99,6 +99,12 @@ def test_a_normal_url_has_its_user_info_masked(monkeypatch):
     assert shown == "at postgresql://***@db.example:5432/tiering: refused (***, ***)"
 
 
+def test_a_password_in_the_urls_query_is_masked(monkeypatch):
+    monkeypatch.setenv("TIERING_DATABASE_URL", "postgresql://db.example/t?user=u&password=qu%2Fery&sslpassword=k3y")
+    shown = redact("connect to db.example?password=qu%2Fery failed: qu/ery; key k3y")
+    assert "qu/ery" not in shown and "qu%2Fery" not in shown and "k3y" not in shown, shown
+
+
 def test_user_info_of_any_url_is_masked_up_to_its_last_at(monkeypatch):
     monkeypatch.delenv("TIERING_DATABASE_URL", raising=False)
     assert redact("s3 https://key:se@cret@host:9000/b and mysql://u:p/q@h/d") == \

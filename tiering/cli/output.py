@@ -25,11 +25,12 @@ _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)\S*@")  # greedy: up to the
 
 
 def redact(text: str) -> str:
-    """Mask the secrets of the environment (the database password, the S3 secret key) in a message, and the
-    user info of any URL in it. A password with an unescaped `@` is split differently by each parser (the
-    driver may take its tail for the host and print it with no URL around it), so the user info is taken up
-    to the last `@` and each piece of the password between `@`, `/`, `?` or `#` is masked too."""
-    from urllib.parse import unquote
+    """Mask the secrets of the environment (the database password, before the host or in the query; the S3
+    secret key) in a message, and the user info of any URL in it. A password with an unescaped `@` is split
+    differently by each parser (the driver may take its tail for the host and print it with no URL around
+    it), so the user info is taken up to the last `@` and each piece of the password between `@`, `/`, `?`
+    or `#` is masked too."""
+    from urllib.parse import parse_qsl, quote, unquote
 
     secrets = [os.environ.get("AWS_SECRET_ACCESS_KEY") or ""]
     url = os.environ.get("TIERING_DATABASE_URL", "")
@@ -38,6 +39,9 @@ def redact(text: str) -> str:
         password = userinfo.split(":", 1)[1]
         for s in [password, *re.split(r"[@/?#]", password)]:
             secrets += [s, unquote(s)]
+    for key, value in parse_qsl(url.partition("?")[2].partition("#")[0], keep_blank_values=True):
+        if key in ("password", "sslpassword"):  # libpq takes them from the query too
+            secrets += [value, quote(value, safe="")]
     for s in sorted((s for s in secrets if len(s) >= 3), key=len, reverse=True):
         text = text.replace(s, "***")
     return _USERINFO.sub(r"\1***@", text)
