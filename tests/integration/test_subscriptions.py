@@ -216,6 +216,20 @@ def _before(fn, first):
     return wrapped
 
 
+def test_a_subscription_from_the_first_entry_of_the_ledger_written_next(cli, deps):
+    """N:0 of the next ledger (offload-prefix's 'everything before ledger N') starts where `latest` does and
+    reads the next ledger from its first entry on; N+1:0 is beyond the end."""
+    produce(deps, "nx", [entries("l0", 5, 10)], TopicPolicy(**TEN))
+    assert cli("subscription", "create", "nx", "next", "--from", "1:0", "--json").ok().json["position"] == "0:4"
+    assert "beyond the end" in cli("subscription", "create", "nx", "far", "--from", "2:0").one_line_error(2)
+    cli("subscription", "create", "fresh", "s", "--from", "0:0").one_line_error(2)  # no such topic
+    cli("topic", "create", "fresh").ok()
+    assert cli("subscription", "create", "fresh", "s", "--from", "0:0", "--json").ok().json["position"] is None
+    cli("produce", "nx", "--entries", "2", "--entry-size", "10").ok()
+    read = cli("read", "nx", "--subscription", "next").ok().stdout.splitlines()
+    assert [line.split("\t")[0] for line in read] == ["1:0", "1:1"]
+
+
 def test_bad_input_is_one_line_and_changes_nothing(cli, deps):
     produce(deps, "b", [entries(f"l{i}", 10, 100) for i in range(2)], TopicPolicy(**TEN))
     cli("subscription", "create", "b", "s").ok()

@@ -39,7 +39,7 @@ def _last_entry(deps: Deps, topic: str, ledgers: list[Ledger]) -> Position | Non
 def create(deps: Deps, topic: str, name: str, start: str = "earliest") -> Subscription:
     """`start`: "earliest" (nothing read: every live entry is unread), "latest" (everything written so far
     counts as read) or a position L:E, the first entry the subscription will read (L a live ledger, E at most
-    its entry count)."""
+    its entry count; or N:0 of the ledger the topic writes next)."""
     ledgers = deps.meta.list_ledgers(topic)  # an unknown topic fails here
     if start == "earliest":
         return deps.meta.subs.create(topic, name, None)
@@ -49,6 +49,10 @@ def create(deps: Deps, topic: str, name: str, start: str = "earliest") -> Subscr
         return deps.meta.subs.create(topic, name, last, live_ledger=None if last is None else last.ledger_id)
     first = Position.parse(start)
     led = next((x for x in ledgers if x.ledger_id == first.ledger_id), None)
+    if led is None and first.entry_id == 0 and first.ledger_id == deps.meta.get_topic(topic).next_ledger_id:
+        # N:0 of the ledger the topic writes next (as offload-prefix takes it): everything before counts as read
+        before = _last_entry(deps, topic, [x for x in ledgers if x.state != S.DELETED])
+        return deps.meta.subs.create(topic, name, before, live_ledger=None if before is None else before.ledger_id)
     if led is None:
         raise BadInput(f"position {first} is beyond the end of topic {topic!r}"
                        if not ledgers or first.ledger_id > ledgers[-1].ledger_id else
