@@ -57,6 +57,23 @@ def test_bad_table_names_exit_2_with_one_line_and_nothing_written(cli, deps):
     assert "already the table of topic 't'" in cli("topic", "set", "w", "--table", "ns.t").one_line_error(2)
 
 
+def test_a_decoder_field_named_as_the_partition_field_is_refused_not_a_sync_failing_for_ever(cli, deps, settings):
+    """Iceberg refuses a partition field named as a column: a decoder field `sealed_at_day` was accepted,
+    then every sync failed, and a decoder can only gain fields, so nothing but dropping the topic undid it."""
+    produce(deps, "t", [entries("a", 3, 10)])
+    line = cli("topic", "set", "t", "--table", "ns.t", "--table-json-fields", "sealed_at_day:string").one_line_error(2)
+    assert "partition field" in line, line
+    assert "no table" in cli("table", "status", "t").one_line_error(2)  # nothing was written
+    cli("topic", "set", "t", "--table", "ns.t", "--table-json-fields", "v:int64").ok()
+    cli("table", "sync", "--topic", "t").ok()
+    line = cli("topic", "set", "t", "--table-json-fields", "v:int64,sealed_at_day:string").one_line_error(2)
+    assert "partition field" in line, line
+    cli("produce", "t", "--entries", "2", "--entry-size", "10", "--seal").ok()
+    assert cli("table", "sync", "--topic", "t", "--json").ok().json["ledger_count"] == 1
+    assert cli("table", "verify", "t", "--json").ok().json["failed"] == []
+    assert [f.name for f in catalog(settings).load_table("ns.t").schema().fields][-1] == "v"
+
+
 def test_sync_status_verify(cli, deps, settings):
     produce(deps, "orders", [entries("a", 5, 100), entries("b", 3, 50), entries("c", 4, 10)],
             open_tail=entries("d", 1, 10))

@@ -17,7 +17,8 @@ def test_fields_parse():
 
 @pytest.mark.parametrize("bad,why", [("", "needs fields"), ("id", "NAME:TYPE"), ("id:int", "types are"),
                                      ("Id:int64", "lower-case"), ("id:int64,id:string", "twice"),
-                                     ("payload:string", "own columns"), ("1x:int64", "lower-case")])
+                                     ("payload:string", "own columns"), ("1x:int64", "lower-case"),
+                                     ("sealed_at_day:string", "partition field")])
 def test_bad_specs_are_refused(bad, why):
     with pytest.raises(BadInput, match=why):
         parse_fields(bad)

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from tiering.config import Settings, aws_sdk_checksums_when_required
 from tiering.errors import BadInput
-from tiering.tables.naming import DLQ_SUFFIX, PROP_TOPIC, PROP_TOPIC_ID, parse_identifier
+from tiering.tables.naming import DLQ_SUFFIX, PARTITION_FIELD, PROP_TOPIC, PROP_TOPIC_ID, parse_identifier
 
 CATALOG_NAME = "tiering"
-PARTITION_FIELD = "sealed_at_day"
 
 
 def warehouse(settings: Settings) -> str:

@@ -12,6 +12,7 @@ import re
 from datetime import datetime, timezone
 
 from tiering.errors import BadInput
+from tiering.tables.naming import PARTITION_FIELD
 
 TYPES = ("string", "int64", "double", "boolean", "timestamp")
 BASE_COLUMNS = ("topic", "ledger_id", "entry_id", "payload", "sealed_at", "offloaded_at")
@@ -43,6 +44,8 @@ def check_spec(spec: object) -> dict:
             raise BadInput(f"decoder field name {name!r} is not a lower-case name (letters, digits, _; 1 to 64)")
         if name in BASE_COLUMNS:
             raise BadInput(f"decoder field {name!r} is one of the table's own columns")
+        if name == PARTITION_FIELD:  # a column of that name makes the table impossible to create or evolve
+            raise BadInput(f"decoder field {name!r} is the name of the table's partition field")
         if name in seen:
             raise BadInput(f"decoder field {name!r} is declared twice")
         if kind not in TYPES:

@@ -11,6 +11,8 @@ _PART = r"[a-z_][a-z0-9_]{0,63}"
 IDENTIFIER = re.compile(rf"^({_PART})\.({_PART})$")
 RETENTION_MODES = ("follow", "keep")
 DLQ_SUFFIX = "__dlq"
+# The table's partition field, day(sealed_at): Iceberg refuses a partition field named as a schema column
+PARTITION_FIELD = "sealed_at_day"
 # Snapshot summary and table property keys; the properties are the table's own record of its progress,
 # changed in the same atomic commit as its data files (sync.py).
 SUMMARY_TOPIC = "tiering.topic"
