@@ -31,6 +31,34 @@ def test_payloads_that_do_not_decode_are_dead_letters_not_a_stuck_sync(cli, deps
     assert cli("table", "verify", "p").returncode == 0
 
 
+LENIENT = [
+    b'{"amount": 1e400}',  # beyond a double: Python parsed it as infinity, stored as such
+    b'{"amount": -1e999}',
+    b'{"amount": NaN}',  # not JSON (Python's extension), stored as NaN
+    b'{"amount": Infinity}',
+    b'{"count": ' + b"9" * 5000 + b"}",  # more digits than Python converts
+    '{"name": "utf-16"}'.encode("utf-16"),  # not UTF-8: json.loads of bytes also read UTF-16 and UTF-32
+    b'{"name": "\xed\xa0\x80"}',  # an encoded surrogate: invalid UTF-8 (json.loads read it with surrogatepass)
+]
+
+
+def test_numbers_out_of_range_and_payloads_not_utf8_are_dead_letters_not_silently_stored(cli, deps, settings):
+    fine = [b'\xef\xbb\xbf{"amount": 1.5}', b'{"amount": 2, "other": 1e400, "big": ' + b"9" * 5000 + b"}"]
+    produce(deps, "n", [LENIENT + fine])
+    cli("topic", "set", "n", "--table", "ns.n", "--table-json-fields", "amount:double,count:int64,name:string").ok()
+    out = cli("table", "sync", "--topic", "n", "--json").ok().json
+    assert (out["failed"], out["topics"][0]["entry_count"]) == ([], len(LENIENT) + len(fine))
+    rows = catalog(settings).load_table("ns.n").scan().to_arrow().sort_by("entry_id").to_pylist()
+    assert [r["payload"] for r in rows] == LENIENT + fine
+    assert [(r["amount"], r["count"], r["name"]) for r in rows] == [(None, None, None)] * len(LENIENT) + [
+        (1.5, None, None), (2.0, None, None)]  # a value in a field not declared is not looked at
+    dead = catalog(settings).load_table("ns.n__dlq").scan().to_arrow().sort_by("entry_id").to_pylist()
+    assert [r["entry_id"] for r in dead] == list(range(len(LENIENT))), dead
+    reasons = [r["reason"] for r in dead]
+    assert "out of range" in reasons[0] and "not a JSON value" in reasons[2] and "not UTF-8" in reasons[5], reasons
+    assert cli("table", "verify", "n").returncode == 0
+
+
 def test_a_table_dropped_behind_the_stores_back_fails_sync_and_preview_alike_and_is_not_made_again(
         cli, deps, settings, db):
     from sqlalchemy import text

@@ -8,6 +8,7 @@ column: old snapshots and files read it as null); changing or removing a field's
 from __future__ import annotations
 
 import json
+import math
 import re
 from datetime import datetime, timezone
 
@@ -65,10 +66,40 @@ def check_change(old: dict | None, new: dict) -> None:
                            f"{new_types.get(f['name']) or 'removed'}")
 
 
+class _OutOfRange:
+    """A JSON number no column holds: a literal beyond a double's range (Python parses 1e400 as infinity),
+    or an integer longer than Python converts (4,300 digits). Kept as its text: in a declared field it makes
+    the entry a dead letter; in any other field it is ignored, as every other value there is."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _parse_float(text: str):
+    f = float(text)
+    return _OutOfRange(text) if math.isinf(f) else f
+
+
+def _parse_int(text: str):
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() converts
+        return _OutOfRange(text)
+
+
+def _parse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON value")  # NaN, Infinity, -Infinity: Python's extension
+
+
 def _value(kind: str, v):
     """The column value of a JSON value, or raise ValueError with the reason."""
     if v is None:
         return None
+    if isinstance(v, _OutOfRange):
+        if kind not in ("int64", "double"):
+            raise ValueError(f"expected a {kind}, got a number")
+        raise ValueError(f"the number {v.text[:40]}{'...' if len(v.text) > 40 else ''} is out of range "
+                         f"for {kind}")
     if kind == "string":
         if not isinstance(v, str):
             raise ValueError(f"expected a string, got {type(v).__name__}")
@@ -105,8 +136,14 @@ def decode(spec: dict, payload: bytes) -> tuple[dict | None, str | None]:
     """({field: value}, None) of a payload, or (None, reason) for a dead letter. Never raises on a payload:
     one entry that crashed the decoder would fail every sync of its topic, for ever."""
     try:
-        obj = json.loads(payload)
-    except (ValueError, UnicodeDecodeError) as exc:
+        # UTF-8 only (a leading byte order mark ignored, as RFC 8259 allows): json.loads of bytes would also
+        # take UTF-16 and UTF-32, and encoded surrogates (surrogatepass)
+        text = payload.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8: {str(exc)[:200]}"
+    try:
+        obj = json.loads(text, parse_float=_parse_float, parse_int=_parse_int, parse_constant=_parse_constant)
+    except ValueError as exc:
         return None, f"not JSON: {str(exc)[:200]}"
     except RecursionError:  # arrays or objects nested thousands deep
         return None, "not JSON this decoder reads: nested too deep"
