@@ -74,6 +74,28 @@ def test_a_decoder_field_named_as_the_partition_field_is_refused_not_a_sync_fail
     assert [f.name for f in catalog(settings).load_table("ns.t").schema().fields][-1] == "v"
 
 
+def test_a_sync_refused_by_a_running_maintenance_fails_it_is_not_skipped_as_done(cli, deps):
+    """A sync finding another sync of the topic running leaves it the work (skipped, exit 0); one finding the
+    table's maintenance running did nothing that anyone does for it: it said "another sync" and exit 0."""
+    from tiering.cli.output import check_document
+    from tiering.metadata.table_sync import TableRows, exclusive
+
+    produce(deps, "m", [entries("a", 2, 10)])
+    cli("topic", "set", "m", "--table", "ns.m").ok()
+    topic_id = TableRows(deps.meta.engine).get("m").topic_id
+    with exclusive(deps.meta.engine, topic_id, maintenance=True) as held:  # as `table maintain` holds it
+        assert held
+        res = cli("table", "sync", "--topic", "m", "--json")
+        assert res.returncode == 1, res.stdout
+        assert "maintenance is running" in res.json["failed"][0]["error"] and res.json["ledger_count"] == 0
+    with exclusive(deps.meta.engine, topic_id) as held:  # as another sync holds it
+        assert held
+        res = cli("table", "sync", "--topic", "m", "--json").ok()
+        assert res.json["topics"][0]["status"] == "skipped" and res.json["ledger_count"] == 0
+        assert res.json["skipped"] == [{"topic": "m", "ledger": None}] and check_document(res.json) == []
+    assert cli("table", "sync", "--topic", "m", "--json").ok().json["ledger_count"] == 1
+
+
 def test_sync_status_verify(cli, deps, settings):
     produce(deps, "orders", [entries("a", 5, 100), entries("b", 3, 50), entries("c", 4, 10)],
             open_tail=entries("d", 1, 10))

@@ -89,7 +89,8 @@ def _sync(ctx: Context, args, out: Output) -> int:
                             "deleted_count": len(r.deleted), "entry_count": r.entries, "bytes": r.bytes,
                             "round_count": r.rounds, "reconciled": r.reconciled, "error": r.error} for r in results],
                    ledgers=committed, ledger_count=len(committed), planned=planned, planned_count=len(planned),
-                   skipped=[r.topic for r in results if r.status == "skipped"],
+                   # as every list named skipped: {topic, ledger} (the whole topic: ledger null, as in failed)
+                   skipped=[{"topic": r.topic, "ledger": None} for r in results if r.status == "skipped"],
                    failed=failed, failed_count=len(failed))
     lines = []
     for r in results:

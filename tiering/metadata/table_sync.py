@@ -224,16 +224,34 @@ class TableRows:
 
 
 LOCK_CLASS = 0x74626c73  # "tbls": one sync of a topic's table at a time (two-key advisory locks)
+MAINTENANCE_CLASS = 0x74626d74  # "tbmt": also held by a maintenance holding LOCK_CLASS (maintenance_running)
+
+
+def _try_lock(conn: Connection, lock_class: int, topic_id: int) -> bool:
+    return bool(conn.execute(select(func.pg_try_advisory_lock(literal(lock_class), literal(topic_id)))).scalar_one())
 
 
 @contextmanager
-def exclusive(engine: Engine, topic_id: int) -> Iterator[bool]:
+def exclusive(engine: Engine, topic_id: int, maintenance: bool = False) -> Iterator[bool]:
     """Yields True while this process holds the sync of the topic's table, False when another session does
     (it does not wait). The lock is a session advisory lock on a connection of its own: a killed sync loses
     it with its connection. It saves a second sync's work; exactly once does not rest on it (the table's own
-    commit checks its high-water mark, tiering/tables/sync.py)."""
+    commit checks its high-water mark, tiering/tables/sync.py). `maintenance`: also hold maintenance's lock,
+    so that a sync refused meanwhile knows it was not another sync's work (maintenance_running)."""
     conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
     try:
-        yield bool(conn.execute(select(func.pg_try_advisory_lock(literal(LOCK_CLASS), literal(topic_id)))).scalar_one())
+        held = _try_lock(conn, LOCK_CLASS, topic_id)
+        if held and maintenance:
+            _try_lock(conn, MAINTENANCE_CLASS, topic_id)
+        yield held
+    finally:
+        conn.close()
+
+
+def maintenance_running(engine: Engine, topic_id: int) -> bool:
+    """Whether a maintenance of the topic's table holds its lock (rather than another sync)."""
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        return not _try_lock(conn, MAINTENANCE_CLASS, topic_id)  # a lock got here goes with the connection
     finally:
         conn.close()

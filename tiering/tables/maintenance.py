@@ -169,7 +169,7 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
     from tiering.tables.sync import SUMMARY_DLQ_FILES, check_marks
 
     report = MaintenanceReport(state.identifier)
-    with exclusive(sync.engine, state.topic_id) as held:
+    with exclusive(sync.engine, state.topic_id, maintenance=True) as held:
         if not held:
             report.errors.append("a sync of this topic is running; maintenance waits for the next run")
             return report

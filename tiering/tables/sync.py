@@ -27,7 +27,7 @@ from pyiceberg.table.update import ValidatableTableRequirement
 
 from tiering.config import Settings
 from tiering.errors import BadInput, TieringError
-from tiering.metadata.table_sync import TableRows, TableState, exclusive
+from tiering.metadata.table_sync import TableRows, TableState, exclusive, maintenance_running
 from tiering.model import MIB
 from tiering.tables.catalog import PARTITION_FIELD, ensure_table, owner_problem, table_dataset
 from tiering.tables.naming import (DLQ_SUFFIX, PROP_SYNCED, PROP_TRIMMED, SUMMARY_LEDGERS, SUMMARY_RUN, SUMMARY_TOPIC, batches,
@@ -172,7 +172,12 @@ class TableSync:
         result = TopicResult(state.topic, state.identifier)
         with exclusive(self.engine, state.topic_id) as held:
             if not held:
-                result.status, result.error = "skipped", "another sync of this topic is running"
+                if maintenance_running(self.engine, state.topic_id):
+                    # not another sync's work: this sync's work is not done, so it is not a success
+                    result.status, result.error = "failed", ("the table's maintenance is running (tiering table "
+                                                             "maintain): nothing synced; rerun when it has ended")
+                else:
+                    result.status, result.error = "skipped", "another sync of this topic is running"
                 return result
             try:
                 self._sync_locked(state.topic, write, dry_run, result)
