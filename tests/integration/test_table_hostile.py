@@ -59,6 +59,31 @@ def test_numbers_out_of_range_and_payloads_not_utf8_are_dead_letters_not_silentl
     assert cli("table", "verify", "n").returncode == 0
 
 
+def test_a_corrupt_object_fails_the_sync_and_leaves_no_file_of_the_round_dead_letters_included(cli, deps, settings):
+    """The round's data files were discarded, but the dead-letter file of the ledger read before the corrupt
+    one stayed under TABLE__dlq: a partial file of a failed round, left for maintenance to find a day later."""
+    from tiering.ops.delete_lagged import delete_copy
+    from tiering.ops.offload import offload_ledger
+
+    produce(deps, "z", [[b'{"v": 1}', b"not json", b'{"v": "x"}'], [b'{"v": 2}'] * 50])
+    delete_copy(deps, offload_ledger(deps, deps.meta.list_ledgers("z")[1]))  # ledger 1: tier 2 only
+    key = deps.meta.get_chunk(deps.meta.get_ledger("z", 1)).data_key
+    s3, name = deps.bucket.s3, deps.bucket.name
+    body = bytearray(s3.get_object(Bucket=name, Key=key)["Body"].read())
+    body[len(body) // 2] ^= 0x5A
+    s3.put_object(Bucket=name, Key=key, Body=bytes(body))
+    cli("topic", "set", "z", "--table", "ns.z", "--table-json-fields", "v:int64").ok()
+    out = cli("table", "sync", "--topic", "z", "--json")
+    assert out.returncode == 1 and "corrupt" in out.json["failed"][0]["error"], out.stdout
+    assert out.json["ledger_count"] == 0
+    prefix = f"{catalog(settings).load_table('ns.z').location().split('/', 3)[3]}"  # ns/z and ns/z__dlq
+    files = [o["Key"] for o in s3.list_objects_v2(Bucket=name, Prefix=prefix).get("Contents", [])
+             if o["Key"].endswith(".parquet")]
+    assert files == [], files
+    assert catalog(settings).load_table("ns.z").current_snapshot() is None
+    assert catalog(settings).load_table("ns.z__dlq").current_snapshot() is None
+
+
 def test_a_table_dropped_behind_the_stores_back_fails_sync_and_preview_alike_and_is_not_made_again(
         cli, deps, settings, db):
     from sqlalchemy import text

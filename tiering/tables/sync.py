@@ -294,7 +294,8 @@ class TableSync:
         try:
             written = write(rnd.items) if rnd.items else []
         except BaseException:
-            self._discard(table, paths)  # nothing of the round is committed: its files are not needed
+            # nothing of the round is committed: its files are not needed, its dead-letter files neither
+            self._discard(table, paths + [i["dlq_path"] for i in rnd.items if i.get("dlq_path")])
             raise
         self.fault("written")
         summary = {SUMMARY_TOPIC: state.topic, SUMMARY_RUN: rnd.run, SUMMARY_THROUGH: str(rnd.through),
