@@ -96,6 +96,27 @@ def test_a_sync_refused_by_a_running_maintenance_fails_it_is_not_skipped_as_done
     assert cli("table", "sync", "--topic", "m", "--json").ok().json["ledger_count"] == 1
 
 
+def test_status_after_a_sync_stopped_between_commit_and_row_says_what_the_table_holds(cli, deps, settings):
+    """A sync killed after its commit, before its row update: status gave the table's new metadata location
+    beside the row's old mark and snapshot, and a lag of ledgers the table already held."""
+    from tests.integration.test_tables import Stop, _stop_at
+    from tiering.tables.files import local_writer
+    from tiering.tables.sync import TableSync, sync_tables
+
+    produce(deps, "st", [entries("a", 3, 10), entries("b", 2, 10)])
+    cli("topic", "set", "st", "--table", "ns.st").ok()
+    with pytest.raises(Stop):
+        sync_tables(TableSync(deps.meta.engine, settings, catalog(settings), fault=_stop_at("committed")),
+                    local_writer(deps, settings))
+    st = cli("table", "status", "st", "--json").ok().json
+    table = catalog(settings).load_table("ns.st")
+    assert st["metadata_location"] == table.metadata_location
+    assert (st["synced_through"], st["lag_ledgers"], st["lag_bytes"]) == (1, 0, 0), st
+    assert st["snapshot_id"] == table.current_snapshot().snapshot_id
+    assert cli("table", "sync", "--topic", "st", "--json").ok().json["topics"][0]["reconciled"] is True
+    assert cli("table", "status", "st", "--json").ok().json["synced_through"] == 1
+
+
 def test_sync_status_verify(cli, deps, settings):
     produce(deps, "orders", [entries("a", 5, 100), entries("b", 3, 50), entries("c", 4, 10)],
             open_tail=entries("d", 1, 10))

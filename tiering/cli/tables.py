@@ -103,20 +103,32 @@ def _sync(ctx: Context, args, out: Output) -> int:
 
 
 def _status(ctx: Context, args, out: Output) -> int:
+    from dataclasses import replace
+
     from tiering.metadata.table_sync import TableRows
     from tiering.tables.catalog import catalog, owner_problem
+    from tiering.tables.naming import PROP_SYNCED, PROP_TRIMMED
 
     rows = TableRows(ctx.engine)
     [state] = rows.list(args.name)
-    lag_ledgers, lag_bytes = rows.lag(state)
     cat = catalog(ctx.settings)
     location = problem = None
+    snapshot_id = state.snapshot_id
     if cat.table_exists(state.identifier):
         table = cat.load_table(state.identifier)
         problem = owner_problem(table, state.topic, state.topic_id)  # e.g. an earlier topic's of this name
         location = None if problem else table.metadata_location
+        if problem is None:
+            # the table's own marks are the record (a sync killed after its commit left the row behind them
+            # until the next sync): what it holds, as its metadata location says, and the lag from there
+            synced = max(state.synced_through, int(table.properties.get(PROP_SYNCED, "-1")))
+            trimmed = max(state.trimmed_through, int(table.properties.get(PROP_TRIMMED, "-1")))
+            state = replace(state, synced_through=synced, trimmed_through=trimmed)
+            snap = table.current_snapshot()
+            snapshot_id = snap.snapshot_id if snap else None
+    lag_ledgers, lag_bytes = rows.lag(state)
     obj = {**document("table status", state.topic), "identifier": state.identifier, "problem": problem,
-           "retention": state.retention, "metadata_location": location, "snapshot_id": state.snapshot_id,
+           "retention": state.retention, "metadata_location": location, "snapshot_id": snapshot_id,
            "synced_through": state.synced_through, "trimmed_through": state.trimmed_through,
            "lag_ledgers": lag_ledgers, "lag_bytes": lag_bytes, "ledger_count": state.ledgers_committed,
            "entry_count": state.entries_committed, "synced_at": iso(state.synced_at)}
