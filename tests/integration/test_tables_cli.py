@@ -117,6 +117,23 @@ def test_status_after_a_sync_stopped_between_commit_and_row_says_what_the_table_
     assert cli("table", "status", "st", "--json").ok().json["synced_through"] == 1
 
 
+def test_a_table_rolled_back_to_an_older_snapshot_stops_the_sync_rather_than_leave_a_hole(cli, deps, settings):
+    """A rollback keeps the table's properties: its mark still said ledger 1 was in, the sync went on from
+    there (exit 0) and ledger 1 was missing for good (only verify said so)."""
+    produce(deps, "rb", [entries("a", 3, 10)])
+    cli("topic", "set", "rb", "--table", "ns.rb").ok()
+    cli("table", "sync", "--topic", "rb").ok()
+    cli("produce", "rb", "--entries", "2", "--entry-size", "10", "--seal").ok()
+    cli("table", "sync", "--topic", "rb").ok()
+    table = catalog(settings).load_table("ns.rb")
+    table.manage_snapshots().rollback_to_snapshot(table.snapshots()[0].snapshot_id).commit()
+    cli("produce", "rb", "--entries", "2", "--entry-size", "10", "--seal").ok()
+    assert "rolled back" in cli("table", "sync", "--topic", "rb").one_line_error(1)
+    assert "rolled back" in cli("table", "sync", "--topic", "rb", "--dry-run").one_line_error(1)
+    assert "rolled back" in cli("table", "maintain", "--topic", "rb").one_line_error(1)
+    assert catalog(settings).load_table("ns.rb").scan().to_arrow().num_rows == 3  # nothing appended past it
+
+
 def test_sync_status_verify(cli, deps, settings):
     produce(deps, "orders", [entries("a", 5, 100), entries("b", 3, 50), entries("c", 4, 10)],
             open_tail=entries("d", 1, 10))

@@ -126,6 +126,23 @@ def check_marks(state: TableState, table) -> tuple[int, int]:
     if synced < state.synced_through or trimmed < state.trimmed_through:
         raise TableBehind(f"table {state.identifier!r} holds ledgers through {synced} but the sync state says "
                           f"{state.synced_through}: the table was replaced or rolled back")
+    # a snapshot rollback (any Iceberg tool) keeps the table's properties, so its marks still claim the rows
+    # of the snapshots it undid: the snapshot the row recorded is then still in the table but no longer an
+    # ancestor of the current one. Unknown, not refused: that snapshot expired, or the current one's lineage
+    # is cut by an expired snapshot before reaching it
+    if state.snapshot_id is not None and table.snapshot_by_id(state.snapshot_id) is not None:
+        seen, snap, whole = set(), table.current_snapshot(), True
+        while snap is not None and snap.snapshot_id not in seen and snap.snapshot_id != state.snapshot_id:
+            seen.add(snap.snapshot_id)
+            if snap.parent_snapshot_id is None:
+                snap = None
+            else:
+                snap = table.snapshot_by_id(snap.parent_snapshot_id)
+                whole = snap is not None
+        if snap is None and whole:
+            raise TableBehind(f"table {state.identifier!r} was rolled back: its current snapshot does not descend "
+                              f"from snapshot {state.snapshot_id}, which the sync state recorded, so rows its "
+                              f"marks claim (ledgers through {synced}) may be missing")
     return synced, trimmed
 
 
