@@ -20,7 +20,12 @@ from tiering.ops.topics import delete_topic
 from tiering.tier2.markers import read_trim_marker
 
 NOT_MARKERS = [b"\xff\xfe", b"", b"{}", b"[1]", b'{"trimmed_before_ledger": "9"}', b'{"trimmed_before_ledger": -5}',
-               b'{"trimmed_before_ledger": 1.5}', b'{"trimmed_before_ledger": true}', b"1" * 5000]
+               b'{"trimmed_before_ledger": 1.5}', b'{"trimmed_before_ledger": true}',
+               # valid JSON, yet no ledger id: past int64 (every ledger of the topic below it), nested too deep
+               # for the parser (RecursionError, not a ValueError)
+               b'{"trimmed_before_ledger": 1' + b"0" * 40 + b"}", b'{"trimmed_before_ledger": %d}' % 2**63,
+               b'{"trimmed_before_ledger": ' + b"[" * 2000 + b"]" * 2000 + b"}", b"1" * 5000]
+HOSTILE = NOT_MARKERS[-4:-1]
 
 
 def _put(deps, key, body):
@@ -44,7 +49,7 @@ def test_the_sweep_deletes_nothing_on_the_word_of_a_corrupt_marker(deps):
     assert sorted(sweep_orphans(deps, orphan_grace=timedelta(0)).orphans_deleted) == [left, left + "-index"]
 
 
-@pytest.mark.parametrize("body", NOT_MARKERS[:3] + NOT_MARKERS[-1:])
+@pytest.mark.parametrize("body", NOT_MARKERS[:3] + HOSTILE + NOT_MARKERS[-1:])
 def test_recovery_names_a_corrupt_marker_and_commits_nothing_of_its_topic(deps, new_database, body):  # noqa: F811
     _offloaded_topics(deps, ["t", "u"], n=3)
     truncate(deps, "t", Position(1, 0))
@@ -59,9 +64,10 @@ def test_recovery_names_a_corrupt_marker_and_commits_nothing_of_its_topic(deps, 
     assert sorted(report.topics_created) == ["u"]
 
 
-def test_retention_writes_its_marker_over_a_corrupt_one(deps):
+@pytest.mark.parametrize("body", [b"not a marker"] + HOSTILE)
+def test_retention_writes_its_marker_over_a_corrupt_one(deps, body):
     _offloaded_topics(deps, ["t"], n=3)
     marker = trim_marker_key(deps.bucket.prefix, "t")
-    _put(deps, marker, b"not a marker")
+    _put(deps, marker, body)
     truncate(deps, "t", Position(2, 0))
     assert read_trim_marker(deps.bucket, "t") == 2

@@ -17,6 +17,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from tiering.errors import CorruptObjectError
 
 from tiering.format.keys import segment_marker_key, trim_marker_key
+from tiering.model import INT64_MAX
 from tiering.tier2.errors import NotFound, tier2_error
 from tiering.tier2.objects import Bucket
 
@@ -50,9 +51,13 @@ def _read(b: Bucket, key: str) -> int:
         raise error from None
     try:
         value = json.loads(body)["trimmed_before_ledger"] if len(body) <= MAX_MARKER_BYTES else None
-    except (ValueError, TypeError, KeyError):  # not JSON (UnicodeDecodeError is a ValueError), not an object
+    # not JSON (UnicodeDecodeError is a ValueError), not an object, or nested deeper than the parser goes
+    # (a RecursionError within 4 KiB)
+    except (ValueError, TypeError, KeyError, RecursionError):
         value = None
-    if type(value) is not int or value < 0:
+    # A ledger id is a bigint (topic deletion writes its next one): a larger number was written by nothing
+    # here, and GC's sweep would take every ledger of the topic as below it.
+    if type(value) is not int or not 0 <= value <= INT64_MAX:
         raise CorruptObjectError("trim marker", key, 'not {"trimmed_before_ledger": <ledger id>}; rewrite or delete it, '
                                                         'then rerun')
     return value
