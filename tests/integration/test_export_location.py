@@ -183,6 +183,17 @@ def test_a_second_export_into_a_location_being_written_stops_before_touching_it(
     assert _files(fs, base) == sorted(["manifest.json"] + [p.path for t in done.tables.values() for p in t.files])
 
 
+def test_one_local_location_spelt_another_way_is_the_same_locations_lock(world, db, tmp_path):
+    """The lock is named after the location's path: a file:// URL of the directory another export holds,
+    spelt with a doubled slash or a step back, is that directory and finds it held."""
+    fs, base = ex.filesystem_for(str(tmp_path / "exp"))
+    with loc.only_writer(db, fs, base):
+        for other in (f"file://{tmp_path}//exp", f"file://{tmp_path}/x/../exp/", f"{tmp_path}//exp"):
+            with pytest.raises(loc.LocationTaken, match="another export is writing"):
+                ex.export_metadata(db, *ex.filesystem_for(other))
+    assert _files(fs, base) == []
+
+
 def test_two_exports_past_the_lock_at_once_one_wins(world, db, where, monkeypatch):
     """Exports of two databases into one location (no shared lock): the manifest decides."""
     fs, base = where

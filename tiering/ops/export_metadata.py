@@ -163,10 +163,12 @@ def filesystem_for(url: str, settings=None, *, endpoint_url: str | None = None, 
             kwargs.update(endpoint_override=ep.netloc, scheme=ep.scheme or "https")
         base = f"{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
         return s3_filesystem(settings, **kwargs), base
-    if parts.scheme == "file":
-        return pafs.LocalFileSystem(), parts.path.rstrip("/") or "/"
     import os
 
+    if parts.scheme == "file":
+        # normalised as a plain path is (abspath): the export lock is named after the base, and one directory
+        # spelt two ways ('//', '..') must be one location
+        return pafs.LocalFileSystem(), os.path.normpath(parts.path or "/")
     return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(url))
 
 
