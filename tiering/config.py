@@ -317,11 +317,11 @@ def _settings(values: dict) -> Settings:
 
 # libpq's URL parameters that are secrets: the password (libpq takes it in the query as well as before the
 # host) and the passphrase of the client key
-_SECRET_PARAMS = ("password", "sslpassword")
+SECRET_URL_PARAMS = ("password", "sslpassword")
 
 
 def _secret_params(query: str) -> list[str]:
-    return [kv for kv in query.split("&") if kv.partition("=")[0] in _SECRET_PARAMS] if query else []
+    return [kv for kv in query.split("&") if kv.partition("=")[0] in SECRET_URL_PARAMS] if query else []
 
 
 def has_password(url: str) -> bool:

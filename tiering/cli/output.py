@@ -19,6 +19,7 @@ from datetime import date, datetime, timezone
 from typing import Callable, Iterable
 
 from tiering.cli.args import one_line
+from tiering.config import SECRET_URL_PARAMS
 
 
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)\S*@")  # greedy: up to the last @ of the URL
@@ -40,7 +41,7 @@ def redact(text: str) -> str:
         for s in [password, *re.split(r"[@/?#]", password)]:
             secrets += [s, unquote(s)]
     for key, value in parse_qsl(url.partition("?")[2].partition("#")[0], keep_blank_values=True):
-        if key in ("password", "sslpassword"):  # libpq takes them from the query too
+        if key in SECRET_URL_PARAMS:  # libpq takes them from the query too
             secrets += [value, quote(value, safe="")]
     for s in sorted((s for s in secrets if len(s) >= 3), key=len, reverse=True):
         text = text.replace(s, "***")
