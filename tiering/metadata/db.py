@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
+from typing import Iterator
 
-from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy import create_engine, event, func, literal, select
+from sqlalchemy.engine import Connection, Engine
 
 log = logging.getLogger(__name__)
 
@@ -54,3 +56,34 @@ def _release_session_locks(dbapi_connection, connection_record) -> None:
     except Exception:  # noqa: BLE001 - the connection is discarded instead; nothing else to do here
         log.warning("discarding a pooled connection whose session locks could not be released")
         connection_record.invalidate()
+
+
+@contextmanager
+def session_lock(engine: Engine, lock_class: int, key, also: int | None = None) -> Iterator[bool]:
+    """Yields True while this process holds the session advisory lock (`lock_class`, `key`: an SQL int
+    expression), False when another session does (it does not wait). It is held on a connection of its own,
+    released when the block ends (the pool's check-in, above) or when the process dies (its connection
+    closes). `also`: a second class on the same key, taken with the first, which tells a caller refused the
+    first who holds it (`lock_taken`), e.g. recovery rather than another sweep."""
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        held = _try_lock(conn, lock_class, key)
+        if held and also is not None:
+            _try_lock(conn, also, key)
+        yield held
+    finally:
+        conn.close()
+
+
+def lock_taken(engine: Engine, lock_class: int, key) -> bool:
+    """Whether another session holds the advisory lock (`lock_class`, `key`) now (the lock taken to find out
+    goes with its connection)."""
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        return not _try_lock(conn, lock_class, key)
+    finally:
+        conn.close()
+
+
+def _try_lock(conn: Connection, lock_class: int, key) -> bool:
+    return bool(conn.execute(select(func.pg_try_advisory_lock(literal(lock_class), key))).scalar_one())

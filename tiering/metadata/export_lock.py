@@ -7,23 +7,16 @@ export's driver from its claim to its manifest, closes that: a second export fin
 touching anything. Killed, the driver loses the lock with its connection."""
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator
-
-from sqlalchemy import func, literal, select
+from sqlalchemy import func, literal
 from sqlalchemy.engine import Engine
+
+from tiering.metadata.db import session_lock
 
 LOCK_CLASS = 0x6578706c  # "expl" (two-key advisory locks: metadata/attempt_locks.py)
 
 
-@contextmanager
-def writing(engine: Engine, location: str) -> Iterator[bool]:
-    """Yields True while this process holds the export lock of `location`, False when another session does
-    (it does not wait). Two locations whose names hash alike share a lock: the later export waits its turn
-    (fails, to be rerun), never writes beside the other."""
-    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        yield bool(conn.execute(select(func.pg_try_advisory_lock(
-            literal(LOCK_CLASS), func.hashtext(literal(location))))).scalar_one())
-    finally:
-        conn.close()  # the pool's check-in releases the lock (metadata/db.py)
+def writing(engine: Engine, location: str):
+    """`with writing(...) as held:` True while this process holds the export lock of `location`, False when
+    another session does (it does not wait; metadata/db.session_lock). Two locations whose names hash alike
+    share a lock: the later export waits its turn (fails, to be rerun), never writes beside the other."""
+    return session_lock(engine, LOCK_CLASS, func.hashtext(literal(location)))

@@ -25,6 +25,7 @@ from sqlalchemy.engine import Engine
 from tiering.errors import ConditionalUpdateFailed, TieringError
 from tiering.format.keys import ParsedKey, encode_topic
 from tiering.metadata import gc_queue
+from tiering.metadata.db import lock_taken, session_lock
 from tiering.metadata.tables import chunk, gc_sweep, ledger, topic
 
 # Two-key advisory locks (class, object) live apart from job_run's one-key locks (metadata/job_runs.py).
@@ -43,33 +44,20 @@ class SweepState:
     passes_completed: int
 
 
-def _try_lock(conn, lock_class: int, bucket: str, prefix: str) -> bool:
-    return bool(conn.execute(select(func.pg_try_advisory_lock(
-        literal(lock_class), func.hashtext(literal(bucket) + "/" + literal(prefix))))).scalar_one())
+def _key(bucket: str, prefix: str):
+    return func.hashtext(literal(bucket) + "/" + literal(prefix))
 
 
-@contextmanager
-def exclusive(engine: Engine, bucket: str, prefix: str, recovery: bool = False) -> Iterator[bool]:
-    """Yields True while this process holds the sweep of (bucket, prefix), False when another session does.
-    The lock is released when the block ends (the pool's check-in drops it, metadata/db.py) or when the
-    process dies (its connection closes). `recovery`: also hold recovery's lock (see recovery_running)."""
-    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        held = _try_lock(conn, LOCK_CLASS, bucket, prefix)
-        if held and recovery:
-            _try_lock(conn, RECOVERY_CLASS, bucket, prefix)
-        yield held
-    finally:
-        conn.close()
+def exclusive(engine: Engine, bucket: str, prefix: str, recovery: bool = False):
+    """`with exclusive(...) as held:` True while this process holds the sweep of (bucket, prefix), False when
+    another session does (metadata/db.session_lock). `recovery`: also hold recovery's lock (see
+    recovery_running)."""
+    return session_lock(engine, LOCK_CLASS, _key(bucket, prefix), also=RECOVERY_CLASS if recovery else None)
 
 
 def recovery_running(engine: Engine, bucket: str, prefix: str) -> bool:
     """Whether a recovery holds the sweep's lock (rather than another sweep): its second lock is taken."""
-    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        return not _try_lock(conn, RECOVERY_CLASS, bucket, prefix)  # a lock got here goes with the connection
-    finally:
-        conn.close()
+    return lock_taken(engine, RECOVERY_CLASS, _key(bucket, prefix))
 
 
 @contextmanager

@@ -7,10 +7,9 @@ as its data files, tiering/tables/sync.py); this row mirrors them. `advance` is 
 again by the next sync when a run died between the two."""
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, TypeVar
 
 from sqlalchemy import and_, func, literal, select, update
 from sqlalchemy.dialects.postgresql import insert
@@ -18,6 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from tiering.errors import BadInput, ConditionalUpdateFailed
+from tiering.metadata.db import lock_taken, session_lock
 from tiering.metadata.subscriptions import topic_row
 from tiering.metadata.tables import ledger, topic, topic_table
 from tiering.model import Topic
@@ -227,31 +227,15 @@ LOCK_CLASS = 0x74626c73  # "tbls": one sync of a topic's table at a time (two-ke
 MAINTENANCE_CLASS = 0x74626d74  # "tbmt": also held by a maintenance holding LOCK_CLASS (maintenance_running)
 
 
-def _try_lock(conn: Connection, lock_class: int, topic_id: int) -> bool:
-    return bool(conn.execute(select(func.pg_try_advisory_lock(literal(lock_class), literal(topic_id)))).scalar_one())
-
-
-@contextmanager
-def exclusive(engine: Engine, topic_id: int, maintenance: bool = False) -> Iterator[bool]:
-    """Yields True while this process holds the sync of the topic's table, False when another session does
-    (it does not wait). The lock is a session advisory lock on a connection of its own: a killed sync loses
-    it with its connection. It saves a second sync's work; exactly once does not rest on it (the table's own
-    commit checks its high-water mark, tiering/tables/sync.py). `maintenance`: also hold maintenance's lock,
-    so that a sync refused meanwhile knows it was not another sync's work (maintenance_running)."""
-    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        held = _try_lock(conn, LOCK_CLASS, topic_id)
-        if held and maintenance:
-            _try_lock(conn, MAINTENANCE_CLASS, topic_id)
-        yield held
-    finally:
-        conn.close()
+def exclusive(engine: Engine, topic_id: int, maintenance: bool = False):
+    """`with exclusive(...) as held:` True while this process holds the sync of the topic's table, False when
+    another session does (it does not wait; metadata/db.session_lock: a killed sync loses it with its
+    connection). It saves a second sync's work; exactly once does not rest on it (the table's own commit
+    checks its high-water mark, tiering/tables/sync.py). `maintenance`: also hold maintenance's lock, so
+    that a sync refused meanwhile knows it was not another sync's work (maintenance_running)."""
+    return session_lock(engine, LOCK_CLASS, literal(topic_id), also=MAINTENANCE_CLASS if maintenance else None)
 
 
 def maintenance_running(engine: Engine, topic_id: int) -> bool:
     """Whether a maintenance of the topic's table holds its lock (rather than another sync)."""
-    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        return not _try_lock(conn, MAINTENANCE_CLASS, topic_id)  # a lock got here goes with the connection
-    finally:
-        conn.close()
+    return lock_taken(engine, MAINTENANCE_CLASS, literal(topic_id))
