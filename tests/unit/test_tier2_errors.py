@@ -6,8 +6,8 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, SSLError
 
 from tiering.errors import Tier2Error
-from tiering.tier2.errors import (Denied, NoCredentials, NoSuchBucket, NotFound, ShortObject, TlsRefused,
-                                  Unreachable, bucket_unavailable, error_class, tier2_error)
+from tiering.tier2.errors import (Denied, NoCredentials, NoSuchBucket, NotFound, PreconditionFailed, ShortObject,
+                                  TlsRefused, Unreachable, bucket_unavailable, error_class, tier2_error)
 
 
 def client_error(code: str, message: str = "") -> ClientError:
@@ -16,7 +16,9 @@ def client_error(code: str, message: str = "") -> ClientError:
 
 @pytest.mark.parametrize("code,cls", [("NoSuchKey", NotFound), ("404", NotFound), ("NotFound", NotFound),
                                       ("NoSuchBucket", NoSuchBucket), ("InvalidRange", ShortObject),
-                                      ("AccessDenied", Denied), ("403", Denied), ("SlowDown", Tier2Error)])
+                                      ("AccessDenied", Denied), ("403", Denied), ("SlowDown", Tier2Error),
+                                      ("PreconditionFailed", PreconditionFailed), ("412", PreconditionFailed),
+                                      ("ConditionalRequestConflict", PreconditionFailed)])
 def test_codes_map_to_classes(code, cls):
     err = tier2_error("GET", "p/k", client_error(code, "said so"))
     assert type(err) is cls and isinstance(err, Tier2Error)

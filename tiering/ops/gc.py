@@ -80,8 +80,8 @@ from tiering.model import LedgerState
 from tiering.ops.context import Deps
 from tiering.ops.export_metadata import default_export_prefix
 from tiering.tier2.markers import read_segment_marker, readable_or_none
-from tiering.tier2.objects import (abort_upload, check_bucket, delete_keys, get_range, list_page, list_uploads,
-                                   object_head, object_length)
+from tiering.tier2.objects import (abort_upload, check_bucket, delete_keys, list_page, list_uploads, object_head,
+                                   read_object)
 
 PAGE_KEYS = 1000  # S3's largest LIST page
 SWEEP_MAX_PAGES = 10_000  # default page budget of one sweep run: 10M keys (docs/performance.md: how long an orphan lives)
@@ -314,10 +314,10 @@ def _held_ledgers(b, key: str, p, indexes: dict[str, list[int] | None]) -> list[
 
 def _index_ledgers(b, index: str) -> list[int] | None:
     try:
-        size = object_length(b, index)
-        if size is None:
+        data = read_object(b, index)
+        if data is None:
             return None
-        return [ix.metadata.ledger_id for _, _, ix in split_indexes(get_range(b, index, 0, size), index)]
+        return [ix.metadata.ledger_id for _, _, ix in split_indexes(data, index)]
     except (CorruptObjectError, DataLossError):
         return None
 

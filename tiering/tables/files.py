@@ -49,12 +49,19 @@ class _DeadLetters:
             return self.url
         return None
 
-    def abandon(self) -> None:
-        """Close the file of an item that failed (its path is in the round the driver discards)."""
+    def __enter__(self) -> "_DeadLetters":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """An item that failed closes its file now, before the driver discards the round's files (its path
+        is among them): left open, whether and when its upload completes depends on when the writer is
+        collected, possibly after that discard."""
+        if exc_type is None:
+            return
         try:
             self.close()
-        except Exception as exc:  # noqa: BLE001 - the item's own failure is the one to report
-            log.warning("could not close the dead-letter file %s: %s", self.url, type(exc).__name__)
+        except Exception as close_exc:  # noqa: BLE001 - the item's own failure is the one to report
+            log.warning("could not close the dead-letter file %s: %s", self.url, type(close_exc).__name__)
 
 
 def write_file(deps, filesystem, item: dict, open_tier2) -> dict:
@@ -76,59 +83,53 @@ def write_file(deps, filesystem, item: dict, open_tier2) -> dict:
     fs, path = filesystem(item["path"])
     dead = _DeadLetters(filesystem, item.get("dlq_path"))
     entries = nbytes = 0
-    try:
-        with pq.ParquetWriter(path, schema, filesystem=fs, compression="zstd") as out:
-            for spec in item["ledgers"]:
-                led = deps.meta.get_ledger(topic, spec["ledger_id"])
-                if led.state == LedgerState.DELETED:
-                    raise TieringError(f"ledger {topic}/{led.ledger_id} was deleted while being synced; the next "
-                                       "sync passes over it")
-                sealed, offloaded = _when(spec.get("sealed_at")), _when(spec.get("offloaded_at"))
-                ids: list[int] = []
-                payloads: list[bytes] = []
-                decoded: dict[str, list] = {n: [] for n in names}
-                size = 0
+    with dead, pq.ParquetWriter(path, schema, filesystem=fs, compression="zstd") as out:
+        for spec in item["ledgers"]:
+            led = deps.meta.get_ledger(topic, spec["ledger_id"])
+            if led.state == LedgerState.DELETED:
+                raise TieringError(f"ledger {topic}/{led.ledger_id} was deleted while being synced; the next "
+                                   "sync passes over it")
+            sealed, offloaded = _when(spec.get("sealed_at")), _when(spec.get("offloaded_at"))
+            ids: list[int] = []
+            payloads: list[bytes] = []
+            decoded: dict[str, list] = {n: [] for n in names}
+            size = 0
 
-                def flush() -> None:
-                    nonlocal ids, payloads, size, decoded
-                    if ids:
-                        n = len(ids)
-                        out.write_batch(pa.record_batch([
-                            pa.array([topic] * n, pa.string()), pa.array([led.ledger_id] * n, pa.int64()),
-                            pa.array(ids, pa.int64()), pa.array(payloads, pa.binary()),
-                            pa.array([sealed] * n, schema.field("sealed_at").type),
-                            pa.array([offloaded] * n, schema.field("offloaded_at").type),
-                            *(pa.array(decoded[c], schema.field(c).type) for c in names)], schema=schema))
-                    ids, payloads, size, decoded = [], [], 0, {c: [] for c in names}
+            def flush() -> None:
+                nonlocal ids, payloads, size, decoded
+                if ids:
+                    n = len(ids)
+                    out.write_batch(pa.record_batch([
+                        pa.array([topic] * n, pa.string()), pa.array([led.ledger_id] * n, pa.int64()),
+                        pa.array(ids, pa.int64()), pa.array(payloads, pa.binary()),
+                        pa.array([sealed] * n, schema.field("sealed_at").type),
+                        pa.array([offloaded] * n, schema.field("offloaded_at").type),
+                        *(pa.array(decoded[c], schema.field(c).type) for c in names)], schema=schema))
+                ids, payloads, size, decoded = [], [], 0, {c: [] for c in names}
 
-                for got in read_ledger_range(deps.meta, led, 0, led.entry_count - 1, deps.tier1, open_tier2,
-                                             lambda: None):
-                    if not isinstance(got, Run):
-                        if got.kind == DATALOSS:
-                            raise DataLossError(f"ledger {topic}/{led.ledger_id} entries {got.start.entry_id}.."
-                                                f"{got.end.entry_id} are in no tier")
-                        raise TieringError(f"ledger {topic}/{led.ledger_id} was trimmed while being synced; the "
-                                           "next sync passes over it")
-                    for entry_id, data in got.entries:
-                        ids.append(entry_id)
-                        payloads.append(data)
-                        if decoder is not None:
-                            values, reason = decode(decoder, data)
-                            if reason is not None:
-                                dead.add(topic, led.ledger_id, entry_id, data, sealed, reason)
-                            for c in names:
-                                decoded[c].append(None if values is None else values[c])
-                        size += len(data)
-                        entries += 1
-                        nbytes += len(data)
-                        if len(ids) >= BATCH_ROWS or size >= BATCH_BYTES:
-                            flush()
-                flush()
-    except BaseException:
-        # closed now, before the driver discards the round's files: left open, whether and when its upload
-        # completes depends on when the writer is collected, possibly after that discard
-        dead.abandon()
-        raise
+            for got in read_ledger_range(deps.meta, led, 0, led.entry_count - 1, deps.tier1, open_tier2,
+                                         lambda: None):
+                if not isinstance(got, Run):
+                    if got.kind == DATALOSS:
+                        raise DataLossError(f"ledger {topic}/{led.ledger_id} entries {got.start.entry_id}.."
+                                            f"{got.end.entry_id} are in no tier")
+                    raise TieringError(f"ledger {topic}/{led.ledger_id} was trimmed while being synced; the "
+                                       "next sync passes over it")
+                for entry_id, data in got.entries:
+                    ids.append(entry_id)
+                    payloads.append(data)
+                    if decoder is not None:
+                        values, reason = decode(decoder, data)
+                        if reason is not None:
+                            dead.add(topic, led.ledger_id, entry_id, data, sealed, reason)
+                        for c in names:
+                            decoded[c].append(None if values is None else values[c])
+                    size += len(data)
+                    entries += 1
+                    nbytes += len(data)
+                    if len(ids) >= BATCH_ROWS or size >= BATCH_BYTES:
+                        flush()
+            flush()
     return {"path": item["path"], "ledger_ids": [s["ledger_id"] for s in item["ledgers"]], "entries": entries,
             "bytes": nbytes, "dlq_path": dead.close(), "dead_letters": dead.count}
 

@@ -22,7 +22,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from tiering.config import Settings, aws_sdk_checksums_when_required
 from tiering.tier2.multipart import MIN_PART_SIZE, MultipartUpload
 from tiering.tier2.client import make_client, s3_client
-from tiering.tier2.errors import NotFound, tier2_error
+from tiering.tier2.errors import NotFound, PreconditionFailed, tier2_error
 from tiering.tier2.objects import Bucket, delete_keys, get_range
 
 
@@ -56,10 +56,10 @@ def create_object_if_absent(fs: pafs.FileSystem, path: str, data: bytes) -> bool
         client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
         return True
     except (ClientError, BotoCoreError) as exc:
-        if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in (
-                "PreconditionFailed", "ConditionalRequestConflict"):
+        error = tier2_error("PUT", key, exc)
+        if isinstance(error, PreconditionFailed):
             return False
-        raise tier2_error("PUT", key, exc) from None
+        raise error from None
 
 
 def _client_like(fs: pafs.FileSystem):

@@ -22,6 +22,11 @@ class ShortObject(Tier2Error):
     """The range asked for starts past the object's end."""
 
 
+class PreconditionFailed(Tier2Error):
+    """A conditional request's condition did not hold: `If-Match` met another ETag (the object was replaced),
+    `If-None-Match: *` met an object already there."""
+
+
 class Denied(Tier2Error):
     """The credentials may not do this."""
 
@@ -45,6 +50,9 @@ _BY_CODE: dict[str, type[Tier2Error]] = {
     "NoSuchBucket": NoSuchBucket,
     "InvalidRange": ShortObject,
     "AccessDenied": Denied, "403": Denied, "Forbidden": Denied,
+    # 409 ConditionalRequestConflict: AWS's answer to a conditional PUT racing another one on the same key
+    "PreconditionFailed": PreconditionFailed, "412": PreconditionFailed,
+    "ConditionalRequestConflict": PreconditionFailed,
 }
 
 # botocore's "no usable credentials" errors: the endpoint was never asked, so the message must not send the

@@ -12,14 +12,10 @@ from __future__ import annotations
 import json
 import logging
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from tiering.errors import CorruptObjectError
-
 from tiering.format.keys import segment_marker_key, trim_marker_key
 from tiering.model import INT64_MAX
-from tiering.tier2.errors import NotFound, tier2_error
-from tiering.tier2.objects import Bucket
+from tiering.tier2.objects import Bucket, put_bytes, read_object
 
 log = logging.getLogger(__name__)
 MAX_MARKER_BYTES = 4096  # a marker is a few dozen bytes: anything larger is not one
@@ -38,17 +34,9 @@ def read_segment_marker(b: Bucket, segment: str) -> int:
 
 def _read(b: Bucket, key: str) -> int:
     """The marker's ledger; CorruptObjectError when the object is not a marker this module wrote."""
-    try:
-        stream = b.s3.get_object(Bucket=b.name, Key=key)["Body"]
-        try:
-            body = stream.read(MAX_MARKER_BYTES + 1)
-        finally:
-            stream.close()
-    except (ClientError, BotoCoreError) as exc:
-        error = tier2_error("GET", key, exc)
-        if isinstance(error, NotFound):
-            return -1
-        raise error from None
+    body = read_object(b, key, MAX_MARKER_BYTES + 1)
+    if body is None:
+        return -1
     try:
         value = json.loads(body)["trimmed_before_ledger"] if len(body) <= MAX_MARKER_BYTES else None
     # not JSON (UnicodeDecodeError is a ValueError), not an object, or nested deeper than the parser goes
@@ -77,9 +65,5 @@ def record_trim(b: Bucket, topic: str, before_ledger: int) -> None:
     """Write the topic's trim marker, only ever moving it forward."""
     if before_ledger <= readable_or_none(read_trim_marker, b, topic):
         return
-    key = trim_marker_key(b.prefix, topic)
-    try:
-        b.s3.put_object(Bucket=b.name, Key=key, Body=json.dumps({"trimmed_before_ledger": before_ledger}).encode(),
-                        ContentType="application/json")
-    except (ClientError, BotoCoreError) as exc:
-        raise tier2_error("PUT", key, exc) from None
+    put_bytes(b, trim_marker_key(b.prefix, topic), json.dumps({"trimmed_before_ledger": before_ledger}).encode(),
+              {}, content_type="application/json")

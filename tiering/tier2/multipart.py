@@ -47,7 +47,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.errors import BadInput, CorruptObjectError
 from tiering.format.block import MIN_BLOCK_SIZE
-from tiering.tier2.errors import NotFound, tier2_error
+from tiering.tier2.errors import NotFound, PreconditionFailed, tier2_error
 from tiering.tier2.objects import Bucket, completed_part, composite_etag
 from tiering.tier2.throttle import RateLimiter
 
@@ -141,9 +141,10 @@ class MultipartUpload:
                                               CopySourceRange=f"bytes={offset}-{offset + length - 1}",
                                               **({"CopySourceIfMatch": if_match} if if_match else {}))
         except ClientError as exc:
-            if "%" in source_key and isinstance(tier2_error("UploadPartCopy", source_key, exc), NotFound):
+            error = tier2_error("UploadPartCopy", source_key, exc)
+            if "%" in source_key and isinstance(error, NotFound):
                 return False
-            if if_match and exc.response.get("Error", {}).get("Code") == "PreconditionFailed":
+            if if_match and isinstance(error, PreconditionFailed):
                 raise CorruptObjectError(f"object {source_key}", f"bytes {offset}-{offset + length - 1}",
                                          f"it is not the object written (ETag {if_match}); not copied") from None
             raise

@@ -14,10 +14,10 @@ from typing import Iterable, Iterator
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.errors import CorruptObjectError, DataLossError
-from tiering.tier2.errors import NotFound, ShortObject, bucket_unavailable, error_class, tier2_error
+from tiering.tier2.errors import NotFound, PreconditionFailed, ShortObject, bucket_unavailable, error_class, tier2_error
 
 log = logging.getLogger(__name__)
-# how many times one read goes on after its body broke off mid-way (get_range, RangeStream)
+# how many times one read goes on after its body broke off mid-way (RangeStream, and get_range through it)
 BODY_RETRIES = 3
 
 
@@ -41,29 +41,34 @@ def completed_part(part_number: int, resp: dict) -> dict:
 
 
 def get_range(b: Bucket, key: str, start: int, length: int) -> bytes:
-    """Bytes [start, start+length) of an object; a short read is an error, not a silent truncation. A body
-    broken off mid-way (a reset link: botocore retries the request, not its body) is asked for again, up to
-    BODY_RETRIES times."""
+    """Bytes [start, start+length) of an object, read whole by a `RangeStream` (its checks and its going on
+    after a broken body): a short read is an error, not a silent truncation."""
     if length <= 0:
         return b""
-    for attempt in range(BODY_RETRIES + 1):
-        try:
-            body = b.s3.get_object(Bucket=b.name, Key=key, Range=f"bytes={start}-{start + length - 1}")["Body"]
-        except (ClientError, BotoCoreError) as exc:
-            raise _read_error(key, exc) from None
-        try:
-            data = body.read()
-            break
-        except (BotoCoreError, OSError) as exc:
-            body.close()
-            if attempt == BODY_RETRIES:
-                raise tier2_error("GET", key, exc) from None
-            log.warning("GET of %r bytes %d..%d broke off (%s); asking again", key, start, start + length - 1,
-                        type(exc).__name__)
-    if len(data) != length:
-        raise CorruptObjectError("object", f"{key} bytes {start}..{start + length - 1}",
-                                 f"got {len(data)} bytes, expected {length} (object shorter than metadata says)")
-    return data
+    stream = RangeStream(b, key, start, length)
+    try:
+        return stream.read(length)
+    finally:
+        stream.close()
+
+
+def read_object(b: Bucket, key: str, max_bytes: int | None = None) -> bytes | None:
+    """A small object whole in one GET (at most `max_bytes`, when given: the caller tells a longer one by
+    its length), or None when it does not exist. For objects whose length is not known beforehand (an index
+    the sweep found, a trim marker); reads of known ranges use `get_range`."""
+    try:
+        body = b.s3.get_object(Bucket=b.name, Key=key)["Body"]
+    except (ClientError, BotoCoreError) as exc:
+        error = tier2_error("GET", key, exc)
+        if isinstance(error, NotFound):
+            return None
+        raise error from None
+    try:
+        return body.read(max_bytes) if max_bytes is not None else body.read()
+    except (BotoCoreError, OSError) as exc:
+        raise tier2_error("GET", key, exc) from None
+    finally:
+        body.close()
 
 
 def _read_error(key: str, exc: BaseException) -> Exception:
@@ -97,8 +102,7 @@ class RangeStream:
             resp = self.b.s3.get_object(Bucket=self.b.name, Key=self.key,
                                         Range=f"bytes={self.start}-{self.start + self.left - 1}", **match)
         except (ClientError, BotoCoreError) as exc:
-            if match and isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in (
-                    "PreconditionFailed", "412"):
+            if match and isinstance(tier2_error("GET", self.key, exc), PreconditionFailed):
                 raise CorruptObjectError("object", f"{self.key} from byte {self.start}",
                                          "it was replaced while being read (its ETag changed)") from None
             raise _read_error(self.key, exc) from None
@@ -274,11 +278,12 @@ def composite_etag(parts: list[dict]) -> str | None:
     return f'"{hashlib.md5(b"".join(digests), usedforsecurity=False).hexdigest()}-{len(digests)}"'
 
 
-def put_bytes(b: Bucket, key: str, body: bytes, metadata: dict[str, str]) -> str | None:
+def put_bytes(b: Bucket, key: str, body: bytes, metadata: dict[str, str], content_type: str | None = None) -> str | None:
     """One PUT with a CRC32C the server checks. Returns the object's ETag (None: the server gave none)."""
+    typed = {"ContentType": content_type} if content_type else {}
     try:
-        return b.s3.put_object(Bucket=b.name, Key=key, Body=body, Metadata=metadata,
-                               ChecksumAlgorithm="CRC32C").get("ETag") or None
+        return b.s3.put_object(Bucket=b.name, Key=key, Body=body, Metadata=metadata, ChecksumAlgorithm="CRC32C",
+                               **typed).get("ETag") or None
     except (ClientError, BotoCoreError) as exc:
         raise tier2_error("PUT", key, exc) from None
 
