@@ -51,6 +51,16 @@ class SubscriptionNotFound(BadInput):
         self.name = name
 
 
+class LedgerTrimmed(BadInput):
+    """The ledger a new subscription's position was derived from was trimmed before the subscription was
+    inserted: bad input for a position the caller named, a lost race for one derived from the topic's end."""
+    def __init__(self, topic: str, ledger_id: int):
+        super().__init__(f"ledger {ledger_id} of topic {topic!r} was trimmed meanwhile; choose a position at or "
+                         "after the head")
+        self.topic = topic
+        self.ledger_id = ledger_id
+
+
 class LedgerNotFound(BadInput):
     def __init__(self, topic: str, ledger_id: int):
         super().__init__(f"ledger {ledger_id} of topic {topic!r} does not exist")

@@ -327,3 +327,25 @@ def test_a_topic_delete_that_fails_keeps_the_subscriptions(deps):
     assert states(deps, "p") == [S.SEALED, S.SEALED, S.OPEN]
     report = delete_topic(deps, "p", force=True)  # the producer stopped: the rerun deletes all, and says so
     assert report.subscriptions_deleted == ["reader"] and report.ledgers_deleted == 3
+
+
+def test_a_subscription_from_latest_racing_retention_is_created_after_the_trim(deps, monkeypatch):
+    """`--from latest` names no ledger: retention trimming the ledger holding the last entry between the
+    lookup and the insert is no mistake of the caller; the subscription starts after the trimmed head."""
+    from tiering.ops import subscriptions as ops
+    from tiering.ops.retention import retention
+
+    produce(deps, "lr", [entries(f"l{i}", 5, 10) for i in range(2)], TopicPolicy(retention_seconds=0, **TEN))
+    real, trimmed = deps.meta.subs.create, []
+
+    def retention_first(*args, **kwargs):
+        if not trimmed:
+            trimmed.append(retention(deps, "lr").deleted)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(deps.meta.subs, "create", retention_first)
+    sub = ops.create(deps, "lr", "late", "latest")
+    assert trimmed == [[("lr", 0), ("lr", 1)]]
+    # as `latest` after the trim: nothing live left to read, no loss
+    assert sub.position is None and sub.last_loss_reason is None
+    [listed] = ops.list_subscriptions(deps, "lr")
+    assert listed.backlog_entries == 0

@@ -17,7 +17,7 @@ from sqlalchemy import delete, func, insert, select, text, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from tiering.errors import BadInput, ConditionalUpdateFailed, SubscriptionNotFound, TopicNotFound
+from tiering.errors import BadInput, ConditionalUpdateFailed, LedgerTrimmed, SubscriptionNotFound, TopicNotFound
 from tiering.metadata.planning import _ACTIVE, _NOW
 from tiering.metadata.tables import ledger, subscription, subscription_loss, topic
 from tiering.model import ACTIVE, Position, Subscription, Topic, check_subscription_name, check_topic_name
@@ -139,8 +139,7 @@ class Subscriptions:
                     state = conn.execute(select(ledger.c.state).where(
                         ledger.c.topic_id == t.topic_id, ledger.c.ledger_id == live_ledger)).scalar_one_or_none()
                     if state is None or state == "DELETED":
-                        raise BadInput(f"ledger {live_ledger} of topic {topic_name!r} was trimmed meanwhile; "
-                                       "choose a position at or after the head")
+                        raise LedgerTrimmed(topic_name, live_ledger)
                 conn.execute(insert(subscription).values(
                     topic_id=t.topic_id, name=name, ack_ledger_id=None if position is None else position.ledger_id,
                     ack_entry_id=None if position is None else position.entry_id))

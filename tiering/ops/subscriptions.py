@@ -12,8 +12,8 @@ again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from tiering.errors import (BadInput, ConditionalUpdateFailed, LedgerNotFound, SubscriptionNotFound, TieringError,
-                            TopicNotFound)
+from tiering.errors import (BadInput, ConditionalUpdateFailed, LedgerNotFound, LedgerTrimmed, SubscriptionNotFound,
+                            TieringError, TopicNotFound)
 from tiering.metadata.subscriptions import Backlog
 from tiering.model import Ledger, LedgerState, Position, Subscription
 from tiering.ops.context import Deps
@@ -40,6 +40,19 @@ def create(deps: Deps, topic: str, name: str, start: str = "earliest") -> Subscr
     """`start`: "earliest" (nothing read: every live entry is unread), "latest" (everything written so far
     counts as read) or a position L:E, the first entry the subscription will read (L a live ledger, E at most
     its entry count; or N:0 of the ledger the topic writes next)."""
+    # retention trimming the ledger the position was derived from, between the lookup and the insert: for
+    # "latest" and N:0 of the next ledger a lost race, not bad input, so the lookup runs again (a ledger the
+    # caller named is then refused as before the head)
+    for _ in range(CAS_ATTEMPTS):
+        try:
+            return _create(deps, topic, name, start)
+        except LedgerTrimmed:
+            continue
+    raise ConditionalUpdateFailed(f"subscription {name!r} of topic {topic!r}", "a stable end of the topic",
+                                  f"{CAS_ATTEMPTS} trims meanwhile; create it again")
+
+
+def _create(deps: Deps, topic: str, name: str, start: str) -> Subscription:
     ledgers = deps.meta.list_ledgers(topic)  # an unknown topic fails here
     if start == "earliest":
         return deps.meta.subs.create(topic, name, None)
