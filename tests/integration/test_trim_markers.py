@@ -71,3 +71,44 @@ def test_retention_writes_its_marker_over_a_corrupt_one(deps, body):
     _put(deps, marker, body)
     truncate(deps, "t", Position(2, 0))
     assert read_trim_marker(deps.bucket, "t") == 2
+
+
+def test_two_runs_moving_the_marker_at_once_never_move_it_back(deps, monkeypatch):
+    """Two trims of a topic finishing at once (retention by Airflow and by hand, truncate, topic delete): the
+    run with the lower trim point reads the marker, the other writes its higher one, then the first PUTs its
+    lower one over it. Metadata keeps the higher as written (greatest), so no later run rewrites it: the
+    bucket says less is trimmed than is, and a recovery from it brings trimmed ledgers back."""
+    import threading
+    import time
+
+    from sqlalchemy import text
+
+    from tests.integration.helpers import entries, produce
+    from tiering.model import TopicPolicy
+    from tiering.ops import retention as ret
+    from tiering.tier2 import markers
+
+    produce(deps, "m", [entries(f"l{i}", 2, 10) for i in range(5)], TopicPolicy(rollover_entries=2))
+    deps.meta.trims.truncate("m", Position(2, 0), False, timedelta(0))  # metadata only: trim point 2
+    real, faster = markers.readable_or_none, []
+
+    def other_run_meanwhile(*args):
+        seen = real(*args)
+        if not faster:  # the slower run has read the marker: another trims further and moves it
+            deps.meta.trims.truncate("m", Position(4, 0), False, timedelta(0))
+            faster.append(threading.Thread(target=ret._move_trim_marker, args=(deps, "m")))
+            faster[0].start()
+            deadline = time.monotonic() + 30
+            while faster[0].is_alive() and time.monotonic() < deadline:  # done, or waiting for this run
+                with deps.meta.engine.connect() as conn:
+                    if conn.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                         "AND NOT granted")).scalar():
+                        break
+                time.sleep(0.05)
+        return seen
+    monkeypatch.setattr(markers, "readable_or_none", other_run_meanwhile)
+    ret._move_trim_marker(deps, "m")
+    faster[0].join(30)
+    assert not faster[0].is_alive()
+    assert read_trim_marker(deps.bucket, "m") == 4
+    assert deps.meta.planning.trim_point("m") == (4, 4)

@@ -75,6 +75,18 @@ def session_lock(engine: Engine, lock_class: int, key, also: int | None = None) 
         conn.close()
 
 
+@contextmanager
+def session_lock_waiting(engine: Engine, lock_class: int, key) -> Iterator[None]:
+    """session_lock, waiting for the lock when another session holds it (held on a connection of its own,
+    released when the block ends or the process dies)."""
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        conn.execute(select(func.pg_advisory_lock(literal(lock_class), key)))
+        yield
+    finally:
+        conn.close()
+
+
 def lock_taken(engine: Engine, lock_class: int, key) -> bool:
     """Whether another session holds the advisory lock (`lock_class`, `key`) now (the lock taken to find out
     goes with its connection)."""

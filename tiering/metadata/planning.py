@@ -12,13 +12,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Sequence
 
-from sqlalchemy import text
+from sqlalchemy import func, literal, text
 from sqlalchemy.engine import Connection, Engine
 
 from tiering.metadata.attempt_locks import OFFLOAD_CLASS
+from tiering.metadata.db import session_lock_waiting
 from tiering.model import Chunk, Ledger, LedgerState
 
 S = LedgerState
+MARKER_CLASS = 0x74726d6b  # "trmk": one writer of a topic's trim marker at a time (Planning.marker_lock)
 
 # Every ledger column as Ledger wants it; `l` is the ledger row, `name` the topic's name in scope.
 _LEDGER_COLS = """l.topic_id, name, l.ledger_id, l.state::text AS state, l.entry_count, l.size_bytes,
@@ -264,6 +266,13 @@ class Planning:
                    t.trim_marker_written
             FROM tiering.topic t WHERE t.name = :name""", name=topic_name)
         return (row[0].point, row[0].trim_marker_written) if row else (-1, -1)
+
+    def marker_lock(self, topic_name: str):
+        """Held around reading a topic's trim marker in tier 2 and writing it: the marker is read, compared
+        and PUT, so two runs doing that at once (retention by Airflow and by hand, truncate, topic delete) let
+        the lower PUT land last and move it back; metadata then records the higher one as written, and no run
+        rewrites it. Waits while another run holds it (a GET and a PUT)."""
+        return session_lock_waiting(self.engine, MARKER_CLASS, func.hashtext(literal(topic_name)))
 
     def record_trim_marker(self, topic_name: str, point: int) -> None:
         """The marker at `point` is in tier 2. Only ever moves forward (greatest), so two runs recording in

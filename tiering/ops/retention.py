@@ -97,10 +97,11 @@ def _finish(deps: Deps, topic: str, trim: TrimResult) -> RetentionReport:
 def _move_trim_marker(deps: Deps, topic: str) -> None:
     """PUT the marker when the trim point passed the one last written, then record it: killed in between,
     the next run PUTs the same marker again (record_trim never moves it back)."""
-    point, written = deps.meta.planning.trim_point(topic)
-    if point > written:
-        record_trim(deps.bucket, topic, point)
-        deps.meta.planning.record_trim_marker(topic, point)
+    with deps.meta.planning.marker_lock(topic):
+        point, written = deps.meta.planning.trim_point(topic)
+        if point > written:
+            record_trim(deps.bucket, topic, point)
+            deps.meta.planning.record_trim_marker(topic, point)
 
 
 def retention(deps: Deps, topic: str | None = None) -> RetentionReport:

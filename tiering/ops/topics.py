@@ -87,7 +87,8 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
         raise TopicReplaced(name)  # its marker would hide the new topic's ledgers
     _remove_unclaimed_files(deps, name, now.next_ledger_id)
     deps.tier1.remove_topic_dir(name)  # empty now; killed before the finish below, the rerun has no copy left
-    record_trim(deps.bucket, name, now.next_ledger_id)
+    with deps.meta.planning.marker_lock(name):  # a retention run's marker never lands over this one
+        record_trim(deps.bucket, name, now.next_ledger_id)
     done = deps.meta.trims.finish_topic_delete(name, now.next_ledger_id, force, late, t.topic_id)
     return TopicDeleteReport(name, late, len(deleted),
                              sum(led.size_bytes for led in deleted), files, done.next_ledger_id)
