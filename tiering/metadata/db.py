@@ -59,30 +59,21 @@ def _release_session_locks(dbapi_connection, connection_record) -> None:
 
 
 @contextmanager
-def session_lock(engine: Engine, lock_class: int, key, also: int | None = None) -> Iterator[bool]:
+def session_lock(engine: Engine, lock_class: int, key, also: int | None = None, wait: bool = False) -> Iterator[bool]:
     """Yields True while this process holds the session advisory lock (`lock_class`, `key`: an SQL int
     expression), False when another session does (it does not wait). It is held on a connection of its own,
     released when the block ends (the pool's check-in, above) or when the process dies (its connection
     closes). `also`: a second class on the same key, taken with the first, which tells a caller refused the
-    first who holds it (`lock_taken`), e.g. recovery rather than another sweep."""
+    first who holds it (`lock_taken`), e.g. recovery rather than another sweep. `wait`: wait while another
+    session holds it instead (then always True)."""
     conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
     try:
-        held = _try_lock(conn, lock_class, key)
+        if wait:
+            conn.execute(select(func.pg_advisory_lock(literal(lock_class), key)))
+        held = wait or _try_lock(conn, lock_class, key)
         if held and also is not None:
             _try_lock(conn, also, key)
         yield held
-    finally:
-        conn.close()
-
-
-@contextmanager
-def session_lock_waiting(engine: Engine, lock_class: int, key) -> Iterator[None]:
-    """session_lock, waiting for the lock when another session holds it (held on a connection of its own,
-    released when the block ends or the process dies)."""
-    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        conn.execute(select(func.pg_advisory_lock(literal(lock_class), key)))
-        yield
     finally:
         conn.close()
 

@@ -16,7 +16,7 @@ from sqlalchemy import func, literal, text
 from sqlalchemy.engine import Connection, Engine
 
 from tiering.metadata.attempt_locks import OFFLOAD_CLASS
-from tiering.metadata.db import session_lock_waiting
+from tiering.metadata.db import session_lock
 from tiering.model import Chunk, Ledger, LedgerState
 
 S = LedgerState
@@ -272,7 +272,7 @@ class Planning:
         and PUT, so two runs doing that at once (retention by Airflow and by hand, truncate, topic delete) let
         the lower PUT land last and move it back; metadata then records the higher one as written, and no run
         rewrites it. Waits while another run holds it (a GET and a PUT)."""
-        return session_lock_waiting(self.engine, MARKER_CLASS, func.hashtext(literal(topic_name)))
+        return session_lock(self.engine, MARKER_CLASS, func.hashtext(literal(topic_name)), wait=True)
 
     def record_trim_marker(self, topic_name: str, point: int) -> None:
         """The marker at `point` is in tier 2. Only ever moves forward (greatest), so two runs recording in
