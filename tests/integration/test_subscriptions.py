@@ -55,6 +55,9 @@ def test_a_reader_holds_retention_until_it_has_read(cli, deps):
     assert got["deleted"] == [{"topic": "t", "ledger": 0}] and got["unread_deleted"] == []
     # the next read starts after the position; re-acking the same position is a no-op
     assert cli("read", "t", "--subscription", "slow", "--max-entries", "1", "--json").ok().json_lines[0]["entry"] == 5
+    # a --to before where the subscription reads next names the subscription, not a --from never given
+    assert "before subscription 'slow''s next entry 1:5" in cli("read", "t", "--subscription", "slow", "--to",
+                                                                 "1:3").one_line_error(2)
     cli("subscription", "ack", "t", "slow", "1:4").ok()
     assert "never moves backwards" in cli("subscription", "ack", "t", "slow", "1:2").one_line_error(2)
     assert "before the head" in cli("subscription", "ack", "t", "slow", "0:9", "--reset").one_line_error(2)

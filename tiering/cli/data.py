@@ -174,6 +174,8 @@ def cmd_read(ctx: Context, args, out: Output) -> int:
             raise BadInput("--from and --subscription exclude each other (a subscription reads after its position)")
         sub = ctx.meta.subs.get(args.name, args.subscription)
         start = read_from(sub)
+        if start is not None and args.end is not None and args.end < start:
+            raise BadInput(f"--to {args.end} is before subscription {args.subscription!r}'s next entry {start}")
     elif args.ack:
         raise BadInput("--ack needs --subscription NAME")
     if args.format is not None and args.json:
