@@ -180,3 +180,20 @@ def test_an_object_is_gone_only_when_every_ledger_it_holds_is(deps, db):
     got = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket)).read("sb")
     assert {(e.ledger_id, e.entry_id): e.data for e in got if isinstance(e, Entry)} == \
         {k: v for k, v in expected.items() if k[0] >= 2}
+
+
+def test_a_data_object_whose_index_was_never_written_goes_once_its_ledger_is_offloaded_again(deps, db):
+    """An offload killed between its data object and its index object, in a database lost since: its keys
+    were queued there only. Recovered and offloaded again, the ledger is OFFLOADED with both objects of its
+    chunk in the bucket; the leftover data object holds nothing any reader or recovery can use (no index), so
+    the sweep takes it as it takes an older copy instead of keeping it for ever."""
+    keys = _offloaded_topics(deps, ["killed"], n=2)
+    s3, name = deps.bucket.s3, deps.bucket.name
+    chunk = deps.meta.get_chunk(deps.meta.list_ledgers("killed")[0])
+    left = f"{chunk.data_key.rsplit('/', 1)[0]}/00000000-0000-0000-0000-00000000000a-ledger-0"
+    s3.copy_object(Bucket=name, Key=left, CopySource={"Bucket": name, "Key": chunk.data_key})  # no index: killed
+    empty_tables(db)
+    assert recover_from_bucket(db, deps.bucket).ok
+    for _ in range(2):  # a rerun changes nothing
+        sweep_orphans(deps, orphan_grace=timedelta(0))
+        assert bucket_keys(deps) == keys

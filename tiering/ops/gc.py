@@ -47,7 +47,8 @@ Metadata that is not the store's whole history breaks (W1)-(W3): restored from a
 by a recovery of one topic or one killed midway, it lacks rows whose objects are in the bucket, and those are
 in no queue. So a ledger object neither referenced nor queued is deleted only when the same snapshot also
 knows gone every ledger its index object lists (a batch's or a defrag's object holds several and is named
-after the first; one whose index cannot be read is kept) (`proven_orphans`): DELETED; OFFLOADED with both
+after the first; one whose index cannot be read is kept, one without any index object holds the ledger its
+name gives) (`proven_orphans`): DELETED; OFFLOADED with both
 objects of its chunk row in the bucket (this one is an older copy); without a row but below its topic's trim
 marker; or of a topic without a row, below the marker the bucket holds for that topic's key segment
 (retention's and topic deletion's). Anything
@@ -304,19 +305,25 @@ def proven_orphans(deps: Deps, keys: list[str]) -> tuple[list[str], bool]:
 
 
 def _held_ledgers(b, key: str, p, indexes: dict[str, list[int] | None]) -> list[int] | None:
-    """The ledger ids the object's index object lists (its own bytes for an index key), or None when it
-    cannot be read whole (then nothing proves what the object holds); `indexes` keeps those read."""
+    """The ledger ids the object's index object lists (its own bytes for an index key), the one its name gives
+    when there is no index object, or None when it cannot be read whole (then nothing proves what the object
+    holds); `indexes` keeps those read."""
     index = key if p.is_index else key + INDEX_SUFFIX
     if index not in indexes:
         indexes[index] = _index_ledgers(b, index)
-    return indexes[index]
+    held = indexes[index]
+    # No index object at all (an offload killed before writing it, in metadata lost since): the object
+    # serves no reader and no recovery, so it holds nothing more than the ledger its name gives, and goes
+    # once that one is known gone (else kept, as any object of a ledger not offloaded yet).
+    return [p.ledger_id] if held == [] else held
 
 
 def _index_ledgers(b, index: str) -> list[int] | None:
+    """The ledger ids an index object lists; [] when it does not exist; None when it cannot be read whole."""
     try:
         data = read_object(b, index)
         if data is None:
-            return None
+            return []
         return [ix.metadata.ledger_id for _, _, ix in split_indexes(data, index)]
     except (CorruptObjectError, DataLossError):
         return None
