@@ -204,3 +204,19 @@ def test_a_repair_whose_new_copy_was_collected_fails_and_is_not_skipped(slow_dep
     assert report.repaired == [] and report.skipped == []
     assert [f["ledger"] for f in report.failed] == [0] and "collected" in report.failed[0]["error"]
     assert deps.meta.get_chunk(deps.meta.get_ledger("q", 0)) == bad  # the chunk did not move
+
+
+def test_a_group_merged_and_collected_by_another_defrag_meanwhile_is_a_lost_race_not_a_failure(slow_deps, db):
+    """Two defrag runs planned the same group; the first merged it and GC (no delay) collected the objects
+    merged away before the second read them. The second's work was done by another worker: a lost race
+    (exit 0), not a failure, and it leaves nothing behind."""
+    deps = slow_deps
+    expected = small_topic(deps)
+    [group] = plan_defrag(deps, "t")
+    assert defrag(deps, "t").groups == 1
+    run_gc(deps)  # the sources the second run planned are gone
+    report = merge_groups(deps, [group])
+    assert report.errors == [] and report.failures == [] and report.lost_races == 1
+    time.sleep(TIMEOUT.total_seconds())
+    run_gc(deps)
+    assert read(deps, "t") == expected and bucket_keys(deps) == referenced(db)

@@ -108,6 +108,14 @@ def _merge_group(deps: Deps, group: policy.DefragGroup, report: DefragReport, ho
         raise TieringError(f"merged objects collected before the commit: the merge took longer than "
                            f"TIERING_OFFLOAD_TIMEOUT_SECONDS ({timeout}s) and lost its attempt lock, so GC "
                            "deleted them; nothing changed, rerun defrag") from None
+    except TieringError:
+        _discard(deps, attempt, new_data, new_index)
+        # Sources read after another worker moved the ledgers (merged them, trimmed them) may be collected
+        # already: whatever failed, this merge's commit would have lost, so it is that race, not a failure.
+        if _moved(deps, group):
+            report.lost_races += 1
+            return False
+        raise
     except BaseException:
         _discard(deps, attempt, new_data, new_index)
         raise
@@ -116,6 +124,17 @@ def _merge_group(deps: Deps, group: policy.DefragGroup, report: DefragReport, ho
     report.objects_before += 2 * len(group.ledgers)
     report.objects_after += 2
     return True
+
+
+def _moved(deps: Deps, group: policy.DefragGroup) -> bool:
+    """Whether any of the group's chunk rows fails the compare the commit makes (version, data key), i.e.
+    another worker changed it since the plan (False when it cannot be read)."""
+    try:
+        now = [deps.meta.get_chunk(led) for led in group.ledgers]
+    except Exception:
+        return False
+    return any(ch is None or (ch.version, ch.data_key) != (old.version, old.data_key)
+               for ch, old in zip(now, group.chunks))
 
 
 def _discard(deps: Deps, attempt: str, *keys: str) -> None:
