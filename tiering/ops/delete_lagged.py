@@ -15,7 +15,9 @@ HEAD: each must exist and be at least offset + length long. One whose ETag is no
 same bytes restored from a backup. Only reading tells which, so that ledger's copy is then checked as
 `tiering repair` checks it (its index, every page's CRC32C): sound, the new ETags are recorded (by
 compare-and-set) and the copy goes; not, it fails. A failed ledger (`Tier2CopyMissing`) keeps its copy, the
-one `tiering repair` re-offloads from, whatever metadata says; the other ledgers go on.
+one `tiering repair` re-offloads from, whatever metadata says; the other ledgers go on. A check that fails
+once the chunk row moved (defrag, repair: GC may have collected the objects checked) says nothing of the
+copy the row names now: that one is checked once more (moved again: a skip, as any ledger that changed).
 """
 from __future__ import annotations
 
@@ -56,10 +58,14 @@ def delete_copy(deps: Deps, led: Ledger, missing_ok: bool = False) -> bool:
             current.state not in (LedgerState.OFFLOADED, LedgerState.DELETED):
         return False
     if current.state == LedgerState.OFFLOADED:
-        try:
-            check_tier2_copy(deps, current)
-        except ConditionalUpdateFailed:
-            return False  # its chunk moved (repair, defrag) while the replaced object was checked
+        for again in (False, True):
+            try:
+                check_tier2_copy(deps, current)
+                break
+            except ConditionalUpdateFailed:
+                # its chunk moved (repair, defrag) while it was checked: the copy it names now is checked once
+                if again:
+                    return False
     try:
         deps.tier1.retire(led.topic, led.ledger_id)
     except LedgerFileMissing:
@@ -117,6 +123,7 @@ def check_tier2_copy(deps: Deps, led: Ledger) -> None:
         return None if heads[key] is None else heads[key][0]
     problem = check_lengths(chunk, length)
     if problem is not None:
+        _unless_moved(deps, led, chunk)
         raise Tier2CopyMissing(f"{what}: {problem}; tier-1 copy kept")
     etags = (heads[chunk.data_key][1], heads[chunk.index_key][1])
     replaced = [f"tier-2 {kind} object {key!r} is not the one written (ETag {now}, written as {then})"
@@ -131,10 +138,22 @@ def check_tier2_copy(deps: Deps, led: Ledger) -> None:
     if problem is None and tuple(head and head[1] for head in again) != etags:
         problem = "it was replaced again while it was checked"
     if problem is not None:
+        _unless_moved(deps, led, chunk)
         why = "; ".join(replaced) if replaced else "the objects written were never recorded (no ETags)"
         raise Tier2CopyMissing(f"{what}: {why} and it fails its check: {problem}; tier-1 copy kept: "
                                "run tiering repair")
     deps.meta.repairs.adopt_etags(led, chunk, *etags)
+
+
+def _unless_moved(deps: Deps, led: Ledger, checked) -> None:
+    """ConditionalUpdateFailed when the ledger's chunk row is no longer the one checked: defrag or repair
+    moved it meanwhile, and GC may have collected the objects checked; the copy it names now was not
+    checked, so the failed check says nothing about it (the ledger changed, as for any other skip)."""
+    now = deps.meta.get_chunk(led)
+    if now is None or (now.version, now.data_key) != (checked.version, checked.data_key):
+        raise ConditionalUpdateFailed(f"chunk of {led.topic}/{led.ledger_id}",
+                                      f"version {checked.version} at {checked.data_key}",
+                                      "no chunk" if now is None else f"version {now.version} at {now.data_key}")
 
 
 def sweep_tombstones(deps: Deps, topics: list[str]) -> int:
