@@ -209,3 +209,24 @@ def test_recovery_records_a_tier1_copy_metadata_still_claims_as_gone_only_on_the
     assert not deps.meta.get_ledger("g", 0).tier1_present
     assert delete_lagged(deps, "g").failed == []
     assert recover_from_bucket(db, deps.bucket, tier1=deps.tier1).tier1_copies_gone == []
+
+
+def test_delete_lagged_dry_run_records_no_etags(deps, db):
+    """A chunk row without ETags (as recovery writes it) is checked whole before its tier-1 copy goes, and
+    the real run records the ETags it checked. `delete-lagged --dry-run` does the same check and writes
+    nothing: the rows keep no ETags."""
+    from tests.integration.helpers import entries, produce
+    from tiering.model import LedgerState as S, TopicPolicy
+    from tiering.ops.delete_lagged import preview
+    from tiering.ops.offload import offload_many
+
+    produce(deps, "dl", [entries(f"dl{i}", 3, 100) for i in range(2)],
+            policy=TopicPolicy(rollover_entries=10**9, rollover_bytes=2**40, deletion_lag_seconds=0))
+    offload_many(deps, deps.meta.list_ledgers("dl", [S.SEALED]))
+    with db.begin() as conn:
+        conn.execute(text("UPDATE tiering.chunk SET data_etag = NULL, index_etag = NULL"))
+    report = preview(deps, "dl")
+    assert len(report.deleted) == 2 and report.failed == []
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM tiering.chunk WHERE data_etag IS NOT NULL "
+                                 "OR index_etag IS NOT NULL")).scalar_one() == 0

@@ -108,11 +108,12 @@ def delete_deleted_copies(deps: Deps, topic: str) -> tuple[int, list[tuple[int, 
     return removed, failed
 
 
-def check_tier2_copy(deps: Deps, led: Ledger) -> None:
+def check_tier2_copy(deps: Deps, led: Ledger, record: bool = True) -> None:
     """Raise `Tier2CopyMissing` unless both objects of the ledger's chunk exist, are long enough and are the
     objects written, or hold this ledger's bytes intact (then their ETags are recorded). A chunk whose ETags
     were never recorded (rows from before they were kept, or rebuilt by a recovery that did not check the
-    pages) is checked whole once: an ETag read off the bucket proves nothing about the bytes."""
+    pages) is checked whole once: an ETag read off the bucket proves nothing about the bytes. `record`
+    False (a dry run): the ETags of a copy that passes are not written."""
     chunk = deps.meta.get_chunk(led)
     what = f"ledger {led.topic!r}/{led.ledger_id}"
     if chunk is None:
@@ -142,7 +143,8 @@ def check_tier2_copy(deps: Deps, led: Ledger) -> None:
         why = "; ".join(replaced) if replaced else "the objects written were never recorded (no ETags)"
         raise Tier2CopyMissing(f"{what}: {why} and it fails its check: {problem}; tier-1 copy kept: "
                                "run tiering repair")
-    deps.meta.repairs.adopt_etags(led, chunk, *etags)
+    if record:
+        deps.meta.repairs.adopt_etags(led, chunk, *etags)
 
 
 def _unless_moved(deps: Deps, led: Ledger, checked) -> None:
@@ -174,7 +176,7 @@ def preview(deps: Deps, topic: str | None = None) -> DeleteLaggedReport:
     for led in deps.meta.planning.lagged_copies(topic):
         try:
             if led.state == LedgerState.OFFLOADED:
-                check_tier2_copy(deps, led)
+                check_tier2_copy(deps, led, record=False)
         except TieringError as exc:
             report.failed.append((led.topic, led.ledger_id, str(exc)))
             continue
