@@ -161,6 +161,18 @@ class OffloadIndex:
     def block_last_entry(self, i: int) -> int:
         return (self.entries[i + 1].first_entry_id if i + 1 < len(self.entries) else self.entry_count) - 1
 
+    def mismatch(self, topic: str, ledger_id: int, entry_count: int, data_object_len: int) -> str | None:
+        """Why this index does not describe that ledger, or None. The topic counts too: ledger ids restart
+        in every topic, so another topic's intact pair of the same shape would pass every other check
+        (its own CRCs included) and be served as this ledger's bytes."""
+        m = self.metadata
+        if (m.topic, m.ledger_id, m.entry_count, self.data_object_len) == (topic, ledger_id, entry_count,
+                                                                            data_object_len):
+            return None
+        return (f"describes ledger {m.ledger_id} of topic {m.topic!r} with {m.entry_count} entries in "
+                f"{self.data_object_len} bytes; metadata says ledger {ledger_id} of topic {topic!r} with "
+                f"{entry_count} entries in {data_object_len} bytes")
+
 
 def decode_index(buf: bytes | bytearray | memoryview, where: str = "index") -> OffloadIndex:
     """Decode and cross-check a whole index object (buf must be exactly index_len bytes)."""

@@ -119,11 +119,9 @@ def check_copy(deps: Deps, led: Ledger, ch: Chunk | None, lengths: Callable[[str
     try:
         index = decode_index(get_range(deps.bucket, ch.index_key, ch.index_offset, ch.index_length),
                              f"index object {ch.index_key} at {ch.index_offset}")
-        m = index.metadata
-        if (m.ledger_id, m.entry_count, index.data_object_len) != (led.ledger_id, led.entry_count, ch.data_length):
-            return (f"index object {ch.index_key!r} describes ledger {m.ledger_id} with {m.entry_count} entries in "
-                    f"{index.data_object_len} bytes; metadata says ledger {led.ledger_id} with {led.entry_count} "
-                    f"entries in {ch.data_length} bytes")
+        problem = index.mismatch(led.topic, led.ledger_id, led.entry_count, ch.data_length)
+        if problem:
+            return f"index object {ch.index_key!r} {problem}"
         if not check_stored_pages(deps.bucket, ch.data_key, ch.data_offset, index):
             # written before page checksums: the framing and the count are what can be checked
             count = sum(1 for _ in (opener or tier2_opener(deps.bucket))(led, ch).iter_entries(0, led.entry_count - 1))

@@ -90,13 +90,9 @@ class OffloadedLedger:
             fetched, self._sent.index = self._sent.index, None
             wait([fetched])  # into the cache; when it is not there, `get` fetches it and raises its own error
         index = self.caches.index.get(self.b, self.ch)
-        m = index.metadata
-        if (m.ledger_id, m.entry_count) != (self.led.ledger_id, self.led.entry_count) or \
-                index.data_object_len != self.ch.data_length:
-            raise CorruptObjectError("index object", self.ch.index_key,
-                                     f"describes ledger {m.ledger_id} with {m.entry_count} entries in "
-                                     f"{index.data_object_len} bytes; metadata says ledger {self.led.ledger_id} "
-                                     f"with {self.led.entry_count} entries in {self.ch.data_length} bytes")
+        problem = index.mismatch(self.led.topic, self.led.ledger_id, self.led.entry_count, self.ch.data_length)
+        if problem:
+            raise CorruptObjectError("index object", self.ch.index_key, problem)
         return index
 
     def iter_entries(self, first: int, last: int) -> Iterator[tuple[int, bytes]]:
