@@ -230,3 +230,34 @@ def test_delete_lagged_dry_run_records_no_etags(deps, db):
     with db.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM tiering.chunk WHERE data_etag IS NOT NULL "
                                  "OR index_etag IS NOT NULL")).scalar_one() == 0
+
+
+def test_a_last_ledger_whose_copy_is_bad_keeps_its_id_and_is_reported_unknown(deps, new_database):  # noqa: F811
+    """The newest ledgers' copies are corrupt (a flipped page, checked) or incomplete (the index gone), with
+    no tier-1 copy: recovery cannot bring them back, but their keys name them. They are reported unknown,
+    and the topic's next ledger id moves past them: a new ledger must not take the id (and positions) of one
+    that existed, nor a topic whose every copy is bad vanish unsaid."""
+    from tests.integration.helpers import entries, produce
+    from tiering.model import LedgerState as S
+    from tiering.ops.offload import offload_many
+    from tiering.ops.recover import recover_from_bucket
+
+    for topic in ("d", "e"):
+        produce(deps, topic, [entries(f"{topic}{i}", 3, 100) for i in range(3)])
+        offload_many(deps, deps.meta.list_ledgers(topic, [S.SEALED]))
+        for led in deps.meta.list_ledgers(topic):
+            deps.tier1.delete(topic, led.ledger_id)
+    s3, name = deps.bucket.s3, deps.bucket.name
+    flipped = [deps.meta.get_chunk(deps.meta.get_ledger(t, i)) for t, i in (("d", 1), ("e", 0), ("e", 1))]
+    for ch in flipped:
+        body = bytearray(s3.get_object(Bucket=name, Key=ch.data_key)["Body"].read())
+        body[ch.data_offset + 150] ^= 0x01
+        s3.put_object(Bucket=name, Key=ch.data_key, Body=bytes(body))
+    for t in ("d", "e"):
+        s3.delete_object(Bucket=name, Key=deps.meta.get_chunk(deps.meta.get_ledger(t, 2)).index_key)
+    target = new_database()
+    report = recover_from_bucket(target, deps.bucket, tier1=deps.tier1, check_pages=True)
+    assert report.ok and report.ledgers_recovered == [("d", 0)]
+    assert report.unknown == {"d": [(1, 2)], "e": [(0, 2)]}
+    with target.connect() as conn:
+        assert dict(conn.execute(text("SELECT name, next_ledger_id FROM tiering.topic")).all()) == {"d": 3, "e": 3}

@@ -74,7 +74,8 @@ class RecoverReport:
     topics: list[str] = field(default_factory=list)  # every topic recovery looked at, by name
     ledgers_recovered: list[tuple[str, int]] = field(default_factory=list)  # from the bucket, OFFLOADED
     already_known: list[tuple[str, int]] = field(default_factory=list)  # in the database already: untouched
-    # ledger ids below the largest known one that neither the bucket, tier 1 nor the database holds
+    # ledger ids below the largest known one (or the largest a key in the bucket names) that neither the
+    # bucket, tier 1 nor the database holds a good copy of
     unknown: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     ignored: list[tuple[str, str]] = field(default_factory=list)  # (key, why) objects not used
     errors: list[str] = field(default_factory=list)  # failures: rerun to finish (recovery is idempotent)
@@ -303,10 +304,14 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
         report.ignored.append((chosen.pop(lid).chunk.index_key,
                                f"ledger {lid} trimmed by retention (marker: before ledger {trimmed_before})"))
     scan = _scan_tier1(engine, tier1, name, chosen, trimmed_before, report)
-    if chosen or scan.ledgers or scan.top >= 0:
+    # A key names the ledger it holds (the first, for a shared object) whether or not its copy is valid: a
+    # ledger whose only copy is corrupt or incomplete existed all the same. Its id must not be handed out
+    # again to a new ledger, and it is reported unknown rather than left out unsaid.
+    named_top = max((p.ledger_id for p, _ in objects.values() if p.ledger_id >= trimmed_before), default=-1)
+    if chosen or scan.ledgers or scan.top >= 0 or named_top >= 0:
         _commit_topic(engine, name, chosen, scan, policy, report,
                       None if tier1 is None else (lambda lid: tier1.exists(name, lid)),
-                      tier1 is not None and tier1.has_topic(name))
+                      tier1 is not None and tier1.has_topic(name), named_top)
 
 
 def _scan_tier1(engine, tier1: Tier1Store | None, name: str, chosen: dict[int, _Copy], trimmed_before: int,
@@ -437,9 +442,10 @@ def _as_uuid(value: str, key: str) -> str:
         return str(_uuid.uuid5(_UUID_NS, f"{key}:{value}"))
 
 
-def _gaps(known: set[int]) -> list[tuple[int, int]]:
+def _gaps(known: set[int], top: int = -1) -> list[tuple[int, int]]:
+    """Runs of ids below the largest known one (or `top`, when larger) that `known` lacks."""
     gaps, nxt = [], 0
-    for i in sorted(known):
+    for i in sorted(known | ({top + 1} if top >= 0 else set())):
         if i > nxt:
             gaps.append((nxt, i - 1))
         nxt = i + 1
@@ -447,12 +453,13 @@ def _gaps(known: set[int]) -> list[tuple[int, int]]:
 
 
 def _commit_topic(engine, name: str, chosen: dict[int, _Copy], scan: Tier1Scan, policy: TopicPolicy,
-                  report: RecoverReport, tier1_has=None, root_holds_topic: bool = False) -> None:
+                  report: RecoverReport, tier1_has=None, root_holds_topic: bool = False,
+                  named_top: int = -1) -> None:
     restored = restore_topic(engine, name, policy, {i: RecoveredLedger(
         c.ledger_id, c.entry_count, c.length, c.sealed_at, _as_uuid(c.offload_uuid, c.chunk.index_key),
         c.started_at, c.finished_at, c.chunk, tier1_present=i in scan.copies) for i, c in chosen.items()},
         {i: AdoptedLedger(f.ledger_id, f.entry_count, f.size_bytes, f.sealed_at) for i, f in scan.ledgers.items()},
-        top=scan.top, tier1_has=tier1_has, root_holds_topic=root_holds_topic)
+        top=max(scan.top, named_top), tier1_has=tier1_has, root_holds_topic=root_holds_topic)
     existing = restored.existing
     if restored.created:
         report.topics_created.append(name)
@@ -462,7 +469,7 @@ def _commit_topic(engine, name: str, chosen: dict[int, _Copy], scan: Tier1Scan, 
     report.tier1_adopted += [(name, i) for i in restored.adopted]
     report.tier1_sealed += [(name, i) for i in restored.adopted if scan.ledgers[i].was_open]
     report.already_known += [(name, i) for i in sorted(chosen) if i in existing]
-    gaps = _gaps(existing | set(chosen) | set(scan.ledgers))
+    gaps = _gaps(existing | set(chosen) | set(scan.ledgers), named_top)
     if gaps:
         report.unknown[name] = gaps
 
