@@ -261,3 +261,32 @@ def test_a_last_ledger_whose_copy_is_bad_keeps_its_id_and_is_reported_unknown(de
     assert report.unknown == {"d": [(1, 2)], "e": [(0, 2)]}
     with target.connect() as conn:
         assert dict(conn.execute(text("SELECT name, next_ledger_id FROM tiering.topic")).all()) == {"d": 3, "e": 3}
+
+
+def test_a_bad_page_in_a_shared_object_loses_only_its_own_ledger(deps, new_database):  # noqa: F811
+    """Three small ledgers offloaded together into one object pair, no tier-1 copies, a flipped byte in the
+    middle one's pages: a recovery that checks pages brings back the other two (their own pages check) and
+    reports the middle one unknown."""
+    import dataclasses
+
+    from tests.integration.helpers import MIB, entries, produce
+    from tiering.model import LedgerState as S
+    from tiering.ops.offload import offload_many
+    from tiering.ops.recover import recover_from_bucket
+
+    batched = dataclasses.replace(deps, knobs=dataclasses.replace(deps.knobs, batch_small_bytes=8 * MIB))
+    produce(deps, "f", [entries(f"f{i}", 3, 100) for i in range(3)])
+    assert len(offload_many(batched, deps.meta.list_ledgers("f", [S.SEALED])).offloaded) == 3
+    chunks = deps.meta.chunks("f")
+    assert len({c.data_key for c in chunks.values()}) == 1
+    for led in deps.meta.list_ledgers("f"):
+        deps.tier1.delete("f", led.ledger_id)
+    s3, name, mid = deps.bucket.s3, deps.bucket.name, chunks[1]
+    body = bytearray(s3.get_object(Bucket=name, Key=mid.data_key)["Body"].read())
+    body[mid.data_offset + 150] ^= 0x01
+    s3.put_object(Bucket=name, Key=mid.data_key, Body=bytes(body))
+    target = new_database()
+    report = recover_from_bucket(target, deps.bucket, tier1=deps.tier1, check_pages=True)
+    assert report.ok and sorted(report.ledgers_recovered) == [("f", 0), ("f", 2)]
+    assert report.unknown == {"f": [(1, 1)]}
+    assert [why for key, why in report.ignored if key == mid.index_key and why.startswith("ledger 1: invalid")]

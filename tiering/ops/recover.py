@@ -135,6 +135,7 @@ class _Group:
     problem: str | None = None
     error: str | None = None
     unchecked: int = 0  # ledgers whose index has no page index (offloaded before it existed)
+    bad: list[tuple[int, str]] = field(default_factory=list)  # (ledger id, why) copies failing their pages
 
 
 @dataclass
@@ -286,6 +287,9 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
         if g.problem:
             report.ignored.append((g.index.key, g.problem))
             continue
+        report.ignored += [(g.index.key, f"ledger {lid}: {why}") for lid, why in g.bad]
+        if not g.copies:
+            continue
         fresh = [c for c in g.copies if c.ledger_id not in chosen]
         for c in fresh:
             chosen[c.ledger_id] = c
@@ -307,7 +311,9 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
     # A key names the ledger it holds (the first, for a shared object) whether or not its copy is valid: a
     # ledger whose only copy is corrupt or incomplete existed all the same. Its id must not be handed out
     # again to a new ledger, and it is reported unknown rather than left out unsaid.
-    named_top = max((p.ledger_id for p, _ in objects.values() if p.ledger_id >= trimmed_before), default=-1)
+    named_top = max([p.ledger_id for p, _ in objects.values()] + [lid for g in groups for lid, _ in g.bad],
+                    default=-1)
+    named_top = named_top if named_top >= trimmed_before else -1
     if chosen or scan.ledgers or scan.top >= 0 or named_top >= 0:
         _commit_topic(engine, name, chosen, scan, policy, report,
                       None if tier1 is None else (lambda lid: tier1.exists(name, lid)),
@@ -372,12 +378,21 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
         if offsets is None:
             g.problem = f"merged data object {data.key} does not match the block layout of its indexes"
             return g
-        for (ioff, ilen, ix), doff in zip(parts, offsets):
+        bad: dict[int, str] = {}
+        for i, ((ioff, ilen, ix), doff) in enumerate(zip(parts, offsets)):
             # A copy whose bytes fail a page check must not win over a good one (or be recovered at all).
-            if check_pages and not check_stored_pages(b, data.key, doff, ix):
-                g.unchecked += 1
-        for (ioff, ilen, ix), doff in zip(parts, offsets):
+            # Only that ledger's copy: the others in a shared object have pages of their own, and may be
+            # the only copies left.
+            try:
+                if check_pages and not check_stored_pages(b, data.key, doff, ix):
+                    g.unchecked += 1
+            except CorruptObjectError as exc:
+                bad[i] = f"invalid: {exc}"
+        for i, ((ioff, ilen, ix), doff) in enumerate(zip(parts, offsets)):
             m = ix.metadata
+            if i in bad:
+                g.bad.append((m.ledger_id, bad[i]))
+                continue
             g.copies.append(_Copy(
                 m.ledger_id, m.entry_count, m.length, datetime.fromtimestamp(m.sealed_time_ms / 1000, timezone.utc),
                 m.offload_uuid,
