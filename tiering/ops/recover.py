@@ -136,6 +136,7 @@ class _Group:
     error: str | None = None
     unchecked: int = 0  # ledgers whose index has no page index (offloaded before it existed)
     bad: list[tuple[int, str]] = field(default_factory=list)  # (ledger id, why) copies failing their pages
+    named: list[int] = field(default_factory=list)  # the ledgers its index object lists, valid or not
 
 
 @dataclass
@@ -308,10 +309,11 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
         report.ignored.append((chosen.pop(lid).chunk.index_key,
                                f"ledger {lid} trimmed by retention (marker: before ledger {trimmed_before})"))
     scan = _scan_tier1(engine, tier1, name, chosen, trimmed_before, report)
-    # A key names the ledger it holds (the first, for a shared object) whether or not its copy is valid: a
-    # ledger whose only copy is corrupt or incomplete existed all the same. Its id must not be handed out
-    # again to a new ledger, and it is reported unknown rather than left out unsaid.
-    named_top = max([p.ledger_id for p, _ in objects.values()] + [lid for g in groups for lid, _ in g.bad],
+    # A key names the ledger it holds (the first, for a shared object; its index object lists them all)
+    # whether or not its copy is valid: a ledger whose only copy is corrupt or incomplete existed all the
+    # same. Its id must not be handed out again to a new ledger, and it is reported unknown rather than left
+    # out unsaid.
+    named_top = max([p.ledger_id for p, _ in objects.values()] + [lid for g in groups for lid in g.named],
                     default=-1)
     named_top = named_top if named_top >= trimmed_before else -1
     if chosen or scan.ledgers or scan.top >= 0 or named_top >= 0:
@@ -369,6 +371,7 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
         if problem:
             g.problem = problem
             return g
+        g.named = [ix.metadata.ledger_id for _, _, ix in parts]
         total = sum(ix.data_object_len for _, _, ix in parts)
         if data.size != total:
             g.problem = (f"data object {data.key} is {data.size} bytes, the index says {total} "
