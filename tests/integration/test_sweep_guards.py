@@ -14,6 +14,7 @@ from tiering.model import LedgerState as S, TopicPolicy
 from tiering.ops.gc import sweep_orphans
 from tiering.ops.offload import offload_many
 from tiering.ops.recover import recover_from_bucket
+from tests.integration.test_export_recover import new_database  # noqa: F401  (extra databases)
 
 BIG = TopicPolicy(rollover_entries=10**9, rollover_bytes=2**40)
 
@@ -197,3 +198,41 @@ def test_a_data_object_whose_index_was_never_written_goes_once_its_ledger_is_off
     for _ in range(2):  # a rerun changes nothing
         sweep_orphans(deps, orphan_grace=timedelta(0))
         assert bucket_keys(deps) == keys
+
+
+def test_an_older_copy_is_kept_while_the_current_one_is_unverified_or_replaced(deps, db, new_database):  # noqa: F811
+    """A ledger's older copy (a pre-defrag pair, say) beside the copy its chunk row names is taken only when
+    that copy is known sound: the row's ETags recorded and the objects still those. A recovery that did not
+    check pages records no ETags, and the copy it chose may be the corrupt one: the older copy, perhaps the
+    only good one, is kept. So is one beside a current copy whose object was replaced since."""
+    from dataclasses import replace
+
+    from tiering.metadata.repository import MetadataStore
+
+    produce(deps, "oc", [entries(f"oc{i}", 3, 100) for i in range(2)], BIG)
+    assert offload_many(deps, deps.meta.list_ledgers("oc", [S.SEALED])).failed == {}
+    s3, name = deps.bucket.s3, deps.bucket.name
+    current = [deps.meta.get_chunk(led) for led in deps.meta.list_ledgers("oc")]
+    prefix = current[0].data_key.rsplit("/", 1)[0]
+    older = []
+    for i, ch in enumerate(current):  # an older attempt's pair of each ledger (written first: recovery's loser)
+        key = f"{prefix}/00000000-0000-0000-0000-00000000000{i}-ledger-{i}"
+        for suffix in ("", "-index"):
+            s3.copy_object(Bucket=name, Key=key + suffix, CopySource={"Bucket": name, "Key": ch.data_key + suffix})
+        older.append(key)
+    body = bytearray(s3.get_object(Bucket=name, Key=current[0].data_key)["Body"].read())
+    body[150] ^= 0x01  # ledger 0's current copy replaced by a corrupt one
+    s3.put_object(Bucket=name, Key=current[0].data_key, Body=bytes(body))
+    for suffix in ("", "-index"):  # written after the older pair: the current copies are the newest again
+        for ch in current:
+            s3.copy_object(Bucket=name, Key=ch.data_key + suffix, CopySource={"Bucket": name, "Key": ch.data_key + suffix},
+                           MetadataDirective="REPLACE", Metadata={"touched": "1"})
+    # this database: ledger 0's row has ETags its object no longer has; ledger 1's copy is as written
+    r = sweep_orphans(deps, orphan_grace=timedelta(0))
+    assert sorted(r.orphans_deleted) == sorted(older[1] + s for s in ("", "-index"))
+    assert {older[0], older[0] + "-index"} <= bucket_keys(deps)
+    # a database rebuilt without a page check: no ETags, so no current copy proves an older one redundant
+    target = new_database()
+    assert recover_from_bucket(target, deps.bucket).ok
+    r = sweep_orphans(replace(deps, meta=MetadataStore(target)), orphan_grace=timedelta(0))
+    assert r.orphans_deleted == [] and {older[0], older[0] + "-index"} <= bucket_keys(deps)

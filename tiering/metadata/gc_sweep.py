@@ -79,7 +79,9 @@ class SweepView:
     kept: set[str]  # referenced by a chunk row or held by the queue
     trim_marks: dict[str, int]  # segment -> its topic's trim marker last written, for topics that exist
     states: dict[tuple[str, int], str]  # (segment, ledger id) -> state, for ledgers that exist
-    chunks: dict[tuple[str, int], tuple[str, str]]  # (segment, ledger id) -> its chunk's data and index keys
+    # (segment, ledger id) -> its chunk's (data key, data ETag) and (index key, index ETag); an ETag is None
+    # when the row never recorded one (a recovery that did not check pages, a row from before ETags)
+    chunks: dict[tuple[str, int], tuple[tuple[str, str | None], tuple[str, str | None]]]
 
 
 def sweep_view(engine: Engine, keys: list[str], parsed: dict[str, ParsedKey],
@@ -112,7 +114,8 @@ def sweep_view(engine: Engine, keys: list[str], parsed: dict[str, ParsedKey],
                             for lid in held.get(k, [p.ledger_id])})
             if pairs:
                 rows = conn.execute(
-                    select(topic.c.name, ledger.c.ledger_id, ledger.c.state, chunk.c.data_key, chunk.c.index_key)
+                    select(topic.c.name, ledger.c.ledger_id, ledger.c.state, chunk.c.data_key, chunk.c.index_key,
+                           chunk.c.data_etag, chunk.c.index_etag)
                     .select_from(ledger.join(topic, topic.c.topic_id == ledger.c.topic_id)
                                  .outerjoin(chunk, (chunk.c.topic_id == ledger.c.topic_id)
                                             & (chunk.c.ledger_id == ledger.c.ledger_id)))
@@ -121,7 +124,7 @@ def sweep_view(engine: Engine, keys: list[str], parsed: dict[str, ParsedKey],
                     at = (segment_of[r.name], r.ledger_id)
                     states[at] = r.state
                     if r.data_key is not None:
-                        chunks[at] = (r.data_key, r.index_key)
+                        chunks[at] = ((r.data_key, r.data_etag), (r.index_key, r.index_etag))
     return SweepView(kept, marks, states, chunks)
 
 

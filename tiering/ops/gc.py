@@ -48,12 +48,11 @@ by a recovery of one topic or one killed midway, it lacks rows whose objects are
 in no queue. So a ledger object neither referenced nor queued is deleted only when the same snapshot also
 knows gone every ledger its index object lists (a batch's or a defrag's object holds several and is named
 after the first; one whose index cannot be read is kept, one without any index object holds the ledger its
-name gives) (`proven_orphans`): DELETED; OFFLOADED with both
-objects of its chunk row in the bucket (this one is an older copy); without a row but below its topic's trim
-marker; or of a topic without a row, below the marker the bucket holds for that topic's key segment
-(retention's and topic deletion's). Anything
-else, a ledger SEALED or OPEN whose bucket copy a recovery may need included, is kept: at worst an orphan
-lives until its ledger is offloaded or trimmed.
+name gives) (`proven_orphans`): DELETED; OFFLOADED with both objects of its chunk row in the bucket as the row
+recorded them (ETags: this one is an older copy); without a row but below its topic's trim marker; or of a
+topic without a row, below the marker the bucket holds for that topic's key segment (retention's and topic
+deletion's). Anything else, a ledger SEALED or OPEN whose bucket copy a recovery may need included, is kept:
+at worst an orphan lives until its ledger is offloaded or trimmed.
 
 The order matters as well: judged on a snapshot taken before the listing, a key queued and written after
 the snapshot would look like an orphan. The grace period (default twice the offload timeout) is a margin
@@ -253,17 +252,17 @@ def sweep_orphans(deps: Deps, orphan_grace: timedelta | None = None, max_pages: 
 
 
 def proven_orphans(deps: Deps, keys: list[str]) -> tuple[list[str], bool]:
-    """The listed keys that one snapshot taken after the listing proves unreferenced (module docstring):
-    neither referenced nor queued, and, for a ledger object, every ledger its index object lists (a batch's
-    or a defrag's object holds several, and is named after the first) known to metadata as gone. Metadata
-    that does not say so (a topic or ledger it lacks: restored from an older export, a recovery partly done
-    or killed; a ledger SEALED, OPEN or OFFLOADING, whose copy in the bucket may be the one a recovery brings
-    back) is no proof, and the object is kept; so is one whose index object cannot be read. Gone: the ledger
-    is DELETED; or OFFLOADED and both objects its chunk row names are in the bucket (then this one is an
+    """The listed keys that one snapshot taken after the listing proves unreferenced (module docstring): neither
+    referenced nor queued, and, for a ledger object, every ledger its index object lists (a batch's or a defrag's
+    object holds several, and is named after the first) known to metadata as gone. Metadata that does not say so
+    (a topic or ledger it lacks: restored from an older export, a recovery partly done or killed; a ledger
+    SEALED, OPEN or OFFLOADING, whose copy in the bucket may be the one a recovery brings back) is no proof, and
+    the object is kept; so is one whose index object cannot be read. Gone: the ledger is DELETED; or OFFLOADED
+    and both objects its chunk row names are in the bucket with the ETags the row recorded (then this one is an
     older copy); or it has no row and lies below its topic's trim marker; or its topic has no row and the
-    bucket's marker for the topic's segment (written by retention and by topic deletion) lies above it.
-    Also whether any ledger object was neither referenced nor queued (with no chunk row at all, the sign
-    of a lost database)."""
+    bucket's marker for the topic's segment (written by retention and by topic deletion) lies above it. Also
+    whether any ledger object was neither referenced nor queued (with no chunk row at all, the sign of a lost
+    database)."""
     b = deps.bucket
     parsed = {k: p for k in keys if (p := parse_key(b.prefix, k)) is not None}
     # which ledgers the candidates hold, from their index objects (read between the listing and the snapshot
@@ -286,7 +285,11 @@ def proven_orphans(deps: Deps, keys: list[str]) -> tuple[list[str], bool]:
         if state == LedgerState.DELETED.value:
             return True
         if state == LedgerState.OFFLOADED.value and at in view.chunks:
-            return all(object_head(b, key) is not None for key in view.chunks[at])
+            # An older copy is redundant only beside a current one known sound: the objects its row recorded
+            # when written or checked (ETags). A row without ETags (a recovery that did not check pages) or
+            # whose objects were replaced since may name a corrupt copy, and this one may be the good one.
+            return all(etag is not None and (head := object_head(b, key)) is not None and head[1] == etag
+                       for key, etag in view.chunks[at])
         return False
 
     out, unknown = [], False
