@@ -270,10 +270,12 @@ def proven_orphans(deps: Deps, keys: list[str]) -> tuple[list[str], bool]:
     kept = gc_queue.kept_in_one_snapshot(deps.meta.engine, keys)
     indexes: dict[str, list[int] | None] = {}  # a pair's data and index keys share one index object: read once
     held = {k: _held_ledgers(b, k, p, indexes) for k, p in parsed.items() if k not in kept}
+    # data objects without any index object: no reader and no recovery can use them (see _held_ledgers)
+    unusable = {k for k, p in parsed.items() if indexes.get(_key_index(k, p)) == []}
     view = gc_sweep.sweep_view(deps.meta.engine, keys, parsed, {k: ids for k, ids in held.items() if ids})
     markers: dict[str, int] = {}
 
-    def gone(segment: str, ledger_id: int) -> bool:
+    def gone(segment: str, ledger_id: int, usable: bool = True) -> bool:
         at = (segment, ledger_id)
         state = view.states.get(at)
         if segment not in view.trim_marks:
@@ -284,6 +286,8 @@ def proven_orphans(deps: Deps, keys: list[str]) -> tuple[list[str], bool]:
             return ledger_id < view.trim_marks[segment]
         if state == LedgerState.DELETED.value:
             return True
+        if state == LedgerState.OFFLOADED.value and at in view.chunks and not usable:
+            return True  # offloaded elsewhere, and this copy could never stand in for that one
         if state == LedgerState.OFFLOADED.value and at in view.chunks:
             # An older copy is redundant only beside a current one known sound: the objects its row recorded
             # when written or checked (ETags). A row without ETags (a recovery that did not check pages) or
@@ -302,7 +306,7 @@ def proven_orphans(deps: Deps, keys: list[str]) -> tuple[list[str], bool]:
             continue
         unknown = True
         ids = held.get(k)
-        if ids and all(gone(p.segment, lid) for lid in ids):
+        if ids and all(gone(p.segment, lid, k not in unusable) for lid in ids):
             out.append(k)
     return out, unknown
 
@@ -311,14 +315,20 @@ def _held_ledgers(b, key: str, p, indexes: dict[str, list[int] | None]) -> list[
     """The ledger ids the object's index object lists (its own bytes for an index key), the one its name gives
     when there is no index object, or None when it cannot be read whole (then nothing proves what the object
     holds); `indexes` keeps those read."""
-    index = key if p.is_index else key + INDEX_SUFFIX
+    index = _key_index(key, p)
     if index not in indexes:
         indexes[index] = _index_ledgers(b, index)
     held = indexes[index]
     # No index object at all (an offload killed before writing it, in metadata lost since): the object
     # serves no reader and no recovery, so it holds nothing more than the ledger its name gives, and goes
-    # once that one is known gone (else kept, as any object of a ledger not offloaded yet).
+    # once that one is known gone or offloaded elsewhere (else kept, as any object of a ledger not
+    # offloaded yet).
     return [p.ledger_id] if held == [] else held
+
+
+def _key_index(key: str, p) -> str:
+    """The index object of a ledger object's pair (an index key's own)."""
+    return key if p.is_index else key + INDEX_SUFFIX
 
 
 def _index_ledgers(b, index: str) -> list[int] | None:
