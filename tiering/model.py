@@ -276,6 +276,10 @@ class Chunk:
     index_etag: str | None = None
 
 
+_S3_BUCKET = re.compile(r"[A-Za-z0-9._-]{1,255}")
+_EXPORT_KEY_MAX = 900
+
+
 def check_export_location(url: object, bucket: str | None = None, prefix: str | None = None) -> str:
     """A metadata export's location, stripped: a local path (or file:// URL) or s3://bucket/path; with the
     tier-2 `bucket` and `prefix`, never under that prefix: GC's orphan sweep owns everything there and
@@ -288,12 +292,31 @@ def check_export_location(url: object, bucket: str | None = None, prefix: str | 
     if "\x00" in url:  # no path, key or argv holds one
         raise BadInput("export location may not contain NUL")
     try:
+        url.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (a JSON "\udcff" in a DAG run's conf): no path or key holds one
+        raise BadInput("export location must be valid UTF-8") from None
+    if _CONTROL.search(url):  # urlsplit drops tab, CR and LF: "s3://b/a\nb" would be written to "b/ab"
+        raise BadInput("export location may not contain control characters (newline, tab, ...)")
+    try:
         parts = urlsplit(url)
     except ValueError:  # a malformed IPv6 host ("s3://[b/x")
         raise BadInput("export location must be a local path or s3://bucket/path") from None
+    if parts.scheme in ("s3", "s3a", "file") and ("?" in url or "#" in url):
+        # urlsplit ends the path there: "s3://b/run#1" and "s3://b/run#2" would both be "b/run"
+        raise BadInput("export location may not contain '?' or '#' (the URL's path ends there)")
     if parts.scheme in ("s3", "s3a"):
         if not parts.netloc:
             raise BadInput(f"export location {url!r} names no bucket (expected s3://bucket/path)")
+        if not _S3_BUCKET.fullmatch(parts.netloc):
+            # a user, password or port is no bucket (and is not echoed: it may hold a secret key)
+            raise BadInput("export location's bucket must be a bucket name (letters, digits, '.', '-', '_'; no "
+                           "user, password or port)")
+        if any(segment in (".", "..") for segment in parts.path.split("/")):
+            # S3 keeps "./x" and "../x" as they are, other clients (and RGW) do not: one key, one spelling
+            raise BadInput("export location's path may not contain '.' or '..' segments")
+        if len(parts.path.encode("utf-8")) > _EXPORT_KEY_MAX:
+            raise BadInput(f"export location's path is at most {_EXPORT_KEY_MAX} bytes (an S3 key is at most 1,024, "
+                           "and the parts' names are added to it)")
         if bucket is not None and prefix is not None and parts.netloc == bucket \
                 and (parts.path.lstrip("/") + "/").startswith(prefix):
             raise BadInput(f"{url} is under the tier-2 prefix {prefix!r}, which GC's orphan sweep owns")

@@ -115,3 +115,22 @@ def test_an_export_location_under_the_tier2_prefix_is_refused():
             check_export_location(url, "bkt", "tiering/")
     for url in ("s3://bkt/tiering-metadata/x", "s3://other/tiering/x", "s3://bkt", "/tmp/x", "file:///tmp/x"):
         assert check_export_location(url, "bkt", "tiering/") == url
+
+
+@pytest.mark.parametrize("url", [
+    "s3://bkt/a\nb", "s3://bkt/a\tb", "s3://b\rkt/x", "/tmp/a\nb", "file:///tmp/a\tb",  # urlsplit drops \t\r\n
+    "s3://bkt/backups#1", "s3://bkt/x?versionId=1", "s3://bkt/x?/../tiering/y",  # urlsplit cuts the key there
+    "s3://AKIAXXXX:s3cr3t@bkt/x", "s3://bkt:443/x",  # not a bucket: pyarrow's error would echo the netloc
+    "s3://bkt/../x", "s3://bkt/./tiering/x", "s3://bkt/a/../tiering",  # dot segments: normalised by some clients
+    "s3://bkt/" + "k" * 1000,  # S3 keys are at most 1,024 bytes, the parts' names added
+    "s3://bkt/a\udcffb", "/tmp/a\ud800",  # a lone surrogate (JSON conf can hold one)
+])
+def test_an_export_location_that_would_be_written_elsewhere_is_refused(url):
+    # each of these was taken and written to another key than the one given (or failed at S3 with exit 1)
+    from tiering.model import check_export_location
+
+    with pytest.raises(BadInput) as exc:
+        check_export_location(url, "bkt", "tiering/")
+    assert "s3cr3t" not in str(exc.value) and "\n" not in str(exc.value)
+    with pytest.raises(BadInput):
+        spark_submit_args("tiering_metadata_export", dest=url)
