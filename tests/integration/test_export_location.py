@@ -5,6 +5,7 @@ neither a manifest nor parts; an executor that does not see a local destination 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 
 import pyarrow.fs as pafs
@@ -145,6 +146,22 @@ def test_the_command_refuses_a_directory_with_its_own_files(cli, tmp_path):
     (home / "topic" / "notes.txt").write_text("hi")
     assert "is not an export location" in cli("export-metadata", str(home)).one_line_error(2)
     assert (home / "topic" / "notes.txt").read_text() == "hi" and sorted(p.name for p in home.iterdir()) == ["topic"]
+
+
+@pytest.mark.parametrize("spelling", ["plain", "file_url"])
+def test_a_local_location_that_cannot_be_a_directory_is_bad_input(cli, tmp_path, spelling):
+    # pyarrow's FileExistsError / ENAMETOOLONG came out as exit 1, as if a service had failed
+    here = tmp_path / "here"
+    here.mkdir()
+    afile, fifo = here / "afile", here / "fifo"
+    afile.write_text("mine")
+    os.mkfifo(fifo)
+    for path, why in ((afile, "is not a directory"), (fifo, "is not a directory"),
+                      (afile / "sub", "(a part of it) is not a directory"), (here / ("a" * 300), "File name too long")):
+        dest = path.as_uri() if spelling == "file_url" else str(path)
+        for command in ("export-metadata", "import-metadata"):
+            assert why in cli(command, dest).one_line_error(2)
+    assert afile.read_text() == "mine" and sorted(p.name for p in here.iterdir()) == ["afile", "fifo"]
 
 
 def test_a_killed_writers_part_without_a_footer_is_removed(world, db, tmp_path):

@@ -168,8 +168,33 @@ def filesystem_for(url: str, settings=None, *, endpoint_url: str | None = None, 
     if parts.scheme == "file":
         # normalised as a plain path is (abspath): the export lock is named after the base, and one directory
         # spelt two ways ('//', '..') must be one location
-        return pafs.LocalFileSystem(), os.path.normpath(parts.path or "/")
-    return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(url))
+        return pafs.LocalFileSystem(), _local_directory(os.path.normpath(parts.path or "/"))
+    return pafs.LocalFileSystem(), _local_directory(os.path.abspath(os.path.expanduser(url)))
+
+
+def _local_directory(path: str) -> str:
+    """`path` if it is a directory or could be made one; else BadInput (a file, a fifo or a file's child, a
+    name too long), which pyarrow would raise as an OSError midway, after the location's lock was taken."""
+    import errno
+    import os
+    import stat
+
+    probe = path
+    while True:
+        try:
+            mode = os.stat(probe).st_mode
+        except (FileNotFoundError, NotADirectoryError):  # not there (yet): its parent decides
+            if probe == os.path.dirname(probe):
+                return path
+            probe = os.path.dirname(probe)
+            continue
+        except OSError as exc:  # too long, a symlink loop, no permission: nothing could be written there
+            reason = exc.strerror or errno.errorcode.get(exc.errno, "an error")
+            raise BadInput(f"export location {path[:200]!r} cannot be used: {reason}") from None
+        if not stat.S_ISDIR(mode):
+            where = "" if probe == path else " (a part of it)"
+            raise BadInput(f"export location {path[:200]!r}{where} is not a directory")
+        return path
 
 
 # ----------------------------------------------------------------------------------------------- manifest
