@@ -540,8 +540,12 @@ def _check_tier1_root(root: Path) -> None:
     """The root, or the nearest part of it that exists, must be a directory: a file there would fail the
     first write after metadata was changed (a new OPEN ledger row with no file)."""
     path = root
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    if path.exists() and not path.is_dir():
+    try:
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        exists = path.exists()
+    except OSError as exc:  # a name too long, a symlink loop: stat() raises instead of saying "not there"
+        raise ConfigError(f"TIERING_TIER1_ROOT cannot be used: {exc.strerror or type(exc).__name__}") from None
+    if exists and not path.is_dir():
         where = "" if path == root else " (a part of it)"
         raise ConfigError(f"TIERING_TIER1_ROOT{where} is a file, not a directory")

@@ -73,6 +73,12 @@ def test_a_path_setting_may_hold_bytes_that_are_not_utf8():
     assert Settings.from_env({**BASE, "TIERING_TIER1_ROOT": "/data/t\udcff"}).tier1_root.name == "t\udcff"
 
 
+def test_a_tier1_root_too_long_for_the_filesystem_is_a_setting_error(tmp_path):
+    # stat() raised ENAMETOOLONG out of Path.exists(): "OSError: [Errno 36]" with exit 1
+    with pytest.raises(ConfigError, match="TIERING_TIER1_ROOT"):
+        Settings.from_env({**BASE, "TIERING_TIER1_ROOT": str(tmp_path / ("a" * 300) / "t1")})
+
+
 def test_prefix_gets_a_trailing_slash():
     assert Settings.from_env({**BASE, "TIERING_PREFIX": "logs"}).prefix == "logs/"
 
