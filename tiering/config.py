@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from tiering.errors import ConfigError
 from tiering.format.block import DEFAULT_BLOCK_SIZE, DEFAULT_PAGE_SIZE, MIN_BLOCK_SIZE
-from tiering.model import INT64_MAX, MAX_SECONDS, MIB, BadInt, parse_int
+from tiering.model import CONTROL_CHARS, INT64_MAX, MAX_SECONDS, MIB, BadInt, parse_int
 from tiering.units import DURATION_HELP, SIZE_HELP, parse_duration, parse_size
 
 @dataclass(frozen=True)
@@ -499,6 +499,12 @@ def _prefix(prefix: str) -> str:
         raise ConfigError("TIERING_PREFIX must be relative and must not contain '..'")
     if not prefix.endswith("/"):
         prefix += "/"
+    # boto3 writes "a/./b/" and "a//b/" as they are, but pyarrow (exports beside the prefix, Iceberg tables)
+    # cannot address them: "./" fails S3's signature, "//" is an empty path component
+    if any(segment in ("", ".") for segment in prefix[:-1].split("/")):
+        raise ConfigError("TIERING_PREFIX must not contain '.' segments or '//'")
+    if re.search(f"[{CONTROL_CHARS}]", prefix):  # a key that prints as two lines, or moves the cursor
+        raise ConfigError("TIERING_PREFIX must not contain control characters (newline, tab, ...)")
     return prefix
 
 

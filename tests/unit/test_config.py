@@ -73,6 +73,15 @@ def test_a_path_setting_may_hold_bytes_that_are_not_utf8():
     assert Settings.from_env({**BASE, "TIERING_TIER1_ROOT": "/data/t\udcff"}).tier1_root.name == "t\udcff"
 
 
+@pytest.mark.parametrize("prefix", ["a/./b/", "./x", "x/.", "a//b/", "x//", "a\nb/", "x\t"])
+def test_a_prefix_pyarrow_cannot_address_is_refused(prefix):
+    # boto3 wrote such keys, but pyarrow (exports beside the prefix, Iceberg tables) cannot reach them: "./"
+    # fails S3's signature (ACCESS_DENIED), "//" is "Empty path component"; a control character is a key
+    # that prints as two lines
+    with pytest.raises(ConfigError, match="TIERING_PREFIX"):
+        Settings.from_env({**BASE, "TIERING_PREFIX": prefix})
+
+
 def test_a_tier1_root_too_long_for_the_filesystem_is_a_setting_error(tmp_path):
     # stat() raised ENAMETOOLONG out of Path.exists(): "OSError: [Errno 36]" with exit 1
     with pytest.raises(ConfigError, match="TIERING_TIER1_ROOT"):
