@@ -405,8 +405,16 @@ def read_sse_c_key(path: Path) -> bytes:
     import base64
     import binascii
 
+    import stat
+
     try:
-        raw = Path(path).read_bytes()
+        # O_NONBLOCK: opening a fifo waits for a writer; a device (/dev/zero) never ends. The key is read again
+        # where each job runs, so only a regular file can hold it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ConfigError("TIERING_S3_SSE_C_KEY_FILE is not a regular file")
+            raw = f.read(4096)  # a key, raw or base64, is 32 or 44 bytes (and a newline)
     except OSError as exc:
         raise ConfigError(f"TIERING_S3_SSE_C_KEY_FILE cannot be read ({type(exc).__name__})") from None
     if len(raw) == SSE_C_KEY_BYTES:

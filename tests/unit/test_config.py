@@ -125,6 +125,31 @@ def test_a_bad_sse_c_key_file_is_named_without_its_content(tmp_path, content):
         Settings.from_env({**BASE, "TIERING_S3_SSE_C_KEY_FILE": str(tmp_path / "missing")})
 
 
+def test_an_sse_c_key_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
+    # a fifo blocked every command forever in open(); /dev/zero was read until MemoryError
+    import os
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    result = {}
+
+    def read(path):
+        try:
+            Settings.from_env({**BASE, "TIERING_S3_SSE_C_KEY_FILE": str(path)})
+        except ConfigError as exc:
+            result[path] = str(exc)
+
+    for path in (fifo, "/dev/zero"):
+        reader = threading.Thread(target=read, args=(path,), daemon=True)
+        reader.start()
+        reader.join(10)
+        if reader.is_alive():  # release the blocked open() so the test process can end
+            with open(fifo, "wb"):
+                pass
+        assert "TIERING_S3_SSE_C_KEY_FILE is not a regular file" in result.get(path, "blocked")
+
+
 @pytest.mark.parametrize("env,message", [
     ({"TIERING_S3_SSE": "aes"}, "TIERING_S3_SSE must be one of none, AES256, aws:kms"),
     ({"TIERING_S3_SSE_KMS_KEY_ID": "k1"}, "TIERING_S3_SSE_KMS_KEY_ID is set but TIERING_S3_SSE is not aws:kms"),
