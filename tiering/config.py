@@ -238,7 +238,11 @@ class Settings:
             raise ConfigError("TIERING_S3_SSE_C_KEY_FILE (SSE-C) and TIERING_S3_SSE exclude each other: an object "
                               "has one kind of server-side encryption")
         if self.s3_ca_bundle is not None:
-            if not self.s3_ca_bundle.is_file():
+            try:
+                readable = self.s3_ca_bundle.is_file()
+            except OSError:  # a name too long: stat() raises instead of saying "not there"
+                readable = False
+            if not readable:
                 raise ConfigError("TIERING_S3_CA_BUNDLE is not a readable file")
             if not (self.s3_endpoint_url or "https://").startswith("https://"):
                 # a CA bundle says the operator expects TLS: never talk plain http instead

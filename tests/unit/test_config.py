@@ -88,6 +88,13 @@ def test_a_tier1_root_too_long_for_the_filesystem_is_a_setting_error(tmp_path):
         Settings.from_env({**BASE, "TIERING_TIER1_ROOT": str(tmp_path / ("a" * 300) / "t1")})
 
 
+def test_a_ca_bundle_path_too_long_for_the_filesystem_is_a_setting_error(tmp_path):
+    # is_file() raised ENAMETOOLONG: "OSError: [Errno 36]" with exit 1, the path in the message
+    with pytest.raises(ConfigError, match="TIERING_S3_CA_BUNDLE"):
+        Settings.from_env({**BASE, "TIERING_S3_ENDPOINT_URL": "https://s3.example:443",
+                           "TIERING_S3_CA_BUNDLE": str(tmp_path / ("a" * 300))})
+
+
 def test_prefix_gets_a_trailing_slash():
     assert Settings.from_env({**BASE, "TIERING_PREFIX": "logs"}).prefix == "logs/"
 
