@@ -72,6 +72,15 @@ def test_an_export_under_the_tier2_prefix_is_refused_before_spark(deps):
     assert result.run_spark and result.args == [f"--dest=s3://{deps.bucket.name}/elsewhere"]
 
 
+def test_an_export_to_a_local_path_that_is_not_a_directory_is_refused_before_spark(deps, tmp_path):
+    # the job refused it after Spark had started, and the task was retried
+    (tmp_path / "afile").write_text("x")
+    for dest in (str(tmp_path / "afile"), (tmp_path / "afile" / "sub").as_uri()):
+        with pytest.raises(BadInput, match="is not a directory"):
+            go(deps, "tiering_metadata_export", {"dest": dest}, {"dest"})
+    assert [r["status"] for r in rows(deps)] == ["FAILED", "FAILED"]
+
+
 def test_an_idle_offload_is_recorded_and_skips_spark(deps):
     produce(deps, "idle", [entries("i", 3, 10)], TopicPolicy(**BIG))  # offload_after -1: never by age
     result = go(deps, "tiering_offload_by_age", {}, {"topic"}, run="scheduled__2026")

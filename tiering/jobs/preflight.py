@@ -77,6 +77,10 @@ def preflight(dag_id: str, conf: dict | None, params: dict, allowed: set[str], d
             args = job_args(dag_id, params)
             if params.get("dest"):  # an export under the tier-2 prefix would be deleted by GC's orphan sweep
                 check_export_location(params["dest"], deps.bucket.name, deps.bucket.prefix)
+                # a local path that is a file: the job would refuse it only after Spark started, and be retried
+                from tiering.ops.export_metadata import check_local_location  # pyarrow: only for an export
+
+                check_local_location(params["dest"])
             if topic and not JOBS[dag_id].planned_before_spark:
                 # a job planned here finds its topic in its plan; the others (the scrub) would start Spark,
                 # and retry it, only to be told the topic does not exist

@@ -163,22 +163,27 @@ def filesystem_for(url: str, settings=None, *, endpoint_url: str | None = None, 
             kwargs.update(endpoint_override=ep.netloc, scheme=ep.scheme or "https")
         base = f"{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
         return s3_filesystem(settings, **kwargs), base
-    import os
-
-    if parts.scheme == "file":
-        # normalised as a plain path is (abspath): the export lock is named after the base, and one directory
-        # spelt two ways ('//', '..') must be one location
-        return pafs.LocalFileSystem(), _local_directory(os.path.normpath(parts.path or "/"))
-    return pafs.LocalFileSystem(), _local_directory(os.path.abspath(os.path.expanduser(url)))
+    return pafs.LocalFileSystem(), check_local_location(url)
 
 
-def _local_directory(path: str) -> str:
-    """`path` if it is a directory or could be made one; else BadInput (a file, a fifo or a file's child, a
-    name too long), which pyarrow would raise as an OSError midway, after the location's lock was taken."""
+def check_local_location(url: str) -> str | None:
+    """A local location's path (a plain path or a file:// URL; None for s3://) if it is a directory or could be
+    made one; else BadInput (a file, a fifo or a file's child, a name too long), which pyarrow would raise as
+    an OSError midway, after the location's lock was taken (in a DAG run: after Spark started, then retried)."""
     import errno
     import os
     import stat
 
+    url = check_export_location(url)
+    parts = urlsplit(url)
+    if parts.scheme in ("s3", "s3a"):
+        return None
+    if parts.scheme == "file":
+        # normalised as a plain path is (abspath): the export lock is named after the base, and one directory
+        # spelt two ways ('//', '..') must be one location
+        path = os.path.normpath(parts.path or "/")
+    else:
+        path = os.path.abspath(os.path.expanduser(url))
     probe = path
     while True:
         try:
