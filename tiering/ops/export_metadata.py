@@ -250,7 +250,8 @@ class Manifest:
                        export_id=None if d.get("export_id") is None else str(d["export_id"]))
         except BadInput:
             raise
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        # RecursionError: JSON nested too deep; OverflowError: a count of 1e400 (float infinity)
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as exc:
             raise BadInput(f"{where} is malformed: {type(exc).__name__}: {exc}") from None
 
 

@@ -1,0 +1,25 @@
+"""An export's manifest.json is input: whatever it holds, reading it is BadInput with a sentence, never another
+exception (which the CLI reports as a failure, exit 1)."""
+import pytest
+
+from tiering.errors import BadInput
+from tiering.ops.export_metadata import FORMAT, FORMAT_VERSION, Manifest
+
+
+def _manifest(rows: str) -> str:
+    return (f'{{"format": "{FORMAT}", "format_version": {FORMAT_VERSION}, "exported_at": "2026-01-01T00:00:00Z", '
+            f'"migrations": [], "tables": {{"topic": {{"rows": {rows}, "files": []}}}}}}')
+
+
+@pytest.mark.parametrize("data", [
+    "[" * 100_000,  # RecursionError in json.loads
+    _manifest("1e400"),  # float infinity: OverflowError in int()
+    _manifest("NaN"),
+])
+def test_a_hostile_manifest_is_bad_input(data):
+    with pytest.raises(BadInput, match="is malformed"):
+        Manifest.from_json(data, "x/manifest.json")
+
+
+def test_a_well_formed_manifest_still_reads():
+    assert Manifest.from_json(_manifest("3"), "x/manifest.json").row_counts == {"topic": 3}
