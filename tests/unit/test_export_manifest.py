@@ -23,3 +23,34 @@ def test_a_hostile_manifest_is_bad_input(data):
 
 def test_a_well_formed_manifest_still_reads():
     assert Manifest.from_json(_manifest("3"), "x/manifest.json").row_counts == {"topic": 3}
+
+
+def test_a_manifest_that_is_not_a_regular_file_is_bad_input(tmp_path):
+    # a fifo blocked import-metadata forever in open(); a directory failed as an I/O error (exit 1)
+    import os
+    import threading
+
+    import pyarrow.fs as pafs
+
+    from tiering.ops.export_metadata import read_manifest
+
+    fifo, folder = tmp_path / "fifo", tmp_path / "folder"
+    fifo.mkdir(), folder.mkdir()
+    os.mkfifo(fifo / "manifest.json")
+    (folder / "manifest.json").mkdir()
+    said = {}
+
+    def read(base):
+        try:
+            read_manifest(pafs.LocalFileSystem(), str(base))
+        except BadInput as exc:
+            said[base] = str(exc)
+
+    for base in (fifo, folder):
+        reader = threading.Thread(target=read, args=(base,), daemon=True)
+        reader.start()
+        reader.join(10)
+        if reader.is_alive():  # release the blocked open() so the test process can end
+            with open(fifo / "manifest.json", "wb"):
+                pass
+        assert "is not a regular file" in said.get(base, "blocked")

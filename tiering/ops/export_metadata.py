@@ -328,6 +328,10 @@ def write_manifest(fs: pafs.FileSystem, base_path: str, manifest: Manifest) -> s
 def read_manifest(fs: pafs.FileSystem, base_path: str) -> Manifest:
     path = _join(base_path, MANIFEST)
     try:
+        kind = fs.get_file_info(path).type
+        if kind not in (pafs.FileType.File, pafs.FileType.NotFound):
+            # a fifo would block the open forever, a device never end, a directory fail as an I/O error
+            raise BadInput(f"{path} is not a regular file: not a metadata export")
         with fs.open_input_stream(path) as f:
             data = f.read()
     except FileNotFoundError:
