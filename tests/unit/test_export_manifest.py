@@ -54,3 +54,14 @@ def test_a_manifest_that_is_not_a_regular_file_is_bad_input(tmp_path):
             with open(fifo / "manifest.json", "wb"):
                 pass
         assert "is not a regular file" in said.get(base, "blocked")
+
+
+@pytest.mark.parametrize("path", ["../../etc/x.parquet", "/etc/x.parquet", "topic/../ledger/p.parquet",
+                                  "ledger/p.parquet", "topic//p.parquet"])
+def test_a_part_outside_its_tables_directory_is_refused(path):
+    data = _manifest("1").replace('"files": []', f'"files": [{{"path": "{path}", "rows": 1}}]')
+    with pytest.raises(BadInput, match="outside its table's directory topic/"):
+        Manifest.from_json(data, "x/manifest.json")
+    assert Manifest.from_json(data.replace(path, "topic/p.parquet"), "x/manifest.json").tables["topic"].files[0].path \
+        == "topic/p.parquet"
+

@@ -241,9 +241,9 @@ class Manifest:
             if d.get("format_version") != FORMAT_VERSION:
                 raise BadInput(f"{where}: export format version {d.get('format_version')!r}, this version reads "
                                f"{FORMAT_VERSION}")
-            tables = {name: TableManifest(int(t["rows"]), [PartFile(str(f["path"]), int(f["rows"]))
-                                                           for f in t["files"]])
-                      for name, t in d["tables"].items()}
+            tables = {name: TableManifest(int(t["rows"]), [
+                PartFile(_part_path(name, f["path"], where), int(f["rows"])) for f in t["files"]])
+                for name, t in d["tables"].items()}
             return cls(FORMAT_VERSION, str(d["exported_at"]),
                        [{"name": str(m["name"]), "checksum": str(m["checksum"])} for m in d["migrations"]],
                        tables, {str(k): (None if v is None else int(v)) for k, v in d.get("sequences", {}).items()},
@@ -253,6 +253,15 @@ class Manifest:
         # RecursionError: JSON nested too deep; OverflowError: a count of 1e400 (float infinity)
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as exc:
             raise BadInput(f"{where} is malformed: {type(exc).__name__}: {exc}") from None
+
+
+def _part_path(table: str, path: object, where: str) -> str:
+    """A part's path as the manifest gives it: inside its table's directory of the export (export_location.
+    part_name writes them so), never a path that leads elsewhere ("../", absolute) for the import to read."""
+    path = str(path)
+    if not path.startswith(f"{table}/") or any(seg in ("", ".", "..") for seg in path.split("/")):
+        raise BadInput(f"{where} names part {path!r} outside its table's directory {table}/")
+    return path
 
 
 def build_manifest(source, parts: Mapping[str, Sequence[PartFile]],
