@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
+from tiering.database_url import checked_database_url, with_local_password, without_password
 from tiering.errors import ConfigError
 from tiering.format.block import DEFAULT_BLOCK_SIZE, DEFAULT_PAGE_SIZE, MIN_BLOCK_SIZE
 from tiering.model import CONTROL_CHARS, INT64_MAX, MAX_SECONDS, MIB, BadInt, parse_int
@@ -70,7 +71,7 @@ def _int_variable(field_: str, name: str, default: int, lo: int, hi: int, meanin
 # from it.
 VARIABLES: tuple[Variable, ...] = (
     Variable("TIERING_DATABASE_URL", "database_url", "required", "PostgreSQL URL of the metadata database",
-             lambda raw, var: _database_url(_required(raw, var))),
+             lambda raw, var: checked_database_url(_required(raw, var))),
     Variable("TIERING_BUCKET", "bucket", "required", "bucket of tier 2",
              lambda raw, var: _required(raw, var)),
     Variable("TIERING_TIER1_ROOT", "tier1_root", "required", "directory of tier-1 ledgers",
@@ -142,7 +143,6 @@ def _read(v: Variable, raw: str | None) -> Any:
 SSE_MODES = ("none", "AES256", "aws:kms")
 _BUCKET_NAME = re.compile(r"[A-Za-z0-9._-]{3,255}")
 SSE_C_KEY_BYTES = 32  # SSE-C is AES-256: S3 takes exactly a 256-bit key
-PG_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
 
 @dataclass(frozen=True)
@@ -255,7 +255,7 @@ class Settings:
         # password, no AWS keys or session token, no SSE-C key bytes; where unpickled, each is resolved from
         # that machine's own environment (`_settings`).
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _SECRET_FIELDS}
-        values["database_url"] = _without_password(self.database_url)
+        values["database_url"] = without_password(self.database_url)
         return (_settings, (values,))
 
     @property
@@ -315,51 +315,8 @@ def _settings(values: dict) -> Settings:
     master's executors share the driver's environment), else libpq's own sources (PGPASSWORD, PGPASSFILE,
     ~/.pgpass); S3 credentials from boto3's chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a shared
     credentials file or profile, an instance or container role); the SSE-C key from its file."""
-    url = _with_local_password(values["database_url"], os.environ.get("TIERING_DATABASE_URL"))
+    url = with_local_password(values["database_url"], os.environ.get("TIERING_DATABASE_URL"))
     return Settings(**{**values, "database_url": url})
-
-
-# libpq's URL parameters that are secrets: the password (libpq takes it in the query as well as before the
-# host) and the passphrase of the client key
-SECRET_URL_PARAMS = ("password", "sslpassword")
-
-
-def _secret_params(query: str) -> list[str]:
-    return [kv for kv in query.split("&") if kv.partition("=")[0] in SECRET_URL_PARAMS] if query else []
-
-
-def has_password(url: str) -> bool:
-    """Whether the database URL holds a secret: a password before the host, or `password` / `sslpassword`
-    in its query."""
-    return _without_password(url) != url
-
-
-def _without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None and not _secret_params(parts.query):
-        return url
-    if parts.password is not None:
-        host = parts.netloc.rpartition("@")[2]
-        parts = parts._replace(netloc=f"{parts.username}@{host}" if parts.username is not None else host)
-    return parts._replace(query="&".join(kv for kv in parts.query.split("&") if kv not in
-                                         _secret_params(parts.query))).geturl()
-
-
-def _with_local_password(url: str, local: str | None) -> str:
-    ours = urlsplit(url)
-    if ours.password is not None or _secret_params(ours.query) or not local:
-        return url
-    try:
-        theirs = urlsplit(local)
-        same = (theirs.hostname, theirs.port, theirs.username, theirs.path) == \
-            (ours.hostname, ours.port, ours.username, ours.path)
-    except ValueError:  # a malformed local setting: libpq's own sources, as without one
-        return url
-    if not same or not (theirs.password or _secret_params(theirs.query)):
-        return url
-    if theirs.password:
-        ours = ours._replace(netloc=theirs.netloc)
-    return ours._replace(query="&".join(filter(None, [ours.query, *_secret_params(theirs.query)]))).geturl()
 
 
 def aws_sdk_checksums_when_required() -> None:
@@ -433,38 +390,10 @@ def read_sse_c_key(path: Path) -> bytes:
     return key
 
 
-def database_ssl_params(database_url: str) -> dict[str, str]:
-    """libpq's TLS parameters of the database URL (`?sslmode=verify-full&sslrootcert=...`), for the clients that
-    do not take the URL itself (Spark's JDBC reader: pgjdbc knows the same names)."""
-    from urllib.parse import parse_qsl
-
-    return {k: v for k, v in parse_qsl(urlsplit(database_url).query)
-            if k in ("sslmode", "sslrootcert", "sslcert", "sslkey")}
-
-
 def _required(value: str | None, name: str) -> str:
     if value is None or not value.strip():
         raise ConfigError(f"{name} is not set (see README, Configuration)")
     return value.strip()
-
-
-def _database_url(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # a malformed IPv6 host ("postgresql://u@[::1/db")
-        raise ConfigError("TIERING_DATABASE_URL must be a postgresql:// URL") from None
-    if parts.scheme not in ("postgresql", "postgres", "postgresql+psycopg2") or not parts.hostname and not parts.path:
-        raise ConfigError("TIERING_DATABASE_URL must be a postgresql:// URL")
-    try:
-        parts.port  # noqa: B018 - raises on a port that is not a number
-    except ValueError:
-        raise ConfigError("TIERING_DATABASE_URL's port must be a whole number from 0 to 65535") from None
-    sslmode = database_ssl_params(url).get("sslmode")
-    if sslmode is not None and sslmode not in PG_SSLMODES:
-        raise ConfigError(f"TIERING_DATABASE_URL's sslmode must be one of {', '.join(PG_SSLMODES)}")
-    if parts.scheme == "postgres":
-        url = "postgresql" + url[len("postgres"):]
-    return url
 
 
 def _sse(raw: str | None) -> str:

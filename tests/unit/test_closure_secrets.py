@@ -9,8 +9,8 @@ import pickle
 import pytest
 from pyspark import cloudpickle
 
-from tiering import config
 from tiering.config import Settings
+from tiering.database_url import without_password
 
 PASSWORD, ACCESS, SECRET, TOKEN = "pg-Pa55w0rd-xyz", "AKIAEXAMPLEACCESS", "s3cr3t/Key+Value", "sess-token-123"
 
@@ -67,7 +67,7 @@ def test_unpickled_settings_resolve_secrets_where_they_run(settings, monkeypatch
     ("postgresql://u:pw@h/db?sslmode=require&sslpassword=kp", "postgresql://u@h/db?sslmode=require"),
 ])
 def test_without_password(url, bare):
-    assert config._without_password(url) == bare
+    assert without_password(url) == bare
 
 
 def test_a_password_in_the_query_stays_home_and_is_found_where_unpickled(monkeypatch):

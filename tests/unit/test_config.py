@@ -185,7 +185,7 @@ def test_database_tls_parameters_are_kept_and_secrets_masked():
     s = Settings.from_env({**BASE, "TIERING_DATABASE_URL": url})
     assert s.database_url == url and Settings.from_env(s.to_env()).database_url == url
     assert s.database_url_safe == "postgresql://u:***@db:5432/t?sslmode=verify-full&sslrootcert=/etc/ca.pem&sslpassword=***"
-    from tiering.config import database_ssl_params
+    from tiering.database_url import database_ssl_params
 
     assert database_ssl_params(url) == {"sslmode": "verify-full", "sslrootcert": "/etc/ca.pem"}
 

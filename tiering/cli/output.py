@@ -19,7 +19,7 @@ from datetime import date, datetime, timezone
 from typing import Callable, Iterable
 
 from tiering.cli.args import one_line
-from tiering.config import SECRET_URL_PARAMS
+from tiering.database_url import SECRET_URL_PARAMS
 
 
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)\S*@")  # greedy: up to the last @ of the URL

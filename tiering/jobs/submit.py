@@ -20,7 +20,7 @@ import zipfile
 from pathlib import Path
 from typing import Mapping
 
-from tiering.config import has_password
+from tiering.database_url import has_password
 from tiering.errors import BadInput, ConfigError
 
 # Settings whose value is (or contains) a secret. The database URL is passed on YARN only without a password.

@@ -24,7 +24,7 @@ def jdbc_url(database_url: str) -> tuple[str, str, str]:
 
     from urllib.parse import urlencode
 
-    from tiering.config import database_ssl_params
+    from tiering.database_url import database_ssl_params
 
     url = make_url(database_url)
     # libpq's TLS parameters carry over (pgjdbc knows sslmode/sslrootcert/sslcert/sslkey): without them pgjdbc's

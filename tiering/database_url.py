@@ -1,0 +1,81 @@
+"""The metadata database's URL (pure: strings in, strings out): its check as a setting, its secrets (a password
+before the host, or libpq's `password` / `sslpassword` in the query) kept out of what travels to executors
+and of messages, and its TLS parameters for clients that do not take the URL itself."""
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlsplit
+
+from tiering.errors import ConfigError
+
+PG_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+# libpq's URL parameters that are secrets: the password (libpq takes it in the query as well as before the
+# host) and the passphrase of the client key
+SECRET_URL_PARAMS = ("password", "sslpassword")
+
+
+def secret_params(query: str) -> list[str]:
+    return [kv for kv in query.split("&") if kv.partition("=")[0] in SECRET_URL_PARAMS] if query else []
+
+
+def has_password(url: str) -> bool:
+    """Whether the database URL holds a secret: a password before the host, or `password` / `sslpassword`
+    in its query."""
+    return without_password(url) != url
+
+
+def without_password(url: str) -> str:
+    """The URL without its secrets: what travels in a pickle to executors."""
+    parts = urlsplit(url)
+    if parts.password is None and not secret_params(parts.query):
+        return url
+    if parts.password is not None:
+        host = parts.netloc.rpartition("@")[2]
+        parts = parts._replace(netloc=f"{parts.username}@{host}" if parts.username is not None else host)
+    return parts._replace(query="&".join(kv for kv in parts.query.split("&") if kv not in
+                                         secret_params(parts.query))).geturl()
+
+
+def with_local_password(url: str, local: str | None) -> str:
+    """`url` (come without its secrets) with those of `local`, this process's own setting, when both name the
+    same user, host, port and database."""
+    ours = urlsplit(url)
+    if ours.password is not None or secret_params(ours.query) or not local:
+        return url
+    try:
+        theirs = urlsplit(local)
+        same = (theirs.hostname, theirs.port, theirs.username, theirs.path) == \
+            (ours.hostname, ours.port, ours.username, ours.path)
+    except ValueError:  # a malformed local setting: libpq's own sources, as without one
+        return url
+    if not same or not (theirs.password or secret_params(theirs.query)):
+        return url
+    if theirs.password:
+        ours = ours._replace(netloc=theirs.netloc)
+    return ours._replace(query="&".join(filter(None, [ours.query, *secret_params(theirs.query)]))).geturl()
+
+
+def database_ssl_params(database_url: str) -> dict[str, str]:
+    """libpq's TLS parameters of the database URL (`?sslmode=verify-full&sslrootcert=...`), for the clients that
+    do not take the URL itself (Spark's JDBC reader: pgjdbc knows the same names)."""
+    return {k: v for k, v in parse_qsl(urlsplit(database_url).query)
+            if k in ("sslmode", "sslrootcert", "sslcert", "sslkey")}
+
+
+def checked_database_url(url: str) -> str:
+    """TIERING_DATABASE_URL checked as a setting (ConfigError naming it), `postgres://` spelt `postgresql://`."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a malformed IPv6 host ("postgresql://u@[::1/db")
+        raise ConfigError("TIERING_DATABASE_URL must be a postgresql:// URL") from None
+    if parts.scheme not in ("postgresql", "postgres", "postgresql+psycopg2") or not parts.hostname and not parts.path:
+        raise ConfigError("TIERING_DATABASE_URL must be a postgresql:// URL")
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        raise ConfigError("TIERING_DATABASE_URL's port must be a whole number from 0 to 65535") from None
+    sslmode = database_ssl_params(url).get("sslmode")
+    if sslmode is not None and sslmode not in PG_SSLMODES:
+        raise ConfigError(f"TIERING_DATABASE_URL's sslmode must be one of {', '.join(PG_SSLMODES)}")
+    if parts.scheme == "postgres":
+        url = "postgresql" + url[len("postgres"):]
+    return url
