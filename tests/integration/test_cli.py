@@ -421,3 +421,28 @@ def test_a_wrong_tier1_root_is_said_not_read_as_an_empty_open_ledger(cli, tmp_pa
     assert row["tier1_file_missing"] and row["entry_count"] is None and row["tiers"] == []
     produce.one_line_error(1)
     assert len(read_data(cli("read", "w", "--json"))) == 3  # the right root: all three, nothing written elsewhere
+
+
+def test_gc_retry_failed_takes_up_the_deletes_that_failed_for_good(cli, deps, db, s3_client, bucket):
+    """A queued key whose deletes all failed is FAILED: no run takes it again by itself (the alert says so).
+    Once the cause is mended, `gc --retry-failed` makes it due again and deletes it; its dry run says what it
+    would take and writes nothing; a plain `gc` leaves it."""
+    from sqlalchemy import text
+
+    s3_client.put_object(Bucket=bucket, Key="t/gone/ledger-object", Body=b"x")
+    deps.meta.enqueue_gc(["t/gone/ledger-object"], "retention")
+    with db.begin() as conn:
+        conn.execute(text("UPDATE tiering.gc_task SET state = 'FAILED', attempts = 5, last_error = 'AccessDenied', "
+                          "not_before = now() - interval '1 hour'"))
+    plain = cli("gc", "--json").ok().json
+    assert plain["deleted_count"] == 0 and plain["requeued_count"] == 0
+    preview = cli("gc", "--retry-failed", "--dry-run", "--json").ok().json
+    assert preview["requeued_count"] == 1 and preview["deleted_count"] == 1
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT state FROM tiering.gc_task")).scalar_one() == "FAILED"
+    done = cli("gc", "--retry-failed", "--json").ok().json
+    assert done["requeued_count"] == 1 and done["deleted_count"] == 1 and done["failed"] == []
+    assert "t/gone/ledger-object" not in bucket_keys(deps)
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM tiering.gc_task")).scalar_one() == 0
+    assert "--retry-failed is for the queue's run" in cli("gc", "--sweep", "--retry-failed").one_line_error(2)

@@ -81,6 +81,9 @@ def register(sub) -> None:
                     help="instead: sweep orphaned objects, resuming the listing where the last sweep stopped")
     gc.add_argument("--max-pages", type=a.positive, default=None, metavar="N",
                     help="with --sweep: list at most N pages of 1,000 keys (default 10,000)")
+    gc.add_argument("--retry-failed", action="store_true",
+                    help="first make the queued objects FAILED after their last attempt due again (once what "
+                         "failed their deletes is mended)")
     _dry_run_flag(gc)
     a.json_flag(gc)
 
@@ -269,15 +272,19 @@ def cmd_gc(ctx: Context, args, out: Output) -> int:
 
     grace = None if args.orphan_grace_seconds is None else timedelta(seconds=args.orphan_grace_seconds)
     if args.sweep:
+        if args.retry_failed:
+            raise BadInput("--retry-failed is for the queue's run, not --sweep")
         return _gc_sweep(ctx, args, out, grace)
     if args.max_pages is not None:
         raise BadInput("--max-pages is for --sweep")
-    report = preview_gc(ctx.deps, orphan_grace=grace) if args.dry_run else run_gc(ctx.deps, orphan_grace=grace)
-    result = document("gc", None, **_preview(args), deleted_count=len(report.deleted),
+    run = preview_gc if args.dry_run else run_gc
+    report = run(ctx.deps, orphan_grace=grace, retry_failed=args.retry_failed)
+    result = document("gc", None, **_preview(args), requeued_count=report.requeued, deleted_count=len(report.deleted),
                       still_referenced_count=report.still_referenced, retried_count=report.retried,
                       failed_count=report.failed, failed=failures(report.failed_keys),
                       uploads_aborted_count=report.uploads_aborted)
-    out.result(result, _would(args, f"gc: deleted {len(report.deleted)} queued object(s), aborted "
+    requeued = f"{report.requeued} FAILED made due again; " if args.retry_failed else ""
+    out.result(result, _would(args, f"gc: {requeued}deleted {len(report.deleted)} queued object(s), aborted "
                                     f"{report.uploads_aborted} stale upload(s); {report.still_referenced} still "
                                     f"referenced, {report.retried} to retry, {report.failed} failed for good"))
     if report.retried or report.failed:

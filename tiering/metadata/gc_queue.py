@@ -70,12 +70,14 @@ def claim_due(conn: Connection, limit: int) -> list[GcTask]:
     return [GcTask(*r) for r in rows]
 
 
-def due_tasks(engine: Engine, limit: int | None = None) -> tuple[list[GcTask], set[str]]:
+def due_tasks(engine: Engine, limit: int | None = None, failed: bool = False) -> tuple[list[GcTask], set[str]]:
     """What a GC run would claim now, read without claiming (no row lock): the due tasks, in the order a run
-    takes them, and those of their keys a chunk still references. For `gc --dry-run`."""
+    takes them, and those of their keys a chunk still references. For `gc --dry-run`; `failed`: the FAILED
+    tasks too, as `requeue_failed` would make them due."""
+    due = and_(gc_task.c.state == "PENDING", gc_task.c.not_before <= func.now())
     with engine.connect() as conn:
         q = (select(gc_task.c.task_id, gc_task.c.key, gc_task.c.attempts, gc_task.c.reason)
-             .where(gc_task.c.state == "PENDING", gc_task.c.not_before <= func.now(), _collectable())
+             .where(or_(due, gc_task.c.state == "FAILED") if failed else due, _collectable())
              .order_by(gc_task.c.not_before, gc_task.c.task_id))
         tasks = [GcTask(*r) for r in conn.execute(q.limit(limit) if limit else q).all()]
         return tasks, referenced(conn, (t.key for t in tasks))
@@ -132,6 +134,19 @@ def kept(conn: Connection, keys: list[str]) -> set[str]:
                   select(chunk.c.index_key).where(chunk.c.index_key.in_(keys)),
                   select(gc_task.c.key).where(gc_task.c.key.in_(keys)))
     return set(conn.execute(query).scalars())
+
+
+def requeue_failed(engine: Engine) -> int:
+    """Make every FAILED task due again, its attempts counted afresh (`gc --retry-failed`, once the cause of
+    the failed deletes is mended: a permission, a bucket policy). Returns how many."""
+    with engine.begin() as conn:
+        return conn.execute(update(gc_task).where(gc_task.c.state == "FAILED").values(
+            state="PENDING", attempts=0, not_before=func.now())).rowcount
+
+
+def failed_count(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(gc_task).where(gc_task.c.state == "FAILED")).scalar_one()
 
 
 def finish(conn: Connection, task_ids: Iterable[int]) -> None:

@@ -95,6 +95,7 @@ class GcReport:
     failed: int = 0
     uploads_aborted: int = 0
     failed_keys: list[dict] = field(default_factory=list)  # {"key", "error"}: retried or failed for good
+    requeued: int = 0  # FAILED tasks made due again (retry_failed)
 
 
 @dataclass
@@ -116,10 +117,14 @@ def grace_of(deps: Deps, orphan_grace: timedelta | None) -> timedelta:
 
 
 def run_gc(deps: Deps, batch: int = 500, max_attempts: int = 5, backoff: timedelta = timedelta(minutes=1),
-           orphan_grace: timedelta | None = None, uploads: bool = True) -> GcReport:
-    """The scheduled run: due queue rows, then stale multipart uploads (`uploads`). No listing of objects."""
+           orphan_grace: timedelta | None = None, uploads: bool = True, retry_failed: bool = False) -> GcReport:
+    """The scheduled run: due queue rows, then stale multipart uploads (`uploads`). No listing of objects.
+    `retry_failed`: the tasks FAILED after their last attempt are made due again first (by hand, once what
+    failed their deletes is mended; nothing else ever takes them up again)."""
     report = GcReport()
     check_bucket(deps.bucket)  # tier 2 down: fail once, without counting a failed attempt on every task
+    if retry_failed:
+        report.requeued = gc_queue.requeue_failed(deps.meta.engine)
     while _gc_batch(deps, batch, max_attempts, backoff, report):
         pass
     if uploads:
@@ -135,12 +140,13 @@ def plan_gc(deps: Deps, orphan_grace: timedelta | None = None) -> tuple[int, int
     return gc_queue.due_count(deps.meta.engine), len(stale_uploads(deps, grace_of(deps, orphan_grace)))
 
 
-def preview_gc(deps: Deps, orphan_grace: timedelta | None = None) -> GcReport:
+def preview_gc(deps: Deps, orphan_grace: timedelta | None = None, retry_failed: bool = False) -> GcReport:
     """What `run_gc` would do now (`gc --dry-run`): the due keys it would delete and those it would drop as
     still referenced (read without claiming them), and the stale uploads it would abort; nothing written."""
     report = GcReport()
     check_bucket(deps.bucket)
-    tasks, refs = gc_queue.due_tasks(deps.meta.engine)
+    tasks, refs = gc_queue.due_tasks(deps.meta.engine, failed=retry_failed)
+    report.requeued = gc_queue.failed_count(deps.meta.engine) if retry_failed else 0
     report.deleted = sorted({t.key for t in tasks if t.key not in refs})
     report.still_referenced = sum(1 for t in tasks if t.key in refs)
     report.uploads_aborted = len(stale_uploads(deps, grace_of(deps, orphan_grace)))
