@@ -161,9 +161,16 @@ class ReadHandle:
         ahead: dict[int, tuple] = {}  # ledger id -> (chunk, requests) sent ahead of the read
         try:
             for i, led in enumerate(ledgers):
+                count = None
                 if led.state == LedgerState.OPEN:
                     led = open_ledger_now(self.meta, self.tier1, led)
-                span = _span(led, self.tier1.extent(led)[0], start, end)
+                    count = self.tier1.extent(led)[0]
+                    if led.state == LedgerState.OPEN and count == 0:
+                        # its file may have gone since it was found (sealed, offloaded, copy deleted): an
+                        # empty count would then skip entries the row, read again, says are there
+                        led = open_ledger_now(self.meta, self.tier1, led)
+                        count = None
+                span = _span(led, self.tier1.extent(led)[0] if count is None else count, start, end)
                 if span is None:
                     continue
                 first, last = span
@@ -362,7 +369,9 @@ def read_ledger_range(meta: MetadataStore, led: Ledger, first: int, last: int, t
                 return
     chunk = held_chunk()
     if chunk is None:
-        current = meta.get_ledger(led.topic, led.ledger_id)
+        # the row now, not the one listed: a ledger listed open has its counts, which tier 2's index is
+        # checked against, only from its seal
+        current = led = meta.get_ledger(led.topic, led.ledger_id)
         if current.state == LedgerState.OFFLOADED:  # offloaded since it was listed
             chunk = meta.get_chunk(current)
         elif current.state == LedgerState.DELETED:
