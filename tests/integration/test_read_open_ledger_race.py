@@ -62,3 +62,31 @@ def test_the_open_ledger_sealed_offloaded_and_deleted_under_the_read(deps, after
     assert all(isinstance(e, Entry) for e in got)
     assert {(e.ledger_id, e.entry_id): e.data for e in got} == expected
     assert len(got) == len(expected)
+
+
+class GoneBeforeCount(RacingTier1):
+    """The pipeline is done with the open ledger after the Spark driver's snapshot of the rows and before it
+    counts the ledger's file."""
+
+    def written(self, topic, ledger_id):
+        self._race(topic, ledger_id)
+        return super().written(topic, ledger_id)
+
+
+def test_the_spark_plan_counts_an_open_ledger_gone_from_tier_1_since_its_snapshot(deps):
+    from tiering.read import Run, read_ledger_range
+    from tiering.spark.filters import Pushed
+    from tiering.spark.plan import plan
+
+    expected = produce(deps, "plan", [entries("plan0", 4, 300)], open_tail=entries("plan1", 6, 300))
+    tier1 = GoneBeforeCount(deps, "plan", 1, None)
+    parts, _ = plan(deps.meta, tier1, ["plan"], Pushed(), sees_tier1=True)
+    assert tier1.fired
+    assert [(p.led.ledger_id, p.first, p.last) for p in parts] == [(0, 0, 3), (1, 0, 5)]
+    opener = tier2_opener(deps.bucket)
+    got = {}
+    for p in parts:  # as an executor reads each part
+        for run in read_ledger_range(deps.meta, p.led, p.first, p.last, deps.tier1, opener, lambda: p.chunk):
+            assert isinstance(run, Run)
+            got.update({(p.led.ledger_id, e): data for e, data in run.entries})
+    assert got == expected

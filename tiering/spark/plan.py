@@ -84,10 +84,17 @@ def select_topics(meta: MetadataStore, options: dict) -> list[str]:
     return [t.name for t in meta.list_topics() if pattern.fullmatch(t.name)]
 
 
-def _entry_count(led: Ledger, tier1: Tier1Store, sees_tier1: bool) -> int:
+def _entry_count(meta: MetadataStore, led: Ledger, tier1: Tier1Store, sees_tier1: bool) -> int:
     if led.state == S.OPEN and not sees_tier1:
         return 0  # an open ledger lives in tier 1 only: the driver must see it to fix its length
-    return tier1.extent(led)[0]  # as ReadHandle counts it: a file gone or unreadable holds nothing yet
+    count = tier1.extent(led)[0]  # as ReadHandle counts it: a file gone or unreadable holds nothing yet
+    if led.state == S.OPEN and count == 0 and not tier1.exists(led.topic, led.ledger_id):
+        # sealed, offloaded and its copy deleted since the snapshot: its entries are counted in its row now
+        # (an executor reads them from tier 2), not skipped as an empty file's
+        now = meta.find_ledger(led.topic, led.ledger_id)
+        if now is not None and now.state != S.OPEN:
+            count = now.entry_count
+    return count
 
 
 def _split(led: Ledger, ch: Chunk | None, first: int, last: int, split_bytes: int, bucket,
@@ -141,7 +148,7 @@ def plan(meta: MetadataStore, tier1: Tier1Store, topics: list[str], pushed: Push
             if not ledger_b.allows(led.ledger_id) or not sealed_b.allows(led.sealed_at) or \
                     not offloaded_b.allows(led.offloaded_at):
                 continue
-            count = _entry_count(led, tier1, sees_tier1)
+            count = _entry_count(meta, led, tier1, sees_tier1)
             first, last = max(0, erange[0]), min(count - 1, erange[1])
             if entry_values is not None and not any(first <= v <= last for v in entry_values):
                 continue
