@@ -286,6 +286,9 @@ class LedgerReader:
                 return
             self.sealed, _ = F.read_header(fd, length, self.path)
             if self.sealed:
+                # the writer sets the flag only after its footer is written: the length taken before the
+                # header may be an open ledger's, from before a seal, whose last bytes are no trailer
+                length = self.file_bytes = os.fstat(fd).st_size
                 t = F.read_trailer(fd, length, self.path)
                 self._count, self.size_bytes, self._end = t.entry_count, t.size_bytes, t.index_offset
             else:  # headers only; a frame a live writer is still writing is not yet counted
