@@ -293,3 +293,22 @@ def test_a_reader_opening_the_file_while_its_writer_seals_it(tmp_path, monkeypat
         assert w.sealed and r.entry_count == 5
         assert [data for _, data in r.iter_entries(0, 4)] == payloads
     w.close()
+
+
+@pytest.mark.parametrize("entries", [0, 3])
+def test_an_open_ledger_read_between_its_footer_and_its_sealed_flag(tmp_path, entries):
+    """A seal writes the footer, fsyncs, then sets the sealed flag: a reader in between still sees an open
+    ledger and counts its frames. An empty ledger's footer is a trailer alone, whose bytes parse as a frame
+    header of entry 0 with no payload: it must not be counted as an entry."""
+    path = tmp_path / "l.ledger"
+    payloads = [payload(i) for i in range(entries)]
+    with LedgerWriter(path) as w:
+        for p in payloads:
+            w.append(p)
+        w.seal()
+    raw = bytearray(path.read_bytes())
+    raw[:frames.HEADER.size] = frames.header_bytes(sealed=False)  # the flag not written yet
+    path.write_bytes(bytes(raw))
+    with LedgerReader(path) as r:
+        assert not r.sealed and r.entry_count == entries
+        assert [data for _, data in r.iter_entries(0, entries - 1)] == payloads
