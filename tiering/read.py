@@ -112,6 +112,20 @@ def open_ledger_now(meta: MetadataStore, tier1: Tier1Store, led: Ledger) -> Ledg
     return now
 
 
+def ledger_extent(meta: MetadataStore, tier1: Tier1Store, led: Ledger) -> tuple[Ledger, int]:
+    """A listed ledger's row (an open one's as `open_ledger_now` gives it) and its entry count."""
+    if led.state != LedgerState.OPEN:
+        return led, tier1.extent(led)[0]
+    led = open_ledger_now(meta, tier1, led)
+    count = tier1.extent(led)[0]
+    if led.state == LedgerState.OPEN and count == 0:
+        # its file may have gone since it was found (sealed, offloaded, copy deleted): an empty count would
+        # then skip entries the row, read again, says are there
+        led = open_ledger_now(meta, tier1, led)
+        count = tier1.extent(led)[0]
+    return led, count
+
+
 class ReadHandle:
     def __init__(self, meta: MetadataStore, tier1: Tier1Store, open_tier2: Tier2Opener | None = None,
                  raise_on_dataloss: bool = False, *, gc_delay_seconds: float = 0):
@@ -161,16 +175,8 @@ class ReadHandle:
         ahead: dict[int, tuple] = {}  # ledger id -> (chunk, requests) sent ahead of the read
         try:
             for i, led in enumerate(ledgers):
-                count = None
-                if led.state == LedgerState.OPEN:
-                    led = open_ledger_now(self.meta, self.tier1, led)
-                    count = self.tier1.extent(led)[0]
-                    if led.state == LedgerState.OPEN and count == 0:
-                        # its file may have gone since it was found (sealed, offloaded, copy deleted): an
-                        # empty count would then skip entries the row, read again, says are there
-                        led = open_ledger_now(self.meta, self.tier1, led)
-                        count = None
-                span = _span(led, self.tier1.extent(led)[0] if count is None else count, start, end)
+                led, count = ledger_extent(self.meta, self.tier1, led)
+                span = _span(led, count, start, end)
                 if span is None:
                     continue
                 first, last = span

@@ -90,3 +90,17 @@ def test_the_spark_plan_counts_an_open_ledger_gone_from_tier_1_since_its_snapsho
             assert isinstance(run, Run)
             got.update({(p.led.ledger_id, e): data for e, data in run.entries})
     assert got == expected
+
+
+def test_a_from_inside_an_open_ledger_gone_from_tier_1_since_the_listing_is_not_past_its_end(deps):
+    """`tiering read --from L:E` checks the position against the ledger's count: an open ledger the pipeline
+    finished with (sealed, offloaded, copy deleted) right after the listing still has its entries."""
+    from types import SimpleNamespace
+
+    from tiering.cli.data import check_start
+    from tiering.model import Position
+
+    produce(deps, "from", [entries("from0", 4, 300)], open_tail=entries("from1", 6, 300))
+    tier1 = GoneBeforeCount(deps, "from", 1, None)
+    check_start(SimpleNamespace(meta=deps.meta, tier1=tier1), "from", Position(1, 5))  # no BadInput
+    assert tier1.fired

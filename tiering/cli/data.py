@@ -145,6 +145,8 @@ def check_start(ctx: Context, topic: str, start) -> None:
     is a mistake (exit 2), not an empty read. Its end itself is fine (nothing to print yet): one past the last
     entry of a ledger, or the next ledger's first position once the last one is sealed. A trimmed ledger
     reads as a TRIMMED gap, within its entry count."""
+    from tiering.read import ledger_extent
+
     ledgers = ctx.meta.list_ledgers(topic)  # an unknown topic fails here
     led = next((x for x in ledgers if x.ledger_id == start.ledger_id), None)
     if led is None:
@@ -155,8 +157,9 @@ def check_start(ctx: Context, topic: str, start) -> None:
             return
         raise BadInput(f"position {start} is beyond the end of topic {topic!r}"
                        + (f" (last ledger {newest.ledger_id})" if newest else " (no ledgers)"))
-    # a trimmed ledger keeps its entry count: a position past it is past its end like any other ledger's
-    check_within_ledger(start, led, ctx.tier1.extent(led)[0])
+    # a trimmed ledger keeps its entry count: a position past it is past its end like any other ledger's;
+    # an open one's is counted as the read counts it (its file may be gone since the listing: sealed)
+    check_within_ledger(start, led, ledger_extent(ctx.meta, ctx.tier1, led)[1])
 
 
 ACK_EVERY = 1000  # a long `read --ack` acknowledges as it goes, each time after flushing what it printed
