@@ -213,3 +213,24 @@ def test_maintenance_job_and_command(cli, deps, settings):
     assert cli("table", "verify", "m").ok().stdout.rstrip().endswith("the same")
     assert TableRows(deps.meta.engine).get("m").metadata_location == \
         catalog(settings).load_table("ns.m").metadata_location
+
+
+def test_status_of_a_table_dropped_or_rolled_back_says_so_rather_than_claim_its_rows(cli, deps, settings):
+    """Sync, verify and maintain refuse a table dropped behind the store's back or rolled back, but status
+    gave no problem and the row's mark (ledgers the table no longer holds) with a lag of 0."""
+    produce(deps, "gone", [entries("a", 3, 10), entries("b", 2, 10)])
+    cli("topic", "set", "gone", "--table", "ns.gone").ok()
+    cli("table", "sync", "--topic", "gone").ok()
+    catalog(settings).drop_table("ns.gone")
+    st = cli("table", "status", "gone", "--json").ok().json
+    assert st["problem"] and "dropped" in st["problem"], st
+
+    produce(deps, "rolled", [entries("a", 3, 10)])
+    cli("topic", "set", "rolled", "--table", "ns.rolled").ok()
+    cli("table", "sync", "--topic", "rolled").ok()
+    cli("produce", "rolled", "--entries", "2", "--entry-size", "10", "--seal").ok()
+    cli("table", "sync", "--topic", "rolled").ok()
+    table = catalog(settings).load_table("ns.rolled")
+    table.manage_snapshots().rollback_to_snapshot(table.snapshots()[0].snapshot_id).commit()
+    st = cli("table", "status", "rolled", "--json").ok().json
+    assert st["problem"] and "rolled back" in st["problem"], st

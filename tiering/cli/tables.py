@@ -114,10 +114,22 @@ def _status(ctx: Context, args, out: Output) -> int:
     cat = catalog(ctx.settings)
     location = problem = None
     snapshot_id = state.snapshot_id
-    if cat.table_exists(state.identifier):
+    exists = cat.table_exists(state.identifier)
+    if not exists and (state.synced_through >= 0 or state.trimmed_through >= 0):
+        # what sync, verify and maintain refuse: the row's marks name rows no table holds
+        problem = (f"does not exist but the sync state says ledgers through {state.synced_through} are in it: "
+                   "it was dropped")
+    if exists:
         table = cat.load_table(state.identifier)
         problem = owner_problem(table, state.topic, state.topic_id)  # e.g. an earlier topic's of this name
         location = None if problem else table.metadata_location
+        if problem is None:
+            from tiering.tables.sync import TableBehind, check_marks
+
+            try:  # dropped and made again, or rolled back: the marks claim rows the table does not hold
+                check_marks(state, table)
+            except TableBehind as exc:
+                problem = str(exc)
         if problem is None:
             # the table's own marks are the record (a sync killed after its commit left the row behind them
             # until the next sync): what it holds, as its metadata location says, and the lag from there
