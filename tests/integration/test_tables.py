@@ -459,3 +459,37 @@ def test_a_decoder_change_during_a_sync_applies_from_the_next_run(deps, settings
     assert r.status == "synced" and r.ledgers == [2], r.error
     t = cat.load_table("ns.jd").scan().to_arrow()
     assert dict(zip(t["ledger_id"].to_pylist(), t["name"].to_pylist()))[2] == "n6"  # the next run's decoder
+
+
+def test_a_data_file_cut_short_in_the_bucket_before_the_commit_is_not_committed(deps, settings, cat):
+    """Between the writers and the commit a round's data file was replaced by a valid Parquet file holding
+    fewer rows: add_files took it as it was, the sync said `synced` with the writers' entry count, and the
+    ledger's missing rows were never synced again (the mark had passed it)."""
+    import pyarrow.parquet as pq
+
+    expected = produce(deps, "cut", [entries("a", 20, 30), entries("b", 10, 30)])
+    TableRows(deps.meta.engine).set_policy("cut", "ns.cut", "keep")
+    cut = {}
+
+    def cut_short(step):
+        if step != "written" or cut.get("done"):
+            return
+        import pyarrow.fs as pafs
+
+        from tiering.tables.files import s3_filesystem_for
+
+        fs, base = s3_filesystem_for(settings)(cat.load_table("ns.cut").location())
+        [path, *_] = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(base, recursive=True))
+                            if i.path.endswith(".parquet"))
+        with fs.open_input_file(path) as f:
+            rows = pq.read_table(f)
+        with fs.open_output_stream(path) as out:
+            pq.write_table(rows.slice(0, rows.num_rows - 1), out)
+        cut["done"] = True
+
+    [r] = _sync(deps, settings, cat, fault=cut_short)
+    assert r.status == "failed" and "row" in r.error, r
+    assert TableRows(deps.meta.engine).get("cut").synced_through == -1
+    [r] = _sync(deps, settings, cat)
+    assert r.status == "synced" and r.ledgers == [0, 1]
+    assert _table_rows(cat, "ns.cut")[0] == expected

@@ -320,9 +320,18 @@ class TableSync:
         dead = [w["dlq_path"] for w in written if w.get("dlq_path")]
         if state.decoder is not None:
             summary[SUMMARY_DLQ_FILES] = ",".join(dead)
+        entries = sum(w["entries"] for w in written)
+
+        def append(tx) -> None:
+            if paths:
+                tx.add_files(paths, snapshot_properties=summary)
+                _check_added(tx, entries, len(paths))
+
         try:
-            table = self._commit(table, PROP_SYNCED, rnd.base, rnd.through,
-                                 lambda tx: tx.add_files(paths, snapshot_properties=summary) if paths else None)
+            table = self._commit(table, PROP_SYNCED, rnd.base, rnd.through, append)
+        except _ShortFiles:
+            self._discard(table, paths + dead)
+            raise
         except _Lost as lost:
             self._discard(table, paths + dead)
             raise TieringError(f"table {state.identifier!r}: another sync committed ledgers through "
@@ -332,7 +341,6 @@ class TableSync:
         # meanwhile), so a failed run still says what its table took
         result.ledgers += rnd.ledger_ids
         result.passed += rnd.passed
-        entries = sum(w["entries"] for w in written)
         result.entries += entries
         result.dead_letters += sum(w.get("dead_letters", 0) for w in written)
         result.bytes += sum(w["bytes"] for w in written)
@@ -448,6 +456,25 @@ class _Absent:
 
     def location(self) -> str:
         return "s3://(not created yet)"
+
+
+class _ShortFiles(TieringError):
+    pass
+
+
+def _check_added(tx, records: int, files: int) -> None:
+    """_ShortFiles unless the append staged in `tx` adds exactly the files and rows the writers wrote.
+    add_files takes each file's row count from its footer as the bucket holds it at commit time: a file
+    replaced or cut short after its writer ended would be committed short, and the mark would pass its
+    ledgers for good."""
+    from pyiceberg.table.update import AddSnapshotUpdate
+
+    [summary] = [u.snapshot.summary for u in tx._updates if isinstance(u, AddSnapshotUpdate)]
+    added = (int(summary.get("added-data-files", "0")), int(summary.get("added-records", "0")))
+    if added != (files, records):
+        raise _ShortFiles(f"the round's data files hold {added[1]} row(s) in {added[0]} file(s) but "
+                          f"{records} in {files} were written: changed in the bucket before the commit; "
+                          "nothing committed")
 
 
 class _Lost(Exception):
