@@ -493,3 +493,25 @@ def test_a_data_file_cut_short_in_the_bucket_before_the_commit_is_not_committed(
     [r] = _sync(deps, settings, cat)
     assert r.status == "synced" and r.ledgers == [0, 1]
     assert _table_rows(cat, "ns.cut")[0] == expected
+
+
+def test_maintenance_after_a_sync_stopped_past_its_commit_counts_the_round_before_expiring_it(deps, settings, cat):
+    """The row is caught up from the snapshot summaries of the commits it has not counted; maintenance
+    expired those snapshots first and caught the row up after, so the round's ledgers and entries were
+    never counted (status said 0 ledgers in a table holding 2)."""
+    from datetime import timedelta
+
+    from tiering.tables.maintenance import maintain_topic
+
+    produce(deps, "mx", [entries("a", 3, 10), entries("b", 2, 10)])
+    rows = TableRows(deps.meta.engine)
+    rows.set_policy("mx", "ns.mx", "keep")
+    s = TableSync(deps.meta.engine, settings, cat, fault=_stop_at("committed"))
+    with pytest.raises(Stop):
+        s.sync_topic(rows.get("mx"), local_writer(deps, settings))
+    assert len(list(cat.load_table("ns.mx").scan().plan_files())) == 2
+    # compaction's commit makes the round's snapshot an old one, which the expiry then removes
+    report = maintain_topic(TableSync(deps.meta.engine, settings, cat), rows.get("mx"), timedelta(0), min_files=2)
+    assert report.errors == [], report
+    state = rows.get("mx")
+    assert (state.synced_through, state.ledgers_committed, state.entries_committed) == (1, 2, 5), state

@@ -200,6 +200,9 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
                 # dead letters a killed sync left uncommitted are referenced only by the table's summaries:
                 # commit them before those can expire and before the orphan removal looks at their files
                 sync.catch_up_dlq(table, sync.catalog.load_table(dlq))
+            # the row counts a killed sync's commits from their snapshot summaries: catch it up before the
+            # expiry can remove those snapshots
+            sync.reconcile(sync.rows.get(state.topic), table)
             compact(table, small_bytes, min_files, report=report)
             expire_snapshots(table.refresh(), expire_after, report=report)
             remove_orphans(table.refresh(), sync.settings, orphan_grace, report=report)
