@@ -234,3 +234,22 @@ def test_status_of_a_table_dropped_or_rolled_back_says_so_rather_than_claim_its_
     table.manage_snapshots().rollback_to_snapshot(table.snapshots()[0].snapshot_id).commit()
     st = cli("table", "status", "rolled", "--json").ok().json
     assert st["problem"] and "rolled back" in st["problem"], st
+
+
+def test_status_after_a_sync_stopped_past_its_commit_counts_the_rows_the_table_took(cli, deps, settings):
+    """Status gave the table's mark (ledgers through 1, no lag) beside the row's counts: 0 ledgers and 0
+    entries committed, until the next sync caught the row up."""
+    from tests.integration.test_tables import Stop, _stop_at
+    from tiering.tables.files import local_writer
+    from tiering.tables.sync import TableSync, sync_tables
+
+    produce(deps, "cnt", [entries("a", 3, 10), entries("b", 2, 10)])
+    cli("topic", "set", "cnt", "--table", "ns.cnt").ok()
+    with pytest.raises(Stop):
+        sync_tables(TableSync(deps.meta.engine, settings, catalog(settings), fault=_stop_at("committed")),
+                    local_writer(deps, settings))
+    st = cli("table", "status", "cnt", "--json").ok().json
+    assert (st["synced_through"], st["ledger_count"], st["entry_count"]) == (1, 2, 5), st
+    cli("table", "sync", "--topic", "cnt").ok()
+    st = cli("table", "status", "cnt", "--json").ok().json
+    assert (st["synced_through"], st["ledger_count"], st["entry_count"]) == (1, 2, 5), st

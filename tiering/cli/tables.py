@@ -133,9 +133,14 @@ def _status(ctx: Context, args, out: Output) -> int:
         if problem is None:
             # the table's own marks are the record (a sync killed after its commit left the row behind them
             # until the next sync): what it holds, as its metadata location says, and the lag from there
+            from tiering.tables.sync import uncounted
+
+            ledgers, entries = uncounted(state, table)  # the commits past the row's mark, as the next sync counts them
             synced = max(state.synced_through, int(table.properties.get(PROP_SYNCED, "-1")))
             trimmed = max(state.trimmed_through, int(table.properties.get(PROP_TRIMMED, "-1")))
-            state = replace(state, synced_through=synced, trimmed_through=trimmed)
+            state = replace(state, synced_through=synced, trimmed_through=trimmed,
+                            ledgers_committed=state.ledgers_committed + ledgers,
+                            entries_committed=state.entries_committed + entries)
             snap = table.current_snapshot()
             snapshot_id = snap.snapshot_id if snap else None
     lag_ledgers, lag_bytes = rows.lag(state)

@@ -146,6 +146,17 @@ def check_marks(state: TableState, table) -> tuple[int, int]:
     return synced, trimmed
 
 
+def uncounted(state: TableState, table) -> tuple[int, int]:
+    """(ledgers, entries) of the table's commits past the row's mark, which the row has not counted yet."""
+    ledgers = entries = 0
+    for s in table.snapshots():
+        summary = s.summary.additional_properties if s.summary else {}
+        if int(summary.get(SUMMARY_THROUGH, "-1")) > state.synced_through and summary.get(SUMMARY_LEDGERS) is not None:
+            ledgers += len(decode_ledgers(summary[SUMMARY_LEDGERS]))
+            entries += int(summary.get("added-records", "0"))
+    return ledgers, entries
+
+
 def check_renamable(cat, identifier: str, topic: str, topic_id: int) -> None:
     """BadInput when the table `identifier` holds this topic's ledgers by its own marks (a sync killed after
     its commit left the sync state behind them): renamed, the topic would be synced to a second table from
@@ -259,12 +270,7 @@ class TableSync:
                 and table.metadata_location == state.metadata_location:
             return state, False
         moved = synced != state.synced_through or trimmed != state.trimmed_through
-        ledgers = entries = 0
-        for s in table.snapshots():  # commits the row has not counted
-            summary = s.summary.additional_properties if s.summary else {}
-            if int(summary.get(SUMMARY_THROUGH, "-1")) > state.synced_through and summary.get(SUMMARY_LEDGERS) is not None:
-                ledgers += len(decode_ledgers(summary[SUMMARY_LEDGERS]))
-                entries += int(summary.get("added-records", "0"))
+        ledgers, entries = uncounted(state, table)
         log.info("table %s: sync state caught up with the table (through %d)", state.identifier, synced)
         state = self.rows.advance(state, synced_through=synced, trimmed_through=trimmed, ledgers_added=ledgers,
                                   entries_added=entries, snapshot_id=snap.snapshot_id if snap else None,
