@@ -515,3 +515,24 @@ def test_maintenance_after_a_sync_stopped_past_its_commit_counts_the_round_befor
     assert report.errors == [], report
     state = rows.get("mx")
     assert (state.synced_through, state.ledgers_committed, state.entries_committed) == (1, 2, 5), state
+
+
+def test_verify_counts_the_rows_of_a_deleted_ledger_the_table_keeps(deps, settings, cat):
+    """Retention 'keep': a ledger deleted from the topic cannot be read back, and verify skipped its rows
+    altogether: held twice in the table, it still said the table was the same as the topic."""
+    from tiering.model import Position
+    from tiering.ops.retention import truncate
+    from tiering.tables.verify import verify_table
+
+    produce(deps, "kd", [entries("a", 3, 10), entries("b", 2, 10)])
+    TableRows(deps.meta.engine).set_policy("kd", "ns.kd", "keep")
+    _sync(deps, settings, cat)
+    truncate(deps, "kd", Position(1, 0))  # ledger 0 deleted, kept in the table
+    h = ReadHandle(deps.meta, deps.tier1)
+    assert verify_table(h, deps.meta, cat.load_table("ns.kd"), "kd").differences == []
+    table = cat.load_table("ns.kd")
+    from pyiceberg.expressions import EqualTo
+
+    table.append(table.scan(row_filter=EqualTo("ledger_id", 0)).to_arrow())  # its rows twice
+    diffs = verify_table(h, deps.meta, cat.load_table("ns.kd"), "kd").differences
+    assert [d["ledger"] for d in diffs] == [0], diffs

@@ -58,15 +58,20 @@ def verify_table(read_handle, meta, table, topic: str) -> Report:
         for item in read_handle.read(topic):
             if isinstance(item, Entry) and item.ledger_id <= through:
                 want.setdefault(item.ledger_id, _Ledger()).add(item.entry_id, item.data)
-    deleted = {led.ledger_id for led in meta.list_ledgers(topic) if led.state == LedgerState.DELETED}
+    # a deleted ledger's entry count stays in its row: the rows the table keeps of it are counted against it
+    deleted = {led.ledger_id: led.entry_count for led in meta.list_ledgers(topic) if led.state == LedgerState.DELETED}
     for lid in sorted(set(got) | set(want)):
         g, w = got.get(lid), want.get(lid)
         if w is None:
             if lid in deleted and lid <= trimmed:
                 report.differences.append({"ledger": lid, "reason": f"deleted from the topic and by the table's "
                                            f"retention (through ledger {trimmed}), yet rows are in the table"})
-            if lid in deleted:
-                continue  # kept after retention deleted it ('keep'), or not yet deleted by 'follow'
+            if lid in deleted:  # kept after retention deleted it ('keep'), or not yet deleted by 'follow'
+                if not g.ordered or g.count != deleted[lid]:
+                    report.differences.append({"ledger": lid, "reason": f"{g.count} row(s) in the table, "
+                                               f"{deleted[lid]} entries in the ledger (deleted from the topic)"
+                                               + ("" if g.ordered else ", rows repeated or missing")})
+                continue
             report.differences.append({"ledger": lid, "reason": "in the table, not in the topic"})
         elif g is None:
             report.differences.append({"ledger": lid, "reason": "not in the table"})
