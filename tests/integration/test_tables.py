@@ -536,3 +536,34 @@ def test_verify_counts_the_rows_of_a_deleted_ledger_the_table_keeps(deps, settin
     table.append(table.scan(row_filter=EqualTo("ledger_id", 0)).to_arrow())  # its rows twice
     diffs = verify_table(h, deps.meta, cat.load_table("ns.kd"), "kd").differences
     assert [d["ledger"] for d in diffs] == [0], diffs
+
+
+def test_a_dead_letter_file_gone_from_the_bucket_before_the_commit_fails_the_round_not_every_sync(deps, settings, cat):
+    """The table's commit names its round's dead-letter files, which the dead-letter table then takes: one
+    deleted between its write and that commit made every later sync (and maintenance) of the topic fail
+    taking it, for good."""
+    from tiering.tables.decoder import check_change, parse_fields
+    from tiering.tables.files import s3_filesystem_for
+
+    expected = produce(deps, "dg", [_json_ledgers(0, 6, bad_every=3)])
+    TableRows(deps.meta.engine).set_policy("dg", "ns.dg", "follow", parse_fields("id:int64"), check_change)
+    gone = {}
+
+    def delete_dead_letters(step):
+        if step != "written" or gone:
+            return
+        import pyarrow.fs as pafs
+
+        fs, base = s3_filesystem_for(settings)(cat.load_table("ns.dg").location() + "__dlq")
+        for info in fs.get_file_info(pafs.FileSelector(base, recursive=True)):
+            if info.path.endswith(".parquet"):
+                fs.delete_file(info.path)
+                gone[info.path] = True
+
+    [r] = _sync(deps, settings, cat, fault=delete_dead_letters)
+    assert gone and r.status == "failed", r
+    [r] = _sync(deps, settings, cat)
+    assert r.status == "synced" and r.ledgers == [0], r.error
+    assert _table_rows(cat, "ns.dg")[0] == expected
+    dlq = cat.load_table("ns.dg__dlq").scan().to_arrow()
+    assert sorted(dlq["entry_id"].to_pylist()) == [0, 3]

@@ -334,6 +334,9 @@ class TableSync:
                 _check_added(tx, entries, len(paths))
 
         try:
+            # the commit names the dead-letter files, which TABLE__dlq takes after it: one gone or cut short
+            # then would fail every later sync taking it, or lose dead letters
+            _check_dead_letters(table.io, written)
             table = self._commit(table, PROP_SYNCED, rnd.base, rnd.through, append)
         except _ShortFiles:
             self._discard(table, paths + dead)
@@ -481,6 +484,24 @@ def _check_added(tx, records: int, files: int) -> None:
         raise _ShortFiles(f"the round's data files hold {added[1]} row(s) in {added[0]} file(s) but "
                           f"{records} in {files} were written: changed in the bucket before the commit; "
                           "nothing committed")
+
+
+def _check_dead_letters(io, written: list[dict]) -> None:
+    """_ShortFiles unless every dead-letter file written holds the dead letters its writer wrote."""
+    import pyarrow.parquet as pq
+
+    for w in written:
+        if not w.get("dlq_path"):
+            continue
+        try:
+            with io.new_input(w["dlq_path"]).open() as f:
+                rows = pq.ParquetFile(f).metadata.num_rows
+        except FileNotFoundError:
+            rows = None
+        if rows != w["dead_letters"]:
+            raise _ShortFiles(f"dead-letter file {w['dlq_path']} holds {'no file' if rows is None else rows} "
+                              f"row(s) but {w['dead_letters']} were written: changed in the bucket before the "
+                              "commit; nothing committed")
 
 
 class _Lost(Exception):
