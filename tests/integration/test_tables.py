@@ -567,3 +567,25 @@ def test_a_dead_letter_file_gone_from_the_bucket_before_the_commit_fails_the_rou
     assert _table_rows(cat, "ns.dg")[0] == expected
     dlq = cat.load_table("ns.dg__dlq").scan().to_arrow()
     assert sorted(dlq["entry_id"].to_pylist()) == [0, 3]
+
+
+def test_compaction_is_one_snapshot_no_reader_sees_the_table_without_the_compacted_rows(deps, settings, cat):
+    """Compaction committed pyiceberg's overwrite: a snapshot deleting the group's rows, then one appending
+    them again. A reader of that first snapshot (time travel) saw a table without them, and an incremental
+    reader took the append as new rows (each compacted row twice)."""
+    from datetime import timedelta
+
+    from tiering.tables.maintenance import maintain_topic
+
+    expected = produce(deps, "one", [entries(str(i), 3, 20) for i in range(5)])
+    TableRows(deps.meta.engine).set_policy("one", "ns.one", "keep")
+    s = TableSync(deps.meta.engine, settings, cat, limits=Limits(round_ledgers=1))  # a file per ledger
+    sync_tables(s, local_writer(deps, settings))
+    before = len(cat.load_table("ns.one").snapshots())
+    report = maintain_topic(s, TableRows(deps.meta.engine).get("one"), timedelta(days=7), min_files=4)
+    assert report.errors == [] and (report.files_before, report.files_after) == (5, 1), report
+    table = cat.load_table("ns.one")
+    assert len(table.snapshots()) == before + 1
+    assert table.current_snapshot().summary["total-records"] == "15"
+    assert len(list(table.scan().plan_files())) == 1
+    assert _table_rows(cat, "ns.one")[0] == expected

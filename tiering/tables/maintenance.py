@@ -1,8 +1,7 @@
 """Table maintenance: compact a partition's small data files into one, and expire old snapshots.
 
 Compaction reads the rows of a partition's small files and writes them back as one file in one overwrite
-commit whose filter is the files' ledger ids: a ledger's rows are all in one file (files.py), so exactly the
-rows read are replaced. The commit asserts the table's current snapshot (pyiceberg adds that requirement),
+snapshot that removes exactly those files and adds the new one. The commit asserts the table's current snapshot (pyiceberg adds that requirement),
 so a sync or a retention delete committed meanwhile makes it fail and nothing changes; the sync's own
 commits are retried over a maintenance commit (sync.py). Snapshot expiry removes old snapshots from the
 metadata (never the current one). Orphan removal then deletes the files under the table's location that no
@@ -36,20 +35,19 @@ def small_file_groups(table, small_bytes: int, min_files: int, max_bytes: int) -
     """Per partition, its files smaller than `small_bytes`, in groups of at least `min_files` and at most
     `max_bytes` together."""
     by_partition: dict = {}
-    for task in table.scan().plan_files():
-        f = task.file
-        if f.file_size_in_bytes < small_bytes:
-            by_partition.setdefault(repr(f.partition), []).append(f)
+    for task in table.scan().plan_files():  # the scan tasks: a file with the delete files that apply to it
+        if task.file.file_size_in_bytes < small_bytes:
+            by_partition.setdefault(repr(task.file.partition), []).append(task)
     groups = []
-    for files in by_partition.values():
-        files.sort(key=lambda f: f.file_path)
+    for tasks in by_partition.values():
+        tasks.sort(key=lambda t: t.file.file_path)
         cur, size = [], 0
-        for f in files:
-            if cur and size + f.file_size_in_bytes > max_bytes:
+        for t in tasks:
+            if cur and size + t.file.file_size_in_bytes > max_bytes:
                 groups.append(cur)
                 cur, size = [], 0
-            cur.append(f)
-            size += f.file_size_in_bytes
+            cur.append(t)
+            size += t.file.file_size_in_bytes
         groups.append(cur)
     return [g for g in groups if len(g) >= min_files]
 
@@ -68,16 +66,24 @@ def _ledger_ids(table, files) -> list[int]:
 
 def compact(table, small_bytes: int = 32 * MIB, min_files: int = 4, max_bytes: int = 256 * MIB,
             report: MaintenanceReport | None = None) -> MaintenanceReport:
-    from pyiceberg.expressions import In
+    from pyiceberg.expressions import AlwaysTrue
+    from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
 
     report = report or MaintenanceReport(".".join(table.name()))
-    for files in small_file_groups(table, small_bytes, min_files, max_bytes):
+    for tasks in small_file_groups(table, small_bytes, min_files, max_bytes):
+        files = [t.file for t in tasks]
         ids = _ledger_ids(table, files)
-        rows = table.scan(row_filter=In("ledger_id", ids)).to_arrow().sort_by([("ledger_id", "ascending"),
-                                                                              ("entry_id", "ascending")])
+        # exactly the rows of the group's files, replaced by one file in ONE snapshot: pyiceberg's
+        # overwrite commits a delete snapshot and then an append one, so a reader of the first saw the table
+        # without these rows, and an incremental reader took the second as new rows
+        rows = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table(tasks).sort_by(
+            [("ledger_id", "ascending"), ("entry_id", "ascending")])
         tx = table.transaction()
-        tx.overwrite(rows, overwrite_filter=In("ledger_id", ids),
-                     snapshot_properties={SUMMARY_COMPACTED: encode_ledgers(ids)})
+        with tx.update_snapshot(snapshot_properties={SUMMARY_COMPACTED: encode_ledgers(ids)}).overwrite() as rewrite:
+            for f in files:
+                rewrite.delete_data_file(f)
+            for f in _dataframe_to_data_files(tx.table_metadata, rows, table.io, write_uuid=rewrite.commit_uuid):
+                rewrite.append_data_file(f)
         tx.commit_transaction()
         table = table.refresh()
         report.partitions_compacted += 1
