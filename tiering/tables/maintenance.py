@@ -1,13 +1,13 @@
 """Table maintenance: compact a partition's small data files into one, and expire old snapshots.
 
 Compaction reads the rows of a partition's small files and writes them back as one file in one overwrite
-snapshot that removes exactly those files and adds the new one. The commit asserts the table's current snapshot (pyiceberg adds that requirement),
-so a sync or a retention delete committed meanwhile makes it fail and nothing changes; the sync's own
-commits are retried over a maintenance commit (sync.py). Snapshot expiry removes old snapshots from the
-metadata (never the current one). Orphan removal then deletes the files under the table's location that no
-remaining snapshot or metadata file references and that are older than a grace (files of expired snapshots,
-of compacted-away files, of runs killed before their commit), as GC's sweep does for tier 2: the grace keeps
-a running sync's files, written before its commit, out of reach."""
+snapshot that removes exactly those files and adds the new one. The commit asserts the table's current
+snapshot (pyiceberg adds that requirement), so a sync or a retention delete committed meanwhile makes it fail
+and nothing changes; the sync's own commits are retried over a maintenance commit (sync.py). Snapshot expiry
+removes old snapshots from the metadata (never the current one). Orphan removal then deletes the files under
+the table's location that no remaining snapshot or metadata file references and that are older than a grace
+(files of expired snapshots, of compacted-away files, of runs killed before their commit), as GC's sweep does
+for tier 2: the grace keeps a running sync's files, written before its commit, out of reach."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
