@@ -399,7 +399,7 @@ def test_a_policy_change_during_a_sync_does_not_fail_its_committed_round(deps, s
 def test_a_table_is_not_renamed_while_synced_or_syncing(deps, settings, cat):
     """Renamed once it holds ledgers, the topic would be synced again into a second table from ledger 0."""
     from tiering.errors import BadInput, ConditionalUpdateFailed
-    from tiering.tables.sync import check_renamable
+    from tiering.tables.marks import check_renamable
 
     produce(deps, "rn", [entries("a", 3, 30)])
     rows = TableRows(deps.meta.engine)

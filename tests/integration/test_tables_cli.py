@@ -99,15 +99,7 @@ def test_a_sync_refused_by_a_running_maintenance_fails_it_is_not_skipped_as_done
 def test_status_after_a_sync_stopped_between_commit_and_row_says_what_the_table_holds(cli, deps, settings):
     """A sync killed after its commit, before its row update: status gave the table's new metadata location
     beside the row's old mark and snapshot, and a lag of ledgers the table already held."""
-    from tests.integration.test_tables import Stop, _stop_at
-    from tiering.tables.files import local_writer
-    from tiering.tables.sync import TableSync, sync_tables
-
-    produce(deps, "st", [entries("a", 3, 10), entries("b", 2, 10)])
-    cli("topic", "set", "st", "--table", "ns.st").ok()
-    with pytest.raises(Stop):
-        sync_tables(TableSync(deps.meta.engine, settings, catalog(settings), fault=_stop_at("committed")),
-                    local_writer(deps, settings))
+    stopped_past_its_commit(cli, deps, settings, "st")
     st = cli("table", "status", "st", "--json").ok().json
     table = catalog(settings).load_table("ns.st")
     assert st["metadata_location"] == table.metadata_location
@@ -117,16 +109,34 @@ def test_status_after_a_sync_stopped_between_commit_and_row_says_what_the_table_
     assert cli("table", "status", "st", "--json").ok().json["synced_through"] == 1
 
 
+def stopped_past_its_commit(cli, deps, settings, topic: str) -> None:
+    """Two ledgers of the topic synced to ns.<topic>, the sync stopped after its commit, before its row."""
+    from tests.integration.test_tables import Stop, _stop_at
+    from tiering.tables.files import local_writer
+    from tiering.tables.sync import TableSync, sync_tables
+
+    produce(deps, topic, [entries("a", 3, 10), entries("b", 2, 10)])
+    cli("topic", "set", topic, "--table", f"ns.{topic}").ok()
+    with pytest.raises(Stop):
+        sync_tables(TableSync(deps.meta.engine, settings, catalog(settings), fault=_stop_at("committed")),
+                    local_writer(deps, settings))
+
+
+def synced_twice_then_rolled_back(cli, deps, settings, topic: str) -> None:
+    """Two syncs of the topic's table ns.<topic>, then a rollback to its first snapshot by another tool."""
+    produce(deps, topic, [entries("a", 3, 10)])
+    cli("topic", "set", topic, "--table", f"ns.{topic}").ok()
+    cli("table", "sync", "--topic", topic).ok()
+    cli("produce", topic, "--entries", "2", "--entry-size", "10", "--seal").ok()
+    cli("table", "sync", "--topic", topic).ok()
+    table = catalog(settings).load_table(f"ns.{topic}")
+    table.manage_snapshots().rollback_to_snapshot(table.snapshots()[0].snapshot_id).commit()
+
+
 def test_a_table_rolled_back_to_an_older_snapshot_stops_the_sync_rather_than_leave_a_hole(cli, deps, settings):
     """A rollback keeps the table's properties: its mark still said ledger 1 was in, the sync went on from
     there (exit 0) and ledger 1 was missing for good (only verify said so)."""
-    produce(deps, "rb", [entries("a", 3, 10)])
-    cli("topic", "set", "rb", "--table", "ns.rb").ok()
-    cli("table", "sync", "--topic", "rb").ok()
-    cli("produce", "rb", "--entries", "2", "--entry-size", "10", "--seal").ok()
-    cli("table", "sync", "--topic", "rb").ok()
-    table = catalog(settings).load_table("ns.rb")
-    table.manage_snapshots().rollback_to_snapshot(table.snapshots()[0].snapshot_id).commit()
+    synced_twice_then_rolled_back(cli, deps, settings, "rb")
     cli("produce", "rb", "--entries", "2", "--entry-size", "10", "--seal").ok()
     assert "rolled back" in cli("table", "sync", "--topic", "rb").one_line_error(1)
     assert "rolled back" in cli("table", "sync", "--topic", "rb", "--dry-run").one_line_error(1)
@@ -225,13 +235,7 @@ def test_status_of_a_table_dropped_or_rolled_back_says_so_rather_than_claim_its_
     st = cli("table", "status", "gone", "--json").ok().json
     assert st["problem"] and "dropped" in st["problem"], st
 
-    produce(deps, "rolled", [entries("a", 3, 10)])
-    cli("topic", "set", "rolled", "--table", "ns.rolled").ok()
-    cli("table", "sync", "--topic", "rolled").ok()
-    cli("produce", "rolled", "--entries", "2", "--entry-size", "10", "--seal").ok()
-    cli("table", "sync", "--topic", "rolled").ok()
-    table = catalog(settings).load_table("ns.rolled")
-    table.manage_snapshots().rollback_to_snapshot(table.snapshots()[0].snapshot_id).commit()
+    synced_twice_then_rolled_back(cli, deps, settings, "rolled")
     st = cli("table", "status", "rolled", "--json").ok().json
     assert st["problem"] and "rolled back" in st["problem"], st
 
@@ -239,15 +243,7 @@ def test_status_of_a_table_dropped_or_rolled_back_says_so_rather_than_claim_its_
 def test_status_after_a_sync_stopped_past_its_commit_counts_the_rows_the_table_took(cli, deps, settings):
     """Status gave the table's mark (ledgers through 1, no lag) beside the row's counts: 0 ledgers and 0
     entries committed, until the next sync caught the row up."""
-    from tests.integration.test_tables import Stop, _stop_at
-    from tiering.tables.files import local_writer
-    from tiering.tables.sync import TableSync, sync_tables
-
-    produce(deps, "cnt", [entries("a", 3, 10), entries("b", 2, 10)])
-    cli("topic", "set", "cnt", "--table", "ns.cnt").ok()
-    with pytest.raises(Stop):
-        sync_tables(TableSync(deps.meta.engine, settings, catalog(settings), fault=_stop_at("committed")),
-                    local_writer(deps, settings))
+    stopped_past_its_commit(cli, deps, settings, "cnt")
     st = cli("table", "status", "cnt", "--json").ok().json
     assert (st["synced_through"], st["ledger_count"], st["entry_count"]) == (1, 2, 5), st
     cli("table", "sync", "--topic", "cnt").ok()

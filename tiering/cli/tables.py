@@ -124,7 +124,7 @@ def _status(ctx: Context, args, out: Output) -> int:
         problem = owner_problem(table, state.topic, state.topic_id)  # e.g. an earlier topic's of this name
         location = None if problem else table.metadata_location
         if problem is None:
-            from tiering.tables.sync import TableBehind, check_marks
+            from tiering.tables.marks import TableBehind, check_marks
 
             try:  # dropped and made again, or rolled back: the marks claim rows the table does not hold
                 check_marks(state, table)
@@ -133,7 +133,7 @@ def _status(ctx: Context, args, out: Output) -> int:
         if problem is None:
             # the table's own marks are the record (a sync killed after its commit left the row behind them
             # until the next sync): what it holds, as its metadata location says, and the lag from there
-            from tiering.tables.sync import uncounted
+            from tiering.tables.marks import uncounted
 
             ledgers, entries = uncounted(state, table)  # the commits past the row's mark, as the next sync counts them
             synced = max(state.synced_through, int(table.properties.get(PROP_SYNCED, "-1")))

@@ -97,7 +97,7 @@ def _table_change(ctx: Context, args, out: dict):
 
     def check_rename(old: str, t) -> None:
         from tiering.tables.catalog import catalog
-        from tiering.tables.sync import check_renamable
+        from tiering.tables.marks import check_renamable
 
         check_renamable(catalog(ctx.settings), old, t.name, t.topic_id)
 

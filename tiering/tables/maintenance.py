@@ -172,7 +172,8 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
     bring the row's metadata location up to date. A topic whose table does not exist yet is left alone."""
     from tiering.metadata.table_sync import exclusive
     from tiering.tables.catalog import owner_problem
-    from tiering.tables.sync import SUMMARY_DLQ_FILES, check_marks
+    from tiering.tables.marks import check_marks
+    from tiering.tables.sync import SUMMARY_DLQ_FILES
 
     report = MaintenanceReport(state.identifier)
     with exclusive(sync.engine, state.topic_id, maintenance=True) as held:

@@ -26,15 +26,15 @@ from typing import Callable, Literal
 from pyiceberg.table.update import ValidatableTableRequirement
 
 from tiering.config import Settings
-from tiering.errors import BadInput, TieringError
+from tiering.errors import TieringError
 from tiering.metadata.table_sync import TableRows, TableState, exclusive, maintenance_running
 from tiering.model import MIB
-from tiering.tables.catalog import PARTITION_FIELD, ensure_table, owner_problem, table_dataset
+from tiering.tables.catalog import PARTITION_FIELD, ensure_table, table_dataset
+from tiering.tables.marks import SUMMARY_THROUGH, TableBehind, check_marks, has_rows, prop, uncounted
 from tiering.tables.naming import (DLQ_SUFFIX, PROP_SYNCED, PROP_TRIMMED, SUMMARY_LEDGERS, SUMMARY_RUN, SUMMARY_TOPIC, batches,
-                                   decode_ledgers, encode_ledgers)
+                                   encode_ledgers)
 
 log = logging.getLogger(__name__)
-SUMMARY_THROUGH = "tiering.synced-through"
 SUMMARY_PASSED = "tiering.ledgers-passed"  # deleted or empty ledgers the round passed over
 SUMMARY_DELETED = "tiering.ledgers-deleted"
 SUMMARY_DLQ_FILES = "tiering.dlq-files"  # the round's dead-letter files, committed to TABLE__dlq after it
@@ -54,12 +54,6 @@ class AssertProperty(ValidatableTableRequirement):
         found = None if base_metadata is None else base_metadata.properties.get(self.key)
         if found != self.value:
             raise CommitFailedException(f"table property {self.key} is {found!r}, expected {self.value!r}")
-
-
-class TableBehind(TieringError):
-    """The table holds less than its row says: it was dropped and made again, or rolled back by hand. The
-    sync stops rather than guess (appending from the row's mark would skip ledgers, from the table's would
-    need the row reset)."""
 
 
 @dataclass(frozen=True)
@@ -101,76 +95,6 @@ class TopicResult:
     reconciled: bool = False
     dead_letters: int = 0
     error: str | None = None
-
-
-def _prop(table, key: str) -> int:
-    return int(table.properties.get(key, "-1"))
-
-
-def _marks(table) -> tuple[int, int]:
-    """The table's own (synced, trimmed) high-water marks, committed with its data files (-1: none)."""
-    return _prop(table, PROP_SYNCED), _prop(table, PROP_TRIMMED)
-
-
-def _has_rows(table, ids: list[int]) -> bool:
-    """Whether any data file may hold rows of these ledgers (column statistics prune the rest)."""
-    from pyiceberg.expressions import In
-
-    return table.current_snapshot() is not None and \
-        any(True for _ in table.scan(row_filter=In("ledger_id", ids)).plan_files())
-
-
-def check_marks(state: TableState, table) -> tuple[int, int]:
-    """The table's (synced, trimmed) marks; TableBehind when it holds less than the row says."""
-    synced, trimmed = _marks(table)
-    if synced < state.synced_through or trimmed < state.trimmed_through:
-        raise TableBehind(f"table {state.identifier!r} holds ledgers through {synced} but the sync state says "
-                          f"{state.synced_through}: the table was replaced or rolled back")
-    # a snapshot rollback (any Iceberg tool) keeps the table's properties, so its marks still claim the rows
-    # of the snapshots it undid: the snapshot the row recorded is then still in the table but no longer an
-    # ancestor of the current one. Unknown, not refused: that snapshot expired, or the current one's lineage
-    # is cut by an expired snapshot before reaching it
-    if state.snapshot_id is not None and table.snapshot_by_id(state.snapshot_id) is not None:
-        seen, snap, whole = set(), table.current_snapshot(), True
-        while snap is not None and snap.snapshot_id not in seen and snap.snapshot_id != state.snapshot_id:
-            seen.add(snap.snapshot_id)
-            if snap.parent_snapshot_id is None:
-                snap = None
-            else:
-                snap = table.snapshot_by_id(snap.parent_snapshot_id)
-                whole = snap is not None
-        if snap is None and whole:
-            raise TableBehind(f"table {state.identifier!r} was rolled back: its current snapshot does not descend "
-                              f"from snapshot {state.snapshot_id}, which the sync state recorded, so rows its "
-                              f"marks claim (ledgers through {synced}) may be missing")
-    return synced, trimmed
-
-
-def uncounted(state: TableState, table) -> tuple[int, int]:
-    """(ledgers, entries) of the table's commits past the row's mark, which the row has not counted yet."""
-    ledgers = entries = 0
-    for s in table.snapshots():
-        summary = s.summary.additional_properties if s.summary else {}
-        if int(summary.get(SUMMARY_THROUGH, "-1")) > state.synced_through and summary.get(SUMMARY_LEDGERS) is not None:
-            ledgers += len(decode_ledgers(summary[SUMMARY_LEDGERS]))
-            entries += int(summary.get("added-records", "0"))
-    return ledgers, entries
-
-
-def check_renamable(cat, identifier: str, topic: str, topic_id: int) -> None:
-    """BadInput when the table `identifier` holds this topic's ledgers by its own marks (a sync killed after
-    its commit left the sync state behind them): renamed, the topic would be synced to a second table from
-    ledger 0. Another topic's table (an earlier topic of the same name) holds nothing of this one: renaming
-    away from it is the way out `owner_problem` names."""
-    if not cat.table_exists(identifier):
-        return
-    table = cat.load_table(identifier)
-    if owner_problem(table, topic, topic_id) is not None:
-        return
-    synced, trimmed = _marks(table)
-    if synced >= 0 or trimmed >= 0:
-        raise BadInput(f"table {identifier!r} already holds ledgers through {synced} (committed by a sync whose "
-                       "state was not recorded yet; the next sync records it): the topic's table cannot be renamed")
 
 
 def _iso(t) -> str | None:
@@ -280,7 +204,7 @@ class TableSync:
     # ------------------------------------------------------------------------------------------ plan
     def plan_round(self, state: TableState, table) -> Round | None:
         """The next ledgers after the mark, in id order, up to the first open one and the round's bounds."""
-        base = _prop(table, PROP_SYNCED)
+        base = prop(table, PROP_SYNCED)
         took, passed, through, size = [], [], base, 0
         for led in self.rows.pending(state, self.limits.round_ledgers + 1):
             if led.state == "OPEN":
@@ -376,7 +300,7 @@ class TableSync:
             if summary.get(SUMMARY_DLQ_FILES):
                 rounds.append((int(summary[SUMMARY_THROUGH]), summary[SUMMARY_DLQ_FILES].split(",")))
         for through, files in sorted(rounds):
-            mark = _prop(dlq, PROP_SYNCED)
+            mark = prop(dlq, PROP_SYNCED)
             if through <= mark:
                 continue
             try:
@@ -388,8 +312,8 @@ class TableSync:
 
     def follow_retention(self, state: TableState, table):
         """Delete from the table the rows of ledgers deleted since the last follow (retention 'follow')."""
-        base = _prop(table, PROP_TRIMMED)
-        ids = self.rows.deleted_since(state, base, _prop(table, PROP_SYNCED))
+        base = prop(table, PROP_TRIMMED)
+        ids = self.rows.deleted_since(state, base, prop(table, PROP_SYNCED))
         if not ids:
             return state, table, []
         from pyiceberg.expressions import In
@@ -397,24 +321,24 @@ class TableSync:
         summary = {SUMMARY_TOPIC: state.topic, SUMMARY_DELETED: encode_ledgers(ids)}
         # ledgers deleted before the sync reached them were passed over and have no rows: then only the mark
         # moves (no empty delete snapshot, and the plan stops finding the topic due)
-        has_rows = _has_rows(table, ids)
+        held = has_rows(table, ids)
         try:
             table = self._commit(table, PROP_TRIMMED, base, ids[-1],
                                  (lambda tx: tx.delete(In("ledger_id", ids), snapshot_properties=summary))
-                                 if has_rows else (lambda tx: None))
+                                 if held else (lambda tx: None))
         except _Lost:
             raise TieringError(f"table {state.identifier!r}: another sync deleted rows meanwhile") from None
         snap = table.current_snapshot()
         state = self.rows.advance(state, synced_through=state.synced_through, trimmed_through=ids[-1],
                                   ledgers_added=0, entries_added=0, snapshot_id=snap.snapshot_id if snap else None,
                                   metadata_location=table.metadata_location)
-        return state, table, ids if has_rows else []
+        return state, table, ids if held else []
 
     def follow_retention_dlq(self, state: TableState, table, dlq):
         """The same deletes in TABLE__dlq, from its own trimmed mark (a run killed between the two commits
         leaves it behind; the next run catches it up)."""
-        base = _prop(dlq, PROP_TRIMMED)
-        ids = self.rows.deleted_since(state, base, _prop(table, PROP_TRIMMED))
+        base = prop(dlq, PROP_TRIMMED)
+        ids = self.rows.deleted_since(state, base, prop(table, PROP_TRIMMED))
         if not ids:
             return dlq
         from pyiceberg.expressions import In
@@ -422,7 +346,7 @@ class TableSync:
         try:
             return self._commit(dlq, PROP_TRIMMED, base, ids[-1], (lambda tx: tx.delete(
                 In("ledger_id", ids), snapshot_properties={SUMMARY_DELETED: encode_ledgers(ids)}))
-                if _has_rows(dlq, ids) else (lambda tx: None))
+                if has_rows(dlq, ids) else (lambda tx: None))
         except _Lost:
             raise TieringError(f"table {'.'.join(dlq.name())!r}: another sync deleted rows meanwhile") from None
 
@@ -433,7 +357,7 @@ class TableSync:
         from pyiceberg.exceptions import CommitFailedException
 
         for attempt in range(COMMIT_ATTEMPTS):
-            found = _prop(table, key)
+            found = prop(table, key)
             if found != base:
                 raise _Lost(found)
             tx = table.transaction()

@@ -1,0 +1,88 @@
+"""What an Iceberg table's own metadata says it holds, against its `topic_table` row: the high-water marks
+committed with its data files (`tiering.synced-through`, `tiering.trimmed-through`), the rounds its snapshot
+summaries record, and whether it was replaced or rolled back behind the row (TableBehind). Read by the sync,
+maintenance, `table status` and `topic set --table`."""
+from __future__ import annotations
+
+from tiering.errors import BadInput, TieringError
+from tiering.metadata.table_sync import TableState
+from tiering.tables.catalog import owner_problem
+from tiering.tables.naming import PROP_SYNCED, PROP_TRIMMED, SUMMARY_LEDGERS, decode_ledgers
+
+SUMMARY_THROUGH = "tiering.synced-through"
+
+
+class TableBehind(TieringError):
+    """The table holds less than its row says: it was dropped and made again, or rolled back by hand. The
+    sync stops rather than guess (appending from the row's mark would skip ledgers, from the table's would
+    need the row reset)."""
+
+
+def prop(table, key: str) -> int:
+    return int(table.properties.get(key, "-1"))
+
+
+def marks(table) -> tuple[int, int]:
+    """The table's own (synced, trimmed) high-water marks, committed with its data files (-1: none)."""
+    return prop(table, PROP_SYNCED), prop(table, PROP_TRIMMED)
+
+
+def has_rows(table, ids: list[int]) -> bool:
+    """Whether any data file may hold rows of these ledgers (column statistics prune the rest)."""
+    from pyiceberg.expressions import In
+
+    return table.current_snapshot() is not None and \
+        any(True for _ in table.scan(row_filter=In("ledger_id", ids)).plan_files())
+
+
+def check_marks(state: TableState, table) -> tuple[int, int]:
+    """The table's (synced, trimmed) marks; TableBehind when it holds less than the row says."""
+    synced, trimmed = marks(table)
+    if synced < state.synced_through or trimmed < state.trimmed_through:
+        raise TableBehind(f"table {state.identifier!r} holds ledgers through {synced} but the sync state says "
+                          f"{state.synced_through}: the table was replaced or rolled back")
+    # a snapshot rollback (any Iceberg tool) keeps the table's properties, so its marks still claim the rows
+    # of the snapshots it undid: the snapshot the row recorded is then still in the table but no longer an
+    # ancestor of the current one. Unknown, not refused: that snapshot expired, or the current one's lineage
+    # is cut by an expired snapshot before reaching it
+    if state.snapshot_id is not None and table.snapshot_by_id(state.snapshot_id) is not None:
+        seen, snap, whole = set(), table.current_snapshot(), True
+        while snap is not None and snap.snapshot_id not in seen and snap.snapshot_id != state.snapshot_id:
+            seen.add(snap.snapshot_id)
+            if snap.parent_snapshot_id is None:
+                snap = None
+            else:
+                snap = table.snapshot_by_id(snap.parent_snapshot_id)
+                whole = snap is not None
+        if snap is None and whole:
+            raise TableBehind(f"table {state.identifier!r} was rolled back: its current snapshot does not descend "
+                              f"from snapshot {state.snapshot_id}, which the sync state recorded, so rows its "
+                              f"marks claim (ledgers through {synced}) may be missing")
+    return synced, trimmed
+
+
+def uncounted(state: TableState, table) -> tuple[int, int]:
+    """(ledgers, entries) of the table's commits past the row's mark, which the row has not counted yet."""
+    ledgers = entries = 0
+    for s in table.snapshots():
+        summary = s.summary.additional_properties if s.summary else {}
+        if int(summary.get(SUMMARY_THROUGH, "-1")) > state.synced_through and summary.get(SUMMARY_LEDGERS) is not None:
+            ledgers += len(decode_ledgers(summary[SUMMARY_LEDGERS]))
+            entries += int(summary.get("added-records", "0"))
+    return ledgers, entries
+
+
+def check_renamable(cat, identifier: str, topic: str, topic_id: int) -> None:
+    """BadInput when the table `identifier` holds this topic's ledgers by its own marks (a sync killed after
+    its commit left the sync state behind them): renamed, the topic would be synced to a second table from
+    ledger 0. Another topic's table (an earlier topic of the same name) holds nothing of this one: renaming
+    away from it is the way out `owner_problem` names."""
+    if not cat.table_exists(identifier):
+        return
+    table = cat.load_table(identifier)
+    if owner_problem(table, topic, topic_id) is not None:
+        return
+    synced, trimmed = marks(table)
+    if synced >= 0 or trimmed >= 0:
+        raise BadInput(f"table {identifier!r} already holds ledgers through {synced} (committed by a sync whose "
+                       "state was not recorded yet; the next sync records it): the topic's table cannot be renamed")
