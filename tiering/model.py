@@ -6,7 +6,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from tiering.errors import BadInput
+from tiering.errors import BadInput, ConditionalUpdateFailed
 
 
 class LedgerState(str, enum.Enum):
@@ -274,6 +274,17 @@ class Chunk:
     # found by a recovery that could not tell): a PUT over a key since then answers HEAD with another ETag.
     data_etag: str | None = None
     index_etag: str | None = None
+
+    def moved(self, now: "Chunk | None") -> bool:
+        """Whether `now`, the ledger's chunk row read again, is no longer this one: every move of a chunk
+        (defrag, repair) is a compare-and-set on its version and data key. No row counts as moved."""
+        return now is None or (now.version, now.data_key) != (self.version, self.data_key)
+
+    def check_still(self, now: "Chunk | None", topic: str, ledger_id: int) -> None:
+        """ConditionalUpdateFailed, naming both rows, when `now` moved from this one."""
+        if self.moved(now):
+            raise ConditionalUpdateFailed(f"chunk of {topic}/{ledger_id}", f"version {self.version} at {self.data_key}",
+                                          "no chunk" if now is None else f"version {now.version} at {now.data_key}")
 
 
 _S3_BUCKET = re.compile(r"[A-Za-z0-9._-]{1,255}")

@@ -134,12 +134,7 @@ class Repairs:
         self.store._lock_rows(conn, [led], chunks=True)
 
     def _check_chunk(self, conn: Connection, led: Ledger, expected: Chunk) -> None:
-        found = self.store.get_chunk(led, conn)
-        if found is None or (found.version, found.data_key) != (expected.version, expected.data_key):
-            raise ConditionalUpdateFailed(f"chunk of {led.topic}/{led.ledger_id}",
-                                          f"version {expected.version} at {expected.data_key}",
-                                          "no chunk" if found is None else
-                                          f"version {found.version} at {found.data_key}")
+        expected.check_still(self.store.get_chunk(led, conn), led.topic, led.ledger_id)
 
     def _cas_ledger(self, conn: Connection, led: Ledger, lost: bool = False, **values) -> Ledger:
         """OFFLOADED, not lost (`lost`: lost), at the version read -> values, version + 1."""

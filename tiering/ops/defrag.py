@@ -133,8 +133,7 @@ def _moved(deps: Deps, group: policy.DefragGroup) -> bool:
         now = [deps.meta.get_chunk(led) for led in group.ledgers]
     except Exception:
         return False
-    return any(ch is None or (ch.version, ch.data_key) != (old.version, old.data_key)
-               for ch, old in zip(now, group.chunks))
+    return any(old.moved(ch) for ch, old in zip(now, group.chunks))
 
 
 def _discard(deps: Deps, attempt: str, *keys: str) -> None:

@@ -151,11 +151,7 @@ def _unless_moved(deps: Deps, led: Ledger, checked) -> None:
     """ConditionalUpdateFailed when the ledger's chunk row is no longer the one checked: defrag or repair
     moved it meanwhile, and GC may have collected the objects checked; the copy it names now was not
     checked, so the failed check says nothing about it (the ledger changed, as for any other skip)."""
-    now = deps.meta.get_chunk(led)
-    if now is None or (now.version, now.data_key) != (checked.version, checked.data_key):
-        raise ConditionalUpdateFailed(f"chunk of {led.topic}/{led.ledger_id}",
-                                      f"version {checked.version} at {checked.data_key}",
-                                      "no chunk" if now is None else f"version {now.version} at {now.data_key}")
+    checked.check_still(deps.meta.get_chunk(led), led.topic, led.ledger_id)
 
 
 def sweep_tombstones(deps: Deps, topics: list[str]) -> int:

@@ -150,7 +150,7 @@ def _check_tier2(meta: MetadataStore, opener: Tier2Opener, led, scan: _Scan) -> 
         # Defrag or repair may have moved the ledger while it was read, and GC collected the objects read:
         # that says nothing of the copy the row names now, which is compared in turn.
         now = meta.get_chunk(led)
-        if now is not None and (now.version, now.data_key) != (chunk.version, chunk.data_key):
+        if now is not None and chunk.moved(now):
             problem = _compare_tier2(opener, led, now, scan)
     return problem
 
