@@ -107,6 +107,7 @@ def _status(ctx: Context, args, out: Output) -> int:
 
     from tiering.metadata.table_sync import TableRows
     from tiering.tables.catalog import catalog, owner_problem
+    from tiering.tables.marks import TableBehind, check_marks, uncounted
     from tiering.tables.naming import PROP_SYNCED, PROP_TRIMMED
 
     rows = TableRows(ctx.engine)
@@ -124,8 +125,6 @@ def _status(ctx: Context, args, out: Output) -> int:
         problem = owner_problem(table, state.topic, state.topic_id)  # e.g. an earlier topic's of this name
         location = None if problem else table.metadata_location
         if problem is None:
-            from tiering.tables.marks import TableBehind, check_marks
-
             try:  # dropped and made again, or rolled back: the marks claim rows the table does not hold
                 check_marks(state, table)
             except TableBehind as exc:
@@ -133,8 +132,6 @@ def _status(ctx: Context, args, out: Output) -> int:
         if problem is None:
             # the table's own marks are the record (a sync killed after its commit left the row behind them
             # until the next sync): what it holds, as its metadata location says, and the lag from there
-            from tiering.tables.marks import uncounted
-
             ledgers, entries = uncounted(state, table)  # the commits past the row's mark, as the next sync counts them
             synced = max(state.synced_through, int(table.properties.get(PROP_SYNCED, "-1")))
             trimmed = max(state.trimmed_through, int(table.properties.get(PROP_TRIMMED, "-1")))
