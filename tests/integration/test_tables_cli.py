@@ -76,7 +76,8 @@ def test_a_decoder_field_named_as_the_partition_field_is_refused_not_a_sync_fail
 
 def test_a_sync_refused_by_a_running_maintenance_fails_it_is_not_skipped_as_done(cli, deps):
     """A sync finding another sync of the topic running leaves it the work (skipped, exit 0); one finding the
-    table's maintenance running did nothing that anyone does for it: it said "another sync" and exit 0."""
+    table's maintenance running past its wait did nothing that anyone does for it: it said "another sync" and
+    exit 0."""
     from tiering.cli.output import check_document
     from tiering.metadata.table_sync import TableRows, exclusive
 
@@ -85,15 +86,74 @@ def test_a_sync_refused_by_a_running_maintenance_fails_it_is_not_skipped_as_done
     topic_id = TableRows(deps.meta.engine).get("m").topic_id
     with exclusive(deps.meta.engine, topic_id, maintenance=True) as held:  # as `table maintain` holds it
         assert held
-        res = cli("table", "sync", "--topic", "m", "--json")
+        res = cli("table", "sync", "--topic", "m", "--wait", "1s", "--json")
         assert res.returncode == 1, res.stdout
-        assert "maintenance is running" in res.json["failed"][0]["error"] and res.json["ledger_count"] == 0
+        assert "maintenance" in res.json["failed"][0]["error"] and res.json["ledger_count"] == 0
+        assert "past the 1 s" in res.json["failed"][0]["error"]
     with exclusive(deps.meta.engine, topic_id) as held:  # as another sync holds it
         assert held
         res = cli("table", "sync", "--topic", "m", "--json").ok()
         assert res.json["topics"][0]["status"] == "skipped" and res.json["ledger_count"] == 0
         assert res.json["skipped"] == [{"topic": "m", "ledger": None}] and check_document(res.json) == []
     assert cli("table", "sync", "--topic", "m", "--json").ok().json["ledger_count"] == 1
+
+
+def _held_for(engine, topic_id: int, seconds: float, maintenance: bool):
+    """The table's lock held by a thread for `seconds` (or until `done` is set), as a running maintenance
+    (or sync) holds it: (thread, done), once it is held."""
+    import threading
+
+    from tiering.metadata.table_sync import exclusive
+
+    taken, done = threading.Event(), threading.Event()
+
+    def hold():
+        with exclusive(engine, topic_id, maintenance=maintenance) as held:
+            assert held
+            taken.set()
+            done.wait(seconds)
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    assert taken.wait(30)
+    return t, done
+
+
+def test_a_sync_meeting_a_maintenance_waits_for_it_and_then_syncs(cli, deps):
+    """The hourly sync meeting the daily maintenance of the table failed and was left to Airflow's retries."""
+    from tiering.metadata.table_sync import TableRows
+
+    produce(deps, "w", [entries("a", 2, 10)])
+    cli("topic", "set", "w", "--table", "ns.w").ok()
+    topic_id = TableRows(deps.meta.engine).get("w").topic_id
+    holder, _ = _held_for(deps.meta.engine, topic_id, 4, maintenance=True)
+    res = cli("table", "sync", "--topic", "w", "--json").ok()
+    assert not holder.is_alive()  # it waited for the maintenance to end
+    assert res.json["ledger_count"] == 1 and res.json["failed"] == [], res.json
+
+
+def test_a_maintenance_meeting_a_sync_waits_for_it_or_fails_saying_so(cli, deps):
+    """A maintenance finding a sync running failed at once; one finding another maintenance running did the
+    same, though that one does its work."""
+    from tiering.metadata.table_sync import TableRows
+
+    produce(deps, "x", [entries("a", 2, 10)])
+    cli("topic", "set", "x", "--table", "ns.x").ok()
+    cli("table", "sync", "--topic", "x").ok()
+    topic_id = TableRows(deps.meta.engine).get("x").topic_id
+    holder, _ = _held_for(deps.meta.engine, topic_id, 4, maintenance=False)
+    res = cli("table", "maintain", "--topic", "x", "--json").ok()
+    assert not holder.is_alive() and res.json["failed"] == [], res.json
+    holder, done = _held_for(deps.meta.engine, topic_id, 60, maintenance=False)
+    res = cli("table", "maintain", "--topic", "x", "--wait", "1s", "--json")
+    done.set()
+    holder.join()
+    assert res.returncode == 1 and "sync of this topic ran on past the 1 s" in res.json["failed"][0]["error"]
+    holder, done = _held_for(deps.meta.engine, topic_id, 60, maintenance=True)  # another maintenance: its work
+    res = cli("table", "maintain", "--topic", "x", "--wait", "0s", "--json")
+    done.set()
+    holder.join()
+    assert res.json["failed"] == [] and res.returncode == 0, res.stdout
 
 
 def test_status_after_a_sync_stopped_between_commit_and_row_says_what_the_table_holds(cli, deps, settings):

@@ -14,6 +14,8 @@ def register(sub) -> None:
     sync = t_sub.add_parser("sync", help="append every sealed ledger not yet in its topic's table, exactly once")
     a.topic_flag(sync)
     sync.add_argument("--dry-run", action="store_true", help="say which ledgers a sync would commit; write nothing")
+    sync.add_argument("--wait", type=a.seconds, metavar="DURATION", help="how long a topic's sync waits for its "
+                      "table's running maintenance to end before it fails (default 10m)")
     a.json_flag(sync)
     status = t_sub.add_parser("status", help="a topic's table: identifier, metadata location, lag")
     a.name(status)
@@ -27,6 +29,8 @@ def register(sub) -> None:
                           help="delete unreferenced files under the table older than this (default 1d)")
     maintain.add_argument("--dry-run", action="store_true", help="count what it would compact, expire and "
                           "delete; write nothing")
+    maintain.add_argument("--wait", type=a.seconds, metavar="DURATION", help="how long a topic's maintenance waits "
+                          "for its table's running sync to end before it fails (default 10m)")
     a.json_flag(maintain)
     verify = t_sub.add_parser("verify", help="compare the table with `tiering read` (exit 1 on a difference)")
     a.name(verify)
@@ -46,7 +50,7 @@ def _maintain(ctx: Context, args, out: Output) -> int:
     from tiering.tables.sync import TableSync
 
     ctx.check_topic(args.topic)
-    sync = TableSync(ctx.engine, ctx.settings, catalog(ctx.settings))
+    sync = TableSync(ctx.engine, ctx.settings, catalog(ctx.settings), _limits(args))
     reports = [(s.topic, maintain_topic(sync, s, timedelta(seconds=args.expire_after_seconds),
                                         orphan_grace=timedelta(seconds=args.orphan_grace_seconds),
                                         dry_run=args.dry_run))
@@ -66,6 +70,12 @@ def _maintain(ctx: Context, args, out: Output) -> int:
     return exit_failed(failed, "table(s)")
 
 
+def _limits(args):
+    from tiering.tables.sync import Limits
+
+    return Limits() if args.wait is None else Limits(wait_seconds=args.wait)
+
+
 def _sync(ctx: Context, args, out: Output) -> int:
     from tiering.tables.catalog import catalog
     from tiering.tables.files import local_writer
@@ -76,7 +86,7 @@ def _sync(ctx: Context, args, out: Output) -> int:
     ctx.check_topic(args.topic)
     # a backfill's progress, one line per committed round, on a terminal only (as the other progress bars)
     progress = (lambda line: print(line, file=sys.stderr)) if sys.stderr.isatty() else None
-    sync = TableSync(ctx.engine, ctx.settings, catalog(ctx.settings), progress=progress)
+    sync = TableSync(ctx.engine, ctx.settings, catalog(ctx.settings), _limits(args), progress=progress)
     results = sync_tables(sync, local_writer(ctx.deps, ctx.settings), args.topic, args.dry_run)
     committed = [x for r in results for x in ledger_refs((r.topic, i) for i in r.ledgers)]
     planned = [x for r in results for x in ledger_refs((r.topic, i) for i in r.planned)]

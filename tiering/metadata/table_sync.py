@@ -7,9 +7,11 @@ as its data files, tiering/tables/sync.py); this row mirrors them. `advance` is 
 again by the next sync when a run died between the two."""
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 from sqlalchemy import and_, func, literal, select, update
 from sqlalchemy.dialects.postgresql import insert
@@ -239,3 +241,29 @@ def exclusive(engine: Engine, topic_id: int, maintenance: bool = False):
 def maintenance_running(engine: Engine, topic_id: int) -> bool:
     """Whether a maintenance of the topic's table holds its lock (rather than another sync)."""
     return lock_taken(engine, MAINTENANCE_CLASS, literal(topic_id))
+
+
+@contextmanager
+def turn(engine: Engine, topic_id: int, wait_seconds: float, maintenance: bool = False,
+         poll_seconds: float = 2.0) -> Iterator[str]:
+    """`with turn(...) as got:` the table's lock for a sync (or, `maintenance`, a maintenance) of the topic.
+    `got` is "held" while this process holds it; "taken" when a run of the same kind holds it (that run does
+    this one's work); "busy" when the other kind held it for all of `wait_seconds` (polled every
+    `poll_seconds`: a sync waits for a maintenance to end and a maintenance for a sync, since the hourly sync
+    and the daily maintenance meet now and then, and neither does the other's work)."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        with exclusive(engine, topic_id, maintenance) as held:
+            if held:
+                yield "held"
+                return
+        if not lock_taken(engine, LOCK_CLASS, literal(topic_id)):
+            continue  # its holder let go meanwhile: try again
+        # looked at after the table's lock: a maintenance takes its own lock right after that one
+        if maintenance_running(engine, topic_id) == maintenance:
+            yield "taken"
+            return
+        if time.monotonic() >= deadline:
+            yield "busy"
+            return
+        time.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))

@@ -168,17 +168,20 @@ def preview(table, settings, expire_after: timedelta, small_bytes: int, min_file
 def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 * MIB,
                    min_files: int = 4, orphan_grace: timedelta = timedelta(days=1),
                    dry_run: bool = False) -> MaintenanceReport:
-    """Compact and expire a topic's table under the topic's sync lock (a sync waits for the next run), then
+    """Compact and expire a topic's table under the topic's sync lock (a sync running waits for it), then
     bring the row's metadata location up to date. A topic whose table does not exist yet is left alone."""
-    from tiering.metadata.table_sync import exclusive
+    from tiering.metadata.table_sync import turn
     from tiering.tables.catalog import owner_problem
     from tiering.tables.marks import check_marks
     from tiering.tables.sync import SUMMARY_DLQ_FILES
 
     report = MaintenanceReport(state.identifier)
-    with exclusive(sync.engine, state.topic_id, maintenance=True) as held:
-        if not held:
-            report.errors.append("a sync of this topic is running; maintenance waits for the next run")
+    with turn(sync.engine, state.topic_id, sync.limits.wait_seconds, maintenance=True) as got:
+        if got == "taken":
+            return report  # another maintenance of the table is doing it
+        if got == "busy":
+            report.errors.append(f"a sync of this topic ran on past the {sync.limits.wait_seconds:g} s a "
+                                 "maintenance waits for it: nothing done; rerun when it has ended")
             return report
         if not sync.catalog.table_exists(state.identifier):
             if state.synced_through >= 0 or state.trimmed_through >= 0:

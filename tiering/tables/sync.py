@@ -27,7 +27,7 @@ from pyiceberg.table.update import ValidatableTableRequirement
 
 from tiering.config import Settings
 from tiering.errors import TieringError
-from tiering.metadata.table_sync import TableRows, TableState, exclusive, maintenance_running
+from tiering.metadata.table_sync import TableRows, TableState, turn
 from tiering.model import MIB
 from tiering.tables.catalog import PARTITION_FIELD, ensure_table, table_dataset
 from tiering.tables.marks import SUMMARY_THROUGH, TableBehind, check_marks, has_rows, prop, uncounted
@@ -65,6 +65,9 @@ class Limits:
     file_ledgers: int = 1000
     spread: int = 4  # a round of a few small ledgers is still at least this many files: Spark writes them in parallel
     max_rounds: int = 1000
+    # how long a sync waits for the table's running maintenance to end, and a maintenance for a sync
+    # (metadata/table_sync.turn); either can take minutes on a large table
+    wait_seconds: float = 600
 
 
 @dataclass
@@ -122,23 +125,24 @@ class TableSync:
     # ------------------------------------------------------------------------------------------ a topic
     def sync_topic(self, state: TableState, write: Writer, dry_run: bool = False) -> TopicResult:
         result = TopicResult(state.topic, state.identifier)
-        with exclusive(self.engine, state.topic_id) as held:
-            if not held:
-                if maintenance_running(self.engine, state.topic_id):
-                    # not another sync's work: this sync's work is not done, so it is not a success
-                    result.status, result.error = "failed", ("the table's maintenance is running (tiering table "
-                                                             "maintain): nothing synced; rerun when it has ended")
-                else:
-                    result.status, result.error = "skipped", "another sync of this topic is running"
-                return result
-            try:
-                self._sync_locked(state.topic, write, dry_run, result)
-            except TieringError as exc:
-                result.status, result.error = "failed", str(exc)
-            except Exception as exc:  # noqa: BLE001 - S3 or the catalog: this topic failed, the others go on
-                result.status, result.error = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-
+        with turn(self.engine, state.topic_id, self.limits.wait_seconds) as got:
+            if got == "held":
+                self._sync_held(state.topic, write, dry_run, result)
+            elif got == "taken":
+                result.status, result.error = "skipped", "another sync of this topic is running"
+            else:  # not another sync's work: this sync's work is not done, so it is not a success
+                result.status, result.error = "failed", (
+                    f"the table's maintenance (tiering table maintain) ran on past the {self.limits.wait_seconds:g} s "
+                    "a sync waits for it: nothing synced; rerun when it has ended")
         return result
+
+    def _sync_held(self, topic: str, write: Writer, dry_run: bool, result: TopicResult) -> None:
+        try:
+            self._sync_locked(topic, write, dry_run, result)
+        except TieringError as exc:
+            result.status, result.error = "failed", str(exc)
+        except Exception as exc:  # noqa: BLE001 - S3 or the catalog: this topic failed, the others go on
+            result.status, result.error = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
     def _sync_locked(self, topic: str, write: Writer, dry_run: bool, result: TopicResult) -> None:
         state = self.rows.get(topic)  # re-read under the lock
