@@ -258,7 +258,8 @@ def turn(engine: Engine, topic_id: int, wait_seconds: float, maintenance: bool =
                 yield "held"
                 return
         if not lock_taken(engine, LOCK_CLASS, literal(topic_id)):
-            continue  # its holder let go meanwhile: try again
+            time.sleep(0.05)  # its holder let go meanwhile: try again soon
+            continue
         # looked at after the table's lock: a maintenance takes its own lock right after that one
         if maintenance_running(engine, topic_id) == maintenance:
             yield "taken"
