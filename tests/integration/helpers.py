@@ -1,7 +1,10 @@
 """Helpers shared by integration tests: build deps on the run's services, produce known payloads."""
 from __future__ import annotations
 
+import time
 from datetime import timedelta
+
+from sqlalchemy import text
 
 from tiering.metadata.repository import MetadataStore
 from tiering.model import MIB, TopicPolicy
@@ -62,3 +65,19 @@ def bucket_keys(deps: Deps, markers: bool = False) -> set[str]:
 
 def open_uploads(deps: Deps) -> list:
     return deps.bucket.s3.list_multipart_uploads(Bucket=deps.bucket.name).get("Uploads", [])
+
+
+def waiting_on_lock(engine, marker: str) -> bool:
+    """Whether a session of this database whose statement holds `marker` waits for a lock now."""
+    with engine.connect() as conn:
+        return bool(conn.execute(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query LIKE :m"),
+            {"m": f"%{marker}%"}).scalar())
+
+
+def wait_until_waiting_on_lock(engine, marker: str, alive, timeout: float = 30) -> None:
+    """Poll until a statement holding `marker` waits for a lock, `alive()` turns false, or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while not waiting_on_lock(engine, marker) and alive() and time.monotonic() < deadline:
+        time.sleep(0.05)

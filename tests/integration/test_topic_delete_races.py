@@ -3,12 +3,15 @@ from another session) has nothing due any more. The run goes on with the other t
 deleted one's work as not done by it, never as a failure or bad input. Real PostgreSQL, S3 and tier-1 root."""
 from __future__ import annotations
 
+from sqlalchemy import text
+
 from tests.integration.helpers import entries, produce
 from tiering.model import LedgerState as S, TopicPolicy
 from tiering.ops import defrag as defrag_ops, delete_lagged as lagged_ops, retention as retention_ops
 from tiering.ops.delete_lagged import delete_lagged
 from tiering.ops.offload import offload_by_topic, offload_ledger, plan_offload
 from tiering.ops.topics import delete_topic
+from tiering.writer import ManagedLedgerWriter
 
 SMALL = dict(rollover_entries=4, rollover_bytes=2**40, offload_after_seconds=0, deletion_lag_seconds=0)
 
@@ -119,3 +122,58 @@ def test_topic_set_racing_a_delete_and_create_of_its_name_changes_nothing(deps, 
         set_policy(deps, "p", {"deletion_lag_seconds": 10})
     now = deps.meta.get_topic("p")
     assert now.policy == TopicPolicy(retention_seconds=60, retain_unread=True) and now.version == 0
+
+
+def test_a_topic_created_while_a_delete_of_its_name_commits_goes_on_after_the_old_ledger_ids(deps, db):
+    # the delete's last transaction leaves the tombstone and removes the topic row; a create of the name
+    # meanwhile waits for that row and then must see the tombstone, or the new topic starts at ledger 0
+    # under the old topic's trim marker: a recovery from the bucket would take its ledgers for trimmed
+    import threading
+
+    from sqlalchemy import event
+
+    from tests.integration.helpers import wait_until_waiting_on_lock
+    from tiering.ops.offload import offload_many
+    from tiering.tier2.markers import read_trim_marker
+
+    produce(deps, "r", [entries(f"old{i}", 4, 100) for i in range(3)], TopicPolicy(**SMALL))
+    paused, go, deleting = threading.Event(), threading.Event(), []
+
+    def after(conn, cursor, statement, *_a, **_kw):
+        if threading.get_ident() in deleting and statement.startswith("DELETE FROM tiering.topic WHERE"):
+            paused.set()  # the topic row is gone, the tombstone written, neither committed yet
+            go.wait(30)
+
+    outcome = {}
+
+    def delete():
+        deleting.append(threading.get_ident())
+        outcome["delete"] = delete_topic(deps, "r")
+
+    def create():
+        outcome["create"] = deps.meta.create_topic("r", TopicPolicy(**SMALL))
+
+    event.listen(db, "after_cursor_execute", after)
+    d, c = threading.Thread(target=delete), threading.Thread(target=create)
+    try:
+        d.start()
+        assert paused.wait(30)
+        c.start()
+        wait_until_waiting_on_lock(db, "INSERT INTO tiering.topic ", c.is_alive)
+        go.set()
+        d.join(30)
+        c.join(30)
+    finally:
+        go.set()
+        event.remove(db, "after_cursor_execute", after)
+    assert outcome["delete"].next_ledger_id == 3
+    assert outcome["create"].next_ledger_id == 3, "the new topic reuses the deleted one's ledger ids"
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM tiering.topic_tombstone WHERE name = 'r'")).scalar() == 0
+    produce_more = ManagedLedgerWriter(deps.meta, deps.tier1, "r")
+    produce_more.append(b"new")
+    produce_more.seal()
+    produce_more.close()
+    assert offload_many(deps, deps.meta.list_ledgers("r", [S.SEALED])).failed == {}
+    (new,) = deps.meta.list_ledgers("r")
+    assert new.ledger_id >= read_trim_marker(deps.bucket, "r"), "the new topic's ledger lies below its trim marker"

@@ -6,23 +6,15 @@ waits for the totals row. PostgreSQL."""
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import event, text
 
-from tests.integration.helpers import entries, produce
+from tests.integration.helpers import entries, produce, wait_until_waiting_on_lock
 from tiering.errors import ConditionalUpdateFailed
 from tiering.model import LedgerState as S
 from tiering.ops.offload import offload_many
-
-
-def _waiting_on_lock(engine, marker: str) -> bool:
-    with engine.connect() as conn:
-        return bool(conn.execute(text(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE :m"),
-            {"m": f"%{marker}%"}).scalar())
 
 
 def test_retention_and_a_one_statement_writer_of_the_same_topic_do_not_deadlock(deps, db):
@@ -66,9 +58,7 @@ def test_retention_and_a_one_statement_writer_of_the_same_topic_do_not_deadlock(
             "version = version + 1 WHERE topic_id = :t AND ledger_id = :l"),
             {"t": second.topic_id, "l": second.ledger_id}))
         w.start()
-        deadline = time.monotonic() + 30
-        while not _waiting_on_lock(db, marker) and w.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until_waiting_on_lock(db, marker, w.is_alive)
         go.set()  # retention goes on to the second ledger while the writer waits
         w.join(30)
         t.join(30)

@@ -72,14 +72,21 @@ class MetadataStore:
         check_topic_name(name, new=True)
         try:
             with self.engine.begin() as conn:
-                # a deleted topic's name: ledger ids go on from the old topic's (metadata/topic_delete.py)
+                # The row first: while a delete of the name commits (its tombstone written, its topic row
+                # removed), this insert waits for it, and the tombstone is read after, by a statement that
+                # sees the delete's commit. Read before, it would be missed and the new topic would start
+                # at ledger 0, below the old topic's trim marker.
+                row = conn.execute(
+                    insert(topic).values(name=name, **{f: getattr(policy, f) for f in _POLICY_FIELDS})
+                    .returning(topic)).one()
+                # a deleted topic's name: ledger ids go on from the old topic's (metadata/trim.py)
                 tomb = conn.execute(delete(topic_tombstone).where(topic_tombstone.c.name == name)
                                     .returning(topic_tombstone)).one_or_none()
-                carried = {} if tomb is None else {"next_ledger_id": tomb.next_ledger_id,
-                                                   "trim_marker_written": tomb.trim_marker_written}
-                row = conn.execute(
-                    insert(topic).values(name=name, **carried, **{f: getattr(policy, f) for f in _POLICY_FIELDS})
-                    .returning(topic)).one()
+                if tomb is not None:
+                    row = conn.execute(
+                        update(topic).where(topic.c.topic_id == row.topic_id)
+                        .values(next_ledger_id=tomb.next_ledger_id, trim_marker_written=tomb.trim_marker_written)
+                        .returning(topic)).one()
                 if then is not None:
                     then(conn, _topic_row(row))
         except IntegrityError as exc:
