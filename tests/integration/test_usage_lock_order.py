@@ -69,3 +69,49 @@ def test_retention_and_a_one_statement_writer_of_the_same_topic_do_not_deadlock(
         event.remove(db, "after_cursor_execute", after)
     # retention either finished first or lost its compare-and-set to the writer: never a deadlock
     assert outcome["retention"] in ("done", "lost its compare-and-set"), outcome
+
+
+def test_a_topic_delete_and_an_offload_committing_in_it_do_not_deadlock(deps, db):
+    # the offload's commit holds its ledger rows, then its chunk insert's totals trigger checks the topic row
+    # (FOR KEY SHARE); the delete must not hold that row against it while waiting for those ledger rows
+    from tiering.ops.topics import delete_topic
+
+    produce(deps, "dd", [entries(f"dd{i}", 2, 50) for i in range(2)])
+    sealed = deps.meta.list_ledgers("dd", [S.SEALED])
+    paused, go, offloading = threading.Event(), threading.Event(), []
+
+    def before(conn, cursor, statement, *_a, **_kw):
+        # pause the offload's commit transaction after its ledger rows changed, before its chunk rows
+        if threading.get_ident() in offloading and statement.startswith("INSERT INTO tiering.chunk") \
+                and not paused.is_set():
+            paused.set()
+            go.wait(30)
+
+    outcome = {}
+
+    def run(name, work):
+        if name == "offload":
+            offloading.append(threading.get_ident())
+        try:
+            outcome[name] = work()
+        except Exception as exc:  # noqa: BLE001 - the deadlock this test is about
+            outcome[name] = f"{type(exc).__name__}: {exc}"
+
+    event.listen(db, "before_cursor_execute", before)
+    o = threading.Thread(target=run, args=("offload", lambda: offload_many(deps, sealed)))
+    d = threading.Thread(target=run, args=("delete", lambda: delete_topic(deps, "dd")))
+    try:
+        o.start()
+        assert paused.wait(30)
+        d.start()
+        wait_until_waiting_on_lock(db, "tiering.ledger.ledger_id FOR UPDATE", d.is_alive)
+        go.set()
+        o.join(60)
+        d.join(60)
+    finally:
+        go.set()
+        event.remove(db, "before_cursor_execute", before)
+    assert not isinstance(outcome["offload"], str), outcome
+    assert not isinstance(outcome["delete"], str), outcome
+    assert outcome["delete"].ledgers_deleted == 2
+    assert [t.name for t in deps.meta.list_topics()] == []

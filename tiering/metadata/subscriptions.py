@@ -207,7 +207,8 @@ class Subscriptions:
 
 # The row lock each writer takes on its topic, in the order of this module's docstring: FOR SHARE (a new
 # subscription), FOR NO KEY UPDATE (retention, truncate: producers' ledger inserts still pass), FOR UPDATE
-# (topic deletion); "" reads without a lock.
+# (topic deletion's first and last steps; its step deleting the ledgers takes NO KEY UPDATE, as retention);
+# "" reads without a lock.
 _LOCKS = {"": {}, "FOR SHARE": {"read": True}, "NO KEY UPDATE": {"key_share": True}, "UPDATE": {}}
 
 

@@ -169,7 +169,11 @@ class Trims:
     def _delete_all_ledgers(self, topic_name: str, gc_delay: timedelta, force: bool,
                             late: list[str] | None, topic_id: int | None = None) -> list[Ledger]:
         with self.engine.begin() as conn:
-            t = _same_topic(topic_row(conn, topic_name, "UPDATE"), topic_id)
+            # NO KEY UPDATE, as retention: it keeps out new subscriptions (FOR SHARE) and producers' next
+            # ledger (an UPDATE of the row) but not the FOR KEY SHARE a commit holding planned ledger rows
+            # takes through its totals trigger, which FOR UPDATE would deadlock with while this waits for
+            # those rows (the commit wins, the compare-and-set below loses and the step plans again)
+            t = _same_topic(topic_row(conn, topic_name, "NO KEY UPDATE"), topic_id)
             self._no_new_readers(conn, t, force, late)
             live = [led for led in self.store.list_ledgers(topic_name, conn=conn) if led.state != S.DELETED]
             if any(led.state == S.OPEN for led in live):
