@@ -208,3 +208,23 @@ def test_topic_delete_removes_the_empty_file_a_producer_killed_before_its_row_le
     assert not any(tier1_root.rglob("*.ledger*")) and not deps.tier1.has_topic("k")
     produce(deps, "k", [entries("k1", 2, 100)], TopicPolicy(**BIG))  # the name again: ids go on
     assert [led.ledger_id for led in deps.meta.list_ledgers("k")] == [nxt]
+
+
+def test_a_topic_whose_open_ledgers_file_is_lost_can_still_be_deleted(deps, elsewhere):
+    """No writer can seal an open ledger whose file is gone, so the delete's seal step failed for ever: the
+    topic could never be deleted. Under a root that holds the topic, the lost file's ledger is deleted with
+    the others (its entries went with the file); a root without the topic still records nothing."""
+    from tiering.ops.topics import delete_topic
+
+    produce(deps, "lo", [entries("lo", 3, 100)], TopicPolicy(**BIG), open_tail=[b"open", b"tail"])
+    deps.tier1.path("lo", 1).unlink()  # the open ledger's file, lost
+    with pytest.raises(LedgerFileMissing):
+        delete_topic(elsewhere, "lo", force=True)
+    assert [led.state for led in deps.meta.list_ledgers("lo")] == [S.SEALED, S.OPEN]
+    preview = delete_topic(deps, "lo", dry_run=True)
+    assert (preview.ledgers_deleted, preview.bytes, preview.files_removed) == (2, 300, 1)
+    report = delete_topic(deps, "lo")
+    assert (report.ledgers_deleted, report.files_removed) == (2, 2)
+    with pytest.raises(TopicNotFound):
+        deps.meta.get_topic("lo")
+    assert not deps.tier1.has_topic("lo")

@@ -17,9 +17,10 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from tiering.errors import BadInput, TieringError, TopicReplaced
-from tiering.model import LedgerState, Topic, TopicPolicy
+from tiering.model import Ledger, LedgerState, Topic, TopicPolicy
 from tiering.ops.context import Deps
 from tiering.ops.delete_lagged import delete_deleted_copies, sweep_tombstones
+from tiering.tier1 import LedgerFileMissing
 from tiering.tier2.markers import record_trim
 from tiering.writer import ManagedLedgerWriter
 
@@ -57,7 +58,7 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
     t, subs = deps.meta.trims.begin_topic_delete(name, force, dry_run)
     if dry_run:
         live = [led for led in deps.meta.list_ledgers(name) if led.state != LedgerState.DELETED]
-        extents = [deps.tier1.extent(led) for led in live]
+        extents = [_extent(deps, led) for led in live]
         files = sum(1 for led in live if led.tier1_present and deps.tier1.exists(name, led.ledger_id))
         return TopicDeleteReport(name, [s.name for s in subs], len(live), sum(b for _, b in extents), files,
                                  t.next_ledger_id)
@@ -67,13 +68,19 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
     if any(led.topic_id != t.topic_id for led in opened):
         raise TopicReplaced(name)
     if opened:
-        writer = ManagedLedgerWriter(deps.meta, deps.tier1, name)  # takes the open file's writer lock
         try:
-            if writer.topic.topic_id != t.topic_id:
-                raise TopicReplaced(name)
-            writer.seal()
-        finally:
-            writer.close()
+            writer = ManagedLedgerWriter(deps.meta, deps.tier1, name)  # takes the open file's writer lock
+        except LedgerFileMissing:
+            if not deps.tier1.has_topic(name):
+                raise  # a root without the topic's directory (a wrong mount): nothing is recorded
+            _seal_lost_open_ledger(deps, opened[0])
+        else:
+            try:
+                if writer.topic.topic_id != t.topic_id:
+                    raise TopicReplaced(name)
+                writer.seal()
+            finally:
+                writer.close()
     late: list[str] = []  # the subscriptions steps 2 and 3 delete (those created meanwhile too, with --force)
     deleted = deps.meta.trims.delete_all_ledgers(name, deps.knobs.gc_delay, force, late, t.topic_id)
     files, failed = delete_deleted_copies(deps, name)
@@ -92,6 +99,24 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
     done = deps.meta.trims.finish_topic_delete(name, now.next_ledger_id, force, late, t.topic_id)
     return TopicDeleteReport(name, late, len(deleted),
                              sum(led.size_bytes for led in deleted), files, done.next_ledger_id)
+
+
+def _seal_lost_open_ledger(deps: Deps, led: Ledger) -> None:
+    """The open ledger's file is not in a root that holds the topic's directory: it was removed or lost (a
+    producer makes the file before the row), its entries with it, and no writer can seal the ledger again, so
+    the topic could never be deleted. It is sealed empty, to be deleted with the others (its copy recorded as
+    gone, as a DELETED ledger's missing copy is)."""
+    deps.meta.seal_ledger(led, 0, 0)
+
+
+def _extent(deps: Deps, led: Ledger) -> tuple[int, int]:
+    """A live ledger's entries and bytes for the dry run; an open one whose file is lost (as above): none."""
+    try:
+        return deps.tier1.extent(led)
+    except LedgerFileMissing:
+        if led.state != LedgerState.OPEN or not deps.tier1.has_topic(led.topic):
+            raise
+        return 0, 0
 
 
 def _remove_unclaimed_files(deps: Deps, name: str, next_ledger_id: int) -> None:
