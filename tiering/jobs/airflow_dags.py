@@ -18,6 +18,7 @@ from airflow.timetables.trigger import CronTriggerTimetable
 
 from tiering.jobs.lineage import LineageMixin
 from tiering.jobs.spec import JOBS, PREFIX_POSITION_PATTERN, SIZE_PATTERN, TOPIC_MAX, TOPIC_PATTERN, JobSpec, RunParam
+from tiering.model import INT64_MAX
 
 JDBC_JAR = "/usr/share/java/postgresql.jar"
 LOG4J = Path(__file__).resolve().parent / "log4j2.properties"  # Spark at WARN (TIERING_SPARK_LOG_LEVEL)
@@ -305,7 +306,7 @@ def _form_field(param: RunParam) -> Param:
                                  "scheduled run after a bucket restore.")
     if param.name == "max_bytes_per_second":
         return Param(None, type=["null", "integer", "string"], title="Upload limit (per second, optional)",
-                     minimum=0, pattern=SIZE_PATTERN,
+                     minimum=0, maximum=INT64_MAX, pattern=SIZE_PATTERN,
                      description="Bound this run's upload rate, split across its Spark tasks: bytes per second or "
                                  "a size with a unit, e.g. 8MiB or 8388608 for 8 MiB/s; 0: unlimited; empty: "
                                  "TIERING_OFFLOAD_MAX_BYTES_PER_SECOND.")
