@@ -77,6 +77,11 @@ def describe_failure(exc: Exception) -> str:
     if isinstance(exc, OperationalError) and getattr(exc.orig, "pgcode", None) and exc.orig.pgcode[:2] == "54":
         # program_limit_exceeded (a value past what an index or row holds): the server answered
         return f"metadata database refused a value past its limits: {first(exc.orig)}"
+    if isinstance(exc, OperationalError) and getattr(exc.orig, "pgcode", None) and exc.orig.pgcode[:2] == "40":
+        # transaction_rollback (a deadlock, a serialization failure): the server is up; this transaction lost a
+        # race with another worker's and was rolled back whole
+        return f"metadata database rolled the transaction back, in a race with another worker (run it again): " \
+               f"{first(exc.orig)}"
     if isinstance(exc, OperationalError):
         return f"metadata database unavailable (check TIERING_DATABASE_URL; is it running?): {first(exc.orig)}"
     if isinstance(exc, DBAPIError):
