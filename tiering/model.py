@@ -253,6 +253,13 @@ class Ledger:
         return self.lost_at is not None
 
     @property
+    def entries_unknown(self) -> bool:
+        """A lost ledger whose entry count nobody knows: recovery found its id named or skipped over but no
+        index object describing it (tiering/ops/recover.py). An offloaded ledger always held at least one
+        entry, so a lost one recorded with 0 says so; reads give one DATALOSS gap to its end (read.py)."""
+        return self.lost_at is not None and self.entry_count == 0
+
+    @property
     def last_entry_id(self) -> int:
         return self.entry_count - 1
 

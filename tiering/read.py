@@ -16,11 +16,14 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol
 
 from tiering.errors import BadInput, CorruptObjectError, DataLossError, LedgerStorageError
 from tiering.metadata.repository import MetadataStore
-from tiering.model import Chunk, Ledger, LedgerState, Position
+from tiering.model import INT64_MAX, Chunk, Ledger, LedgerState, Position
 from tiering.tier1 import LedgerFileMissing, Tier1Store
 
 TRIMMED = "TRIMMED"
 DATALOSS = "DATALOSS"
+# The last entry id a position can name: the end of a DATALOSS gap over a lost ledger whose entry count is
+# unknown (Ledger.entries_unknown) when the read runs past that ledger; printed as "the end of ledger L".
+LAST_ENTRY = INT64_MAX
 TIER1 = "tier1"
 TIER2 = "tier2"
 # A read takes the topic's chunk rows in one query and reuses them for a while (one query per topic instead of
@@ -86,6 +89,15 @@ class Gap:
     end: Position
     cause: str | None = field(default=None, compare=False)  # a DATALOSS gap's why, when known (a missing object)
 
+    @property
+    def end_unknown(self) -> bool:
+        """The gap runs to the end of a ledger whose entry count nobody knows (`end` is LAST_ENTRY then)."""
+        return self.end.entry_id == LAST_ENTRY
+
+    def range_text(self) -> str:
+        end = f"the end of ledger {self.end.ledger_id} (entry count unknown)" if self.end_unknown else self.end
+        return f"{self.start}..{end}"
+
 
 class Tier2Ledger(Protocol):
     def iter_entries(self, first: int, last: int) -> Iterator[tuple[int, bytes]]: ...
@@ -113,7 +125,10 @@ def open_ledger_now(meta: MetadataStore, tier1: Tier1Store, led: Ledger) -> Ledg
 
 
 def ledger_extent(meta: MetadataStore, tier1: Tier1Store, led: Ledger) -> tuple[Ledger, int]:
-    """A listed ledger's row (an open one's as `open_ledger_now` gives it) and its entry count."""
+    """A listed ledger's row (an open one's as `open_ledger_now` gives it) and its entry count (for a lost
+    ledger whose count is unknown, one past LAST_ENTRY: every position of it is read, as its gap)."""
+    if led.entries_unknown:
+        return led, LAST_ENTRY + 1
     if led.state != LedgerState.OPEN:
         return led, tier1.extent(led)[0]
     led = open_ledger_now(meta, tier1, led)
@@ -273,7 +288,7 @@ class ReadHandle:
     def _dataloss(self, led: Ledger, first: int, last: int, cause: str | None = None) -> Iterator[Gap]:
         gap = Gap(DATALOSS, Position(led.ledger_id, first), Position(led.ledger_id, last), cause)
         if self.raise_on_dataloss:
-            raise DataLossError(f"ledger {led.topic}/{led.ledger_id} entries {first}..{last} are in no tier "
+            raise DataLossError(f"ledger {led.topic}/{led.ledger_id} entries {gap.range_text()} are in no tier "
                                 f"(state {led.state.value})" + (f": {cause}" if cause else ""))
         yield gap
 

@@ -2,7 +2,7 @@
 point, so the test can SIGKILL it exactly there.
 
     python -m tests.faults.worker OP        OP: offload | offload+delete-lagged | delete-lagged |
-                                                retention | defrag | gc | gc-sweep
+                                                retention | defrag | gc | gc-sweep | repair | recover
 
 Settings come from the environment as in production (`Settings.from_env`: TIERING_DATABASE_URL,
 TIERING_BUCKET, TIERING_PREFIX, TIERING_TIER1_ROOT, TIERING_S3_ENDPOINT_URL, TIERING_BLOCK_SIZE,
@@ -31,7 +31,8 @@ from datetime import timedelta
 
 from tiering.model import LedgerState
 
-OPS = ("offload", "offload+delete-lagged", "delete-lagged", "retention", "defrag", "gc", "gc-sweep", "repair")
+OPS = ("offload", "offload+delete-lagged", "delete-lagged", "retention", "defrag", "gc", "gc-sweep", "repair",
+       "recover")
 
 
 def say(line: str) -> None:
@@ -98,6 +99,12 @@ def run_op(deps, op: str, topics: list[str], hook=None, on_done=None, gc_batch: 
         out.update(repaired=[list(x) for r in reports for x in r.repaired], lost=[list(x) for r in reports for x in r.lost],
                    skipped=[list(x) for r in reports for x in r.skipped], failed=[f for r in reports for f in r.failed],
                    recovered=[list(x) for r in reports for x in r.recovered])
+    elif op == "recover":  # every topic of the bucket and tier 1, one after the other
+        from tiering.ops.recover import recover_from_bucket
+
+        r = recover_from_bucket(deps.meta.engine, deps.bucket, tier1=deps.tier1, topic_concurrency=1)
+        out.update(recovered=[list(x) for x in r.ledgers_recovered], lost=[list(x) for x in r.lost_recorded],
+                   errors=r.errors)
     elif op not in OPS:
         raise SystemExit(f"unknown op {op!r}; expected one of {', '.join(OPS)}")
     return out
@@ -111,6 +118,7 @@ class Stopper:
                                checked, committed, marking-lost, marked-lost, recovering, recovered)
     commit-after-step:NAME     the first metadata COMMIT after step NAME, inside the open transaction
                                (offload: after `index` that is complete_offload's commit)
+    commit:N                   the N-th metadata COMMIT, inside its open transaction (recover: one per topic)
     done[:N]                   after the N-th ledger's offload committed (offload_many's on_done)
     s3:before|after:OP[:N]     botocore before-call/after-call of the N-th S3 call OP (`*`: any call)
     tier1-delete:before|after  around the first step of a tier-1 copy deletion (renaming it to its tombstone)
@@ -147,7 +155,12 @@ class Stopper:
     def install(self, deps) -> None:
         from sqlalchemy import event
 
-        if self.kind == "commit-after-step":
+        if self.kind == "commit":
+            @event.listens_for(deps.meta.engine, "commit")
+            def _on_nth_commit(_conn):
+                if self._nth("commit", int(self.spec.partition(":")[2])):
+                    self.stop()
+        elif self.kind == "commit-after-step":
             @event.listens_for(deps.meta.engine, "commit")
             def _on_commit(_conn):
                 if self.armed_commit:

@@ -118,8 +118,9 @@ def ledger_status(ctx: Context, name: str) -> list[dict]:
         tiers = ([1] if led.tier1_present and led.state != LedgerState.DELETED else []) + \
                 ([2] if led.state == LedgerState.OFFLOADED else [])
         lost = led.lost and led.state != LedgerState.DELETED  # `tiering repair` found no good copy in any tier
+        unknown = missing or (lost and led.entries_unknown)  # recovery found no copy saying how many
         rows.append({"topic": name, "ledger": led.ledger_id, "state": led.state.value,
-                     "entry_count": None if missing else entries, "bytes": None if missing else size,
+                     "entry_count": None if unknown else entries, "bytes": None if unknown else size,
                      "tiers": [] if lost or missing else tiers, "lost": lost, "tier1_file_missing": missing,
                      "sealed_at": iso(led.sealed_at), "offloaded_at": iso(led.offloaded_at)})
     return rows
@@ -131,7 +132,8 @@ def _status_table(rows: list[dict]):
         if r["tier1_file_missing"]:
             yield f"{r['ledger']:>8} {r['state']:<11} {'?':>9} {'?':>12}  - (its tier-1 file is missing: check TIERING_TIER1_ROOT)"
             continue
-        yield (f"{r['ledger']:>8} {r['state']:<11} {r['entry_count']:>9} {r['bytes']:>12}  "
+        entries, size = ("?", "?") if r["entry_count"] is None else (r["entry_count"], r["bytes"])
+        yield (f"{r['ledger']:>8} {r['state']:<11} {entries:>9} {size:>12}  "
                f"{'LOST (no good copy)' if r['lost'] else '+'.join(map(str, r['tiers'])) or '-'}")
 
 

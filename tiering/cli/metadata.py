@@ -9,7 +9,7 @@ import argparse
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output, document, error, iso
+from tiering.cli.output import Output, document, error, iso, ledger_refs
 from tiering.errors import BadInput
 from tiering.model import check_export_location
 
@@ -94,12 +94,15 @@ def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
                       tier1_copies_gone_count=len(report.tier1_copies_gone),
                       tier1_ignored=[f"{what}: {why}" for what, why in report.tier1_ignored],
                       unnamed_tier1_dirs=report.unnamed_tier1_dirs,
-                      unknown={t: [list(r) for r in rs] for t, rs in report.unknown.items()}, errors=report.errors,
+                      unknown={t: [list(r) for r in rs] for t, rs in report.unknown.items()},
+                      lost_recorded=ledger_refs(report.lost_recorded), lost_recorded_count=len(report.lost_recorded),
+                      errors=report.errors,
                       not_recovered=NOT_RECOVERED)
     out.result(result, f"recovered {len(report.ledgers_recovered)} offloaded ledger(s) from the bucket and "
                        f"{len(report.tier1_adopted)} sealed ledger(s) from tier 1 ({len(report.tier1_sealed)} "
                        f"sealed now), {len(report.tier1_copies_recorded)} tier-1 copie(s) recorded, "
                        f"{len(report.tier1_copies_gone)} recorded gone, "
+                       f"{len(report.lost_recorded)} ledger(s) with no copy left recorded lost, "
                        f"{len(report.topics_created)} new topic(s); {len(report.already_known)} already known, "
                        f"{len(report.ignored)} object(s) and {len(report.tier1_ignored)} tier-1 file(s) ignored, "
                        f"{len(report.errors)} error(s); pages "

@@ -190,7 +190,8 @@ def check_document(obj: object, stream: bool = False) -> list[str]:
 
 
 def gap_dict(gap) -> dict:
-    return {"gap": gap.kind, "from": str(gap.start), "to": str(gap.end)}
+    """`to` is null when the gap runs to the end of a lost ledger whose entry count is unknown."""
+    return {"gap": gap.kind, "from": str(gap.start), "to": None if gap.end_unknown else str(gap.end)}
 
 
 PAYLOAD_FORMATS = {"text": printable, "hex": lambda data: data.hex(),
@@ -220,7 +221,8 @@ class TextOutput:
         sys.stdout.write(f"{ledger_id}:{entry_id}\t{self.payload(data)}\n")
 
     def gap(self, obj: dict) -> None:
-        print(f"# {obj['gap']} gap from {obj['from']} to {obj['to']}")
+        to = obj["to"] or f"the end of ledger {obj['from'].partition(':')[0]} (entry count unknown)"
+        print(f"# {obj['gap']} gap from {obj['from']} to {to}")
 
 
 class JsonOutput:

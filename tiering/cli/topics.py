@@ -196,7 +196,8 @@ def _stats_text(doc: dict):
     for t in doc["topics"]:
         yield (f"{t['topic']}: {t['live_count']} live ledger(s) ({t['open_count']} open, {t['sealed_count']} sealed, "
                f"{t['offloading_count']} offloading, {t['offloaded_count']} offloaded), {t['deleted_count']} deleted; "
-               f"{t['live_entry_count']} entries, {t['live_bytes']} bytes")
+               f"{t['live_entry_count']} entries, {t['live_bytes']} bytes"
+               + (f"; {t['lost_count']} LOST (no good copy: reads give its DATALOSS gap)" if t["lost_count"] else ""))
         yield (f"  tier 1: {t['tier1_count']} ledger(s), {t['tier1_bytes']} bytes; tier 2: {t['tier2_count']} "
                f"ledger(s), {t['tier2_bytes']} bytes ({t['tier2_stored_bytes']} stored)")
         yield (f"  offload backlog: {t['backlog_count']} ledger(s), {t['backlog_bytes']} bytes "

@@ -40,7 +40,7 @@ def cmd_verify(ctx: Context, args, out: Output) -> int:
                       repairable=ledger_refs((args.name, i) for i in report.repairable),
                       repairable_count=len(report.repairable),
                       unrepairable_count=len(problems) - len(report.repairable), ok=report.ok)
-    kinds = ", ".join(f"{g['gap']} {g['from']}..{g['to']}" for g in gaps[:5])
+    kinds = ", ".join(f"{g.kind} {g.range_text()}" for g in report.gaps[:5])
     out.result(result, f"verified {args.name!r}: {report.ledgers} ledger(s), {report.entries} entries, "
                        f"{report.bytes} bytes, {report.tier2_copies_checked} tier-2 cop(ies) compared, "
                        f"{len(gaps)} gap(s){' (' + kinds + ')' if gaps else ''}"

@@ -4,6 +4,7 @@ restored.
 """
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable, Mapping
@@ -16,6 +17,7 @@ from tiering.metadata.tables import chunk as chunk_t, ledger as ledger_t, topic 
 from tiering.model import Chunk, LedgerState, TopicPolicy
 
 _POLICY_FIELDS = tuple(TopicPolicy.__dataclass_fields__)
+_LOST_NS = uuid.UUID("0b7e3f52-4c1a-4d8e-9a65-3f2d71c0e9b4")  # the offload uuid of a lost ledger's row
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,20 @@ class AdoptedLedger:
     sealed_at: datetime  # also its creation time
 
 
+@dataclass(frozen=True)
+class LostLedger:
+    """A ledger id above the topic's trim point that recovery found no good copy of: recorded OFFLOADED and
+    marked lost, without a chunk row (migration 0013), so reads give its DATALOSS gap and nothing reads,
+    moves or deletes bytes for it. `entry_count` 0: not known (no index object described it)."""
+
+    ledger_id: int
+    entry_count: int
+    size_bytes: int
+    sealed_at: datetime | None  # None: not known, recovery's time is recorded
+    offload_uuid: str  # a UUID's text
+    reason: str
+
+
 @dataclass
 class RestoredTopic:
     created: bool  # the topic row was created (with the given policy)
@@ -50,6 +66,7 @@ class RestoredTopic:
     restored: list[int] = field(default_factory=list)  # offloaded ledger ids inserted, ascending
     adopted: list[int] = field(default_factory=list)  # sealed tier-1 ledger ids inserted, ascending
     tier1_gone: list[int] = field(default_factory=list)  # OFFLOADED ledgers whose missing tier-1 copy is recorded
+    lost: list[int] = field(default_factory=list)  # ids recorded as lost ledgers (no copy), ascending
 
 
 def known_ledgers(engine: Engine, name: str) -> dict[int, tuple[str, bool]]:
@@ -64,7 +81,9 @@ def known_ledgers(engine: Engine, name: str) -> dict[int, tuple[str, bool]]:
 
 def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mapping[int, RecoveredLedger],
                   adopted: Mapping[int, AdoptedLedger] | None = None, top: int = -1,
-                  tier1_has: Callable[[int], bool] | None = None, root_holds_topic: bool = False) -> RestoredTopic:
+                  tier1_has: Callable[[int], bool] | None = None, root_holds_topic: bool = False,
+                  lost: Callable[[int], LostLedger] | None = None, lost_from: int = 0,
+                  lost_to: int = -1) -> RestoredTopic:
     """Create topic `name` if missing (with `policy`), insert each offloaded ledger it does not have as
     OFFLOADED with its chunk row (`tier1_present` as given), each adopted tier-1 ledger as SEALED with
     `tier1_present`, and move `next_ledger_id` past the largest id given and past `top` (the largest
@@ -73,7 +92,11 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
     store: an export taken before it was offloaded): it becomes OFFLOADED with that chunk, its tier-1 copy
     recorded as gone when `tier1_has` (the root recovery scanned) says the file is not there; and an OFFLOADED
     one whose row says tier 1 holds a copy that is not there, on a root that holds the topic's directory
-    (`root_holds_topic`: the right mount, the file deleted since the metadata was taken), is recorded so."""
+    (`root_holds_topic`: the right mount, the file deleted since the metadata was taken), is recorded so.
+    The ids from `lost_from` (the trim point) that no row, copy or adopted file holds, up to the largest of
+    those or `lost_to` (the largest a key names) (`unknown_ids`), are inserted as `lost(id)` describes them,
+    marked lost without a chunk row; such a row (an earlier recovery's) whose copy the bucket now holds
+    (restored from a backup) becomes an ordinary OFFLOADED ledger with that chunk, its mark cleared."""
     adopted = adopted or {}
     with engine.begin() as conn:
         created = conn.execute(
@@ -83,9 +106,18 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
                            .where(topic_t.c.name == name).with_for_update()).one()
         have = {r.ledger_id: r for r in conn.execute(
             select(ledger_t.c.ledger_id, ledger_t.c.state, ledger_t.c.entry_count, ledger_t.c.size_bytes,
-                   ledger_t.c.tier1_present).where(ledger_t.c.topic_id == row.topic_id).with_for_update())}
+                   ledger_t.c.tier1_present, ledger_t.c.lost_at)
+            .where(ledger_t.c.topic_id == row.topic_id).with_for_update())}
         existing = set(have)
         now = conn.execute(select(func.now())).scalar_one()
+        found = _found_again(conn, row.topic_id, have, ledgers)
+        for c in found:
+            conn.execute(update(ledger_t).where(ledger_t.c.topic_id == row.topic_id,
+                                                ledger_t.c.ledger_id == c.ledger_id, ledger_t.c.lost_at.is_not(None))
+                         .values(entry_count=c.entry_count, size_bytes=c.size_bytes, sealed_at=c.sealed_at,
+                                 offload_uuid=c.offload_uuid, offload_started_at=c.offload_started_at,
+                                 offloaded_at=c.offloaded_at, lost_at=None, lost_reason=None,
+                                 version=ledger_t.c.version + 1))
         upgraded = [ledgers[i] for i in sorted(ledgers) if i in have and _state(have[i]) == LedgerState.SEALED.value
                     and (have[i].entry_count, have[i].size_bytes) == (ledgers[i].entry_count, ledgers[i].size_bytes)]
         for c in upgraded:
@@ -105,6 +137,8 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
                          .values(tier1_present=False, tier1_deleted_at=now, version=ledger_t.c.version + 1))
         new = [ledgers[i] for i in sorted(ledgers) if i not in existing]
         sealed = [adopted[i] for i in sorted(adopted) if i not in existing and i not in ledgers]
+        marked = [] if lost is None else [
+            lost(i) for i in unknown_ids(existing | set(ledgers) | set(adopted), lost_to, lost_from)]
         rows = [{
             "topic_id": row.topic_id, "ledger_id": c.ledger_id, "state": LedgerState.OFFLOADED.value,
             "entry_count": c.entry_count, "size_bytes": c.size_bytes, "created_at": c.sealed_at,
@@ -119,24 +153,76 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
             "offload_started_at": None, "offloaded_at": None, "deleted_at": None, "version": 0} for a in sealed]
         if rows:
             conn.execute(insert(ledger_t), rows)
-        if new or upgraded:
+        rows = [{  # in a statement of their own: an executemany takes its columns from its first row
+            "topic_id": row.topic_id, "ledger_id": x.ledger_id, "state": LedgerState.OFFLOADED.value,
+            "entry_count": x.entry_count, "size_bytes": x.size_bytes, "created_at": x.sealed_at or now,
+            "sealed_at": x.sealed_at or now, "tier1_present": False, "tier1_deleted_at": now,
+            "offload_uuid": x.offload_uuid, "offload_started_at": now, "offloaded_at": now, "deleted_at": None,
+            "version": 0, "lost_at": now, "lost_reason": x.reason[:1000]} for x in marked]
+        if rows:
+            conn.execute(insert(ledger_t), rows)
+        if new or upgraded or found:
             conn.execute(insert(chunk_t), [{
                 "topic_id": row.topic_id, "ledger_id": c.ledger_id, "data_key": c.chunk.data_key,
                 "data_offset": c.chunk.data_offset, "data_length": c.chunk.data_length,
                 "index_key": c.chunk.index_key, "index_offset": c.chunk.index_offset,
                 "index_length": c.chunk.index_length, "first_entry_id": c.chunk.first_entry_id,
                 "last_entry_id": c.chunk.last_entry_id, "data_etag": c.chunk.data_etag,
-                "index_etag": c.chunk.index_etag, "created_at": now, "version": 0} for c in new + upgraded])
-        top = max([top, *ledgers, *adopted])
+                "index_etag": c.chunk.index_etag, "created_at": now, "version": 0} for c in new + upgraded + found])
+        top = max([top, *ledgers, *adopted, *(x.ledger_id for x in marked)])
         if row.next_ledger_id <= top:
             conn.execute(update(topic_t).where(topic_t.c.topic_id == row.topic_id)
                          .values(next_ledger_id=top + 1))
-    return RestoredTopic(created is not None, existing - {c.ledger_id for c in upgraded},
-                         sorted(c.ledger_id for c in new + upgraded), [a.ledger_id for a in sealed], gone)
+    return RestoredTopic(created is not None, existing - {c.ledger_id for c in upgraded + found},
+                         sorted(c.ledger_id for c in new + upgraded + found), [a.ledger_id for a in sealed], gone,
+                         [x.ledger_id for x in marked])
+
+
+def lost_ledger(name: str, seals: list[tuple[int, datetime]], described: Mapping[int, tuple]):
+    """How recovery records an unknown id (restore_topic's `lost`): as an index object still describes it (a
+    copy that failed its checks: entries, bytes, seal time), else of unknown entry count (0), sealed when the
+    next ledger of `seals` (id, seal time) was, ledgers being sealed in id order (retention by time takes it
+    no later than that one; none above it: recovery's time)."""
+    seals = sorted(seals)
+
+    def lost(lid: int) -> LostLedger:
+        uid = str(uuid.uuid5(_LOST_NS, f"{name}:{lid}"))  # the row needs one; no object carries it
+        if lid in described:
+            return LostLedger(lid, *described[lid], uid, "recovery: no whole copy in the bucket or tier 1")
+        return LostLedger(lid, 0, 0, next((at for i, at in seals if i > lid), None), uid,
+                          "recovery: no copy in the bucket or tier 1; its entry count is unknown")
+    return lost
+
+
+def gaps(known: set[int], top: int = -1) -> list[tuple[int, int]]:
+    """Runs of ids below the largest known one (or `top`, when larger) that `known` lacks."""
+    out, nxt = [], 0
+    for i in sorted(known | ({top + 1} if top >= 0 else set())):
+        if i > nxt:
+            out.append((nxt, i - 1))
+        nxt = i + 1
+    return out
+
+
+def unknown_ids(known: set[int], top: int, start: int) -> list[int]:
+    """The ids of `gaps(known, top)` from `start` on (below it: what retention trimmed)."""
+    return [i for a, b in gaps(known, top) for i in range(max(a, start), b + 1)]
+
+
+def _found_again(conn, topic_id: int, have: Mapping, ledgers: Mapping[int, RecoveredLedger]) -> list[RecoveredLedger]:
+    """The recovered copies of ledgers the database has as lost without a chunk row (recorded by an earlier
+    recovery that found no copy): their copy is back."""
+    lost = [i for i in sorted(ledgers) if i in have and have[i].lost_at is not None
+            and _state(have[i]) == LedgerState.OFFLOADED.value]
+    if not lost:
+        return []
+    chunked = set(conn.execute(select(chunk_t.c.ledger_id).where(chunk_t.c.topic_id == topic_id,
+                                                                 chunk_t.c.ledger_id.in_(lost))).scalars())
+    return [ledgers[i] for i in lost if i not in chunked]
 
 
 def _state(r) -> str:
     return r.state if isinstance(r.state, str) else r.state.value
 
 
-__all__ = ["AdoptedLedger", "RecoveredLedger", "RestoredTopic", "known_ledgers", "restore_topic"]
+__all__ = ["AdoptedLedger", "LostLedger", "RecoveredLedger", "gaps", "lost_ledger", "unknown_ids", "RestoredTopic", "known_ledgers", "restore_topic"]

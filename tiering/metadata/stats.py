@@ -2,7 +2,7 @@
 tier-1 copies, the oldest live ledger, subscriptions; with the GC queue and the last successful run of each
 job. ONE statement whose cost follows what is live, never the history: the maintained totals
 (`topic_usage`), the partial indexes of the backlog (`ledger_backlog`) and of lagged copies
-(`ledger_lagged_copies`), the first live ledger on `ledger_live_by_topic`, the GC queue's `gc_task_due`, and
+(`ledger_lagged_copies`), ledgers marked lost (`ledger_lost`), the first live ledger on `ledger_live_by_topic`, the GC queue's `gc_task_due`, and
 a skip scan of `job_run_job_started` (one probe per job name, whatever the number of runs)."""
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ WITH picked AS (
                AS due_count
     FROM tiering.ledger l JOIN picked p USING (topic_id)
     WHERE l.state = 'OFFLOADED' AND l.tier1_present
+    GROUP BY l.topic_id
+), lost AS (
+    -- no tier holds a good copy (marked by `tiering repair`, or recorded by recovery without any copy)
+    SELECT l.topic_id, count(*) AS lost_count FROM tiering.ledger l
+    WHERE l.lost_at IS NOT NULL AND l.state <> 'DELETED' AND l.topic_id IN (SELECT topic_id FROM picked)
     GROUP BY l.topic_id
 ), subs AS (
     SELECT s.topic_id, count(*) AS subscription_count FROM tiering.subscription s
@@ -61,13 +66,14 @@ FROM gc LEFT JOIN (
        coalesce(b.ledger_count, 0) AS backlog_count, coalesce(b.bytes, 0) AS backlog_bytes,
        coalesce(b.offloading_count, 0) AS backlog_offloading_count, b.oldest_sealed_at AS backlog_oldest_sealed_at,
        coalesce(g.copy_count, 0) AS lagged_count, coalesce(g.bytes, 0) AS lagged_bytes,
-       coalesce(g.due_count, 0) AS lagged_due_count,
+       coalesce(g.due_count, 0) AS lagged_due_count, coalesce(x_lost.lost_count, 0) AS lost_count,
        o.ledger_id AS oldest_ledger, o.created_at AS oldest_created_at, o.sealed_at AS oldest_ledger_sealed_at,
        coalesce(s.subscription_count, 0) AS subscription_count
     FROM picked p
     LEFT JOIN tiering.topic_usage u USING (topic_id)
     LEFT JOIN backlog b USING (topic_id)
     LEFT JOIN lagged g USING (topic_id)
+    LEFT JOIN lost x_lost USING (topic_id)
     LEFT JOIN subs s USING (topic_id)
     LEFT JOIN LATERAL (SELECT l.ledger_id, l.created_at, l.sealed_at FROM tiering.ledger l
                        WHERE l.topic_id = p.topic_id AND l.state <> 'DELETED'

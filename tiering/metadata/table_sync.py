@@ -54,6 +54,7 @@ class PendingLedger:
     size_bytes: int
     sealed_at: datetime | None
     offloaded_at: datetime | None
+    lost: bool = False  # no tier holds a good copy (entry_count 0 then: not known, not empty)
 
 
 _SELECT = select(topic_table, topic.c.name).join(topic, topic.c.topic_id == topic_table.c.topic_id)
@@ -184,11 +185,12 @@ class TableRows:
         (it stops at the first one still open, so no ledger is ever passed over)."""
         c = ledger.c
         with self.engine.connect() as conn:
-            rows = conn.execute(select(c.ledger_id, c.state, c.entry_count, c.size_bytes, c.sealed_at, c.offloaded_at)
+            rows = conn.execute(select(c.ledger_id, c.state, c.entry_count, c.size_bytes, c.sealed_at, c.offloaded_at,
+                                       c.lost_at.is_not(None).label("lost"))
                                 .where(c.topic_id == state.topic_id, c.ledger_id > state.synced_through)
                                 .order_by(c.ledger_id).limit(limit)).all()
         return [PendingLedger(r.ledger_id, str(getattr(r.state, "value", r.state)), r.entry_count, r.size_bytes,
-                              r.sealed_at, r.offloaded_at) for r in rows]
+                              r.sealed_at, r.offloaded_at, r.lost) for r in rows]
 
     def due(self, topic_name: str | None = None) -> list[TableState]:
         """The topics a sync has work for, in one statement whatever their number (an idle hourly run costs

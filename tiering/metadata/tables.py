@@ -47,7 +47,9 @@ ledger = Table(
     Column("offloaded_at", DateTime(timezone=True)),
     Column("deleted_at", DateTime(timezone=True)),
     Column("version", BigInteger, nullable=False),
-    Column("lost_at", DateTime(timezone=True)),  # 0009: no tier holds a good copy (tiering repair marks it)
+    # 0009: no tier holds a good copy (tiering repair marks it; recovery records the ids it found no copy of,
+    # without a chunk row: 0013)
+    Column("lost_at", DateTime(timezone=True)),
     Column("lost_reason", Text),
 )
 

@@ -29,8 +29,9 @@ offload uuid, data object length), so listing the prefix and reading the index o
    (so a second run adds nothing), and `next_ledger_id` moves past the largest id seen.
 
 What neither tells: ledgers removed by retention whose objects GC collected (and ledgers lost with a tier-1
-disk) are reported as `unknown` id ranges; ledgers removed by retention whose bytes are still in the bucket
-come back as OFFLOADED unless the retention trim marker says otherwise; topic policies, attributes, job
+disk) are reported as `unknown` id ranges; those at or above the trim marker are recorded as ledgers marked
+lost without a chunk row (`lost_ledger`), so reads give their DATALOSS gap and verify and stats count them;
+ledgers removed by retention whose bytes are still in the bucket come back as OFFLOADED unless the retention trim marker says otherwise; topic policies, attributes, job
 history and the GC queue are in neither (objects no recovered chunk references are left to GC's orphan
 sweep). The recovered ledger's creation time is its seal time, its offload times the objects' LastModified
 times (milliseconds, as stored).
@@ -51,7 +52,8 @@ from tiering.format.index import INDEX_HEADER_LEN, OffloadIndex
 from tiering.format.keys import INDEX_SUFFIX, ParsedKey, encode_topic, is_trim_marker, parse_key
 from tiering.format.merged import ledger_offsets, split_indexes
 from tiering.metadata import gc_sweep
-from tiering.metadata.recovery import AdoptedLedger, RecoveredLedger, known_ledgers, restore_topic
+from tiering.metadata.recovery import (AdoptedLedger, RecoveredLedger, gaps, known_ledgers, lost_ledger,
+                                       restore_topic)
 from tiering.model import Chunk, TopicPolicy
 from tiering.ops.recover_tier1 import Tier1Scan, scan_topic, topic_dirs, topic_of_dir
 from tiering.tier1 import Tier1Store, topic_dir_name
@@ -65,7 +67,7 @@ _UUID_NS = _uuid.UUID("6f1d3c2e-8a43-4f0e-9d7c-2b6a5e1f0c11")
 _WINDOW = 1024 * 1024  # bytes read at once when walking the block headers of a shared object
 _LIST_FIELDS = ("topics_created", "topics", "ledgers_recovered", "already_known", "ignored", "errors",
                 "tier1_adopted", "tier1_sealed", "tier1_copies_recorded", "tier1_ignored", "unnamed_tier1_dirs",
-                "tier1_copies_gone")
+                "tier1_copies_gone", "lost_recorded")
 
 
 @dataclass
@@ -77,6 +79,8 @@ class RecoverReport:
     # ledger ids below the largest known one (or the largest a key in the bucket names) that neither the
     # bucket, tier 1 nor the database holds a good copy of
     unknown: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    # the unknown ids at or above the topic's trim point, recorded now as ledgers marked lost (no chunk row)
+    lost_recorded: list[tuple[str, int]] = field(default_factory=list)
     ignored: list[tuple[str, str]] = field(default_factory=list)  # (key, why) objects not used
     errors: list[str] = field(default_factory=list)  # failures: rerun to finish (recovery is idempotent)
     objects_listed: int = 0
@@ -137,6 +141,7 @@ class _Group:
     unchecked: int = 0  # ledgers whose index has no page index (offloaded before it existed)
     bad: list[tuple[int, str]] = field(default_factory=list)  # (ledger id, why) copies failing their pages
     named: list[int] = field(default_factory=list)  # the ledgers its index object lists, valid or not
+    described: dict[int, tuple] = field(default_factory=dict)  # (entries, bytes, seal time) of each, as listed
 
 
 @dataclass
@@ -319,7 +324,10 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
     if chosen or scan.ledgers or scan.top >= 0 or named_top >= 0:
         _commit_topic(engine, name, chosen, scan, policy, report,
                       None if tier1 is None else (lambda lid: tier1.exists(name, lid)),
-                      tier1 is not None and tier1.has_topic(name), named_top)
+                      tier1 is not None and tier1.has_topic(name), named_top, max(trimmed_before, 0),
+                      lost_ledger(name, [(i, c.sealed_at) for i, c in chosen.items()] + [
+                          (i, f.sealed_at) for i, f in scan.ledgers.items()],
+                          {i: d for g in groups for i, d in g.described.items()}))
 
 
 def _scan_tier1(engine, tier1: Tier1Store | None, name: str, chosen: dict[int, _Copy], trimmed_before: int,
@@ -372,6 +380,8 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
             g.problem = problem
             return g
         g.named = [ix.metadata.ledger_id for _, _, ix in parts]
+        g.described = {ix.metadata.ledger_id: (ix.metadata.entry_count, ix.metadata.length, _sealed_at(ix.metadata))
+                       for _, _, ix in parts}
         total = sum(ix.data_object_len for _, _, ix in parts)
         if data.size != total:
             g.problem = (f"data object {data.key} is {data.size} bytes, the index says {total} "
@@ -397,8 +407,7 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
                 g.bad.append((m.ledger_id, bad[i]))
                 continue
             g.copies.append(_Copy(
-                m.ledger_id, m.entry_count, m.length, datetime.fromtimestamp(m.sealed_time_ms / 1000, timezone.utc),
-                m.offload_uuid,
+                m.ledger_id, m.entry_count, m.length, _sealed_at(m), m.offload_uuid,
                 # the ETags say which objects were written only once their bytes were checked: a
                 # listing's ETag of a corrupt object would otherwise pass every later HEAD check
                 Chunk(data.key, doff, ix.data_object_len, index.key, ioff, ilen, 0, m.entry_count - 1,
@@ -412,6 +421,10 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
     except TieringError as exc:
         g.error = str(exc)
     return g
+
+
+def _sealed_at(m) -> datetime:
+    return datetime.fromtimestamp(m.sealed_time_ms / 1000, timezone.utc)
 
 
 def _check_indexes(segment: str, parsed: ParsedKey, parts: list[tuple[int, int, OffloadIndex]]) -> str | None:
@@ -460,36 +473,28 @@ def _as_uuid(value: str, key: str) -> str:
         return str(_uuid.uuid5(_UUID_NS, f"{key}:{value}"))
 
 
-def _gaps(known: set[int], top: int = -1) -> list[tuple[int, int]]:
-    """Runs of ids below the largest known one (or `top`, when larger) that `known` lacks."""
-    gaps, nxt = [], 0
-    for i in sorted(known | ({top + 1} if top >= 0 else set())):
-        if i > nxt:
-            gaps.append((nxt, i - 1))
-        nxt = i + 1
-    return gaps
-
-
 def _commit_topic(engine, name: str, chosen: dict[int, _Copy], scan: Tier1Scan, policy: TopicPolicy,
                   report: RecoverReport, tier1_has=None, root_holds_topic: bool = False,
-                  named_top: int = -1) -> None:
+                  named_top: int = -1, trim_point: int = 0, lost=None) -> None:
     restored = restore_topic(engine, name, policy, {i: RecoveredLedger(
         c.ledger_id, c.entry_count, c.length, c.sealed_at, _as_uuid(c.offload_uuid, c.chunk.index_key),
         c.started_at, c.finished_at, c.chunk, tier1_present=i in scan.copies) for i, c in chosen.items()},
         {i: AdoptedLedger(f.ledger_id, f.entry_count, f.size_bytes, f.sealed_at) for i, f in scan.ledgers.items()},
-        top=max(scan.top, named_top), tier1_has=tier1_has, root_holds_topic=root_holds_topic)
+        top=max(scan.top, named_top), tier1_has=tier1_has, root_holds_topic=root_holds_topic,
+        lost=lost, lost_from=trim_point, lost_to=named_top)
     existing = restored.existing
     if restored.created:
         report.topics_created.append(name)
     report.ledgers_recovered += [(name, i) for i in restored.restored]
     report.tier1_copies_recorded += [(name, i) for i in restored.restored if i in scan.copies]
     report.tier1_copies_gone += [(name, i) for i in restored.tier1_gone]
+    report.lost_recorded += [(name, i) for i in restored.lost]
     report.tier1_adopted += [(name, i) for i in restored.adopted]
     report.tier1_sealed += [(name, i) for i in restored.adopted if scan.ledgers[i].was_open]
     report.already_known += [(name, i) for i in sorted(chosen) if i in existing]
-    gaps = _gaps(existing | set(chosen) | set(scan.ledgers), named_top)
-    if gaps:
-        report.unknown[name] = gaps
+    unknown = gaps(existing | set(chosen) | set(scan.ledgers), named_top)
+    if unknown:
+        report.unknown[name] = unknown
 
 
 __all__ = ["RecoverReport", "list_segment", "recover_from_bucket", "recover_topic", "tier1_only_items"]

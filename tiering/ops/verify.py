@@ -11,10 +11,9 @@ from typing import Callable
 from tiering.errors import CorruptObjectError, DataLossError, EntryNotFound, LedgerStorageError
 from tiering.metadata.repository import MetadataStore
 from tiering.model import Ledger, LedgerState, Position
-from tiering.read import DATALOSS, Gap, ReadHandle
+from tiering.read import DATALOSS, LAST_ENTRY, Gap, ReadHandle
 from tiering.tier1 import Tier1Store
 
-_MAX_ENTRY = 2**62
 REPAIRABLE = " (repairable: `tiering repair` re-makes the tier-2 copy from the verified tier-1 copy)"
 NOT_REPAIRABLE = " (not repairable: no verified copy in another tier)"
 _FRAME = struct.Struct(">qq")
@@ -77,7 +76,7 @@ def verify_topic(meta: MetadataStore, tier1: Tier1Store, opener: Tier2Opener, to
     for led in ledgers:
         scan = _Scan()
         try:
-            for item in handle.read(topic, Position(led.ledger_id, 0), Position(led.ledger_id, _MAX_ENTRY)):
+            for item in handle.read(topic, Position(led.ledger_id, 0), Position(led.ledger_id, LAST_ENTRY)):
                 if isinstance(item, Gap):
                     scan.gaps.append(item)
                 else:
@@ -89,7 +88,7 @@ def verify_topic(meta: MetadataStore, tier1: Tier1Store, opener: Tier2Opener, to
             continue
         for gap in scan.gaps:
             if gap.kind == DATALOSS:
-                problems.append(f"ledger {led.ledger_id}: entries {gap.start}..{gap.end} are in no tier (DATALOSS"
+                problems.append(f"ledger {led.ledger_id}: entries {gap.range_text()} are in no tier (DATALOSS"
                                 f"{', marked lost' if led.lost else ''}{': ' + gap.cause if gap.cause else ''})"
                                 f"{NOT_REPAIRABLE}")
             _add_gap(report.gaps, gap)

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from tiering.errors import DataLossError, TieringError
 from tiering.model import LedgerState
-from tiering.read import DATALOSS, Run, read_ledger_range
+from tiering.read import DATALOSS, LAST_ENTRY, Run, read_ledger_range
 from tiering.tables.catalog import arrow_schema
 
 log = logging.getLogger(__name__)
@@ -107,12 +107,12 @@ def write_file(deps, filesystem, item: dict, open_tier2) -> dict:
                         *(pa.array(decoded[c], schema.field(c).type) for c in names)], schema=schema))
                 ids, payloads, size, decoded = [], [], 0, {c: [] for c in names}
 
-            for got in read_ledger_range(deps.meta, led, 0, led.entry_count - 1, deps.tier1, open_tier2,
+            last = LAST_ENTRY if led.entries_unknown else led.entry_count - 1
+            for got in read_ledger_range(deps.meta, led, 0, last, deps.tier1, open_tier2,
                                          lambda: None):
                 if not isinstance(got, Run):
                     if got.kind == DATALOSS:
-                        raise DataLossError(f"ledger {topic}/{led.ledger_id} entries {got.start.entry_id}.."
-                                            f"{got.end.entry_id} are in no tier")
+                        raise DataLossError(f"ledger {topic}/{led.ledger_id} entries {got.range_text()} are in no tier")
                     raise TieringError(f"ledger {topic}/{led.ledger_id} was trimmed while being synced; the "
                                        "next sync passes over it")
                 for entry_id, data in got.entries:

@@ -213,7 +213,9 @@ class TableSync:
         for led in self.rows.pending(state, self.limits.round_ledgers + 1):
             if led.state == "OPEN":
                 break
-            if led.state == "DELETED" or led.entry_count == 0:
+            # an empty ledger adds nothing; a lost one whose count is unknown is read (its DATALOSS fails the
+            # round, as a lost ledger's does) rather than passed over as if empty
+            if led.state == "DELETED" or (led.entry_count == 0 and not led.lost):
                 passed.append(led.ledger_id)
             else:
                 if took and (len(took) >= self.limits.round_ledgers or size + led.size_bytes > self.limits.round_bytes):
