@@ -120,6 +120,26 @@ def test_recover_is_manual_and_its_page_check_a_boolean_off_by_default(dagbag):
             _with(dag.params, bad).validate()
 
 
+def test_gc_retries_failed_keys_only_when_asked_and_its_form_says_what_that_does(dagbag):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    from tiering.jobs.preflight import job_args
+
+    params = dagbag.dags["tiering_gc"].params
+    assert set(params.keys()) == {"retry_failed"}
+    assert params.validate() == {"retry_failed": False}  # the hourly run leaves FAILED keys as they are
+    param = params.get_param("retry_failed")
+    assert param.schema["type"] == "boolean" and param.schema["title"] == "Retry FAILED keys"
+    assert "FAILED keys due again" in param.description and "tiering gc --retry-failed" in param.description
+    assert _with(params, {"retry_failed": True}).validate()["retry_failed"] is True
+    for bad in ("yes", 1):
+        with pytest.raises(ParamValidationError):
+            _with(params, {"retry_failed": bad}).validate()
+    # the run's params become the job's arguments as the plan and Spark tasks build them
+    assert job_args("tiering_gc", {"retry_failed": True}) == ["--retry-failed"]
+    assert job_args("tiering_gc", params.validate()) == []
+
+
 def test_only_the_scrub_is_created_paused(dagbag):
     # it downloads the whole bucket: an operator turns it on
     assert dagbag.dags["tiering_scrub"].is_paused_upon_creation is True

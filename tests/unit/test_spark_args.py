@@ -35,6 +35,10 @@ def test_every_dag_of_the_design_is_there():
     ("tiering_scrub", {}, []),
     ("tiering_scrub", {"topic": "t", "repair": True}, ["--topic=t", "--repair"]),
     ("tiering_scrub", {"repair": False}, []),
+    # GC's FAILED keys made due again first: only when asked for
+    ("tiering_gc", {"retry_failed": True}, ["--retry-failed"]),
+    ("tiering_gc", {"retry_failed": False}, []),
+    ("tiering_gc", {"retry_failed": None}, []),
     # the offload DAGs' upload limit; 0 is a value (unlimited for this run), not "absent"
     ("tiering_offload_by_age", {"max_bytes_per_second": 8388608}, ["--by=age", "--max-bytes-per-second=8388608"]),
     ("tiering_offload_by_age", {"max_bytes_per_second": "8MiB"}, ["--by=age", "--max-bytes-per-second=8388608"]),
@@ -65,6 +69,10 @@ def test_args(dag_id, kwargs, expected):
     ("tiering_recover", {"check_pages": 1}),
     ("tiering_offload_by_age", {"repair": True}),  # only the scrub repairs
     ("tiering_scrub", {"repair": "true"}),
+    ("tiering_gc", {"retry_failed": "true"}),  # a string is not a switch
+    ("tiering_gc", {"retry_failed": 1}),
+    ("tiering_gc_sweep", {"retry_failed": True}),  # the sweep has no queue to retry
+    ("tiering_retention", {"retry_failed": True}),
     ("tiering_gc", {"max_bytes_per_second": 5}),
     ("tiering_metadata_export", {"max_bytes_per_second": 0}),
     ("tiering_offload_by_age", {"max_bytes_per_second": -1}),
@@ -95,6 +103,15 @@ def test_gc_sweep_job_parser_defaults_to_the_documented_page_budget():
     assert (args.max_pages, args.orphan_grace_seconds) == (SWEEP_MAX_PAGES, None) == (10_000, None)
     assert JOBS["tiering_gc_sweep"].schedule == "@daily" and not JOBS["tiering_gc_sweep"].planned_before_spark
     assert JOBS["tiering_gc"].planned_before_spark and JOBS["tiering_gc_sweep"].kind == "gc_sweep"
+
+
+def test_gc_parser_reads_back_the_retry_of_failed_keys():
+    from tiering.jobs.gc import build_parser
+
+    assert build_parser().parse_args(spark_submit_args("tiering_gc", retry_failed=True)).retry_failed is True
+    assert build_parser().parse_args(spark_submit_args("tiering_gc")).retry_failed is False
+    with pytest.raises(BadInput, match="tiering_gc_sweep takes no retry of FAILED GC keys"):
+        spark_submit_args("tiering_gc_sweep", retry_failed=True)
 
 
 def test_recover_parser_reads_back_what_the_builder_writes():

@@ -51,7 +51,8 @@ RETRY_POLICY = ExceptionRetryPolicy(rules=[RetryRule(exception=f"{__name__}.Refu
                                                      action=RetryAction.FAIL, reason="bad input: not retried")])
 
 
-_SWITCH_WORDS = {"check_pages": "check every page", "repair": "repair what it finds"}
+_SWITCH_WORDS = {"check_pages": "check every page", "repair": "repair what it finds",
+                 "retry_failed": "retry FAILED keys"}
 
 
 def _describe(dag_id: str, params: dict) -> str:
@@ -304,6 +305,12 @@ def _form_field(param: RunParam) -> Param:
                                  "with no good copy left is marked lost. Empty: on for a run triggered by hand, "
                                  "off for the scheduled run (which reports only); false: report only, e.g. true in a "
                                  "scheduled run after a bucket restore.")
+    if param.name == "retry_failed":
+        return Param(False, type="boolean", title="Retry FAILED keys",
+                     description="First make the GC queue's FAILED keys due again (S3 refused their delete 5 "
+                                 "times; nothing retries them otherwise), then delete them with the due ones: "
+                                 "tiering gc --retry-failed; e.g. on once a bucket policy or permission that "
+                                 "refused the deletes is mended. Off: the hourly run, FAILED keys left as they are.")
     if param.name == "max_bytes_per_second":
         return Param(None, type=["null", "integer", "string"], title="Upload limit (per second, optional)",
                      minimum=0, maximum=INT64_MAX, pattern=SIZE_PATTERN,

@@ -3,7 +3,9 @@ with SKIP LOCKED keep them apart); the driver then takes what is left and aborts
 No listing of the bucket: the orphan sweep is its own job (jobs/gc_sweep.py, DAG tiering_gc_sweep).
 
 `plan` is cheap and complete (one count on the queue's partial index, a listing of multipart uploads), so
-the DAG's plan task skips Spark when nothing is due (JobSpec.planned_before_spark)."""
+the DAG's plan task skips Spark when nothing is due (JobSpec.planned_before_spark). `--retry-failed` (the
+DAG's `retry_failed` Param, `tiering gc --retry-failed` by hand): the FAILED rows count in the plan, and the
+driver makes them due again once, before the workers drain the queue."""
 from __future__ import annotations
 
 import argparse
@@ -11,13 +13,13 @@ import sys
 
 from tiering.jobs.runner import ItemFailed, run
 from tiering.jobs.spec import int_arg
-from tiering.ops.gc import plan_gc, run_gc
+from tiering.ops.gc import plan_gc, requeue_failed, run_gc
 
 BATCH = 500  # queue rows one worker claims at a time
 
 
 def plan(deps, args) -> list[dict]:
-    due, stale = plan_gc(deps)
+    due, stale = plan_gc(deps, retry_failed=args.retry_failed)
     if due:
         return [{"worker": i} for i in range(min(args.workers, -(-due // BATCH)))]
     return [{"worker": 0}] if stale else []  # the driver's finish aborts them; one item starts the run
@@ -40,9 +42,18 @@ def work(deps, item) -> tuple[int, bool]:
     return len(report.deleted), not report.deleted
 
 
+def requeue(deps, args, items: list[dict], _parallelism: int) -> list[dict]:
+    """On the driver once Spark is up, before the items run: `--retry-failed` makes FAILED rows due again."""
+    if args.retry_failed:
+        args.requeued = requeue_failed(deps)
+    return items
+
+
 def finish(deps, args, outcome) -> None:
     report = run_gc(deps, batch=BATCH)
     outcome.details.update(uploads_aborted=report.uploads_aborted, gc_failed=report.failed)
+    if (requeued := getattr(args, "requeued", None)) is not None:  # set by `requeue` (--retry-failed)
+        outcome.details["requeued"] = requeued
     if why := _undeleted(report):  # an error fails the run (runner.recorded); items are the workers, not objects
         outcome.errors.append(why)
 
@@ -51,11 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tiering-gc")
     p.add_argument("--workers", type=int_arg("--workers", 1, 64), default=2)
     p.add_argument("--topic", help="accepted for symmetry; GC works on the whole bucket prefix")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="first make the queue's FAILED rows (5 deletes refused) due again")
     return p
 
 
 def main(argv=None) -> int:
-    return run("gc", argv, build_parser(), plan, work, finish, tier1=False)
+    return run("gc", argv, build_parser(), plan, work, finish, tier1=False, prepare=requeue)
 
 
 if __name__ == "__main__":

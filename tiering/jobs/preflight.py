@@ -42,7 +42,8 @@ def job_args(dag_id: str, params: dict) -> list[str]:
     """The job's arguments from the run's params (the plan task and the Spark task both build them here)."""
     return spark_submit_args(dag_id, topic=params.get("topic") or None, position=params.get("position") or None,
                              dest=params.get("dest") or None, check_pages=params.get("check_pages"),
-                             max_bytes_per_second=params.get("max_bytes_per_second"), repair=params.get("repair"))
+                             max_bytes_per_second=params.get("max_bytes_per_second"), repair=params.get("repair"),
+                             retry_failed=params.get("retry_failed"))
 
 
 def plan_count(dag_id: str, args: list[str], deps) -> tuple[int | None, int | None]:

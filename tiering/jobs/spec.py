@@ -104,10 +104,12 @@ def _check_rate(value: object) -> str:
 
 
 CHECKS = {"topic": check_topic_name, "position": _check_position, "dest": check_export_location,
-          "check_pages": _check_switch, "max_bytes_per_second": _check_rate, "repair": _check_switch}
+          "check_pages": _check_switch, "max_bytes_per_second": _check_rate, "repair": _check_switch,
+          "retry_failed": _check_switch}
 NOUNS = {"topic": "topic", "position": "position", "dest": "destination",  # in "<dag> takes no <noun>"
-         "check_pages": "page check", "max_bytes_per_second": "upload limit", "repair": "repair"}
-SWITCHES = frozenset({"check_pages", "repair"})
+         "check_pages": "page check", "max_bytes_per_second": "upload limit", "repair": "repair",
+         "retry_failed": "retry of FAILED GC keys"}
+SWITCHES = frozenset({"check_pages", "repair", "retry_failed"})
 TOPIC = RunParam("topic", "--topic")
 DEST = RunParam("dest", "--dest")
 CHECK_PAGES = RunParam("check_pages", "--check-pages")
@@ -115,6 +117,8 @@ CHECK_PAGES = RunParam("check_pages", "--check-pages")
 RATE = RunParam("max_bytes_per_second", "--max-bytes-per-second")
 # the scrub's repair step (tiering/ops/repair.py) on the topics it found broken; off unless asked for
 REPAIR = RunParam("repair", "--repair")
+# GC's queue keys FAILED after their last refused delete made due again first (`tiering gc --retry-failed`)
+RETRY_FAILED = RunParam("retry_failed", "--retry-failed")
 
 
 @dataclass(frozen=True)
@@ -177,7 +181,7 @@ JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
     # GC works on the whole bucket prefix: a topic filter would be ignored
     JobSpec("tiering_gc", "@hourly", "gc.py",
             "Delete due queued tier-2 objects and abort stale multipart uploads.", (), ("tier2", "gc"),
-            params=(), planned_before_spark=True),
+            params=(RETRY_FAILED,), planned_before_spark=True),
     JobSpec("tiering_gc_sweep", "@daily", "gc_sweep.py",
             "Sweep orphaned tier-2 objects: a page budget per run, resuming from a persisted cursor.", (),
             ("tier2", "gc"), params=()),
@@ -206,17 +210,18 @@ JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
 
 def spark_submit_args(dag_id: str, topic: str | None = None, position: str | None = None,
                       dest: str | None = None, check_pages: bool | None = None,
-                      max_bytes_per_second: int | None = None, repair: bool | None = None) -> list[str]:
+                      max_bytes_per_second: int | None = None, repair: bool | None = None,
+                      retry_failed: bool | None = None) -> list[str]:
     """`application_args` of a job: its fixed flags plus the run's parameters (those its spec takes),
     validated. Required parameters are checked first, then a parameter the job does not take is refused."""
     spec = JOBS.get(dag_id)
     if spec is None:
         raise BadInput(f"unknown job {dag_id!r}")
     given = {"topic": topic, "position": position, "dest": dest, "check_pages": check_pages,
-             "max_bytes_per_second": max_bytes_per_second, "repair": repair}
+             "max_bytes_per_second": max_bytes_per_second, "repair": repair, "retry_failed": retry_failed}
     if any(p.required and not given[p.name] for p in spec.params):
         raise BadInput(spec.missing or f"{dag_id} needs {' and '.join(p.name for p in spec.params if p.required)}")
-    for name in ("position", "topic", "dest", "check_pages", "max_bytes_per_second", "repair"):
+    for name in ("position", "topic", "dest", "check_pages", "max_bytes_per_second", "repair", "retry_failed"):
         if given[name] is not None and given[name] != "" and given[name] is not False \
                 and name not in spec.param_names():
             raise BadInput(f"{dag_id} takes no {NOUNS[name]}")

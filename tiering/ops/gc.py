@@ -124,7 +124,7 @@ def run_gc(deps: Deps, batch: int = 500, max_attempts: int = 5, backoff: timedel
     report = GcReport()
     check_bucket(deps.bucket)  # tier 2 down: fail once, without counting a failed attempt on every task
     if retry_failed:
-        report.requeued = gc_queue.requeue_failed(deps.meta.engine)
+        report.requeued = requeue_failed(deps)
     while _gc_batch(deps, batch, max_attempts, backoff, report):
         pass
     if uploads:
@@ -134,10 +134,19 @@ def run_gc(deps: Deps, batch: int = 500, max_attempts: int = 5, backoff: timedel
     return report
 
 
-def plan_gc(deps: Deps, orphan_grace: timedelta | None = None) -> tuple[int, int]:
+def requeue_failed(deps: Deps) -> int:
+    """The queue's FAILED tasks (S3 refused their delete `max_attempts` times) made due again, their attempts
+    counted afresh; how many. Nothing else ever takes them up again: by hand (`gc --retry-failed`, the GC
+    DAG's `retry_failed`), once what refused the deletes is mended."""
+    return gc_queue.requeue_failed(deps.meta.engine)
+
+
+def plan_gc(deps: Deps, orphan_grace: timedelta | None = None, retry_failed: bool = False) -> tuple[int, int]:
     """(due queue rows, stale multipart uploads): what a run would take now, read cheaply (one count on the
-    queue's partial index, one listing of uploads per location), whatever the bucket holds."""
-    return gc_queue.due_count(deps.meta.engine), len(stale_uploads(deps, grace_of(deps, orphan_grace)))
+    queue's partial index, one listing of uploads per location), whatever the bucket holds. `retry_failed`:
+    the FAILED rows count as due (the run makes them due first); nothing is written here."""
+    failed = gc_queue.failed_count(deps.meta.engine) if retry_failed else 0
+    return gc_queue.due_count(deps.meta.engine) + failed, len(stale_uploads(deps, grace_of(deps, orphan_grace)))
 
 
 def preview_gc(deps: Deps, orphan_grace: timedelta | None = None, retry_failed: bool = False) -> GcReport:
