@@ -153,3 +153,26 @@ def test_a_copy_back_in_the_bucket_turns_a_recorded_lost_ledger_into_an_ordinary
     assert [r[:5] for r in _rows(db)] == [(i, "OFFLOADED", 2, 100, False) for i in range(3)]
     assert read_data(cli("read", "ly", "--json")) == data
     assert cli("verify", "ly").returncode == 0
+
+
+def test_a_stray_key_naming_a_far_ledger_id_records_no_lost_rows_and_fails_saying_so(cli, deps, db):  # noqa: F811
+    """Every unknown id below the largest a key names became a lost-ledger row: one stray object naming ledger
+    10**12 had recovery build and insert a row for each id below it, in one transaction."""
+    import uuid
+
+    from tiering.format.keys import data_key
+    from tiering.metadata.recovery import MAX_LOST_ROWS
+
+    produce(deps, "far", [entries("f", 3, 100)])
+    assert len(offload_many(deps, deps.meta.list_ledgers("far", [S.SEALED])).offloaded) == 1
+    far = 10**12
+    deps.bucket.s3.put_object(Bucket=deps.bucket.name, Key=data_key(deps.bucket.prefix, "far", str(uuid.uuid4()), far),
+                              Body=b"not a ledger")
+    lose_metadata(cli, db)
+    for _ in range(2):  # a rerun does the same: nothing half-written by the first
+        res = cli("recover-from-bucket", "--json")
+        assert res.returncode == 1, res.stdout
+        rec = res.json
+        assert rec["lost_recorded"] == [] and rec["unknown"] == {"far": [[1, far]]}, rec
+        assert any(f"more than the {MAX_LOST_ROWS}" in e and "'far'" in e for e in rec["errors"]), rec["errors"]
+        assert [r[:5] for r in _rows(db)] == [(0, "OFFLOADED", 3, 300, False)]

@@ -67,6 +67,7 @@ class RestoredTopic:
     adopted: list[int] = field(default_factory=list)  # sealed tier-1 ledger ids inserted, ascending
     tier1_gone: list[int] = field(default_factory=list)  # OFFLOADED ledgers whose missing tier-1 copy is recorded
     lost: list[int] = field(default_factory=list)  # ids recorded as lost ledgers (no copy), ascending
+    lost_unrecorded: int = 0  # unknown ids not recorded: more than MAX_LOST_ROWS (unknown_ids)
 
 
 def known_ledgers(engine: Engine, name: str) -> dict[int, tuple[str, bool]]:
@@ -137,8 +138,9 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
                          .values(tier1_present=False, tier1_deleted_at=now, version=ledger_t.c.version + 1))
         new = [ledgers[i] for i in sorted(ledgers) if i not in existing]
         sealed = [adopted[i] for i in sorted(adopted) if i not in existing and i not in ledgers]
-        marked = [] if lost is None else [
-            lost(i) for i in unknown_ids(existing | set(ledgers) | set(adopted), lost_to, lost_from)]
+        ids, unrecorded = unknown_ids(existing | set(ledgers) | set(adopted), lost_to, lost_from) \
+            if lost is not None else ([], 0)
+        marked = [lost(i) for i in ids]
         rows = [{
             "topic_id": row.topic_id, "ledger_id": c.ledger_id, "state": LedgerState.OFFLOADED.value,
             "entry_count": c.entry_count, "size_bytes": c.size_bytes, "created_at": c.sealed_at,
@@ -175,7 +177,7 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
                          .values(next_ledger_id=top + 1))
     return RestoredTopic(created is not None, existing - {c.ledger_id for c in upgraded + found},
                          sorted(c.ledger_id for c in new + upgraded + found), [a.ledger_id for a in sealed], gone,
-                         [x.ledger_id for x in marked])
+                         [x.ledger_id for x in marked], unrecorded)
 
 
 def lost_ledger(name: str, seals: list[tuple[int, datetime]], described: Mapping[int, tuple]):
@@ -204,9 +206,19 @@ def gaps(known: set[int], top: int = -1) -> list[tuple[int, int]]:
     return out
 
 
-def unknown_ids(known: set[int], top: int, start: int) -> list[int]:
-    """The ids of `gaps(known, top)` from `start` on (below it: what retention trimmed)."""
-    return [i for a, b in gaps(known, top) for i in range(max(a, start), b + 1)]
+# Lost-ledger rows one recovery records per topic at most: a stray key naming a far ledger id (a hostile or
+# mistaken object) would otherwise have it insert a row for every id below it, in one transaction.
+MAX_LOST_ROWS = 100_000
+
+
+def unknown_ids(known: set[int], top: int, start: int, limit: int = MAX_LOST_ROWS) -> tuple[list[int], int]:
+    """(the ids of `gaps(known, top)` from `start` on (below it: what retention trimmed), 0), or ([], how
+    many they are) when they are more than `limit`."""
+    runs = [(max(a, start), b) for a, b in gaps(known, top) if b >= start]
+    count = sum(b - a + 1 for a, b in runs)
+    if count > limit:
+        return [], count
+    return [i for a, b in runs for i in range(a, b + 1)], 0
 
 
 def _found_again(conn, topic_id: int, have: Mapping, ledgers: Mapping[int, RecoveredLedger]) -> list[RecoveredLedger]:
@@ -225,4 +237,4 @@ def _state(r) -> str:
     return r.state if isinstance(r.state, str) else r.state.value
 
 
-__all__ = ["AdoptedLedger", "LostLedger", "RecoveredLedger", "gaps", "lost_ledger", "unknown_ids", "RestoredTopic", "known_ledgers", "restore_topic"]
+__all__ = ["AdoptedLedger", "LostLedger", "MAX_LOST_ROWS", "RecoveredLedger", "gaps", "lost_ledger", "unknown_ids", "RestoredTopic", "known_ledgers", "restore_topic"]

@@ -52,7 +52,7 @@ from tiering.format.index import INDEX_HEADER_LEN, OffloadIndex
 from tiering.format.keys import INDEX_SUFFIX, ParsedKey, encode_topic, is_trim_marker, parse_key
 from tiering.format.merged import ledger_offsets, split_indexes
 from tiering.metadata import gc_sweep
-from tiering.metadata.recovery import (AdoptedLedger, RecoveredLedger, gaps, known_ledgers, lost_ledger,
+from tiering.metadata.recovery import (MAX_LOST_ROWS, AdoptedLedger, RecoveredLedger, gaps, known_ledgers, lost_ledger,
                                        restore_topic)
 from tiering.model import Chunk, TopicPolicy
 from tiering.ops.recover_tier1 import Tier1Scan, scan_topic, topic_dirs, topic_of_dir
@@ -489,6 +489,12 @@ def _commit_topic(engine, name: str, chosen: dict[int, _Copy], scan: Tier1Scan, 
     report.tier1_copies_recorded += [(name, i) for i in restored.restored if i in scan.copies]
     report.tier1_copies_gone += [(name, i) for i in restored.tier1_gone]
     report.lost_recorded += [(name, i) for i in restored.lost]
+    if restored.lost_unrecorded:
+        report.errors.append(
+            f"topic {name!r}: {restored.lost_unrecorded} ledger ids from its trim point up to {named_top} (the "
+            f"largest a key names) have no copy, more than the {MAX_LOST_ROWS} a recovery records as lost "
+            "ledgers: none was recorded (a stray object naming a far ledger id does this: check the keys under "
+            "the topic's prefix)")
     report.tier1_adopted += [(name, i) for i in restored.adopted]
     report.tier1_sealed += [(name, i) for i in restored.adopted if scan.ledgers[i].was_open]
     report.already_known += [(name, i) for i in sorted(chosen) if i in existing]
