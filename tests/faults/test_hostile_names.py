@@ -17,7 +17,7 @@ from tests.faults.harness import check_invariants
 from tests.integration.helpers import entries, produce
 from tiering.errors import BadInput
 from tiering.format.keys import data_key, encode_topic, index_key, parse_key
-from tiering.model import LedgerState as S, TopicPolicy
+from tiering.model import MAX_LEDGER_ID, LedgerState as S, TopicPolicy
 from tiering.ops.offload import offload_many
 from tiering.tier1.paths import LEDGER_FILE
 
@@ -100,5 +100,5 @@ def test_object_keys_of_the_longest_topic_names_fit_s3s_key_limit(name):
     # Topic names may have up to 1024 characters (README, schema CHECK); their object keys must still be
     # storable on AWS S3, whatever the prefix (default "tiering/") and the attempt uuid.
     uuid = "0f8fad5b-d9cb-469f-a165-70867728950e"
-    for key in (data_key("tiering/", name, uuid, 2**63 - 1), index_key("tiering/", name, uuid, 2**63 - 1)):
+    for key in (data_key("tiering/", name, uuid, MAX_LEDGER_ID), index_key("tiering/", name, uuid, MAX_LEDGER_ID)):
         assert len(key.encode("utf-8")) <= S3_MAX_KEY_BYTES, f"{len(key.encode())}-byte key for a {len(name)}-char topic"

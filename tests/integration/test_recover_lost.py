@@ -157,22 +157,29 @@ def test_a_copy_back_in_the_bucket_turns_a_recorded_lost_ledger_into_an_ordinary
 
 def test_a_stray_key_naming_a_far_ledger_id_records_no_lost_rows_and_fails_saying_so(cli, deps, db):  # noqa: F811
     """Every unknown id below the largest a key names became a lost-ledger row: one stray object naming ledger
-    10**12 had recovery build and insert a row for each id below it, in one transaction."""
+    10**12 had recovery build and insert a row for each id below it, in one transaction. One naming
+    2**63 - 1, an id after which no next_ledger_id fits a bigint, failed the whole recovery (every topic)."""
     import uuid
 
     from tiering.format.keys import data_key
     from tiering.metadata.recovery import MAX_LOST_ROWS
 
     produce(deps, "far", [entries("f", 3, 100)])
+    produce(deps, "near", [entries("n", 2, 100)])
     assert len(offload_many(deps, deps.meta.list_ledgers("far", [S.SEALED])).offloaded) == 1
+    assert len(offload_many(deps, deps.meta.list_ledgers("near", [S.SEALED])).offloaded) == 1
     far = 10**12
-    deps.bucket.s3.put_object(Bucket=deps.bucket.name, Key=data_key(deps.bucket.prefix, "far", str(uuid.uuid4()), far),
-                              Body=b"not a ledger")
+    s3, name, prefix = deps.bucket.s3, deps.bucket.name, deps.bucket.prefix
+    s3.put_object(Bucket=name, Key=data_key(prefix, "far", str(uuid.uuid4()), far), Body=b"not a ledger")
+    s3.put_object(Bucket=name, Key=f"{data_key(prefix, 'near', str(uuid.uuid4()), 0)[:-1]}{2**63 - 1}", Body=b"x")
     lose_metadata(cli, db)
     for _ in range(2):  # a rerun does the same: nothing half-written by the first
         res = cli("recover-from-bucket", "--json")
-        assert res.returncode == 1, res.stdout
+        assert res.returncode == 1, (res.stdout, res.stderr)
         rec = res.json
         assert rec["lost_recorded"] == [] and rec["unknown"] == {"far": [[1, far]]}, rec
-        assert any(f"more than the {MAX_LOST_ROWS}" in e and "'far'" in e for e in rec["errors"]), rec["errors"]
-        assert [r[:5] for r in _rows(db)] == [(0, "OFFLOADED", 3, 300, False)]
+        assert [e for e in rec["errors"] if f"more than the {MAX_LOST_ROWS}" in e and "'far'" in e], rec["errors"]
+        assert rec["ledgers_recovered_count"] + rec["already_known_count"] == 2 and rec["ignored_count"] >= 1, rec
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT name, next_ledger_id FROM tiering.topic ORDER BY name")).all() == \
+            [("far", far + 1), ("near", 1)]

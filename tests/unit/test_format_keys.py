@@ -31,7 +31,8 @@ def test_topic_encoding(topic, encoded):
 
 @pytest.mark.parametrize("args", [("", UUID, 1), (None, UUID, 1), ("\udc80", UUID, 1), ("t", "a/b", 1),
                                   ("t", "", 1), ("t", "a.b", 1), ("t", UUID, -1), ("t", UUID, True),
-                                  ("t", UUID, "1"), ("t", UUID, 2**63), ("t", 5, 1)])
+                                  ("t", UUID, "1"), ("t", UUID, 2**63), ("t", UUID, 2**63 - 1),
+                                  ("t", 5, 1)])
 def test_bad_arguments(args):
     with pytest.raises(BadInput):
         data_key("p/", *args)
@@ -55,6 +56,7 @@ def test_bad_arguments(args):
     "p/%FF/u-ledger-1",             # not UTF-8
     "p/%2/u-ledger-1",
     f"p/t/u-ledger-{2**63}",
+    f"p/t/u-ledger-{2**63 - 1}",  # no next_ledger_id (a bigint) could follow it: not an id the store makes
     "p/t/u-ledger-1.tmp",
 ])
 def test_foreign_keys_are_not_ours(key):
@@ -74,10 +76,10 @@ def test_parse_with_empty_prefix():
 def test_long_topics_get_a_hashed_segment_within_s3s_key_limit(topic):
     segment = encode_topic(topic)
     assert 200 < len(segment) <= 217 and "/" not in segment
-    key = index_key("p/", topic, UUID, 2**63 - 1)
+    key = index_key("p/", topic, UUID, 2**63 - 2)
     assert len(key.encode()) <= 1024
     parsed = parse_key("p/", key)
-    assert parsed == ParsedKey(None, UUID, 2**63 - 1, True, segment)  # the index metadata names the topic
+    assert parsed == ParsedKey(None, UUID, 2**63 - 2, True, segment)  # the index metadata names the topic
     assert encode_topic(topic + "y") != segment  # injective by the hash
 
 

@@ -71,14 +71,14 @@ def test_bad_topic_names_are_bad_input(tmp_path, bad):
         topic_dir(tmp_path, bad)
 
 
-@pytest.mark.parametrize("bad", [-1, 2**63, 1.0, "3", True, None])
+@pytest.mark.parametrize("bad", [-1, 2**63 - 1, 2**63, 1.0, "3", True, None])
 def test_bad_ledger_ids_are_bad_input(tmp_path, bad):
     with pytest.raises(BadInput):
         ledger_path(tmp_path, "t", bad)
 
 
 def test_ledger_ids_are_zero_padded_so_listing_sorts(tmp_path):
-    assert ledger_path(tmp_path, "t", 2**63 - 1).name == "09223372036854775807.ledger"
+    assert ledger_path(tmp_path, "t", 2**63 - 2).name == "09223372036854775806.ledger"
     assert ledger_path(tmp_path, "t", 0).name == "00000000000000000000.ledger"
 
 
@@ -99,3 +99,13 @@ def test_any_names_are_safe_and_injective(topics):
     assert len(set(names)) == len(names)
     for name in names:
         assert NAME_CHARS.match(name) and name not in (".", "..") and len(name.encode()) <= 255
+
+
+def test_a_file_naming_an_id_the_store_never_makes_is_not_a_ledger(tmp_path):
+    """Twenty digits hold ids past int64: such a file listed as a ledger made recovery overflow the topic's
+    next_ledger_id (a bigint), failing it whole."""
+    from tiering.tier1.paths import LEDGER_FILE, ledger_id_of
+
+    assert ledger_id_of(LEDGER_FILE, "09223372036854775806.ledger") == 2**63 - 2
+    for name in ("09223372036854775807.ledger", "99999999999999999999.ledger", "1.ledger", "x.ledger"):
+        assert ledger_id_of(LEDGER_FILE, name) is None

@@ -12,6 +12,7 @@ from typing import NamedTuple
 from urllib.parse import quote, unquote
 
 from tiering.errors import BadInput
+from tiering.model import MAX_LEDGER_ID
 
 INDEX_SUFFIX = "-index"
 _UUID = re.compile(r"[0-9A-Za-z_-]+")
@@ -53,8 +54,8 @@ def encode_topic(topic: str) -> str:
 def data_key(prefix: str, topic: str, uuid: str, ledger_id: int) -> str:
     if not isinstance(uuid, str) or not _UUID.fullmatch(uuid):
         raise BadInput(f"offload uuid must be letters, digits, '-' or '_', got {uuid!r}")
-    if isinstance(ledger_id, bool) or not isinstance(ledger_id, int) or not 0 <= ledger_id < 2**63:
-        raise BadInput(f"ledger id must be a non-negative int64, got {ledger_id!r}")
+    if isinstance(ledger_id, bool) or not isinstance(ledger_id, int) or not 0 <= ledger_id <= MAX_LEDGER_ID:
+        raise BadInput(f"ledger id must be an integer in 0..{MAX_LEDGER_ID}, got {ledger_id!r}")
     return f"{prefix}{encode_topic(topic)}/{uuid}-ledger-{ledger_id}"
 
 
@@ -71,7 +72,7 @@ def parse_key(prefix: str, key: str) -> ParsedKey | None:
     if not m or not encoded:
         return None
     ledger_id = int(m["ledger"])
-    if ledger_id >= 2**63:
+    if ledger_id > MAX_LEDGER_ID:
         return None
     if len(encoded) > MAX_SEGMENT:
         if not _HASHED.fullmatch(encoded):

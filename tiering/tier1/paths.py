@@ -18,13 +18,20 @@ import re
 from pathlib import Path
 
 from tiering.errors import BadInput, LedgerStorageError
+from tiering.model import MAX_LEDGER_ID
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _PREFIX_CHARS = 100
 _HASH_HEX = 16
-MAX_LEDGER_ID = 2**63 - 1  # entry and ledger ids are int64 everywhere (PIP-17, metadata)
 LEDGER_SUFFIX = ".ledger"
 LEDGER_FILE = re.compile(r"^(\d{20})\.ledger$")
+
+
+def ledger_id_of(pattern: re.Pattern, name: str) -> int | None:
+    """The ledger id a file name matching `pattern` carries, None for another name or an id the store
+    never makes (twenty digits hold more than MAX_LEDGER_ID)."""
+    m = pattern.match(name)
+    return None if m is None or int(m.group(1)) > MAX_LEDGER_ID else int(m.group(1))
 
 
 def _topic_bytes(topic: object) -> bytes:

@@ -15,7 +15,7 @@ from tiering.errors import LedgerStorageError
 from tiering.model import Ledger, LedgerState
 from tiering.tier1.ledger_file import (LedgerFileExists, LedgerFileMissing, LedgerReader, LedgerWriter,
                                        RecoveryInfo, fsync_dir, recover)
-from tiering.tier1.paths import LEDGER_FILE, ledger_path, topic_dir
+from tiering.tier1.paths import LEDGER_FILE, ledger_id_of, ledger_path, topic_dir
 
 _CREATE_ATTEMPTS = 5
 RETIRED_SUFFIX = ".retired"
@@ -156,7 +156,7 @@ class Tier1Store:
             names = os.listdir(directory)
         except FileNotFoundError:
             return []
-        return sorted(int(m.group(1)) for m in map(LEDGER_FILE.match, names) if m)
+        return sorted(i for i in (ledger_id_of(LEDGER_FILE, n) for n in names) if i is not None)
 
     # -- deleting a copy in two steps (delete-lagged, retention) --
     # A missing file must fail the deletion (on a worker that does not see the shared root, "already gone"
@@ -191,4 +191,4 @@ class Tier1Store:
             names = os.listdir(topic_dir(self.root, topic))
         except FileNotFoundError:
             return []
-        return sorted(int(m.group(1)) for m in map(RETIRED_FILE.match, names) if m)
+        return sorted(i for i in (ledger_id_of(RETIRED_FILE, n) for n in names) if i is not None)
