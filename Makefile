@@ -16,7 +16,8 @@ PYTEST_ARGS ?=
 # the suite's workers (pytest-xdist, a module on one worker): most tests wait on subprocesses, JVMs and
 # servers, so two share two cores. Modules go out in collection order (--no-loadscope-reorder: the cluster,
 # DAG and end-to-end tiers first, few slow tests each); xdist's default sends the modules with the most tests
-# first, which left the slowest for last, on one worker while the other idled
+# first, which left the slowest for last, on one worker while the other idled. Modules sharing a costly session
+# fixture (the Spark cluster, the PostgreSQL-backed Airflow home) go out as one unit: tests/conftest.py
 TEST_WORKERS ?= 2
 
 .PHONY: demo test test-unit lint services schema up stop bench venv sysdeps clean dist

@@ -43,6 +43,36 @@ def pytest_sessionfinish(session):
 # worker, in order, as many build one world per module); each worker has its own database and bucket
 # (RUN_ID is drawn per process).
 
+# Modules that share a session fixture costing a minute or more to build go to one worker as one unit, so
+# that only that worker builds it: the Spark standalone cluster with its Airflow home, and the Airflow home
+# with a PostgreSQL metastore (`airflow db migrate` of an empty database). Split over both workers, each
+# built its own.
+SHARED_SESSION_FIXTURES = {
+    "tests/cluster/test_pipeline_on_cluster.py": "tests/cluster: spark_cluster",
+    "tests/cluster/test_scrub_on_cluster.py": "tests/cluster: spark_cluster",
+    "tests/cluster/test_unreachable_driver.py": "tests/cluster: spark_cluster",
+    "tests/dags/test_dag_runs.py": "tests/dags: airflow",
+    "tests/dags/test_lineage.py": "tests/dags: airflow",
+    "tests/dags/test_recover_dag.py": "tests/dags: airflow",
+    "tests/dags/test_table_sync_dag.py": "tests/dags: airflow",
+}
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, with the modules of SHARED_SESSION_FIXTURES grouped (each group sent in collection
+    order, where its first module stands); other modes are xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFixtureScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return SHARED_SESSION_FIXTURES.get(module, module)
+
+    return SharedFixtureScheduling(config, log)
+
 
 def _require(name: str) -> str:
     value = os.environ.get(name)
