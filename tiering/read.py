@@ -95,8 +95,15 @@ class Gap:
         return self.end.entry_id == LAST_ENTRY
 
     def range_text(self) -> str:
+        """Its positions, `L:E..L:E` (or `..the end of ledger L (entry count unknown)`)."""
         end = f"the end of ledger {self.end.ledger_id} (entry count unknown)" if self.end_unknown else self.end
         return f"{self.start}..{end}"
+
+    def entries_text(self) -> str:
+        """Its entry ids within its one ledger, `E..E` (or `E..the end (entry count unknown)`), for messages
+        that name the ledger already."""
+        end = "the end (entry count unknown)" if self.end_unknown else self.end.entry_id
+        return f"{self.start.entry_id}..{end}"
 
 
 class Tier2Ledger(Protocol):
@@ -288,7 +295,7 @@ class ReadHandle:
     def _dataloss(self, led: Ledger, first: int, last: int, cause: str | None = None) -> Iterator[Gap]:
         gap = Gap(DATALOSS, Position(led.ledger_id, first), Position(led.ledger_id, last), cause)
         if self.raise_on_dataloss:
-            raise DataLossError(f"ledger {led.topic}/{led.ledger_id} entries {gap.range_text()} are in no tier "
+            raise DataLossError(f"ledger {led.topic}/{led.ledger_id} entries {gap.entries_text()} are in no tier "
                                 f"(state {led.state.value})" + (f": {cause}" if cause else ""))
         yield gap
 

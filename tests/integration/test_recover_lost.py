@@ -69,7 +69,7 @@ def test_ids_recovery_has_no_copy_of_become_lost_ledgers_that_reads_and_verify_n
     assert text_out[0] == "# DATALOSS gap from 2:1 to the end of ledger 2 (entry count unknown)"
     assert text_out[1] == "# DATALOSS gap from 3:0 to 3:2" and text_out[2].startswith("4:0\t")
     err = cli("read", "lx", "--fail-on-dataloss").one_line_error(1)
-    assert "lx/2" in err and "2:0..the end of ledger 2 (entry count unknown)" in err
+    assert "lx/2" in err and "ledger lx/2 entries 0..the end (entry count unknown)" in err
 
     status = {r["ledger"]: r for r in cli("status", "lx", "--json").ok().json["ledgers"]}
     assert [(status[i]["lost"], status[i]["entry_count"], status[i]["tiers"]) for i in (2, 3, 5)] == [

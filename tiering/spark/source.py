@@ -230,7 +230,7 @@ def _chunks(reader: TieringReader, part: Part, token: str | None) -> Iterator[tu
             raise LedgerStorageError(f"ledger {led.topic}/{led.ledger_id} is in tier 1 only and this worker "
                                      f"cannot read it: {why_not}")
         else:
-            msg = (f"DATALOSS: ledger {led.topic}/{led.ledger_id} entries {got.range_text()} are in "
+            msg = (f"DATALOSS: ledger {led.topic}/{led.ledger_id} entries {got.entries_text()} are in "
                    f"no tier (state {led.state.value})")
             if reader.skip_dataloss:
                 log.warning("%s: skipped (skipDataLoss=true)", msg)

@@ -112,7 +112,7 @@ def write_file(deps, filesystem, item: dict, open_tier2) -> dict:
                                          lambda: None):
                 if not isinstance(got, Run):
                     if got.kind == DATALOSS:
-                        raise DataLossError(f"ledger {topic}/{led.ledger_id} entries {got.range_text()} are in no tier")
+                        raise DataLossError(f"ledger {topic}/{led.ledger_id} entries {got.entries_text()} are in no tier")
                     raise TieringError(f"ledger {topic}/{led.ledger_id} was trimmed while being synced; the "
                                        "next sync passes over it")
                 for entry_id, data in got.entries:
