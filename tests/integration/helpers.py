@@ -1,6 +1,7 @@
 """Helpers shared by integration tests: build deps on the run's services, produce known payloads."""
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 
@@ -81,3 +82,42 @@ def wait_until_waiting_on_lock(engine, marker: str, alive, timeout: float = 30) 
     deadline = time.monotonic() + timeout
     while not waiting_on_lock(engine, marker) and alive() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def race_paused_at(engine, hook: str, pause_at, first, second, lock_marker: str, timeout: float = 60) -> tuple:
+    """Run `first()` in a thread until a statement of its own for which `pause_at(statement)` is true (at
+    SQLAlchemy's `hook`: "before_cursor_execute" or "after_cursor_execute"), hold it there, run `second()` in
+    another thread until it waits for a lock (a statement holding `lock_marker`), then let both go on.
+    Returns (first's, second's) outcome: its result, or "Type: message" of what it raised."""
+    from sqlalchemy import event
+
+    paused, go, owner, outcome = threading.Event(), threading.Event(), [], [None, None]
+
+    def pause(conn, cursor, statement, *_a, **_kw):
+        if threading.get_ident() in owner and not paused.is_set() and pause_at(statement):
+            paused.set()
+            go.wait(timeout)
+
+    def run(i, work, mine=False):
+        if mine:
+            owner.append(threading.get_ident())
+        try:
+            outcome[i] = work()
+        except Exception as exc:  # noqa: BLE001 - the caller asserts on what each side did
+            outcome[i] = f"{type(exc).__name__}: {exc}"
+
+    event.listen(engine, hook, pause)
+    a = threading.Thread(target=run, args=(0, first, True))
+    b = threading.Thread(target=run, args=(1, second))
+    try:
+        a.start()
+        assert paused.wait(timeout)
+        b.start()
+        wait_until_waiting_on_lock(engine, lock_marker, b.is_alive)
+        go.set()
+        a.join(timeout)
+        b.join(timeout)
+    finally:
+        go.set()
+        event.remove(engine, hook, pause)
+    return tuple(outcome)

@@ -128,46 +128,19 @@ def test_a_topic_created_while_a_delete_of_its_name_commits_goes_on_after_the_ol
     # the delete's last transaction leaves the tombstone and removes the topic row; a create of the name
     # meanwhile waits for that row and then must see the tombstone, or the new topic starts at ledger 0
     # under the old topic's trim marker: a recovery from the bucket would take its ledgers for trimmed
-    import threading
-
-    from sqlalchemy import event
-
-    from tests.integration.helpers import wait_until_waiting_on_lock
+    from tests.integration.helpers import race_paused_at
     from tiering.ops.offload import offload_many
     from tiering.tier2.markers import read_trim_marker
 
     produce(deps, "r", [entries(f"old{i}", 4, 100) for i in range(3)], TopicPolicy(**SMALL))
-    paused, go, deleting = threading.Event(), threading.Event(), []
-
-    def after(conn, cursor, statement, *_a, **_kw):
-        if threading.get_ident() in deleting and statement.startswith("DELETE FROM tiering.topic WHERE"):
-            paused.set()  # the topic row is gone, the tombstone written, neither committed yet
-            go.wait(30)
-
-    outcome = {}
-
-    def delete():
-        deleting.append(threading.get_ident())
-        outcome["delete"] = delete_topic(deps, "r")
-
-    def create():
-        outcome["create"] = deps.meta.create_topic("r", TopicPolicy(**SMALL))
-
-    event.listen(db, "after_cursor_execute", after)
-    d, c = threading.Thread(target=delete), threading.Thread(target=create)
-    try:
-        d.start()
-        assert paused.wait(30)
-        c.start()
-        wait_until_waiting_on_lock(db, "INSERT INTO tiering.topic ", c.is_alive)
-        go.set()
-        d.join(30)
-        c.join(30)
-    finally:
-        go.set()
-        event.remove(db, "after_cursor_execute", after)
-    assert outcome["delete"].next_ledger_id == 3
-    assert outcome["create"].next_ledger_id == 3, "the new topic reuses the deleted one's ledger ids"
+    # the delete paused once the topic row is gone and the tombstone written, neither committed yet
+    deleted, created = race_paused_at(db, "after_cursor_execute",
+                                      lambda statement: statement.startswith("DELETE FROM tiering.topic WHERE"),
+                                      lambda: delete_topic(deps, "r"),
+                                      lambda: deps.meta.create_topic("r", TopicPolicy(**SMALL)),
+                                      "INSERT INTO tiering.topic ", timeout=30)
+    assert deleted.next_ledger_id == 3, deleted
+    assert created.next_ledger_id == 3, "the new topic reuses the deleted one's ledger ids"
     with db.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM tiering.topic_tombstone WHERE name = 'r'")).scalar() == 0
     produce_more = ManagedLedgerWriter(deps.meta, deps.tier1, "r")

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import event, text
 
-from tests.integration.helpers import entries, produce, wait_until_waiting_on_lock
+from tests.integration.helpers import entries, produce, race_paused_at, wait_until_waiting_on_lock
 from tiering.errors import ConditionalUpdateFailed
 from tiering.model import LedgerState as S
 from tiering.ops.offload import offload_many
@@ -78,40 +78,12 @@ def test_a_topic_delete_and_an_offload_committing_in_it_do_not_deadlock(deps, db
 
     produce(deps, "dd", [entries(f"dd{i}", 2, 50) for i in range(2)])
     sealed = deps.meta.list_ledgers("dd", [S.SEALED])
-    paused, go, offloading = threading.Event(), threading.Event(), []
-
-    def before(conn, cursor, statement, *_a, **_kw):
-        # pause the offload's commit transaction after its ledger rows changed, before its chunk rows
-        if threading.get_ident() in offloading and statement.startswith("INSERT INTO tiering.chunk") \
-                and not paused.is_set():
-            paused.set()
-            go.wait(30)
-
-    outcome = {}
-
-    def run(name, work):
-        if name == "offload":
-            offloading.append(threading.get_ident())
-        try:
-            outcome[name] = work()
-        except Exception as exc:  # noqa: BLE001 - the deadlock this test is about
-            outcome[name] = f"{type(exc).__name__}: {exc}"
-
-    event.listen(db, "before_cursor_execute", before)
-    o = threading.Thread(target=run, args=("offload", lambda: offload_many(deps, sealed)))
-    d = threading.Thread(target=run, args=("delete", lambda: delete_topic(deps, "dd")))
-    try:
-        o.start()
-        assert paused.wait(30)
-        d.start()
-        wait_until_waiting_on_lock(db, "tiering.ledger.ledger_id FOR UPDATE", d.is_alive)
-        go.set()
-        o.join(60)
-        d.join(60)
-    finally:
-        go.set()
-        event.remove(db, "before_cursor_execute", before)
-    assert not isinstance(outcome["offload"], str), outcome
-    assert not isinstance(outcome["delete"], str), outcome
-    assert outcome["delete"].ledgers_deleted == 2
+    # the offload's commit paused after its ledger rows changed, before its chunk rows
+    offloaded, deleted = race_paused_at(db, "before_cursor_execute",
+                                        lambda statement: statement.startswith("INSERT INTO tiering.chunk"),
+                                        lambda: offload_many(deps, sealed), lambda: delete_topic(deps, "dd"),
+                                        "tiering.ledger.ledger_id FOR UPDATE")
+    assert not isinstance(offloaded, str), offloaded
+    assert not isinstance(deleted, str), deleted
+    assert deleted.ledgers_deleted == 2
     assert [t.name for t in deps.meta.list_topics()] == []
