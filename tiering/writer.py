@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tiering.errors import BadInput
+from tiering.errors import BadInput, TopicReplaced
 from tiering.metadata.attributes import Attributes, AttributeUpdate, Verb
 from tiering.metadata.repository import MetadataStore
 from tiering.model import Ledger, LedgerState, Position
@@ -67,7 +67,12 @@ class ManagedLedgerWriter:
         other order left a row without a file, which a later writer could not tell from a wrong root."""
         name = self.topic.name
         self.tier1.check_root()
-        ledger_id = self.meta.get_topic(name).next_ledger_id
+        now = self.meta.get_topic(name)
+        if now.topic_id != self.topic.topic_id:
+            # deleted and created again while this writer was between ledgers: the entries it is handed were
+            # meant for the topic that is gone, not for the new one (Pulsar fences a deleted topic's producers)
+            raise TopicReplaced(name)
+        ledger_id = now.next_ledger_id
         try:
             writer = self.tier1.create_ledger(name, ledger_id)
         except LedgerFileExists:
@@ -77,7 +82,7 @@ class ManagedLedgerWriter:
                 raise LedgerFileExists(f"ledger {ledger_id} of topic {name!r} has entries in tier 1 but no row "
                                        "in metadata: it is not written over") from None
         try:
-            self._ledger = self.meta.open_ledger(name, ledger_id)
+            self._ledger = self.meta.open_ledger(name, ledger_id, self.topic.topic_id)
         except BaseException:
             writer.close()
             raise

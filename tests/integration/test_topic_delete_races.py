@@ -3,9 +3,11 @@ from another session) has nothing due any more. The run goes on with the other t
 deleted one's work as not done by it, never as a failure or bad input. Real PostgreSQL, S3 and tier-1 root."""
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import text
 
 from tests.integration.helpers import entries, produce
+from tiering.errors import TopicReplaced
 from tiering.model import LedgerState as S, TopicPolicy
 from tiering.ops import defrag as defrag_ops, delete_lagged as lagged_ops, retention as retention_ops
 from tiering.ops.delete_lagged import delete_lagged
@@ -150,3 +152,29 @@ def test_a_topic_created_while_a_delete_of_its_name_commits_goes_on_after_the_ol
     assert offload_many(deps, deps.meta.list_ledgers("r", [S.SEALED])).failed == {}
     (new,) = deps.meta.list_ledgers("r")
     assert new.ledger_id >= read_trim_marker(deps.bucket, "r"), "the new topic's ledger lies below its trim marker"
+
+
+def test_a_writer_between_ledgers_does_not_write_into_the_topic_created_again_under_its_name(deps):
+    """A producer idle between two ledgers while its topic is deleted and created again: its next entry
+    was meant for the topic that is gone, so it is refused, and the new topic gets nothing."""
+    produce(deps, "a", [entries("a", 4, 100)])
+    writer = ManagedLedgerWriter(deps.meta, deps.tier1, "a")  # nothing OPEN: the next append opens a ledger
+    delete_topic(deps, "a", force=True)
+    deps.meta.create_topic("a", TopicPolicy(**SMALL))
+    with pytest.raises(TopicReplaced):
+        writer.append(b"meant for the old topic")
+    assert deps.meta.list_ledgers("a") == []
+    assert ManagedLedgerWriter(deps.meta, deps.tier1, "a").append(b"new").entry_id == 0  # the new topic's own
+
+
+def test_opening_a_ledger_for_a_replaced_topic_is_refused_by_its_compare_and_set(deps):
+    """The same race inside the writer's window (the topic read, then deleted and created again before
+    the ledger's row is inserted): the row's compare-and-set names the topic by id."""
+    produce(deps, "a", [entries("a", 4, 100)])
+    old = deps.meta.get_topic("a")
+    delete_topic(deps, "a", force=True)
+    new = deps.meta.create_topic("a", TopicPolicy(**SMALL))
+    with pytest.raises(TopicReplaced):
+        deps.meta.open_ledger("a", new.next_ledger_id, old.topic_id)
+    assert deps.meta.list_ledgers("a") == []
+    assert deps.meta.open_ledger("a", new.next_ledger_id, new.topic_id).ledger_id == new.next_ledger_id

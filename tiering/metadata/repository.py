@@ -13,7 +13,8 @@ from sqlalchemy import and_, delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from tiering.errors import ConditionalUpdateFailed, LedgerNotFound, TieringError, TopicExists, TopicNotFound
+from tiering.errors import (ConditionalUpdateFailed, LedgerNotFound, TieringError, TopicExists, TopicNotFound,
+                            TopicReplaced)
 from tiering.metadata import attempt_locks
 from tiering.metadata.planning import Planning
 from tiering.metadata.repair import Repairs
@@ -217,22 +218,27 @@ class MetadataStore:
         return attempt_locks.new_attempt(self.engine, lock_class)
 
     # ---------------------------------------------------------------- ledgers: transitions
-    def open_ledger(self, topic_name: str, ledger_id: int | None = None) -> Ledger:
+    def open_ledger(self, topic_name: str, ledger_id: int | None = None, topic_id: int | None = None) -> Ledger:
         """Allocate the topic's next ledger id and create it OPEN (at most one OPEN ledger per topic).
         `ledger_id`: the id the caller read as next (and made the tier-1 file of), taken only while it still
-        is the next one (compare-and-set); ConditionalUpdateFailed otherwise."""
+        is the next one (compare-and-set); ConditionalUpdateFailed otherwise. `topic_id`: the topic the caller
+        writes to, TopicReplaced when the name now belongs to another one (deleted and created again)."""
         check_topic_name(topic_name, existing=True)
         try:
             with self.engine.begin() as conn:
                 cond = [topic.c.name == topic_name]
                 if ledger_id is not None:
                     cond.append(topic.c.next_ledger_id == ledger_id)
+                if topic_id is not None:
+                    cond.append(topic.c.topic_id == topic_id)
                 row = conn.execute(
                     update(topic).where(*cond)
                     .values(next_ledger_id=topic.c.next_ledger_id + 1)
                     .returning(topic.c.topic_id, topic.c.next_ledger_id)).one_or_none()
                 if row is None:
                     now = self.get_topic(topic_name, conn)  # an unknown topic says so
+                    if topic_id is not None and now.topic_id != topic_id:
+                        raise TopicReplaced(topic_name)
                     raise ConditionalUpdateFailed(f"topic {topic_name!r}", f"next ledger id {ledger_id}",
                                                   f"next ledger id {now.next_ledger_id}")
                 conn.execute(insert(ledger).values(topic_id=row.topic_id, ledger_id=row.next_ledger_id - 1,
