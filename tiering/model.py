@@ -82,6 +82,10 @@ INT64_MAX = 2**63 - 1  # PostgreSQL bigint
 # The largest ledger id the store makes: a topic's next_ledger_id (a bigint) must follow it. A key or tier-1
 # file naming a larger one is not the store's (recovery moving next_ledger_id past it would overflow).
 MAX_LEDGER_ID = INT64_MAX - 1
+# The entry count a read or a Spark plan gives a lost ledger whose count nobody knows
+# (Ledger.entries_unknown): every entry id a position can name (0..INT64_MAX) is inside it, so the read
+# runs to the end of that ledger as one DATALOSS gap.
+UNKNOWN_ENTRY_COUNT = INT64_MAX + 1
 MAX_SECONDS = 100 * 365 * 86400  # durations: 100 years fits timedelta and PostgreSQL intervals with room
 ASCII_INT = re.compile(r"-?[0-9]+")
 

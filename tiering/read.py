@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol
 
 from tiering.errors import BadInput, CorruptObjectError, DataLossError, LedgerStorageError
 from tiering.metadata.repository import MetadataStore
-from tiering.model import INT64_MAX, Chunk, Ledger, LedgerState, Position
+from tiering.model import INT64_MAX, UNKNOWN_ENTRY_COUNT, Chunk, Ledger, LedgerState, Position
 from tiering.tier1 import LedgerFileMissing, Tier1Store
 
 TRIMMED = "TRIMMED"
@@ -133,9 +133,9 @@ def open_ledger_now(meta: MetadataStore, tier1: Tier1Store, led: Ledger) -> Ledg
 
 def ledger_extent(meta: MetadataStore, tier1: Tier1Store, led: Ledger) -> tuple[Ledger, int]:
     """A listed ledger's row (an open one's as `open_ledger_now` gives it) and its entry count (for a lost
-    ledger whose count is unknown, one past LAST_ENTRY: every position of it is read, as its gap)."""
+    ledger whose count is unknown, UNKNOWN_ENTRY_COUNT: every position of it is read, as its gap)."""
     if led.entries_unknown:
-        return led, LAST_ENTRY + 1
+        return led, UNKNOWN_ENTRY_COUNT
     if led.state != LedgerState.OPEN:
         return led, tier1.extent(led)[0]
     led = open_ledger_now(meta, tier1, led)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tiering.errors import BadInput
-from tiering.model import INT64_MAX, Chunk, Ledger, LedgerState
+from tiering.model import UNKNOWN_ENTRY_COUNT, Chunk, Ledger, LedgerState
 from tiering.spark.filters import Pushed
 
 if TYPE_CHECKING:  # for annotations only: the source's filter-pushdown process imports this module
@@ -86,7 +86,7 @@ def select_topics(meta: MetadataStore, options: dict) -> list[str]:
 
 def _entry_count(meta: MetadataStore, led: Ledger, tier1: Tier1Store, sees_tier1: bool) -> int:
     if led.entries_unknown and led.state != S.DELETED:
-        return INT64_MAX + 1  # a lost ledger nobody knows the size of: one part, read as its DATALOSS gap
+        return UNKNOWN_ENTRY_COUNT  # a lost ledger nobody knows the size of: one part, read as its DATALOSS gap
     if led.state == S.OPEN and not sees_tier1:
         return 0  # an open ledger lives in tier 1 only: the driver must see it to fix its length
     count = tier1.extent(led)[0]  # as ReadHandle counts it: a file gone or unreadable holds nothing yet
