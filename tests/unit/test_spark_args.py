@@ -42,6 +42,8 @@ def test_every_dag_of_the_design_is_there():
     # the offload DAGs' upload limit; 0 is a value (unlimited for this run), not "absent"
     ("tiering_offload_by_age", {"max_bytes_per_second": 8388608}, ["--by=age", "--max-bytes-per-second=8388608"]),
     ("tiering_offload_by_age", {"max_bytes_per_second": "8MiB"}, ["--by=age", "--max-bytes-per-second=8388608"]),
+    # the form's "integer" field takes 8388608.0 (JSON numbers), so the plan does too
+    ("tiering_offload_by_age", {"max_bytes_per_second": 8388608.0}, ["--by=age", "--max-bytes-per-second=8388608"]),
     ("tiering_offload_prefix", {"topic": "t", "position": "1:0", "max_bytes_per_second": 0},
      ["--prefix=t", "--position=1:0", "--max-bytes-per-second=0"]),
 ])
@@ -79,6 +81,10 @@ def test_args(dag_id, kwargs, expected):
     ("tiering_offload_by_age", {"max_bytes_per_second": "8Q"}),
     ("tiering_offload_by_age", {"max_bytes_per_second": "-8M"}),
     ("tiering_offload_by_age", {"max_bytes_per_second": True}),
+    ("tiering_offload_by_age", {"max_bytes_per_second": 8.5}),
+    ("tiering_offload_by_age", {"max_bytes_per_second": float("nan")}),
+    ("tiering_offload_by_age", {"max_bytes_per_second": float("inf")}),
+    ("tiering_offload_by_age", {"max_bytes_per_second": 2.0**63}),
     ("nope", {}),
 ])
 def test_bad_args_are_refused(dag_id, kwargs):

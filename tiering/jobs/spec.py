@@ -94,7 +94,10 @@ SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)? ?([KMGTkmgt]([iI]?[bB])?|[bB])?$(?!\n)"
 
 
 def _check_rate(value: object) -> str:
-    """Bytes per second: a JSON integer, or a string with a unit ("10MiB"); passed on as bytes."""
+    """Bytes per second: a JSON integer, or a string with a unit ("10MiB"); passed on as bytes. JSON does not
+    tell 8 from 8.0 and neither does the form's schema ("integer" takes both), so a whole float is its integer."""
+    if isinstance(value, float) and value.is_integer() and 0 <= value <= INT64_MAX:
+        value = int(value)
     if isinstance(value, str):
         return str(parse_size(value, "an upload limit (per second, 0: unlimited)", 0, INT64_MAX))
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT64_MAX:
