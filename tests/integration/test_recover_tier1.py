@@ -290,32 +290,3 @@ def test_a_bad_page_in_a_shared_object_loses_only_its_own_ledger(deps, new_datab
     assert report.ok and sorted(report.ledgers_recovered) == [("f", 0), ("f", 2)]
     assert report.unknown == {"f": [(1, 1)]}
     assert [why for key, why in report.ignored if key == mid.index_key and why.startswith("ledger 1: invalid")]
-
-
-def test_a_shared_object_recovery_cannot_use_still_keeps_all_its_ledgers_ids(deps, new_database):  # noqa: F811
-    """Three small ledgers offloaded together, no tier-1 copies, a flipped byte in the middle one's block
-    header: the shared object's layout cannot be walked, so none of its copies is recovered. Its index object
-    still lists all three: they are reported unknown and the next ledger id moves past the last of them,
-    not only past the first (the one the key names)."""
-    import dataclasses
-
-    from tests.integration.helpers import MIB, entries, produce
-    from tiering.model import LedgerState as S
-    from tiering.ops.offload import offload_many
-    from tiering.ops.recover import recover_from_bucket
-
-    batched = dataclasses.replace(deps, knobs=dataclasses.replace(deps.knobs, batch_small_bytes=8 * MIB))
-    produce(deps, "g", [entries(f"g{i}", 3, 100) for i in range(3)])
-    assert len(offload_many(batched, deps.meta.list_ledgers("g", [S.SEALED])).offloaded) == 3
-    mid = deps.meta.chunks("g")[1]
-    for led in deps.meta.list_ledgers("g"):
-        deps.tier1.delete("g", led.ledger_id)
-    s3, name = deps.bucket.s3, deps.bucket.name
-    body = bytearray(s3.get_object(Bucket=name, Key=mid.data_key)["Body"].read())
-    body[mid.data_offset + 6] ^= 0x01  # the block header's length field
-    s3.put_object(Bucket=name, Key=mid.data_key, Body=bytes(body))
-    target = new_database()
-    report = recover_from_bucket(target, deps.bucket, tier1=deps.tier1, check_pages=True)
-    assert report.ok and report.ledgers_recovered == [] and report.unknown == {"g": [(0, 2)]}
-    with target.connect() as conn:
-        assert conn.execute(text("SELECT next_ledger_id FROM tiering.topic WHERE name = 'g'")).scalar_one() == 3

@@ -8,7 +8,7 @@ from tiering.errors import CorruptObjectError
 from tiering.format import HEADER_LEN, IndexEntry, LedgerOffloadMetadata, encode_index, encode_metadata, pack_blocks
 from tiering.format.block import parse_block_header
 from tiering.format.index import block_pages, check_ledger_pages, check_page_run, decode_index, page_index
-from tiering.format.merged import block_layout, ledger_offsets, split_indexes
+from tiering.format.merged import block_layout, ledger_offsets, offsets_before_break, split_indexes
 
 
 def ledger(ledger_id: int, payload_sizes: list[int], block_size: int = 400, page_size: int = 100):
@@ -101,3 +101,50 @@ def test_check_page_run_checks_the_pages_of_a_slice():
     check_page_run(index, 3, n - 1, bytes(bad[index.page_span(3)[0]:]), index.page_span(3)[0], "k")
     with pytest.raises(CorruptObjectError):
         check_ledger_pages(index, bytes(bad), "data object k")
+
+
+def _walk_until_broken(data: bytes):
+    """headers() as far as they parse: (the list, whether a header failed)."""
+    out = []
+    try:
+        for item in headers(data):
+            out.append(item)
+    except CorruptObjectError:
+        return out, True
+    return out, False
+
+
+def test_the_ledgers_before_a_header_that_does_not_parse_are_placed():
+    (d1, i1), (d2, i2), (d3, i3) = ledger(1, [10] * 30), ledger(2, [50] * 9), ledger(3, [10] * 30)
+    indexes = [decode_index(i) for i in (i1, i2, i3)]
+    broken = bytearray(d1 + d2 + d3)
+    broken[len(d1) + 6] ^= 1  # ledger 2's first header
+    walked, cut = _walk_until_broken(bytes(broken))
+    assert cut and ledger_offsets(walked, len(broken), indexes) is None
+    # ledger 1's run ends where the walk broke: nothing longer begins like it, so it is placed
+    assert offsets_before_break(walked, indexes, cut=True, checked=False) == [0, None, None]
+
+
+def test_a_run_cut_short_is_not_taken_for_a_shorter_ledger_of_the_same_start_unless_pages_are_checked():
+    # ledger 2's first block equals ledger 1's only block: a walk broken at ledger 2's second header
+    # cannot tell ledger 1 from the start of ledger 2
+    # (eight 22-byte entries fill a 400-byte block exactly: a one-block ledger and a full block look alike)
+    (d1, i1), (d2, i2) = ledger(1, [22] * 8, block_size=400), ledger(2, [22] * 24, block_size=400)
+    indexes = [decode_index(i) for i in (i1, i2)]
+    assert block_layout(indexes[1])[0] == block_layout(indexes[0])[0]
+    broken = bytearray(d2 + d1)
+    broken[block_layout(indexes[1])[1][1] + 6] ^= 1  # ledger 2's second header
+    walked, cut = _walk_until_broken(bytes(broken))
+    assert offsets_before_break(walked, indexes, cut=cut, checked=False) == [None, None]
+    assert offsets_before_break(walked, indexes, cut=cut, checked=True) == [0, None]  # its pages then refuse
+
+
+def test_a_header_naming_the_wrong_entry_ends_the_matching_runs():
+    (d1, i1), (d2, i2), (d3, i3) = ledger(1, [10] * 30), ledger(2, [50] * 9), ledger(3, [10] * 30)
+    indexes = [decode_index(i) for i in (i1, i2, i3)]
+    broken = bytearray(d1 + d2 + d3)
+    broken[len(d1) + 27] ^= 1  # ledger 2's first header now names entry 1: its blocks join ledger 1's run
+    walked, cut = _walk_until_broken(bytes(broken))
+    assert not cut and ledger_offsets(walked, len(broken), indexes) is None
+    # ledger 3 would match its run, but what follows a break is placed from the object's end, not here
+    assert offsets_before_break(walked, indexes, cut=False, checked=False) == [0, None, None]

@@ -8,7 +8,7 @@ from tiering.errors import CorruptObjectError
 from tiering.format.block import BlockHeader
 from tiering.format.index import INDEX_HEADER_LEN, OffloadIndex, decode_index
 
-__all__ = ["block_layout", "ledger_offsets", "split_indexes"]
+__all__ = ["block_layout", "ledger_offsets", "offsets_before_break", "split_indexes"]
 
 
 def split_indexes(buf: bytes | bytearray | memoryview, key: str) -> list[tuple[int, int, OffloadIndex]]:
@@ -40,22 +40,65 @@ def ledger_offsets(headers: Iterable[tuple[int, BlockHeader]], size: int,
     and each run of blocks is matched to the index with the same block layout, so the answer does not
     depend on the concatenation order. None when the blocks cannot be matched one to one with the indexes.
     `headers` is consumed only as far as needed: a caller may fetch them lazily."""
-    segments: list[tuple[int, list]] = []
-    for off, hdr in headers:
-        if off + hdr.block_len > size:
-            return None
-        if hdr.first_entry_id == 0:
-            segments.append((off, []))
-        elif not segments:
-            return None
-        start, blocks = segments[-1]
-        blocks.append((hdr.first_entry_id, off - start, hdr.block_len))
+    segments = _segments(headers, size)
+    if segments is None:
+        return None
     layouts = [block_layout(ix) for ix in indexes]
     offsets: list[int | None] = [None] * len(indexes)
     for start, blocks in segments:
-        # identical layouts are interchangeable as far as the headers tell: take them in index order
-        j = next((j for j, s in enumerate(layouts) if offsets[j] is None and s == tuple(blocks)), None)
+        j = _same(layouts, offsets, blocks)
         if j is None:
             return None
         offsets[j] = start
     return None if any(o is None for o in offsets) else offsets
+
+
+def offsets_before_break(headers: Iterable[tuple[int, BlockHeader]], indexes: list[OffloadIndex], *, cut: bool,
+                         checked: bool) -> list[int | None]:
+    """The ledgers a walk of the block headers places before it breaks (a header that does not parse ended
+    it: `cut`; or one that parses but names the wrong entry, so the runs stop matching), None for the rest.
+
+    The run where matching stops holds a ledger's blocks followed by the broken ones (or, `cut`, may end
+    inside a longer ledger). The longest ledger whose layout begins that run is placed there when nothing
+    else could be: no ledger left whose layout begins the same way and goes on (it may be the one the run
+    holds, its later header broken). With `checked` (the caller checks the placed ledger's pages, which
+    tell a wrong place) it is placed regardless."""
+    segments = _segments(headers, None) or []
+    layouts = [block_layout(ix) for ix in indexes]
+    offsets: list[int | None] = [None] * len(indexes)
+    for k, (start, blocks) in enumerate(segments):
+        blocks = tuple(blocks)
+        j = None if cut and k == len(segments) - 1 else _same(layouts, offsets, blocks)
+        if j is not None:
+            offsets[j] = start
+            continue
+        fits = [i for i, s in enumerate(layouts) if offsets[i] is None and s == blocks[:len(s)]]
+        if fits:
+            j = max(fits, key=lambda i: (len(layouts[i]), -i))  # of identical layouts, the first index
+            head = layouts[j]
+            if checked or not any(offsets[i] is None and len(s) > len(head) and s[:len(head)] == head
+                                  for i, s in enumerate(layouts)):
+                offsets[j] = start
+        break
+    return offsets
+
+
+def _segments(headers: Iterable[tuple[int, BlockHeader]], size: int | None) -> list[tuple[int, list]] | None:
+    """The runs of blocks, each from a block whose first entry is 0: (start, [(first entry, offset in the
+    run, length)]). None when a block runs past `size` or the first block does not start a ledger."""
+    segments: list[tuple[int, list]] = []
+    for off, hdr in headers:
+        if (size is not None and off + hdr.block_len > size) or (hdr.first_entry_id != 0 and not segments):
+            return None
+        if hdr.first_entry_id == 0:
+            segments.append((off, []))
+        start, blocks = segments[-1]
+        blocks.append((hdr.first_entry_id, off - start, hdr.block_len))
+    return segments
+
+
+def _same(layouts: list[tuple], offsets: list[int | None], blocks) -> int | None:
+    """The first index not placed yet with exactly this block layout (identical layouts are interchangeable
+    as far as the headers tell: taken in index order)."""
+    blocks = tuple(blocks)
+    return next((j for j, s in enumerate(layouts) if offsets[j] is None and s == blocks), None)

@@ -15,6 +15,8 @@ offload uuid, data object length), so listing the prefix and reading the index o
    the listing: no HEAD). For a merged object, the offset of each ledger inside it is found by walking its
    block headers (a ledger's bytes start at a block whose first entry is 0) and matching each run of
    blocks to the index with the same block layout, so recovery does not depend on the concatenation order.
+   A corrupt block header loses only its own ledger: the ones before it are placed by the walk, the ones
+   after it from the object's end backwards (tiering/ops/recover_merged.py).
    With `check_pages` every page of every copy is also downloaded and its CRC32C checked (the bucket's
    whole size); it is off by default: see `recover_from_bucket`.
 4. When a ledger has several copies (a dead attempt's leftovers, the pre-defrag objects not collected
@@ -47,14 +49,14 @@ from datetime import datetime, timezone
 from typing import Iterable, Iterator
 
 from tiering.errors import CorruptObjectError, DataLossError, TieringError
-from tiering.format.block import HEADER_LEN, BlockHeader, parse_block_header
 from tiering.format.index import INDEX_HEADER_LEN, OffloadIndex
 from tiering.format.keys import INDEX_SUFFIX, ParsedKey, encode_topic, is_trim_marker, parse_key
-from tiering.format.merged import ledger_offsets, split_indexes
+from tiering.format.merged import split_indexes
 from tiering.metadata import gc_sweep
 from tiering.metadata.recovery import (MAX_LOST_ROWS, AdoptedLedger, RecoveredLedger, gaps, known_ledgers, lost_ledger,
                                        restore_topic)
 from tiering.model import Chunk, TopicPolicy
+from tiering.ops.recover_merged import merged_offsets
 from tiering.ops.recover_tier1 import Tier1Scan, scan_topic, topic_dirs, topic_of_dir
 from tiering.tier1 import Tier1Store, topic_dir_name
 from tiering.tier2.listing import segment_objects
@@ -64,7 +66,6 @@ from tiering.tier2.reader import check_stored_pages
 
 # offload uuids that are not UUIDs (keys allow [0-9A-Za-z_-]) get a stable name-based one
 _UUID_NS = _uuid.UUID("6f1d3c2e-8a43-4f0e-9d7c-2b6a5e1f0c11")
-_WINDOW = 1024 * 1024  # bytes read at once when walking the block headers of a shared object
 _LIST_FIELDS = ("topics_created", "topics", "ledgers_recovered", "already_known", "ignored", "errors",
                 "tier1_adopted", "tier1_sealed", "tier1_copies_recorded", "tier1_ignored", "unnamed_tier1_dirs",
                 "tier1_copies_gone", "lost_recorded")
@@ -387,12 +388,14 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
             g.problem = (f"data object {data.key} is {data.size} bytes, the index says {total} "
                          "(incomplete or not this index's)")
             return g
-        offsets = [0] if len(parts) == 1 else _merged_offsets(b, data.key, data.size, [ix for _, _, ix in parts])
-        if offsets is None:
-            g.problem = f"merged data object {data.key} does not match the block layout of its indexes"
-            return g
+        offsets = [0] if len(parts) == 1 else merged_offsets(b, data.key, data.size, [ix for _, _, ix in parts],
+                                                             check_pages)
         bad: dict[int, str] = {}
         for i, ((ioff, ilen, ix), doff) in enumerate(zip(parts, offsets)):
+            if doff is None:
+                bad[i] = (f"not found in shared data object {data.key}: no run of its blocks where its index "
+                          "says (a corrupt block header)")
+                continue
             # A copy whose bytes fail a page check must not win over a good one (or be recovered at all).
             # Only that ledger's copy: the others in a shared object have pages of their own, and may be
             # the only copies left.
@@ -442,27 +445,6 @@ def _check_indexes(segment: str, parsed: ParsedKey, parts: list[tuple[int, int, 
     if first.ledger_id != parsed.ledger_id:  # plain and merged keys are named after their (first) ledger
         return f"key names ledger {parsed.ledger_id}, its (first) index describes ledger {first.ledger_id}"
     return None
-
-
-def _merged_offsets(b: Bucket, key: str, size: int, indexes: list[OffloadIndex]) -> list[int] | None:
-    """Where each ledger's bytes start in a merged data object (format/merged.py), from its block headers."""
-    return ledger_offsets(_block_headers(b, key, size), size, indexes)
-
-
-def _block_headers(b: Bucket, key: str, size: int) -> Iterator[tuple[int, BlockHeader]]:
-    """(offset, header) of each block of data object `key`, fetched as they are asked for."""
-    off, last_len = 0, None
-    buf, buf_at = b"", 0
-    while off < size:
-        if not buf_at <= off <= buf_at + len(buf) - HEADER_LEN:
-            # A run of small blocks (a batch of small ledgers) is read in one window instead of one GET per
-            # block; after a large block only its successor's header is fetched.
-            small = last_len is None or last_len < _WINDOW // 4
-            buf, buf_at = get_range(b, key, off, min(size - off, _WINDOW if small else HEADER_LEN)), off
-        hdr = parse_block_header(memoryview(buf)[off - buf_at:off - buf_at + HEADER_LEN], f"data object {key}", off)
-        yield off, hdr
-        last_len = hdr.block_len
-        off += hdr.block_len
 
 
 # ----------------------------------------------------------------------------------------------- writing
