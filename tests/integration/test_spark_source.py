@@ -297,3 +297,28 @@ def test_ad_hoc_sql_joins_entries_with_the_metadata_tables(world, spark):
     data = read_handle(deps, "mix")[0][(2, 7)]
     hits = spark.sql(f"SELECT ledger_id, entry_id FROM entries WHERE payload = X'{data.hex()}'").collect()
     assert [(r.ledger_id, r.entry_id) for r in hits] == [(2, 7)]
+
+
+def test_a_lost_ledger_of_unknown_size_is_its_dataloss_gap(world, spark):
+    """A ledger recovery recorded lost with no index object saying how many entries it held: the source
+    fails on it naming DATALOSS, and with skipDataLoss reads the ledgers around it as `tiering read` does."""
+    from sqlalchemy import text
+
+    deps, _ = world
+    produce(deps, "unk", [entries(f"u{i}", 5, 200) for i in range(3)])
+    for led in deps.meta.list_ledgers("unk", [S.SEALED]):
+        offload_ledger(deps, led)
+    with deps.meta.engine.begin() as conn:  # as recovery records it (metadata/recovery.lost_ledger)
+        topic_id = conn.execute(text("SELECT topic_id FROM tiering.topic WHERE name = 'unk'")).scalar_one()
+        conn.execute(text("DELETE FROM tiering.chunk WHERE topic_id = :t AND ledger_id = 1"), {"t": topic_id})
+        conn.execute(text("UPDATE tiering.ledger SET lost_at = now(), lost_reason = 'recovery: no copy', "
+                          "entry_count = 0, size_bytes = 0, tier1_present = false, tier1_deleted_at = now() "
+                          "WHERE topic_id = :t AND ledger_id = 1"), {"t": topic_id})
+    assert deps.meta.get_ledger("unk", 1).entries_unknown
+    with pytest.raises(Exception) as err:
+        spark.read.format("tiering").option("topic", "unk").load().collect()
+    assert "DATALOSS" in str(err.value)
+    got = rows(spark.read.format("tiering").option("topic", "unk").option("skipDataLoss", "true").load())
+    expected, gaps = read_handle(deps, "unk")
+    assert got == expected and {lid for lid, _ in got} == {0, 2} and len(got) == 10
+    assert [(g.kind, g.start, g.end_unknown) for g in gaps] == [("DATALOSS", Position(1, 0), True)]
