@@ -222,6 +222,7 @@ def test_sync_status_verify(cli, deps, settings):
     assert _table(settings, "sales.orders") == {k: v for k, v in _read(deps, "orders").items() if k[0] < 3}
     st = cli("table", "status", "orders", "--json").ok().json
     assert (st["lag_ledgers"], st["lag_bytes"], st["synced_through"]) == (0, 0, 2)
+    assert (st["ledger_count"], st["entry_count"], st["row_count"]) == (3, 12, 12)
     assert st["metadata_location"].startswith(f"s3://{settings.bucket}/t-tables/sales/orders/metadata/")
     assert st["synced_at"].endswith("Z")
     v = cli("table", "verify", "orders", "--json").ok().json
@@ -232,6 +233,9 @@ def test_sync_status_verify(cli, deps, settings):
     bad = cli("table", "verify", "orders", "--json")
     assert bad.returncode == 1, bad.stderr
     assert bad.json["failed"] == [{"topic": "orders", "ledger": 1, "error": "not in the table"}]
+    # what syncs committed stays; what the table holds now does not
+    st = cli("table", "status", "orders", "--json").ok().json
+    assert (st["ledger_count"], st["entry_count"], st["row_count"]) == (3, 12, 9)
 
 
 @pytest.mark.slow

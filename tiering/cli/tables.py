@@ -125,6 +125,7 @@ def _status(ctx: Context, args, out: Output) -> int:
     cat = catalog(ctx.settings)
     location = problem = None
     snapshot_id = state.snapshot_id
+    row_count = 0
     exists = cat.table_exists(state.identifier)
     if not exists and (state.synced_through >= 0 or state.trimmed_through >= 0):
         # what sync, verify and maintain refuse: the row's marks name rows no table holds
@@ -132,6 +133,9 @@ def _status(ctx: Context, args, out: Output) -> int:
                    "it was dropped")
     if exists:
         table = cat.load_table(state.identifier)
+        # what the table holds now: the counts below are what syncs committed, rows deleted since included
+        current = table.current_snapshot()
+        row_count = int((current.summary or {}).get("total-records", "0")) if current else 0
         problem = owner_problem(table, state.topic, state.topic_id)  # e.g. an earlier topic's of this name
         location = None if problem else table.metadata_location
         if problem is None:
@@ -155,7 +159,7 @@ def _status(ctx: Context, args, out: Output) -> int:
            "retention": state.retention, "metadata_location": location, "snapshot_id": snapshot_id,
            "synced_through": state.synced_through, "trimmed_through": state.trimmed_through,
            "lag_ledgers": lag_ledgers, "lag_bytes": lag_bytes, "ledger_count": state.ledgers_committed,
-           "entry_count": state.entries_committed, "synced_at": iso(state.synced_at)}
+           "entry_count": state.entries_committed, "row_count": row_count, "synced_at": iso(state.synced_at)}
     out.result(obj, "\n".join(f"{k:18} {v}" for k, v in obj.items() if k != "command"))
     return 0
 
