@@ -43,12 +43,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import pyarrow.compute as pc  # noqa: E402
 from boto3.s3.transfer import TransferConfig  # noqa: E402
 from s3transfer.manager import TransferManager  # noqa: E402
 
 from benchkit import (BLOCK_SIZE, CONCURRENCY, MIB, PREFIX, ROOT, Env, endpoint, endpoint_kind,  # noqa: E402
-                      loadavg, machine, median, mib, pinned, proc_status, rnd, s3_client, save)
+                      loadavg, machine, median, mib, payload_bytes, pinned, proc_status, rnd, s3_client,
+                      save)
 from pulsar_reader import PulsarStyleReader  # noqa: E402
 from tier2_report import report  # noqa: E402
 from tiering.config import reuse_freed_buffers  # noqa: E402
@@ -228,7 +228,7 @@ def bench_sequential(env: Env, size_mib: int, runs: int, entry_size: int) -> dic
         for batch in handle.read_batches(topic):
             assert batch.first_entry_id == n, batch
             n += len(batch.payloads)
-            nbytes += pc.sum(pc.binary_length(batch.payloads)).as_py()
+            nbytes += payload_bytes(batch.payloads)
         pool.shutdown(wait=True)
         assert n == led.entry_count and nbytes == led.size_bytes, (n, nbytes)
 
@@ -408,7 +408,7 @@ def child_main(mode: str, args: dict) -> None:
         if mode == "read":
             sizes = (len(item.data) for item in handle.read(args["topic"], end=Position(led.ledger_id, last)))
         else:
-            sizes = (pc.sum(pc.binary_length(batch.payloads)).as_py()
+            sizes = (payload_bytes(batch.payloads)
                      for batch in handle.read_batches(args["topic"], end=Position(led.ledger_id, last)))
         for size in sizes:
             nbytes += size

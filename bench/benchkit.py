@@ -207,6 +207,15 @@ def rnd(x: float, nd: int = 1) -> float:
     return round(x, nd)
 
 
+def payload_bytes(payloads) -> int:
+    """Bytes of an Arrow `binary` array's payloads from its first and last offsets: O(1) per batch, as the raw
+    GET's consumer pays len() per chunk (two compute kernels per batch cost ~7% of a 64 MiB scan's CPU)."""
+    import numpy as np
+
+    offsets = np.frombuffer(payloads.buffers()[1], np.int32)
+    return int(offsets[payloads.offset + len(payloads)] - offsets[payloads.offset])
+
+
 class Env:
     """Scratch database, bucket and tier-1 root for the run."""
 
