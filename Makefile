@@ -14,11 +14,12 @@ WITH_ENV := set -a && . $(LOCAL)/env && set +a && export PATH="$(VENV)/bin:$$PAT
 	AIRFLOW_HOME="$(LOCAL)/airflow" AIRFLOW_CONFIG="$(ROOT)/airflow.cfg" TIERING_REPO="$(ROOT)" PYSPARK_PYTHON="$(PY)"
 PYTEST_ARGS ?=
 # the suite's workers (pytest-xdist, a module on one worker): most tests wait on subprocesses, JVMs and
-# servers, so two share two cores. Modules go out in collection order (--no-loadscope-reorder: the cluster,
+# servers (two workers kept two cores 63 % busy), so three share two cores: 19 min 28 s against 21 min 02 s
+# for two (docs/performance.md). Modules go out in collection order (--no-loadscope-reorder: the cluster,
 # DAG and end-to-end tiers first, few slow tests each); xdist's default sends the modules with the most tests
 # first, which left the slowest for last, on one worker while the other idled. Modules sharing a costly session
 # fixture (the Spark cluster, the PostgreSQL-backed Airflow home) go out as one unit: tests/conftest.py
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 
 .PHONY: demo test test-unit lint services schema up stop bench venv sysdeps clean dist
 
