@@ -48,17 +48,18 @@ def merged_offsets(b: Bucket, key: str, size: int, indexes: list[OffloadIndex],
     return offsets
 
 
-def block_headers(b: Bucket, key: str, size: int) -> Iterator[tuple[int, BlockHeader]]:
-    """(offset, header) of each block of data object `key`, fetched as they are asked for; a header that
-    does not parse raises CorruptObjectError."""
-    off, last_len = 0, None
-    buf, buf_at = b"", 0
-    while off < size:
+def block_headers(b: Bucket, key: str, end: int, start: int = 0) -> Iterator[tuple[int, BlockHeader]]:
+    """(offset, header) of each block of data object `key` from `start` to `end`, each block's length
+    leading to the next, fetched as they are asked for; a header that does not parse raises
+    CorruptObjectError."""
+    off, last_len = start, None
+    buf, buf_at = b"", start
+    while off < end:
         if not buf_at <= off <= buf_at + len(buf) - HEADER_LEN:
             # A run of small blocks (a batch of small ledgers) is read in one window instead of one GET per
             # block; after a large block only its successor's header is fetched.
             small = last_len is None or last_len < WINDOW // 4
-            buf, buf_at = get_range(b, key, off, min(size - off, WINDOW if small else HEADER_LEN)), off
+            buf, buf_at = get_range(b, key, off, min(end - off, WINDOW if small else HEADER_LEN)), off
         hdr = parse_block_header(memoryview(buf)[off - buf_at:off - buf_at + HEADER_LEN], f"data object {key}", off)
         yield off, hdr
         last_len = hdr.block_len
@@ -82,17 +83,20 @@ def _place_from_the_end(b: Bucket, key: str, size: int, indexes: list[OffloadInd
 
 
 def _blocks_at(b: Bucket, key: str, start: int, index: OffloadIndex) -> bool:
-    """Whether every block of the ledger `index` describes has its header at `start` + its offset, naming
-    the first entry and the length the index gives it."""
-    small = index.data_object_len <= WINDOW
-    buf = get_range(b, key, start, index.data_object_len) if small else None
-    for i, e in enumerate(index.entries):
-        at = e.block_offset
-        raw = memoryview(buf)[at:at + HEADER_LEN] if small else get_range(b, key, start + at, HEADER_LEN)
-        try:
-            hdr = parse_block_header(raw, f"data object {key}", start + at)
-        except CorruptObjectError:
-            return False
-        if (hdr.first_entry_id, hdr.block_len) != (e.first_entry_id, index.block_length(i)):
-            return False
-    return True
+    """Whether the ledger `index` describes lies at `start`: every one of its blocks has its header where the
+    index says, naming the first entry and the length the index gives it (read as the walk reads them,
+    stopping at the first that does not)."""
+    end = start + index.data_object_len
+    expected = [(start + e.block_offset, e.first_entry_id, index.block_length(i)) for i, e in enumerate(index.entries)]
+    found = block_headers(b, key, end, start)
+    matched = 0
+    try:
+        for want, (off, hdr) in zip(expected, found):
+            if (off, hdr.first_entry_id, hdr.block_len) != want:
+                return False
+            matched += 1
+    except CorruptObjectError:
+        return False
+    finally:
+        found.close()
+    return matched == len(expected)
