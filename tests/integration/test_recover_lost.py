@@ -183,3 +183,21 @@ def test_a_stray_key_naming_a_far_ledger_id_records_no_lost_rows_and_fails_sayin
     with db.connect() as conn:
         assert conn.execute(text("SELECT name, next_ledger_id FROM tiering.topic ORDER BY name")).all() == \
             [("far", far + 1), ("near", 1)]
+
+
+def test_subscriptions_may_name_any_entry_of_a_lost_ledger_of_unknown_size(cli, deps, db):  # noqa: F811
+    """Subscriptions are not in the bucket: after a recovery the operator makes them again from the
+    positions their readers had. One inside a lost ledger whose entry count nobody knows is taken (its
+    reader gets the DATALOSS gap from there); one past the end of a lost ledger whose count is known is not."""
+    _world(deps)
+    lose_metadata(cli, db)
+    cli("recover-from-bucket", "--check-pages").ok()
+    made = cli("subscription", "create", "lx", "s", "--from", "2:57", "--json").ok().json
+    assert made["position"] == "2:56"
+    lines = cli("read", "lx", "--subscription", "s", "--json").ok().json_lines
+    assert lines[0] == {"gap": "DATALOSS", "from": "2:57", "to": None}
+    assert cli("subscription", "ack", "lx", "s", "5:9", "--json").ok().json["position"] == "5:9"
+    assert "beyond the end of ledger 3 (3 entries)" in cli("subscription", "create", "lx", "t", "--from",
+                                                           "3:5").one_line_error(2)
+    assert "beyond the end of ledger 3 (3 entries)" in cli("subscription", "ack", "lx", "s", "3:3",
+                                                           "--reset").one_line_error(2)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from tiering.errors import (BadInput, ConditionalUpdateFailed, LedgerNotFound, LedgerTrimmed, SubscriptionNotFound,
                             TieringError, TopicNotFound)
 from tiering.metadata.subscriptions import Backlog
-from tiering.model import Ledger, LedgerState, Position, Subscription
+from tiering.model import INT64_MAX, Ledger, LedgerState, Position, Subscription
 from tiering.ops.context import Deps
 from tiering.policy import check_within_ledger
 
@@ -26,6 +26,13 @@ CAS_ATTEMPTS = 5  # an ack that keeps losing its compare-and-set to other acks o
 def open_entries(deps: Deps, led: Ledger) -> int:
     """Entries of the ledger: an open ledger's from its tier-1 file (metadata learns the count at seal)."""
     return deps.tier1.extent(led)[0]
+
+
+def _bound(deps: Deps, led: Ledger) -> int:
+    """How many entries a position may name in the ledger: for a lost ledger whose entry count nobody knows
+    (recovery found its id, no index), any an entry id can be short of the last (a reader goes on at the
+    entry after the position); its DATALOSS gap covers them."""
+    return INT64_MAX if led.entries_unknown else open_entries(deps, led)
 
 
 def _last_entry(deps: Deps, topic: str, ledgers: list[Ledger]) -> Position | None:
@@ -72,7 +79,7 @@ def _create(deps: Deps, topic: str, name: str, start: str) -> Subscription:
                        f"topic {topic!r} has no ledger {first.ledger_id}")
     if led.state == S.DELETED:
         raise BadInput(f"position {first} is before the head of topic {topic!r} (ledger {led.ledger_id} was trimmed)")
-    check_within_ledger(first, led, open_entries(deps, led))
+    check_within_ledger(first, led, _bound(deps, led))
     before = Position(first.ledger_id, first.entry_id - 1) if first.entry_id > 0 else \
         _last_entry(deps, topic, [x for x in ledgers if x.ledger_id < first.ledger_id])
     return deps.meta.subs.create(topic, name, before, live_ledger=first.ledger_id)
@@ -138,7 +145,7 @@ def _check_entry(deps: Deps, topic: str, position: Position) -> None:
     if led.state == S.DELETED:
         raise BadInput(f"position {position} is before the head of topic {topic!r} (ledger {led.ledger_id} was "
                        "trimmed)")
-    count = open_entries(deps, led)
+    count = _bound(deps, led)
     if position.entry_id >= count:
         raise BadInput(f"position {position} is beyond the end of ledger {led.ledger_id} ({count} entries)")
 
