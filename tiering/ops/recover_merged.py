@@ -69,8 +69,9 @@ def block_headers(b: Bucket, key: str, end: int, start: int = 0) -> Iterator[tup
 def _place_from_the_end(b: Bucket, key: str, size: int, indexes: list[OffloadIndex], offsets: list[int | None],
                         floor: int) -> None:
     """Fill in `offsets` of the ledgers that lie back to back from the object's end down to the first one
-    not found (at or above `floor`, where the ledgers the walk placed end), the last first. Ledgers of one layout are interchangeable as far as headers tell:
-    the later index is taken for the later place, as the walk takes them in index order."""
+    not found (at or above `floor`, where the ledgers the walk placed end), the last first. Ledgers of one
+    layout are interchangeable as far as headers tell: the later index is taken for the later place, as the
+    walk takes them in index order."""
     end = size
     while True:
         for j in reversed(range(len(indexes))):
@@ -88,7 +89,7 @@ def _blocks_at(b: Bucket, key: str, start: int, index: OffloadIndex) -> bool:
     stopping at the first that does not)."""
     end = start + index.data_object_len
     expected = [(start + e.block_offset, e.first_entry_id, index.block_length(i)) for i, e in enumerate(index.entries)]
-    found = block_headers(b, key, end, start)
+    found = block_headers(b, key, end, start=start)
     matched = 0
     try:
         for want, (off, hdr) in zip(expected, found):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from tiering.errors import (BadInput, ConditionalUpdateFailed, LedgerNotFound, LedgerTrimmed, SubscriptionNotFound,
                             TieringError, TopicNotFound)
 from tiering.metadata.subscriptions import Backlog
-from tiering.model import INT64_MAX, Ledger, LedgerState, Position, Subscription
+from tiering.model import UNKNOWN_ENTRY_COUNT, Ledger, LedgerState, Position, Subscription
 from tiering.ops.context import Deps
 from tiering.policy import check_within_ledger
 
@@ -30,9 +30,9 @@ def open_entries(deps: Deps, led: Ledger) -> int:
 
 def _bound(deps: Deps, led: Ledger) -> int:
     """How many entries a position may name in the ledger: for a lost ledger whose entry count nobody knows
-    (recovery found its id, no index), any an entry id can be short of the last (a reader goes on at the
-    entry after the position); its DATALOSS gap covers them."""
-    return INT64_MAX if led.entries_unknown else open_entries(deps, led)
+    (recovery found its id, no index), every entry a read counts in it but the last id, since a reader goes
+    on at the entry after the position; its DATALOSS gap covers them."""
+    return UNKNOWN_ENTRY_COUNT - 1 if led.entries_unknown else open_entries(deps, led)
 
 
 def _last_entry(deps: Deps, topic: str, ledgers: list[Ledger]) -> Position | None:
