@@ -126,11 +126,13 @@ class Position:
 
     @classmethod
     def parse(cls, text: str) -> "Position":
-        """`L:E` in ASCII digits, nothing around it (fullmatch: `$` would let a trailing newline in)."""
+        """`L:E` in ASCII digits, nothing around it (fullmatch: `$` would let a trailing newline in). Each at
+        most 18 digits: every such number fits a bigint, so none overflows a query later."""
         m = _POSITION.fullmatch(text) if isinstance(text, str) else None
         if not m:
             shown = text[:60] if isinstance(text, str) else text
-            raise BadInput(f"malformed position {shown!r}: expected LEDGER:ENTRY in ASCII digits, e.g. 3:0")
+            raise BadInput(f"malformed position {shown!r}: expected LEDGER:ENTRY, each 1 to 18 ASCII "
+                           "digits, e.g. 3:0")
         return cls(int(m.group(1)), int(m.group(2)))
 
     def __str__(self) -> str:

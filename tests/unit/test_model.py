@@ -16,6 +16,12 @@ def test_position_parse_rejects(bad):
         Position.parse(bad)
 
 
+def test_position_too_long_says_its_bound():
+    """A 19-digit id is ASCII digits: the refusal names the bound, not the syntax."""
+    with pytest.raises(BadInput, match=r"malformed position '5:9223372036854775807': .*each 1 to 18 ASCII digits"):
+        Position.parse("5:9223372036854775807")
+
+
 def test_positions_order_like_pulsar():
     assert Position(1, 99) < Position(2, 0) < Position(2, 1)
 
