@@ -46,18 +46,19 @@ def check_marks(state: TableState, table) -> tuple[int, int]:
     # ancestor of the current one. Unknown, not refused: that snapshot expired, or the current one's lineage
     # is cut by an expired snapshot before reaching it
     if state.snapshot_id is not None and table.snapshot_by_id(state.snapshot_id) is not None:
-        seen, snap, whole = set(), table.current_snapshot(), True
-        while snap is not None and snap.snapshot_id not in seen and snap.snapshot_id != state.snapshot_id:
+        from pyiceberg.table.snapshots import ancestors_of
+
+        seen, last = set(), None
+        for snap in ancestors_of(table.current_snapshot(), table.metadata):
+            if snap.snapshot_id == state.snapshot_id or snap.snapshot_id in seen:
+                break  # an ancestor; or a cycle (metadata another tool wrote), whose lineage never ends: unknown
             seen.add(snap.snapshot_id)
-            if snap.parent_snapshot_id is None:
-                snap = None
-            else:
-                snap = table.snapshot_by_id(snap.parent_snapshot_id)
-                whole = snap is not None
-        if snap is None and whole:
-            raise TableBehind(f"table {state.identifier!r} was rolled back: its current snapshot does not descend "
-                              f"from snapshot {state.snapshot_id}, which the sync state recorded, so rows its "
-                              f"marks claim (ledgers through {synced}) may be missing")
+            last = snap
+        else:  # the lineage ended without it: at its first snapshot (rolled back), or cut by an expired one
+            if last is None or last.parent_snapshot_id is None:
+                raise TableBehind(f"table {state.identifier!r} was rolled back: its current snapshot does not "
+                                  f"descend from snapshot {state.snapshot_id}, which the sync state recorded, so "
+                                  f"rows its marks claim (ledgers through {synced}) may be missing")
     return synced, trimmed
 
 
