@@ -307,10 +307,17 @@ _S3_BUCKET = re.compile(r"[A-Za-z0-9._-]{1,255}")
 _EXPORT_KEY_MAX = 900
 
 
+def tables_prefix(prefix: str) -> str:
+    """The key prefix of the Iceberg tables' warehouse in the tier-2 bucket: beside tier 2's prefix, not
+    inside it (`tiering/` -> `tiering-tables/`)."""
+    return f"{prefix.rstrip('/') or 'tiering'}-tables/"
+
+
 def check_export_location(url: object, bucket: str | None = None, prefix: str | None = None) -> str:
     """A metadata export's location, stripped: a local path (or file:// URL) or s3://bucket/path; with the
-    tier-2 `bucket` and `prefix`, never under that prefix: GC's orphan sweep owns everything there and
-    deletes every object that is not a ledger's, an export's parts and manifest included."""
+    tier-2 `bucket` and `prefix`, never under that prefix nor under the tables' warehouse beside it: GC's
+    orphan sweep owns everything in the first, table maintenance's orphan sweep every file in a table's
+    directory of the second, and each deletes what is not its own, an export's parts and manifest included."""
     from urllib.parse import urlsplit
 
     if not isinstance(url, str) or not url.strip():
@@ -344,9 +351,13 @@ def check_export_location(url: object, bucket: str | None = None, prefix: str | 
         if len(parts.path.encode("utf-8")) > _EXPORT_KEY_MAX:
             raise BadInput(f"export location's path is at most {_EXPORT_KEY_MAX} bytes (an S3 key is at most 1,024, "
                            "and the parts' names are added to it)")
-        if bucket is not None and prefix is not None and parts.netloc == bucket \
-                and (parts.path.lstrip("/") + "/").startswith(prefix):
-            raise BadInput(f"{url} is under the tier-2 prefix {prefix!r}, which GC's orphan sweep owns")
+        if bucket is not None and prefix is not None and parts.netloc == bucket:
+            key = parts.path.lstrip("/") + "/"
+            if key.startswith(prefix):
+                raise BadInput(f"{url} is under the tier-2 prefix {prefix!r}, which GC's orphan sweep owns")
+            if key.startswith(tables_prefix(prefix)):
+                raise BadInput(f"{url} is under the Iceberg tables' prefix {tables_prefix(prefix)!r}, whose "
+                               "files table maintenance's orphan sweep owns")
     elif parts.scheme != "file" and len(parts.scheme) > 1:
         raise BadInput(f"export location {url!r}: unsupported scheme {parts.scheme!r} (use s3:// or a path)")
     return url

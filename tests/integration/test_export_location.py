@@ -148,6 +148,15 @@ def test_the_command_refuses_a_directory_with_its_own_files(cli, tmp_path):
     assert (home / "topic" / "notes.txt").read_text() == "hi" and sorted(p.name for p in home.iterdir()) == ["topic"]
 
 
+def test_the_command_refuses_the_iceberg_tables_prefix(cli, settings, s3_client):
+    # table maintenance's orphan sweep would delete an export inside a table's directory as files no
+    # snapshot names; the command names the prefix and writes nothing
+    tables = f"{settings.prefix.rstrip('/')}-tables"
+    dest = f"s3://{settings.bucket}/{tables}/ns/t1/backup"
+    assert f"under the Iceberg tables' prefix '{tables}/'" in cli("export-metadata", dest).one_line_error(2)
+    assert s3_client.list_objects_v2(Bucket=settings.bucket, Prefix=f"{tables}/").get("KeyCount") == 0
+
+
 @pytest.mark.parametrize("spelling", ["plain", "file_url"])
 def test_a_local_location_that_cannot_be_a_directory_is_bad_input(cli, tmp_path, spelling):
     # pyarrow's FileExistsError / ENAMETOOLONG came out as exit 1, as if a service had failed

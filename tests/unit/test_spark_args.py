@@ -136,8 +136,20 @@ def test_an_export_location_under_the_tier2_prefix_is_refused():
     for url in ("s3://bkt/tiering/x", "s3a://bkt/tiering", "s3://bkt//tiering/x", " s3://bkt/tiering/ "):
         with pytest.raises(BadInput, match="under the tier-2 prefix 'tiering/'"):
             check_export_location(url, "bkt", "tiering/")
-    for url in ("s3://bkt/tiering-metadata/x", "s3://other/tiering/x", "s3://bkt", "/tmp/x", "file:///tmp/x"):
+    for url in ("s3://bkt/tiering-metadata/x", "s3://other/tiering/x", "s3://bkt", "/tmp/x", "file:///tmp/x",
+                "s3://bkt/tiering-tablesx/y", "s3://other/tiering-tables/x"):
         assert check_export_location(url, "bkt", "tiering/") == url
+
+
+def test_an_export_location_among_the_iceberg_tables_is_refused():
+    # table maintenance's orphan sweep deletes every file in a table's directory its snapshots do not name
+    from tiering.model import check_export_location
+
+    for url in ("s3://bkt/tiering-tables/ns/t1/backup", "s3://bkt/tiering-tables", "s3://bkt//tiering-tables/x"):
+        with pytest.raises(BadInput, match="under the Iceberg tables' prefix 'tiering-tables/'"):
+            check_export_location(url, "bkt", "tiering/")
+    with pytest.raises(BadInput, match="under the Iceberg tables' prefix 'a/b-tables/'"):
+        check_export_location("s3://bkt/a/b-tables/x", "bkt", "a/b/")
 
 
 @pytest.mark.parametrize("url", [

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from tiering.config import Settings, aws_sdk_checksums_when_required
 from tiering.errors import BadInput
+from tiering.model import tables_prefix
 from tiering.tables.naming import DLQ_SUFFIX, PARTITION_FIELD, PROP_TOPIC, PROP_TOPIC_ID, parse_identifier
 
 CATALOG_NAME = "tiering"
 
 
 def warehouse(settings: Settings) -> str:
-    """`s3://<bucket>/<prefix>-tables`: beside tier 2's prefix, not inside it."""
-    return f"s3://{settings.bucket}/{settings.prefix.rstrip('/') or 'tiering'}-tables"
+    """`s3://<bucket>/<prefix>-tables`: beside tier 2's prefix, not inside it (model.tables_prefix)."""
+    return f"s3://{settings.bucket}/{tables_prefix(settings.prefix).rstrip('/')}"
 
 
 def table_dataset(settings: Settings, identifier: str) -> dict[str, str]:
