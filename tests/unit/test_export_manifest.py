@@ -21,6 +21,28 @@ def test_a_hostile_manifest_is_bad_input(data):
         Manifest.from_json(data, "x/manifest.json")
 
 
+@pytest.mark.parametrize("rows", ["true", "2.5", "-1", str(2**63), '"3"'])
+def test_a_count_must_be_a_json_integer_within_a_bigint(rows):
+    with pytest.raises(BadInput, match="topic's rows must be a whole number from 0 to 9223372036854775807"):
+        Manifest.from_json(_manifest(rows), "x/manifest.json")
+
+
+@pytest.mark.parametrize("value", ["true", "2.5", "-4", str(2**63)])
+def test_a_sequence_must_be_a_json_integer_within_a_bigint(value):
+    # 2**63 reached setval, whose error the CLI reported as an old schema (exit 1)
+    data = _manifest("3")[:-1] + f', "sequences": {{"topic.topic_id": {value}}}}}'
+    with pytest.raises(BadInput, match="sequence topic.topic_id must be a whole number"):
+        Manifest.from_json(data, "x/manifest.json")
+    assert Manifest.from_json(data.replace(value, "null"), "x/manifest.json").sequences == {"topic.topic_id": None}
+
+
+@pytest.mark.parametrize("version", ["true", "1.0", '"1"', "2"])
+def test_a_format_version_other_than_the_integer_1_is_refused(version):
+    data = _manifest("3").replace(f'"format_version": {FORMAT_VERSION}', f'"format_version": {version}')
+    with pytest.raises(BadInput, match="export format version"):
+        Manifest.from_json(data, "x/manifest.json")
+
+
 def test_a_well_formed_manifest_still_reads():
     assert Manifest.from_json(_manifest("3"), "x/manifest.json").row_counts == {"topic": 3}
 

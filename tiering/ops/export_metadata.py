@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from tiering.tier2.arrowfs import s3_filesystem
 from tiering.errors import BadInput, TieringError
-from tiering.model import check_export_location
+from tiering.model import INT64_MAX, check_export_location
 from tiering.metadata import export_rows as R
 from tiering.metadata.export_rows import jdbc_query, table_names  # re-exported: the Spark job uses them from here
 from tiering.ops.export_location import (EXPORT_ID_KEY, MANIFEST, LocationTaken, another_export, claim,
@@ -238,21 +238,32 @@ class Manifest:
             d = json.loads(data)
             if d.get("format") != FORMAT:
                 raise BadInput(f"{where} is not a tiering metadata export manifest")
-            if d.get("format_version") != FORMAT_VERSION:
-                raise BadInput(f"{where}: export format version {d.get('format_version')!r}, this version reads "
-                               f"{FORMAT_VERSION}")
-            tables = {name: TableManifest(int(t["rows"]), [
-                PartFile(_part_path(name, f["path"], where), int(f["rows"])) for f in t["files"]])
-                for name, t in d["tables"].items()}
+            version = d.get("format_version")
+            if type(version) is not int or version != FORMAT_VERSION:  # JSON's true is Python's 1
+                raise BadInput(f"{where}: export format version {version!r}, this version reads {FORMAT_VERSION}")
+            tables = {name: TableManifest(_count(t["rows"], f"{name}'s rows", where), [
+                PartFile(_part_path(name, f["path"], where), _count(f["rows"], f"{name}'s part rows", where))
+                for f in t["files"]]) for name, t in d["tables"].items()}
             return cls(FORMAT_VERSION, str(d["exported_at"]),
                        [{"name": str(m["name"]), "checksum": str(m["checksum"])} for m in d["migrations"]],
-                       tables, {str(k): (None if v is None else int(v)) for k, v in d.get("sequences", {}).items()},
+                       tables, {str(k): (None if v is None else _count(v, f"sequence {k}", where))
+                                for k, v in d.get("sequences", {}).items()},
                        export_id=None if d.get("export_id") is None else str(d["export_id"]))
         except BadInput:
             raise
         # RecursionError: JSON nested too deep; OverflowError: a count of 1e400 (float infinity)
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as exc:
             raise BadInput(f"{where} is malformed: {type(exc).__name__}: {exc}") from None
+
+
+def _count(value: object, what: str, where: str) -> int:
+    """A count or a sequence's value as the manifest gives it: a JSON integer that fits a bigint (not true,
+    not 2.5, not 2**63, which PostgreSQL would refuse mid-import as if the schema were wrong)."""
+    if type(value) is not int or not 0 <= value <= INT64_MAX:
+        shown = repr(value)
+        raise BadInput(f"{where} is malformed: {what} must be a whole number from 0 to {INT64_MAX}, got "
+                       f"{shown[:40]}{'...' if len(shown) > 40 else ''}")
+    return value
 
 
 def _part_path(table: str, path: object, where: str) -> str:
