@@ -1,13 +1,15 @@
 """ReadHandle: read any range of a topic in entry order across both tiers, with explicit gaps.
 
 Per ledger: tier 1 while its copy exists, else tier 2 (the chunk in metadata). A tier-1 copy deleted while
-a read is in flight falls back to tier 2 from the next entry without an error. Ledgers removed by retention
+a read is in flight falls back to tier 2 from the next entry without an error; so does an offloaded
+ledger's tier-1 copy that fails its checks (a warning is logged; `tiering verify` reports that copy). Ledgers removed by retention
 come back as one `TRIMMED` gap per run of ledgers; a ledger metadata says exists but no tier holds comes
 back as a `DATALOSS` gap, or raises `DataLossError` when the caller asks for that (LogDevice's read path:
 ordered delivery, benign gaps told apart from data loss).
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -19,6 +21,7 @@ from tiering.metadata.repository import MetadataStore
 from tiering.model import INT64_MAX, UNKNOWN_ENTRY_COUNT, Chunk, Ledger, LedgerState, Position
 from tiering.tier1 import LedgerFileMissing, Tier1Store
 
+log = logging.getLogger(__name__)
 TRIMMED = "TRIMMED"
 DATALOSS = "DATALOSS"
 # The last entry id a position can name: the end of a DATALOSS gap over a lost ledger whose entry count is
@@ -150,10 +153,12 @@ def ledger_extent(meta: MetadataStore, tier1: Tier1Store, led: Ledger) -> tuple[
 
 class ReadHandle:
     def __init__(self, meta: MetadataStore, tier1: Tier1Store, open_tier2: Tier2Opener | None = None,
-                 raise_on_dataloss: bool = False, *, gc_delay_seconds: float = 0):
+                 raise_on_dataloss: bool = False, *, gc_delay_seconds: float = 0, strict_tier1: bool = False):
         """`gc_delay_seconds`: the deployment's TIERING_GC_DELAY_SECONDS (Settings.gc_delay_seconds), from
-        which the chunk snapshot's age is derived (0: no snapshot)."""
+        which the chunk snapshot's age is derived (0: no snapshot). `strict_tier1`: a tier-1 copy that fails
+        its checks raises even when tier 2 holds the ledger (`verify`, which reports that copy)."""
         self.meta = meta
+        self.strict_tier1 = strict_tier1
         self.tier1 = tier1
         self.open_tier2 = open_tier2
         self.raise_on_dataloss = raise_on_dataloss
@@ -275,7 +280,7 @@ class ReadHandle:
             from tiering.tier2.reader_arrays import array_batches  # here: `read` alone does not import pyarrow
         try:
             for got in read_ledger_range(self.meta, led, first, last, self.tier1, self.open_tier2, held,
-                                         arrays=arrays):
+                                         arrays=arrays, strict_tier1=self.strict_tier1):
                 if isinstance(got, Run) and got.batches is not None:
                     source = got.batches
                     yield map(to_batch, got.batches) if arrays else \
@@ -369,7 +374,8 @@ class _At:
 
 def read_ledger_range(meta: MetadataStore, led: Ledger, first: int, last: int, tier1: Tier1Store | None,
                       open_tier2: Tier2Opener | None,
-                      held_chunk: Callable[[], Chunk | None], *, arrays: bool = False) -> Iterator[Run | Gap]:
+                      held_chunk: Callable[[], Chunk | None], *, arrays: bool = False,
+                      strict_tier1: bool = False) -> Iterator[Run | Gap]:
     """Entries first..last of a listed ledger, in order, from the tier that holds each: runs of entries (each
     read to its end before the next item is asked for) and gaps. The one cross-tier read of a ledger range,
     for ReadHandle and the Spark source.
@@ -380,19 +386,27 @@ def read_ledger_range(meta: MetadataStore, led: Ledger, first: int, last: int, t
     moved the ledger and GC collected the object it names): when reading it fails, the row is re-read once
     and the read goes on from the next entry with the new one. A corrupt page is never read around. A ledger
     trimmed meanwhile ends in a TRIMMED gap; one no tier holds (or tier 2 not configured) in a DATALOSS gap, and
-    one marked lost is a DATALOSS gap whole, without a request. `arrays`: a tier-2 run's batches hold Arrow
-    binary arrays instead of payload lists (`OffloadedLedger.iter_batches`)."""
+    one marked lost is a DATALOSS gap whole, without a request. An offloaded ledger's tier-1 copy that fails
+    its checks (CorruptObjectError) is read from tier 2 from the entry it could not give, unless
+    `strict_tier1`; any other ledger's has no second copy and raises. `arrays`: a tier-2 run's batches hold
+    Arrow binary arrays instead of payload lists (`OffloadedLedger.iter_batches`)."""
     if led.lost_at is not None:  # marked lost by `tiering repair`: no tier holds a good copy, no GET to fail
         yield Gap(DATALOSS, Position(led.ledger_id, first), Position(led.ledger_id, last))
         return
     at = _At(first)
     if tier1 is not None and led.tier1_present:
+        spare = led.state == LedgerState.OFFLOADED and not strict_tier1  # a checked tier-2 copy to go on with
         try:
             reader = tier1.reader(led.topic, led.ledger_id)
         except LedgerStorageError:
             reader = None  # deleted since it was listed: tier 2 below
+        except CorruptObjectError as exc:  # its header or trailer
+            if not spare:
+                raise
+            _tier1_failed(led, first, exc)
+            reader = None
         if reader is not None:
-            yield Run(TIER1, _tier1_entries(reader, first, last, at))
+            yield Run(TIER1, _tier1_entries(reader, first, last, at, led if spare else None))
             if at.next > last:
                 return
     chunk = held_chunk()
@@ -416,12 +430,25 @@ def read_ledger_range(meta: MetadataStore, led: Ledger, first: int, last: int, t
         yield Gap(DATALOSS, Position(led.ledger_id, at.next), Position(led.ledger_id, last), at.lost)
 
 
-def _tier1_entries(reader, first: int, last: int, at: _At) -> Iterator[tuple[int, bytes]]:
+def _tier1_entries(reader, first: int, last: int, at: _At, spare_for: Ledger | None = None
+                   ) -> Iterator[tuple[int, bytes]]:
+    """The tier-1 copy's entries; `spare_for`: the ledger, offloaded, whose copy failing its checks ends
+    the run at the entry it could not give (tier 2 goes on from there) instead of raising."""
     # An open file descriptor keeps reading even if the copy is unlinked meanwhile.
     with reader:
-        for entry_id, data in reader.iter_entries(first, last):
-            yield entry_id, data
-            at.next = entry_id + 1
+        try:
+            for entry_id, data in reader.iter_entries(first, last):
+                yield entry_id, data
+                at.next = entry_id + 1
+        except CorruptObjectError as exc:
+            if spare_for is None:
+                raise
+            _tier1_failed(spare_for, at.next, exc)
+
+
+def _tier1_failed(led: Ledger, entry_id: int, exc: CorruptObjectError) -> None:
+    log.warning("ledger %s/%d: its tier-1 copy fails its checks (%s); reading it from tier 2 from entry %d",
+                led.topic, led.ledger_id, exc, entry_id)
 
 
 def _tier2_batches(meta: MetadataStore, led: Ledger, chunk: Chunk, last: int, open_tier2: Tier2Opener,

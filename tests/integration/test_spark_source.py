@@ -277,6 +277,41 @@ def test_scrub_repairs_a_broken_copy_it_read_from_tier1(world, spark, monkeypatc
     assert scrub.main(["--topic", "mix"]) == 0 and _scrub_row(deps)["details"]["repairable"] == 0
 
 
+def test_a_corrupt_tier1_copy_of_an_offloaded_ledger_is_read_from_tier2_and_the_scrub_names_it(world, spark,
+                                                                                                 monkeypatch, capsys):
+    """mix's ledger 2 is offloaded with its tier-1 copy kept: a flipped byte in that copy is read around
+    through the checked tier-2 copy by default, fails the query with strictTier1, and the scrub (strict)
+    reports it, repairable (the repair deletes the tier-1 copy: tests/integration/test_tier1_corrupt.py)."""
+    from tiering.jobs import scrub
+
+    deps, settings = world
+    for key, value in settings.to_env().items():
+        monkeypatch.setenv(key, value)
+    expected, _ = read_handle(deps, "mix")
+    path = deps.tier1.path("mix", 2)
+    original = path.read_bytes()
+    spot = len(original) // 2
+    path.write_bytes(original[:spot] + bytes([original[spot] ^ 1]) + original[spot + 1:])
+    try:
+        df = spark.read.format("tiering").option("topic", "mix").load()
+        assert rows(df) == expected
+        tiers = {r.tier for r in df.where("ledger_id = 2").select("tier").distinct().collect()}
+        assert tiers == {"tier1", "tier2"}  # tier 1 up to the break, tier 2 from the entry it could not give
+        with pytest.raises(Exception) as err:
+            spark.read.format("tiering").option("topic", "mix").option("strictTier1", "true").load().collect()
+        assert "CorruptObjectError" in str(err.value) and str(path) in str(err.value)
+        assert scrub.main(["--topic", "mix"]) == 1
+        row = _scrub_row(deps)
+        assert (row["status"], row["details"]["repairable"], row["details"]["unrepairable"]) == ("FAILED", 1, 0)
+        assert str(path) in row["error"]
+        said = capsys.readouterr().err
+        assert "scrub: error: mix: ledger 2: tier-1 copy: corrupt tier-1 ledger entry" in said and \
+            "(repairable)" in said, said
+    finally:
+        path.write_bytes(original)
+    assert deps.meta.get_ledger("mix", 2).tier1_present
+
+
 def test_ad_hoc_sql_joins_entries_with_the_metadata_tables(world, spark):
     from tiering.spark.sql import views
 

@@ -41,7 +41,7 @@ def scrub(spark, topics: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
 
     def query(names: list[str] | None):
         # one topic by name; all of them by a regex matching every name (a name may hold a comma)
-        src = spark.read.format("tiering")
+        src = spark.read.format("tiering").option("strictTier1", "true")  # a corrupt tier-1 copy is a finding
         df = (src.option("topic", names[0]) if names else src.option("topicRegex", ".*")).load()
         return {r.topic: {"entries": r.entries, "bytes": int(r.bytes or 0), "ledgers": r.ledgers}
                 for r in df.groupBy("topic").agg(F.count("*").alias("entries"),
@@ -78,7 +78,8 @@ def repair_broken(settings, topics: list[str], failed: set[str], do_repair: bool
     try:
         for t in topics:
             try:
-                report = repair(deps, t, dry_run=not do_repair,
+                # a failed topic's tier-1 copies are checked too: the read may have failed on one of them
+                report = repair(deps, t, dry_run=not do_repair, tier1_copies=t in failed,
                                 keep=None if t in failed else (lambda led: led.tier1_present))
             except Exception as exc:  # noqa: BLE001 - recorded in job_run; the other topics go on
                 errors.append(f"{t}: repair: {type(exc).__name__}: {str(exc)[:500]}")
@@ -90,7 +91,7 @@ def repair_broken(settings, topics: list[str], failed: set[str], do_repair: bool
             counts["lost"] += len(report.lost)
             counts["recovered"] += len(report.recovered)  # with do_repair cleared, else would be
             if not do_repair:  # found, not repaired: the run says so (a repaired copy is no error)
-                errors.extend(f"{t}: ledger {f.led.ledger_id}: tier-2 copy: {f.problem} "
+                errors.extend(f"{t}: ledger {f.led.ledger_id}: {'' if f.drop_tier1 else 'tier-2 copy: '}{f.problem} "
                               f"({'repairable' if f.repairable else 'not repairable'})" for f in report.findings)
                 errors.extend(f"{t}: ledger {i} is marked lost and its good copy is back (recoverable)"
                               for _, i in report.recovered)

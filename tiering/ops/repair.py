@@ -61,6 +61,9 @@ class Finding:
     # metadata says a tier-1 copy exists and this process does not see it (a worker without the tier-1 mount,
     # a copy being deleted): not proof of loss, so never marked lost on it
     tier1_unseen: bool = False
+    # the tier-2 copy is sound and the tier-1 copy (`problem`) fails its checks: repaired by deleting it early
+    # (reads already go on from tier 2 where it fails; delete-lagged would delete it after the lag)
+    drop_tier1: bool = False
 
     @property
     def repairable(self) -> bool:
@@ -68,7 +71,9 @@ class Finding:
 
     def as_dict(self) -> dict:
         return {"topic": self.led.topic, "ledger": self.led.ledger_id, "problem": self.problem,
-                "repairable": self.repairable, "tier1_problem": self.tier1_problem}
+                "repairable": self.repairable, "tier1_problem": self.tier1_problem,
+                "repair": "delete the tier-1 copy" if self.drop_tier1 else
+                "re-make the tier-2 copy" if self.repairable else "mark lost"}
 
 
 @dataclass
@@ -161,9 +166,10 @@ def _offloaded(deps: Deps, topic: str | None) -> Iterator[tuple[list[Ledger], di
 
 def plan_repair(deps: Deps, topic: str | None = None, report: RepairReport | None = None,
                 on_ledger: Callable[[Ledger], None] | None = None,
-                keep: Callable[[Ledger], bool] | None = None) -> list[Finding]:
+                keep: Callable[[Ledger], bool] | None = None, tier1_copies: bool = True) -> list[Finding]:
     """Every OFFLOADED ledger (of `topic`, or all; those `keep` keeps) whose tier-2 copy fails its check, with
-    whether its tier-1 copy verifies. Ledgers already marked lost are skipped (recover_lost checks them).
+    whether its tier-1 copy verifies; with `tier1_copies`, also each whose tier-2 copy is sound and whose
+    tier-1 copy (within the deletion lag) fails, to be deleted early. Ledgers already marked lost are skipped (recover_lost checks them).
     Nothing is written. An unknown topic fails here; tier 2 unreachable raises before any ledger is
     looked at (and the bucket is not even asked when no ledger is to be checked)."""
     report = report if report is not None else RepairReport()
@@ -184,6 +190,10 @@ def plan_repair(deps: Deps, topic: str | None = None, report: RepairReport | Non
             if problem is not None:
                 tier1 = check_tier1(deps, led)
                 found.append(Finding(led, ch, problem, tier1, tier1 is not None and tier1.startswith(TIER1_UNSEEN)))
+            elif tier1_copies and led.tier1_present and deps.tier1.exists(led.topic, led.ledger_id):
+                tier1 = check_tier1(deps, led)
+                if tier1 is not None:  # (a copy this process does not see is no finding: exists() said it does)
+                    found.append(Finding(led, ch, tier1, None, drop_tier1=True))
             if on_ledger:
                 on_ledger(led)
     report.findings.extend(found)
@@ -199,6 +209,11 @@ def repair_ledger(deps: Deps, finding: Finding, hook: StepHook = None) -> str:
         raise TieringError(f"ledger {finding.led.topic}/{finding.led.ledger_id}: tier-2 copy: {finding.problem}; "
                            f"{finding.tier1_problem}: not marked lost (run where the tier-1 root is mounted)")
     step = hook or (lambda _step: None)
+    if finding.drop_tier1:
+        from tiering.ops.delete_lagged import delete_copy  # (it imports this module's checks)
+
+        # delete-lagged's deletion, ahead of the lag: the tier-2 copy checked again, the row compared by version
+        return "repaired" if delete_copy(deps, finding.led) else "skipped"
     if not finding.repairable:
         step("marking-lost")
         try:
@@ -360,7 +375,7 @@ def _discard(deps: Deps, attempt: str, keys: tuple[str, str]) -> None:
 
 def repair(deps: Deps, topic: str | None = None, dry_run: bool = False, hook: StepHook = None,
            on_ledger: Callable[[Ledger], None] | None = None,
-           keep: Callable[[Ledger], bool] | None = None) -> RepairReport:
+           keep: Callable[[Ledger], bool] | None = None, tier1_copies: bool = True) -> RepairReport:
     """Check the ledgers marked lost again (recover_lost) and every other offloaded ledger (plan_repair;
     those `keep` keeps) and repair each finding (unless `dry_run`: then nothing is written); one failing
     ledger does not stop the others. The lost ones first: a ledger marked in this run is not checked twice."""
@@ -368,7 +383,7 @@ def repair(deps: Deps, topic: str | None = None, dry_run: bool = False, hook: St
     if topic is not None:
         deps.meta.get_topic(topic)  # an unknown topic fails before anything is checked
     recover_lost(deps, topic, report, dry_run, hook, keep)
-    for finding in plan_repair(deps, topic, report, on_ledger, keep):
+    for finding in plan_repair(deps, topic, report, on_ledger, keep, tier1_copies):
         if dry_run:
             continue
         led = finding.led

@@ -16,6 +16,9 @@ from tiering.tier1 import Tier1Store
 
 REPAIRABLE = " (repairable: `tiering repair` re-makes the tier-2 copy from the verified tier-1 copy)"
 NOT_REPAIRABLE = " (not repairable: no verified copy in another tier)"
+# an offloaded ledger's tier-1 copy failing while its tier-2 copy verifies: reads go on from tier 2 already
+TIER1_SPARE = (" (reads use the verified tier-2 copy; `tiering repair` deletes the corrupt tier-1 copy, as "
+               "delete-lagged would after the deletion lag)")
 _FRAME = struct.Struct(">qq")
 
 # (ledger, chunk) -> a tier-2 ledger reader (tiering.tier2.reader.tier2_opener's)
@@ -32,7 +35,8 @@ class VerifyReport:
     no_page_index: list[int] = field(default_factory=list)  # offloaded before page checksums
     gaps: list[Gap] = field(default_factory=list)  # adjacent gaps of one kind merged
     problems: list[str] = field(default_factory=list)  # each ends saying whether `tiering repair` fixes it
-    repairable: list[int] = field(default_factory=list)  # ledgers whose tier-2 copy repair re-makes from tier 1
+    # ledgers `tiering repair` fixes: a tier-2 copy re-made from tier 1, or a corrupt tier-1 copy deleted
+    repairable: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -70,7 +74,8 @@ def verify_topic(meta: MetadataStore, tier1: Tier1Store, opener: Tier2Opener, to
     read through the reader (progress); `gc_delay_seconds`: the settings' GC delay (ReadHandle's)."""
     if ledgers is None:
         ledgers = meta.list_ledgers(topic)  # an unknown topic fails here
-    handle = ReadHandle(meta, tier1, open_tier2=opener, gc_delay_seconds=gc_delay_seconds)
+    # strict: a corrupt tier-1 copy is reported, not read around through tier 2 as readers do
+    handle = ReadHandle(meta, tier1, open_tier2=opener, gc_delay_seconds=gc_delay_seconds, strict_tier1=True)
     report = VerifyReport(topic, ledgers=len(ledgers))
     problems = report.problems
     for led in ledgers:
@@ -84,6 +89,18 @@ def verify_topic(meta: MetadataStore, tier1: Tier1Store, opener: Tier2Opener, to
                     if on_entry:
                         on_entry()
         except (DataLossError, CorruptObjectError, EntryNotFound, LedgerStorageError) as exc:
+            if _tier1_failed(exc, led):
+                report.tier2_copies_checked += 1
+                problem = _check_tier2(meta, opener, led, None)
+                if problem is None:
+                    problems.append(f"ledger {led.ledger_id}: tier-1 copy: {exc}{TIER1_SPARE}")
+                    report.repairable.append(led.ledger_id)
+                    report.entries += led.entry_count
+                    report.bytes += led.size_bytes
+                else:
+                    problems.append(f"ledger {led.ledger_id}: tier-1 copy: {exc}; tier-2 copy: {problem}"
+                                    f"{NOT_REPAIRABLE}")
+                continue
             problems.append(f"ledger {led.ledger_id}: {exc}{NOT_REPAIRABLE}")
             continue
         for gap in scan.gaps:
@@ -142,7 +159,15 @@ def _page_index(meta: MetadataStore, opener: Tier2Opener, led) -> tuple[bool, st
         return True, str(exc)
 
 
-def _check_tier2(meta: MetadataStore, opener: Tier2Opener, led, scan: _Scan) -> str | None:
+def _tier1_failed(exc: Exception, led: Ledger) -> bool:
+    """Whether `exc` is an offloaded ledger's tier-1 copy failing its checks (its tier-2 copy may be sound)."""
+    return isinstance(exc, CorruptObjectError) and exc.what.startswith("tier-1") and \
+        led.state == LedgerState.OFFLOADED and led.tier1_present and led.entry_count > 0
+
+
+def _check_tier2(meta: MetadataStore, opener: Tier2Opener, led, scan: _Scan | None) -> str | None:
+    """Why the ledger's tier-2 copy is not sound: read whole, every page checked, and compared with `scan`
+    (tier 1's read), or without one against metadata's count and bytes."""
     chunk = meta.get_chunk(led)
     problem = _compare_tier2(opener, led, chunk, scan)
     if problem is not None and chunk is not None:
@@ -165,6 +190,11 @@ def _compare_tier2(opener: Tier2Opener, led, chunk, scan: _Scan) -> str | None:
         return str(exc)
     if other.problem:
         return other.problem
+    if scan is None:
+        if (other.entries, other.bytes) != (led.entry_count, led.size_bytes):
+            return (f"read {other.entries} entries ({other.bytes} bytes), metadata says {led.entry_count} "
+                    f"({led.size_bytes} bytes)")
+        return None
     if (other.entries, other.bytes, other.digest.digest()) != (scan.entries, scan.bytes, scan.digest.digest()):
         return f"differs from the tier-1 copy ({other.entries} entries, {other.bytes} bytes)"
     return None

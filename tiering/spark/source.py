@@ -135,6 +135,9 @@ class TieringReader(DataSourceReader):
         self.pushed = Pushed()
         self.payload = _bool_option(options, "payload", True)
         self.skip_dataloss = _bool_option(options, "skipDataLoss", False)
+        # an offloaded ledger's tier-1 copy that fails its checks fails the query instead of being read
+        # around through tier 2 (the scrub, which reports that copy)
+        self.strict_tier1 = _bool_option(options, "strictTier1", False)
         self.split_bytes = _int_option(options, "splitBytes", DEFAULT_SPLIT_BYTES, 1)
         # None: packed by the session's parallelism (auto_pack_bytes); 0: one partition per part
         self.pack_bytes = _int_option(options, "packBytes", None, 0)
@@ -220,7 +223,7 @@ def _chunks(reader: TieringReader, part: Part, token: str | None) -> Iterator[tu
         return OffloadedLedger(_bucket(reader.settings), led, chunk, c["caches"], c["pool"])
 
     for got in read_ledger_range(c["meta"], led, first, last, c["tier1"] if sees else None, open_tier2,
-                                 lambda: part.chunk, arrays=True):
+                                 lambda: part.chunk, arrays=True, strict_tier1=reader.strict_tier1):
         if isinstance(got, Run):
             for start, payloads in (got.batches if got.tier == TIER2 else array_batches(got.entries)):
                 yield start, len(payloads), payloads, got.tier

@@ -1,0 +1,95 @@
+"""An offloaded ledger whose tier-1 copy fails its checks while its tier-2 copy is sound (a flipped byte on
+the local disk within the deletion lag): reads go on from tier 2 at the entry tier 1 could not give,
+`verify` names that copy and says `repair` fixes it, and `repair` deletes it early; a ledger not offloaded
+has no second copy and still fails. On PostgreSQL, RGW and tier-1 files."""
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.helpers import entries, produce
+from tests.integration.test_cli import cli, read_data  # noqa: F401 - the fixture
+from tiering.errors import CorruptObjectError
+from tiering.model import LedgerState as S
+from tiering.ops.offload import offload_many
+from tiering.read import ReadHandle
+from tiering.tier2.reader import tier2_opener
+
+
+def _flip(deps, topic: str, ledger_id: int, at: float = 0.5) -> None:
+    """Flip one byte `at` of the way into the ledger's tier-1 file (its frames, for these sizes)."""
+    path = deps.tier1.path(topic, ledger_id)
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def world(deps):
+    """Ledgers 0-2 offloaded with their tier-1 copies kept (within the lag), ledger 3 sealed only."""
+    expected = produce(deps, "c", [entries(f"c{i}", 40, 100) for i in range(4)])
+    report = offload_many(deps, [deps.meta.get_ledger("c", i) for i in range(3)])
+    assert sorted(report.offloaded) == [0, 1, 2]
+    return expected
+
+
+def test_reads_go_on_from_tier2_where_an_offloaded_ledgers_tier1_copy_fails(deps, world, caplog):
+    _flip(deps, "c", 1)
+    handle = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket))
+    got = {(e.ledger_id, e.entry_id): e.data for e in handle.read("c")}
+    assert got == world
+    batches = {(b.ledger_id, b.first_entry_id + i): p for b in handle.read_batches("c")
+               for i, p in enumerate(b.payloads.to_pylist())}
+    assert batches == world
+    assert "ledger c/1: its tier-1 copy fails its checks" in caplog.text
+    # the file's header broken: the copy cannot even be opened, and the whole ledger comes from tier 2
+    _flip(deps, "c", 2, at=0)
+    assert {(e.ledger_id, e.entry_id): e.data for e in handle.read("c")} == world
+
+
+def test_a_ledger_not_offloaded_has_no_second_copy(deps, world):
+    _flip(deps, "c", 3)
+    handle = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket))
+    with pytest.raises(CorruptObjectError, match="tier-1"):
+        list(handle.read("c"))
+
+
+def test_verify_names_the_copy_and_repair_deletes_it(cli, deps, world):  # noqa: F811
+    _flip(deps, "c", 1)
+    assert read_data(cli("read", "c", "--json")) == world  # the command reads around it too
+    bad = cli("verify", "c", "--json")
+    assert bad.returncode == 1
+    [problem] = bad.json["problems"]
+    assert problem.startswith("ledger 1: tier-1 copy: corrupt tier-1 ledger entry at ") and \
+        "reads use the verified tier-2 copy; `tiering repair` deletes the corrupt tier-1 copy" in problem, problem
+    assert bad.json["repairable_count"] == 1 and bad.json["unrepairable_count"] == 0
+    assert bad.json["entry_count"] == 160  # the ledger is counted: its tier-2 copy was read whole
+
+    dry = cli("repair", "--topic", "c", "--dry-run", "--json").ok().json
+    assert [(p["ledger"], p["repair"]) for p in dry["problems"]] == [(1, "delete the tier-1 copy")]
+    assert deps.tier1.exists("c", 1)
+
+    done = cli("repair", "--topic", "c", "--json").ok().json
+    assert done["repaired_count"] == 1 and done["lost_count"] == 0
+    led = deps.meta.get_ledger("c", 1)
+    assert (led.state, led.tier1_present, deps.tier1.exists("c", 1)) == (S.OFFLOADED, False, False)
+    assert cli("verify", "c", "--json").ok().json["ok"] is True
+    assert read_data(cli("read", "c", "--json")) == world
+    # the other ledgers' copies stay for delete-lagged, and a second run finds nothing
+    assert all(deps.meta.get_ledger("c", i).tier1_present for i in (0, 2, 3))
+    assert cli("repair", "--topic", "c", "--json").ok().json["problem_count"] == 0
+
+
+def test_both_copies_corrupt_is_not_repairable(cli, deps, world, s3_client):  # noqa: F811
+    _flip(deps, "c", 1)
+    ch = deps.meta.get_chunk(deps.meta.get_ledger("c", 1))
+    body = bytearray(s3_client.get_object(Bucket=deps.bucket.name, Key=ch.data_key)["Body"].read())
+    body[ch.data_offset + ch.data_length // 2] ^= 0xFF
+    s3_client.put_object(Bucket=deps.bucket.name, Key=ch.data_key, Body=bytes(body))
+    bad = cli("verify", "c", "--json")
+    assert bad.returncode == 1
+    [problem] = bad.json["problems"]
+    assert problem.startswith("ledger 1: tier-1 copy: corrupt") and "; tier-2 copy: corrupt page" in problem and \
+        problem.endswith("(not repairable: no verified copy in another tier)"), problem
+    assert bad.json["repairable_count"] == 0
+    # a reader gets the error, never bytes from either copy past the break
+    assert "corrupt" in cli("read", "c", "--from", "1:0", "--to", "1:39").one_line_error(1)
