@@ -107,6 +107,9 @@ def parse_int(text: object, what: str, lo: int, hi: int) -> int:
         raise BadInt(f"{what} must be an integer in ASCII digits, got {shown!r}", "syntax")
     # length first: int() of 10**6 digits is slow, and more than 19 digits is beyond any bound (bigint)
     value = int(text) if len(text.lstrip("-")) <= 19 else None
+    if value is not None and text.startswith("-") and text != str(value):
+        # "-0" and "-01" are no way to write 0 or the -1 that disables a threshold: one spelling each
+        raise BadInt(f"{what} must be written without '-0' or leading zeros, got {text[:40]!r}", "syntax")
     if value is None or not lo <= value <= hi:
         high = not text.startswith("-") if value is None else value > hi
         raise BadInt(f"{what} must be between {lo} and {hi}, got {text[:40]}{'...' if len(text) > 40 else ''}",

@@ -31,15 +31,15 @@ def _parse(text: object, what: str, lo: int, hi: int, units: dict[str, int], bas
     if m is None or (m.group(2) and m.group(2).lower() not in units):
         raise BadInt(f"{what} must be {kind}: {hint}; got {shown!r}", "syntax")
     number, unit = m.group(1), (m.group(2) or "").lower()
+    if number.startswith("-") and (unit or number != "-1"):  # "-1h", "-0", "-01", "-1.0": only a bare -1 disables
+        raise BadInt(f"{what} must not be negative" + (" (a bare -1 disables it)" if lo < 0 else "")
+                     + f"; got {shown!r}", "low")
     if not unit and "." in number:
         raise BadInt(f"{what} must be a whole number of {noun} without a unit; got {shown!r}", "syntax")
     exact = Decimal(number) * units[unit or base]
     if exact != exact.to_integral_value():
         raise BadInt(f"{what} must come to a whole number of {noun}; got {shown!r}", "syntax")
     value = int(exact)
-    if value < 0 and unit:  # "-1h" is not "disabled": only a bare -1 is
-        raise BadInt(f"{what} must not be negative" + (" (a bare -1 disables it)" if lo < 0 else "")
-                     + f"; got {shown!r}", "low")
     if not lo <= value <= hi:
         rng = f"from {show(lo) if lo > 0 else lo} to {show(hi)}"
         raise BadInt(f"{what} must be {rng}{' (-1: disabled)' if lo == -1 else ''}, got {shown}",

@@ -174,7 +174,16 @@ def test_topic_delete_goes_through_gc_and_frees_the_name(cli, deps, tier1_root):
     assert keys <= queued  # every tier-2 object goes through the GC queue
     assert not any(p.is_file() for p in tier1_root.rglob("*"))
     cli("topic", "create", "d").ok()
+    # the old topic's ids are below the new one's head, not past its end
+    assert "position 1:0 is before the head of topic 'd' (it holds no ledger 1)" in \
+        cli("subscription", "create", "d", "r", "--from", "1:0").one_line_error(2)
     assert cli("produce", "d", "--entries", "1", "--entry-size", "5").ok().stdout.strip() == "4:0"  # ids go on
+    cli("subscription", "create", "d", "r", "--from", "4:0").ok()
+    assert "position 3:0 is before the first ledger 4 of topic 'd'" in \
+        cli("subscription", "create", "d", "s", "--from", "3:0").one_line_error(2)
+    assert "position 2:9 is before the head of topic 'd' (it holds no ledger 2)" in \
+        cli("subscription", "ack", "d", "r", "2:9", "--reset").one_line_error(2)
+    assert "position 5:0 is beyond the end of topic 'd'" in cli("subscription", "ack", "d", "r", "5:0").one_line_error(2)
 
 
 def test_a_subscription_created_while_its_topic_is_deleted_is_not_lost_silently(deps, monkeypatch):

@@ -36,6 +36,23 @@ def test_refused_durations_name_the_units(text):
         assert "--retention-time" in str(exc.value) and ("90s" in str(exc.value) or "whole number" in str(exc.value))
 
 
+@pytest.mark.parametrize("text", ["-0", "-00", "-01", "-1.0", "-2"])
+def test_only_a_bare_minus_one_is_negative(text):
+    # "-0" was 0: the most aggressive retention size or offload threshold, from what reads as "disabled"
+    for parse in (parse_duration, parse_size):
+        with pytest.raises(BadInt, match=r"must not be negative \(a bare -1 disables it\)"):
+            parse(text, "x", -1, MAX_SECONDS)
+
+
+def test_a_negative_integer_has_one_spelling():
+    from tiering.model import parse_int
+
+    assert parse_int("-1", "x", -1, 10) == -1 and parse_int("-12", "x", -20, 10) == -12
+    for text in ("-0", "-00", "-01"):
+        with pytest.raises(BadInt, match="without '-0' or leading zeros"):
+            parse_int(text, "x", -1, 10)
+
+
 def test_bounds_and_disabled():
     assert parse_duration("-1", "x", -1, MAX_SECONDS) == -1  # a bare -1 keeps meaning disabled
     with pytest.raises(BadInt, match="must not be negative"):

@@ -74,9 +74,11 @@ def _create(deps: Deps, topic: str, name: str, start: str) -> Subscription:
         before = _last_entry(deps, topic, [x for x in ledgers if x.state != S.DELETED])
         return deps.meta.subs.create(topic, name, before, live_ledger=None if before is None else before.ledger_id)
     if led is None:
-        raise BadInput(f"position {first} is beyond the end of topic {topic!r}"
-                       if not ledgers or first.ledger_id > ledgers[-1].ledger_id else
-                       f"topic {topic!r} has no ledger {first.ledger_id}")
+        if ledgers and first.ledger_id < ledgers[0].ledger_id:
+            raise BadInput(f"position {first} is before the first ledger {ledgers[0].ledger_id} of topic {topic!r}")
+        if ledgers and first.ledger_id < ledgers[-1].ledger_id:
+            raise BadInput(f"topic {topic!r} has no ledger {first.ledger_id}")
+        raise _no_ledger(deps, topic, first)
     if led.state == S.DELETED:
         raise BadInput(f"position {first} is before the head of topic {topic!r} (ledger {led.ledger_id} was trimmed)")
     check_within_ledger(first, led, _bound(deps, led))
@@ -137,11 +139,20 @@ def _readers_subscription(deps: Deps, reader: Subscription) -> Subscription:
     return sub
 
 
+def _no_ledger(deps: Deps, topic: str, position: Position) -> BadInput:
+    """A position naming a ledger the topic does not hold: past its end, or below the ids it has made (a
+    topic deleted and created again under its name starts after the old one's ledgers)."""
+    if position.ledger_id < deps.meta.get_topic(topic).next_ledger_id:
+        return BadInput(f"position {position} is before the head of topic {topic!r} (it holds no ledger "
+                        f"{position.ledger_id})")
+    return BadInput(f"position {position} is beyond the end of topic {topic!r}")
+
+
 def _check_entry(deps: Deps, topic: str, position: Position) -> None:
     try:
         led = deps.meta.get_ledger(topic, position.ledger_id)
     except LedgerNotFound:
-        raise BadInput(f"position {position} is beyond the end of topic {topic!r}") from None
+        raise _no_ledger(deps, topic, position) from None
     if led.state == S.DELETED:
         raise BadInput(f"position {position} is before the head of topic {topic!r} (ledger {led.ledger_id} was "
                        "trimmed)")
