@@ -2,10 +2,10 @@
 
 Per ledger: tier 1 while its copy exists, else tier 2 (the chunk in metadata). A tier-1 copy deleted while
 a read is in flight falls back to tier 2 from the next entry without an error; so does an offloaded
-ledger's tier-1 copy that fails its checks (a warning is logged; `tiering verify` reports that copy). Ledgers removed by retention
-come back as one `TRIMMED` gap per run of ledgers; a ledger metadata says exists but no tier holds comes
-back as a `DATALOSS` gap, or raises `DataLossError` when the caller asks for that (LogDevice's read path:
-ordered delivery, benign gaps told apart from data loss).
+ledger's tier-1 copy that fails its checks (a warning is logged; `tiering verify` reports that copy).
+Ledgers removed by retention come back as one `TRIMMED` gap per run of ledgers; a ledger metadata says
+exists but no tier holds comes back as a `DATALOSS` gap, or raises `DataLossError` when the caller asks for
+that (LogDevice's read path: ordered delivery, benign gaps told apart from data loss).
 """
 from __future__ import annotations
 

@@ -21,6 +21,10 @@ Where the tier-1 copy is absent or fails, the ledger is marked lost by compare-a
 chunk the check saw; nothing else changes (its chunk row stays for retention to collect). Tier 2 unreachable
 is never a finding: the check raises before anything is marked.
 
+An offloaded ledger whose tier-2 copy is sound and whose tier-1 copy (within the deletion lag) fails its
+checks is a finding too (`tier1_copies`): repaired by deleting that copy as delete-lagged does (the tier-2
+copy checked again, the row compared by version), ahead of the lag; readers read around it meanwhile.
+
 A lost mark is undone when a good copy comes back (recover_lost; an operator restored the bucket from a
 backup, or put the tier-1 file back): every ledger marked lost (read on the partial index `ledger_lost`,
 never a scan of the topic's ledgers) is checked again first. Its chunk's objects present and every page
@@ -169,8 +173,8 @@ def plan_repair(deps: Deps, topic: str | None = None, report: RepairReport | Non
                 keep: Callable[[Ledger], bool] | None = None, tier1_copies: bool = True) -> list[Finding]:
     """Every OFFLOADED ledger (of `topic`, or all; those `keep` keeps) whose tier-2 copy fails its check, with
     whether its tier-1 copy verifies; with `tier1_copies`, also each whose tier-2 copy is sound and whose
-    tier-1 copy (within the deletion lag) fails, to be deleted early. Ledgers already marked lost are skipped (recover_lost checks them).
-    Nothing is written. An unknown topic fails here; tier 2 unreachable raises before any ledger is
+    tier-1 copy (within the deletion lag) fails, to be deleted early. Ledgers already marked lost are skipped
+    (recover_lost checks them). Nothing is written. An unknown topic fails here; tier 2 unreachable raises before any ledger is
     looked at (and the bucket is not even asked when no ledger is to be checked)."""
     report = report if report is not None else RepairReport()
     found: list[Finding] = []
