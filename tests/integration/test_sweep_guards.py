@@ -49,6 +49,15 @@ def test_recovery_refuses_to_start_while_a_sweep_runs(deps, db, offloaded):
     assert deps.meta.list_topics() == []  # nothing recovered, nothing half-written
 
 
+def test_a_second_recovery_says_a_recovery_runs_not_a_sweep(deps, db, offloaded):
+    empty_tables(db)
+    with gc_sweep.excluding_sweep(db, deps.bucket.name, deps.bucket.prefix):
+        with pytest.raises(TieringError, match="another recovery from the bucket .* is running"):
+            recover_from_bucket(db, deps.bucket)
+    assert deps.meta.list_topics() == []
+    assert recover_from_bucket(db, deps.bucket).ok  # the first one over: a rerun recovers
+
+
 def test_a_sweep_started_during_recovery_fails_and_deletes_nothing(deps, db, offloaded):
     """Not "taken by another worker" (exit 0): no sweep did the work, so the run fails with the reason."""
     empty_tables(db)

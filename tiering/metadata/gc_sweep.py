@@ -66,6 +66,10 @@ def excluding_sweep(engine: Engine, bucket: str, prefix: str) -> Iterator[None]:
     are in no GC queue, so a sweep deciding a page meanwhile would take them for orphans. The sweep's own
     lock is the guard: while either holds it, the other refuses to start."""
     with exclusive(engine, bucket, prefix, recovery=True) as held:
+        if not held and recovery_running(engine, bucket, prefix):
+            # not "taken by another worker": this run did not see that one's outcome, so it fails saying why
+            raise TieringError(f"another recovery from the bucket {bucket}/{prefix} is running: rerun when it "
+                               "has ended (a rerun finds what it recovered)")
         if not held:
             raise TieringError(f"an orphan sweep of {bucket}/{prefix} is running (tiering gc --sweep, DAG "
                                "tiering_gc_sweep): recovery must not run beside it; rerun when it has ended")
