@@ -33,7 +33,8 @@ def _unpause(u, token, dag_ids):
 
 
 def _runs(u, token, dag_id) -> list[dict]:
-    status, body = _http(f"{u.url}/api/v2/dags/{dag_id}/dagRuns?limit=100", token=token)
+    # the triggers' timeout: on a slow machine the API server took over 30 s to list runs beside 20 Spark jobs
+    status, body = _http(f"{u.url}/api/v2/dags/{dag_id}/dagRuns?limit=100", token=token, timeout=120)
     assert status == 200, body
     return body["dag_runs"]
 
