@@ -84,11 +84,12 @@ class ConditionalUpdateFailed(TieringError):
 class CorruptObjectError(TieringError):
     """Bytes read from a tier do not follow the format; says what and where."""
 
-    def __init__(self, what: str, where: str, detail: str):
+    def __init__(self, what: str, where: str, detail: str, *, tier: int | None = None):
         super().__init__(f"corrupt {what} at {where}: {detail}")
         self.what = what
         self.where = where
         self.detail = detail
+        self.tier = tier  # 1: a tier-1 file (its offloaded ledger's tier-2 copy may still be sound)
 
 
 class LedgerStorageError(TieringError):

@@ -52,6 +52,13 @@ class _Scan:
         self.gaps: list = []
         self.problem: str | None = None
 
+    def short_of(self, led: Ledger) -> str | None:
+        """Why the entries read are not what metadata says the ledger holds (count and bytes), or None."""
+        if (self.entries, self.bytes) == (led.entry_count, led.size_bytes):
+            return None
+        return (f"read {self.entries} entries ({self.bytes} bytes), metadata says {led.entry_count} "
+                f"({led.size_bytes} bytes)")
+
     def add(self, entry_id: int, data: bytes) -> None:
         if entry_id != self.entries and self.problem is None:
             self.problem = f"entry {entry_id} came where entry {self.entries} was expected"
@@ -89,7 +96,7 @@ def verify_topic(meta: MetadataStore, tier1: Tier1Store, opener: Tier2Opener, to
                     if on_entry:
                         on_entry()
         except (DataLossError, CorruptObjectError, EntryNotFound, LedgerStorageError) as exc:
-            if _tier1_failed(exc, led):
+            if _spare_in_tier2(exc, led):
                 report.tier2_copies_checked += 1
                 problem = _check_tier2(meta, opener, led, None)
                 if problem is None:
@@ -123,9 +130,8 @@ def verify_topic(meta: MetadataStore, tier1: Tier1Store, opener: Tier2Opener, to
                 report.no_page_index.append(led.ledger_id)
         if led.state in (LedgerState.OPEN, LedgerState.DELETED) or scan.gaps:
             pass
-        elif (scan.entries, scan.bytes) != (led.entry_count, led.size_bytes):
-            problems.append(f"ledger {led.ledger_id}: read {scan.entries} entries ({scan.bytes} bytes), metadata "
-                            f"says {led.entry_count} ({led.size_bytes} bytes){NOT_REPAIRABLE}")
+        elif short := scan.short_of(led):
+            problems.append(f"ledger {led.ledger_id}: {short}{NOT_REPAIRABLE}")
         elif led.state == LedgerState.OFFLOADED and led.tier1_present and led.entry_count:
             report.tier2_copies_checked += 1
             problem = _check_tier2(meta, opener, led, scan)
@@ -159,10 +165,10 @@ def _page_index(meta: MetadataStore, opener: Tier2Opener, led) -> tuple[bool, st
         return True, str(exc)
 
 
-def _tier1_failed(exc: Exception, led: Ledger) -> bool:
+def _spare_in_tier2(exc: Exception, led: Ledger) -> bool:
     """Whether `exc` is an offloaded ledger's tier-1 copy failing its checks (its tier-2 copy may be sound)."""
-    return isinstance(exc, CorruptObjectError) and exc.what.startswith("tier-1") and \
-        led.state == LedgerState.OFFLOADED and led.tier1_present and led.entry_count > 0
+    return isinstance(exc, CorruptObjectError) and exc.tier == 1 and led.state == LedgerState.OFFLOADED and \
+        led.tier1_present and led.entry_count > 0
 
 
 def _check_tier2(meta: MetadataStore, opener: Tier2Opener, led, scan: _Scan | None) -> str | None:
@@ -191,10 +197,7 @@ def _compare_tier2(opener: Tier2Opener, led, chunk, scan: _Scan) -> str | None:
     if other.problem:
         return other.problem
     if scan is None:
-        if (other.entries, other.bytes) != (led.entry_count, led.size_bytes):
-            return (f"read {other.entries} entries ({other.bytes} bytes), metadata says {led.entry_count} "
-                    f"({led.size_bytes} bytes)")
-        return None
+        return other.short_of(led)
     if (other.entries, other.bytes, other.digest.digest()) != (scan.entries, scan.bytes, scan.digest.digest()):
         return f"differs from the tier-1 copy ({other.entries} entries, {other.bytes} bytes)"
     return None

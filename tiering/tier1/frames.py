@@ -63,7 +63,7 @@ def index_bytes(offsets: array) -> bytes:
 
 
 def corrupt(path, offset: int, detail: str, what: str = "tier-1 ledger file") -> CorruptObjectError:
-    return CorruptObjectError(what, f"{path}@{offset}", detail)
+    return CorruptObjectError(what, f"{path}@{offset}", detail, tier=1)
 
 
 def pread_exact(fd: int, n: int, offset: int, path) -> bytes:
