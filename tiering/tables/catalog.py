@@ -1,8 +1,8 @@
 """The Iceberg catalog and a topic's table: pyiceberg's SQL catalog in the metadata database (the tables
 Iceberg's JDBC catalog uses, `iceberg_tables` and `iceberg_namespace_properties`, so an engine with a JDBC
 catalog named `tiering` finds the same tables; DuckDB reads one from its metadata file: docs/tables.md) and
-PyArrowFileIO on the tier-2 store,
-under `s3://<bucket>/<prefix>-tables/`, never under tier 2's own prefix (GC's orphan sweep lists that).
+PyArrowFileIO on the tier-2 store, under `s3://<bucket>/<prefix>-tables/`, never under tier 2's own prefix (GC's
+orphan sweep lists that).
 
 Secrets (the database URL, the S3 keys) go into the catalog's properties only: never logged, never in an
 exception this module raises."""
