@@ -1,6 +1,7 @@
 """The `tiering` Spark source on the standalone cluster: the tiering_scrub DAG reads a topic across
 both tiers through the source, every task on an executor of the cluster (the driver's tier-1 token checked
-there), and records the entries it read in job_run; a flipped byte in tier 2 then fails the run."""
+there), and records the entries it read in job_run; a flipped byte in tier 2 then fails the run, named by a row of its
+one query."""
 from __future__ import annotations
 
 import pytest
@@ -54,3 +55,6 @@ def test_scrub_through_the_source_on_the_cluster(cluster_airflow, deps):
     assert done.returncode != 0
     row = _scrub_row(deps)
     assert row["status"] == "FAILED" and row["details"]["failed_topics"] == ["scrub"] and ch.data_key in row["error"]
+    # the finding came back as a row of the one query (mode PERMISSIVE), not as a task failure Spark retried
+    assert (row["details"]["queries"], row["details"]["findings"]) == (1, 1)
+    assert "scrub: ledger 0 from entry 0: CorruptObjectError" in row["error"]

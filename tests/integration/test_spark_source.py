@@ -189,6 +189,47 @@ def test_a_flipped_byte_in_tier2_fails_the_query_naming_the_object(world, spark)
         b.s3.put_object(Bucket=b.name, Key=ch.data_key, Body=original)
 
 
+def test_permissive_mode_turns_each_finding_into_a_row_and_reads_on(world, spark):
+    """mode PERMISSIVE: big's corrupt page ends its partition in one row naming the object, after the
+    entries of the pages before it; mix's ledger 3 with no tier holding it is one DATALOSS row; every other
+    ledger reads whole; the entry rows are what FAILFAST reads, with a null `error`. skipDataLoss still skips."""
+    deps, _ = world
+    big, _ = read_handle(deps, "big")
+    mix, _ = read_handle(deps, "mix")
+    ch = deps.meta.chunks("big")[0]
+    b = deps.bucket
+    original = b.s3.get_object(Bucket=b.name, Key=ch.data_key)["Body"].read()
+    spot = ch.data_offset + ch.data_length * 3 // 4  # past the scan's first group of pages (~1 MiB)
+    b.s3.put_object(Bucket=b.name, Key=ch.data_key,
+                    Body=original[:spot] + bytes([original[spot] ^ 1]) + original[spot + 1:])
+    path = deps.tier1.path("mix", 3)
+    saved = path.read_bytes()
+    path.unlink()
+    try:
+        df = spark.read.format("tiering").option("topics", "big,mix").option("mode", "permissive") \
+            .option("packBytes", "0").load()
+        assert df.columns[-1] == "error" and len(df.columns) == 8
+        got = df.collect()
+    finally:
+        b.s3.put_object(Bucket=b.name, Key=ch.data_key, Body=original)
+        path.write_bytes(saved)
+    errors = sorted((r.topic, r.ledger_id, r.entry_id, r.error) for r in got if r.error is not None)
+    entries_ = {(r.topic, r.ledger_id, r.entry_id): bytes(r.payload) for r in got if r.error is None}
+    assert [e[:2] for e in errors] == [("big", 0), ("mix", 3)], errors
+    (_, _, at, corrupt), (_, _, lost_at, lost) = errors
+    assert corrupt.startswith("CorruptObjectError: ") and ch.data_key in corrupt and "page" in corrupt
+    assert lost.startswith("DataLossError: DATALOSS") and lost_at == 0
+    read_big = sorted(k[2] for k in entries_ if k[0] == "big")
+    assert 0 < at < 2000 and read_big == list(range(at))  # the entries before the corrupt page, then the row
+    assert all(entries_[("big", 0, e)] == big[(0, e)] for e in read_big)
+    assert {k[1:]: v for k, v in entries_.items() if k[0] == "mix"} == {k: v for k, v in mix.items() if k[0] != 3}
+    assert all(r.payload is None and r.tier is None for r in got if r.error is not None)
+    plain = spark.read.format("tiering").option("topic", "mix").option("mode", "FAILFAST").load()
+    assert "error" not in plain.columns and rows(plain) == mix
+    with pytest.raises(Exception, match="option mode is FAILFAST or PERMISSIVE"):
+        spark.read.format("tiering").option("topic", "mix").option("mode", "lenient").load().count()
+
+
 def test_dataloss_fails_unless_skipped(world, spark):
     deps, _ = world
     led = deps.meta.get_ledger("mix", 3)  # tier 1 only: remove its file behind the metadata's back
@@ -232,6 +273,7 @@ def test_scrub_records_every_topic_then_names_a_corrupt_one(world, spark, monkey
     row = _scrub_row(deps)
     expected = sum(len(read_handle(deps, t)[0]) for t in ("big", "mix", "pair"))
     assert row["status"] == "SUCCEEDED" and row["items_done"] == 3 and row["details"]["entries"] == expected
+    assert (row["details"]["queries"], row["details"]["findings"]) == (1, 0)
     # nothing broken: the repair's check found nothing (no listing: it read the chunk rows' objects only)
     assert (row["details"]["repairable"], row["details"]["unrepairable"], row["details"]["repair"]) == (0, 0, False)
     ch = deps.meta.chunks("big")[0]
@@ -246,7 +288,9 @@ def test_scrub_records_every_topic_then_names_a_corrupt_one(world, spark, monkey
         b.s3.put_object(Bucket=b.name, Key=ch.data_key, Body=original)
     row = _scrub_row(deps)
     assert row["status"] == "FAILED" and row["items_failed"] == 1 and row["details"]["failed_topics"] == ["big"]
-    assert ch.data_key in row["error"]
+    assert ch.data_key in row["error"] and "big: ledger 0 from entry 0: CorruptObjectError" in row["error"]
+    # one query named the finding (PERMISSIVE): no query per topic; the two sound topics counted whole
+    assert (row["details"]["queries"], row["details"]["findings"], row["items_done"]) == (1, 1, 2)
     # big has no tier-1 copy: its broken copy is not repairable (checked only: nothing marked)
     assert (row["details"]["repairable"], row["details"]["unrepairable"], row["details"]["lost"]) == (0, 1, 0)
     assert not deps.meta.get_ledger("big", 0).lost

@@ -2,10 +2,12 @@
 read from the tier that holds it, every tier-2 page's CRC32C and every tier-1 payload's CRC checked, and
 the result recorded in one `job_run` row (kind `scrub`).
 
-One query reads all topics in parallel (a partition per ledger or run of pages). When it fails (a corrupt
-page names its object, page and offset; DATALOSS names the ledger), each topic is then scrubbed alone so
-the row says which topics are sound and which are not: a healthy run costs one query, a broken one a query
-per topic. DATALOSS is never skipped here: a scrub that skipped it would report loss as success.
+One query reads all topics in parallel (a partition per ledger or run of pages), in the source's PERMISSIVE
+mode: a finding (a corrupt page names its object, page and offset; a corrupt tier-1 copy its file; DATALOSS
+the ledger) ends its partition in a row saying it, so the run names every broken ledger from one query and
+Spark does not retry what would fail again. DATALOSS is never skipped here: a scrub that skipped it would
+report loss as success. When the query itself fails (an outage outlasting Spark's retries), each topic is
+scrubbed alone, so the row still says which topics are sound.
 
 Then the repair's check (tiering/ops/repair.py) looks at what the scrub did not read from tier 2: every
 offloaded ledger of a topic that failed, and the tier-2 copies of ledgers read from their tier-1 copy
@@ -35,35 +37,49 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:1000]
 
 
-def scrub(spark, topics: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
-    """({topic: {entries, bytes, ledgers}}, {topic or "*": error}) of reading every entry of `topics`."""
+def scrub(spark, topics: list[str]) -> tuple[dict[str, dict], dict[str, str], int]:
+    """({topic: {entries, bytes, ledgers, findings}}, {topic or "*": error}, Spark queries run) of reading
+    every entry of `topics`: a topic with findings is in both, its error the first finding (in ledger order)
+    and how many more."""
     from pyspark.sql import functions as F
 
-    def query(names: list[str] | None):
+    def query(names: list[str] | None) -> dict:
         # one topic by name; all of them by a regex matching every name (a name may hold a comma)
-        src = spark.read.format("tiering").option("strictTier1", "true")  # a corrupt tier-1 copy is a finding
+        src = spark.read.format("tiering").option("strictTier1", "true").option("mode", "PERMISSIVE")
         df = (src.option("topic", names[0]) if names else src.option("topicRegex", ".*")).load()
-        return {r.topic: {"entries": r.entries, "bytes": int(r.bytes or 0), "ledgers": r.ledgers}
-                for r in df.groupBy("topic").agg(F.count("*").alias("entries"),
-                                                 F.sum(F.length("payload")).alias("bytes"),
-                                                 F.countDistinct("ledger_id").alias("ledgers")).collect()}
+        ok = F.col("error").isNull()
+        finding = F.format_string("ledger %d from entry %d: %s", "ledger_id", "entry_id", "error")
+        return {r.topic: r for r in df.groupBy("topic").agg(
+            F.count(F.when(ok, 1)).alias("entries"), F.sum(F.when(ok, F.length("payload"))).alias("bytes"),
+            F.countDistinct(F.when(ok, F.col("ledger_id"))).alias("ledgers"), F.count("error").alias("findings"),
+            # min_by skips rows whose ordering is null: the entry rows here
+            F.min_by(finding, F.when(~ok, F.struct("ledger_id", "entry_id"))).alias("first")).collect()}
 
+    def record(t: str, r, results: dict, errors: dict) -> None:
+        results[t] = {"entries": r.entries, "bytes": int(r.bytes or 0), "ledgers": r.ledgers, "findings": r.findings} \
+            if r is not None else {"entries": 0, "bytes": 0, "ledgers": 0, "findings": 0}
+        if r is not None and r.findings:
+            errors[t] = r.first + (f" (and {r.findings - 1} more)" if r.findings > 1 else "")
+
+    results, errors = {}, {}
     if not topics:
-        return {}, {}
+        return results, errors, 0
     try:
         got = query(topics if len(topics) == 1 else None)
-        return {t: got.get(t, {"entries": 0, "bytes": 0, "ledgers": 0}) for t in topics}, {}
     except Exception as exc:  # noqa: BLE001 - narrowed down per topic below
         whole = _first_line(exc)
-    results, errors = {}, {}
+    else:
+        for t in topics:
+            record(t, got.get(t), results, errors)
+        return results, errors, 1
     for t in topics:
         try:
-            results[t] = query([t]).get(t, {"entries": 0, "bytes": 0, "ledgers": 0})
+            record(t, query([t]).get(t), results, errors)
         except Exception as exc:  # noqa: BLE001 - recorded in job_run
             errors[t] = _first_line(exc)
     if not errors:  # the whole query failed yet each topic alone read: say so rather than succeed silently
         errors["*"] = whole
-    return results, errors
+    return results, errors, 1 + len(topics)
 
 
 def repair_broken(settings, topics: list[str], failed: set[str], do_repair: bool, errors: list[str]) -> dict:
@@ -127,12 +143,14 @@ def main(argv=None) -> int:
 
             spark = spark_session(APP, outcome)
             register(spark, settings)
-            results, errors = scrub(spark, topics)
-            outcome.items_done = len(results)
+            results, errors, queries = scrub(spark, topics)
+            sound = [r for t, r in results.items() if t not in errors]  # topics read whole
+            outcome.items_done = len(sound)
             outcome.items_failed = len(errors) - (1 if "*" in errors else 0)
-            outcome.bytes = sum(r["bytes"] for r in results.values())
-            outcome.details.update(entries=sum(r["entries"] for r in results.values()),
-                                   ledgers=sum(r["ledgers"] for r in results.values()),
+            outcome.bytes = sum(r["bytes"] for r in sound)
+            outcome.details.update(entries=sum(r["entries"] for r in sound),
+                                   ledgers=sum(r["ledgers"] for r in sound),
+                                   findings=sum(r["findings"] for r in results.values()), queries=queries,
                                    failed_topics=sorted(t for t in errors if t != "*"))
             outcome.errors.extend(f"{t}: {e}" for t, e in errors.items())
             outcome.details.update(repair_broken(settings, topics, set(errors), args.repair, outcome.errors))

@@ -22,7 +22,7 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from tiering.config import Settings
-from tiering.errors import BadInput, DataLossError, LedgerStorageError, TieringError
+from tiering.errors import BadInput, CorruptObjectError, DataLossError, LedgerStorageError, TieringError
 from tiering.spark.filters import Pushed, push
 from tiering.spark.plan import DEFAULT_SPLIT_BYTES, Part
 
@@ -34,6 +34,12 @@ from tiering.spark.plan import DEFAULT_SPLIT_BYTES, Part
 log = logging.getLogger("tiering.spark")
 SCHEMA = ("topic string, ledger_id long, entry_id long, payload binary, tier string, "
           "sealed_at timestamp, offloaded_at timestamp")
+# mode PERMISSIVE: a part that holds a finding (a corrupt page or tier-1 copy, DATALOSS) ends in one row
+# naming it instead of failing the task. Only findings: they come back on every attempt, so Spark's retries
+# (four per task on a cluster) would read up to them again for nothing; an outage still fails the task.
+ERROR_COLUMN = "error"
+FINDINGS = (CorruptObjectError, DataLossError)
+MODES = ("FAILFAST", "PERMISSIVE")
 BATCH_ROWS = 4096
 AUTO_PACK_MAX = 1024 * 1024 * 1024  # bytes of one partition when the source packs by parallelism
 _TRUE = {"true": True, "false": False}
@@ -47,6 +53,17 @@ def _bool_option(options, name: str, default: bool) -> bool:
     if value is None:
         raise BadInput(f"option {name} is true or false, got {raw!r}")
     return value
+
+
+def permissive(options) -> bool:
+    """Option `mode`: FAILFAST (the default: a finding fails the query) or PERMISSIVE (a row says it)."""
+    raw = options.get("mode")
+    if raw is None:
+        return False
+    value = str(raw).strip().upper()
+    if value not in MODES:
+        raise BadInput(f"option mode is FAILFAST or PERMISSIVE, got {raw!r}")
+    return value == "PERMISSIVE"
 
 
 def _int_option(options, name: str, default: int | None, lo: int) -> int | None:
@@ -141,6 +158,7 @@ class TieringReader(DataSourceReader):
         self.split_bytes = _int_option(options, "splitBytes", DEFAULT_SPLIT_BYTES, 1)
         # None: packed by the session's parallelism (auto_pack_bytes); 0: one partition per part
         self.pack_bytes = _int_option(options, "packBytes", None, 0)
+        self.permissive = permissive(options)
         self.parallelism = parallelism
 
     def pushFilters(self, filters):
@@ -170,8 +188,41 @@ class TieringReader(DataSourceReader):
         return [TieringPartition(g, token) for g in groups]
 
     def read(self, partition):
+        values = self.pushed.bound("entry_id").values
         for part in getattr(partition, "parts", None) or ():
-            yield from _batches(part, _chunks(self, part, partition.token), self.pushed.bound("entry_id").values)
+            if not self.permissive:
+                yield from _batches(part, _chunks(self, part, partition.token), values)
+                continue
+            at = [part.first]  # the first entry not yet handed to Spark
+            try:
+                yield from _batches(part, _tracked(_chunks(self, part, partition.token), at), values, errors=True)
+            except FINDINGS as exc:
+                log.warning("ledger %s/%d from entry %d: %s: %s (mode PERMISSIVE: a row says it)",
+                            part.led.topic, part.led.ledger_id, at[0], type(exc).__name__, exc)
+                yield _error_batch(part, at[0], f"{type(exc).__name__}: {exc}")
+
+
+def _tracked(chunks: Iterator[tuple], at: list[int]) -> Iterator[tuple]:
+    """The chunks, `at[0]` kept at the first entry id not yet delivered (the caller asks for the next chunk
+    only once the batch made of this one went to Spark)."""
+    for chunk in chunks:
+        at[0] = chunk[0]
+        yield chunk
+        at[0] = chunk[0] + chunk[1]
+
+
+def _error_batch(part: Part, entry_id: int, error: str):
+    """The one row (mode PERMISSIVE) saying why the part's entries from `entry_id` on were not read."""
+    import pyarrow as pa
+
+    led = part.led
+    return pa.RecordBatch.from_pylist(
+        [{"topic": led.topic, "ledger_id": led.ledger_id, "entry_id": entry_id, "payload": None, "tier": None,
+          "sealed_at": led.sealed_at, "offloaded_at": led.offloaded_at, ERROR_COLUMN: error}],
+        schema=pa.schema([("topic", pa.string()), ("ledger_id", pa.int64()), ("entry_id", pa.int64()),
+                          ("payload", pa.binary()), ("tier", pa.string()),
+                          ("sealed_at", pa.timestamp("us", tz="UTC")), ("offloaded_at", pa.timestamp("us", tz="UTC")),
+                          (ERROR_COLUMN, pa.string())]))
 
 
 def _say(line: str) -> None:
@@ -241,10 +292,10 @@ def _chunks(reader: TieringReader, part: Part, token: str | None) -> Iterator[tu
             raise DataLossError(msg + "; option skipDataLoss=true reads around it")
 
 
-def _batches(part: Part, chunks: Iterator[tuple], values: set | None = None) -> Iterator:
+def _batches(part: Part, chunks: Iterator[tuple], values: set | None = None, errors: bool = False) -> Iterator:
     """Arrow record batches of the part's chunks, one per chunk (each at most a run of pages, ~1 MiB, or
     BATCH_ROWS entries: bounded memory), the columns that repeat made in C; `values`: the exact entry ids
-    wanted (a pushed-down `entry_id IN (...)`), the others dropped."""
+    wanted (a pushed-down `entry_id IN (...)`), the others dropped; `errors`: with the (null) error column."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -266,8 +317,9 @@ def _batches(part: Part, chunks: Iterator[tuple], values: set | None = None) -> 
                 continue
         yield pa.RecordBatch.from_arrays(
             [pa.repeat(topic, n), pa.repeat(ledger_id, n), ids, payloads, pa.repeat(pa.scalar(tier, pa.string()), n),
-             pa.repeat(sealed_at, n), pa.repeat(offloaded_at, n)],
-            names=["topic", "ledger_id", "entry_id", "payload", "tier", "sealed_at", "offloaded_at"])
+             pa.repeat(sealed_at, n), pa.repeat(offloaded_at, n)] + ([pa.nulls(n, pa.string())] if errors else []),
+            names=["topic", "ledger_id", "entry_id", "payload", "tier", "sealed_at", "offloaded_at"]
+            + ([ERROR_COLUMN] if errors else []))
 
 
 class TieringDataSource(DataSource):
@@ -281,7 +333,7 @@ class TieringDataSource(DataSource):
         return "tiering"
 
     def schema(self):
-        return SCHEMA
+        return SCHEMA + f", {ERROR_COLUMN} string" if permissive(self.options) else SCHEMA
 
     def reader(self, schema):
         if self._settings is None:
