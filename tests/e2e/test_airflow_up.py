@@ -82,7 +82,9 @@ def _token(u) -> str:
     return admin_token(u.url, u.home)
 
 
-def _wait_run(u, token, dag_id, run_id, timeout=240) -> dict:
+def _wait_run(u, token, dag_id, run_id, timeout=420) -> dict:
+    # a run is a Spark application started by the scheduler's worker: at load 7 on 2 cores (the suite's
+    # other workers starting JVMs) one took more than 4 minutes from queued to done
     deadline = time.monotonic() + timeout
     run = None
     while time.monotonic() < deadline:
