@@ -179,7 +179,7 @@ def test_topic_delete_goes_through_gc_and_frees_the_name(cli, deps, tier1_root):
         cli("subscription", "create", "d", "r", "--from", "1:0").one_line_error(2)
     assert cli("produce", "d", "--entries", "1", "--entry-size", "5").ok().stdout.strip() == "4:0"  # ids go on
     cli("subscription", "create", "d", "r", "--from", "4:0").ok()
-    assert "position 3:0 is before the first ledger 4 of topic 'd'" in \
+    assert "position 3:0 is before the head of topic 'd' (its first ledger is 4)" in \
         cli("subscription", "create", "d", "s", "--from", "3:0").one_line_error(2)
     assert "position 2:9 is before the head of topic 'd' (it holds no ledger 2)" in \
         cli("subscription", "ack", "d", "r", "2:9", "--reset").one_line_error(2)

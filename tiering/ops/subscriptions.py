@@ -75,7 +75,8 @@ def _create(deps: Deps, topic: str, name: str, start: str) -> Subscription:
         return deps.meta.subs.create(topic, name, before, live_ledger=None if before is None else before.ledger_id)
     if led is None:
         if ledgers and first.ledger_id < ledgers[0].ledger_id:
-            raise BadInput(f"position {first} is before the first ledger {ledgers[0].ledger_id} of topic {topic!r}")
+            raise BadInput(f"position {first} is before the head of topic {topic!r} (its first ledger is "
+                           f"{ledgers[0].ledger_id})")
         if ledgers and first.ledger_id < ledgers[-1].ledger_id:
             raise BadInput(f"topic {topic!r} has no ledger {first.ledger_id}")
         raise _no_ledger(deps, topic, first)
