@@ -192,7 +192,7 @@ def test_a_flipped_byte_in_tier2_fails_the_query_naming_the_object(world, spark)
 def test_permissive_mode_turns_each_finding_into_a_row_and_reads_on(world, spark):
     """mode PERMISSIVE: big's corrupt page ends its partition in one row naming the object, after the
     entries of the pages before it; mix's ledger 3 with no tier holding it is one DATALOSS row; every other
-    ledger reads whole; the entry rows are what FAILFAST reads, with a null `error`. skipDataLoss still skips."""
+    ledger reads whole; the entry rows are what FAILFAST reads, with a null `error`."""
     deps, _ = world
     big, _ = read_handle(deps, "big")
     mix, _ = read_handle(deps, "mix")

@@ -190,13 +190,13 @@ class TieringReader(DataSourceReader):
     def read(self, partition):
         values = self.pushed.bound("entry_id").values
         for part in getattr(partition, "parts", None) or ():
-            if not self.permissive:
-                yield from _batches(part, _chunks(self, part, partition.token), values)
-                continue
             at = [part.first]  # the first entry not yet handed to Spark
             try:
-                yield from _batches(part, _tracked(_chunks(self, part, partition.token), at), values, errors=True)
+                yield from _batches(part, _tracked(_chunks(self, part, partition.token), at), values,
+                                    errors=self.permissive)
             except FINDINGS as exc:
+                if not self.permissive:
+                    raise
                 log.warning("ledger %s/%d from entry %d: %s: %s (mode PERMISSIVE: a row says it)",
                             part.led.topic, part.led.ledger_id, at[0], type(exc).__name__, exc)
                 yield _error_batch(part, at[0], f"{type(exc).__name__}: {exc}")
@@ -219,10 +219,17 @@ def _error_batch(part: Part, entry_id: int, error: str):
     return pa.RecordBatch.from_pylist(
         [{"topic": led.topic, "ledger_id": led.ledger_id, "entry_id": entry_id, "payload": None, "tier": None,
           "sealed_at": led.sealed_at, "offloaded_at": led.offloaded_at, ERROR_COLUMN: error}],
-        schema=pa.schema([("topic", pa.string()), ("ledger_id", pa.int64()), ("entry_id", pa.int64()),
-                          ("payload", pa.binary()), ("tier", pa.string()),
-                          ("sealed_at", pa.timestamp("us", tz="UTC")), ("offloaded_at", pa.timestamp("us", tz="UTC")),
-                          (ERROR_COLUMN, pa.string())]))
+        schema=_arrow_schema(errors=True))
+
+
+def _arrow_schema(errors: bool):
+    """The Arrow schema of the source's batches (SCHEMA, and the error column in mode PERMISSIVE)."""
+    import pyarrow as pa
+
+    when = pa.timestamp("us", tz="UTC")
+    return pa.schema([("topic", pa.string()), ("ledger_id", pa.int64()), ("entry_id", pa.int64()),
+                      ("payload", pa.binary()), ("tier", pa.string()), ("sealed_at", when), ("offloaded_at", when)]
+                     + ([(ERROR_COLUMN, pa.string())] if errors else []))
 
 
 def _say(line: str) -> None:
@@ -301,6 +308,7 @@ def _batches(part: Part, chunks: Iterator[tuple], values: set | None = None, err
     import pyarrow.compute as pc
 
     led = part.led
+    schema = _arrow_schema(errors)
     topic, ledger_id = pa.scalar(led.topic, pa.string()), pa.scalar(led.ledger_id, pa.int64())
     sealed_at = pa.scalar(led.sealed_at, pa.timestamp("us", tz="UTC"))
     offloaded_at = pa.scalar(led.offloaded_at, pa.timestamp("us", tz="UTC"))
@@ -318,8 +326,7 @@ def _batches(part: Part, chunks: Iterator[tuple], values: set | None = None, err
         yield pa.RecordBatch.from_arrays(
             [pa.repeat(topic, n), pa.repeat(ledger_id, n), ids, payloads, pa.repeat(pa.scalar(tier, pa.string()), n),
              pa.repeat(sealed_at, n), pa.repeat(offloaded_at, n)] + ([pa.nulls(n, pa.string())] if errors else []),
-            names=["topic", "ledger_id", "entry_id", "payload", "tier", "sealed_at", "offloaded_at"]
-            + ([ERROR_COLUMN] if errors else []))
+            schema=schema)
 
 
 class TieringDataSource(DataSource):
