@@ -56,9 +56,11 @@ def scrub(spark, topics: list[str]) -> tuple[dict[str, dict], dict[str, str], in
             F.min_by(finding, F.when(~ok, F.struct("ledger_id", "entry_id"))).alias("first")).collect()}
 
     def record(t: str, r, results: dict, errors: dict) -> None:
-        results[t] = {"entries": r.entries, "bytes": int(r.bytes or 0), "ledgers": r.ledgers, "findings": r.findings} \
-            if r is not None else {"entries": 0, "bytes": 0, "ledgers": 0, "findings": 0}
-        if r is not None and r.findings:
+        if r is None:  # no row of the topic: nothing in it to read
+            results[t] = {"entries": 0, "bytes": 0, "ledgers": 0, "findings": 0}
+            return
+        results[t] = {"entries": r.entries, "bytes": int(r.bytes or 0), "ledgers": r.ledgers, "findings": r.findings}
+        if r.findings:
             errors[t] = r.first + (f" (and {r.findings - 1} more)" if r.findings > 1 else "")
 
     results, errors = {}, {}
