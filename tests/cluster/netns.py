@@ -160,7 +160,7 @@ def _start_processes(nodes: TwoNodes, database_url: str, s3_endpoint: str, timeo
             alive = {w.get("host") for w in nodes.status().get("workers", []) if w.get("state") == "ALIVE"}
             if {host_ip, node_ip} <= alive:
                 return
-        except OSError:
+        except (OSError, ValueError):  # not answering yet, or (while its UI starts) a page instead of JSON
             pass
         if time.monotonic() > deadline:
             logs = "".join((state / f"{n}.log").read_text(errors="replace")[-800:] for n in ("master", "remote-worker")
