@@ -242,6 +242,11 @@ def test_dataloss_fails_unless_skipped(world, spark):
         assert "DATALOSS" in str(err.value)
         df = spark.read.format("tiering").option("topic", "mix").option("skipDataLoss", "true").load()
         assert 3 not in {r.ledger_id for r in df.select("ledger_id").distinct().collect()}
+        # skipped is not a finding: in mode PERMISSIVE too, no error row for it
+        both = spark.read.format("tiering").option("topic", "mix").option("skipDataLoss", "true") \
+            .option("mode", "PERMISSIVE").load()
+        got = {(r.ledger_id, r.error) for r in both.select("ledger_id", "error").distinct().collect()}
+        assert got and all(error is None and ledger != 3 for ledger, error in got), got
     finally:
         path.write_bytes(saved)
     assert led.state == S.SEALED
