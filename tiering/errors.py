@@ -51,6 +51,13 @@ class SubscriptionNotFound(BadInput):
         self.name = name
 
 
+class BeforeHead(BadInput):
+    """A position below what the topic still holds (a trimmed ledger, an id it does not hold): one sentence
+    for every command that takes a position, `why` saying which."""
+    def __init__(self, position, topic: str, why: str):
+        super().__init__(f"position {position} is before the head of topic {topic!r} ({why})")
+
+
 class LedgerTrimmed(BadInput):
     """The ledger a new subscription's position was derived from was trimmed before the subscription was
     inserted: bad input for a position the caller named, a lost race for one derived from the topic's end."""

@@ -17,7 +17,8 @@ from sqlalchemy import delete, func, insert, select, text, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from tiering.errors import BadInput, ConditionalUpdateFailed, LedgerTrimmed, SubscriptionNotFound, TopicNotFound
+from tiering.errors import (BadInput, BeforeHead, ConditionalUpdateFailed, LedgerTrimmed, SubscriptionNotFound,
+                            TopicNotFound)
 from tiering.metadata.planning import _ACTIVE, _NOW
 from tiering.metadata.tables import ledger, subscription, subscription_loss, topic
 from tiering.model import ACTIVE, Position, Subscription, Topic, check_subscription_name, check_topic_name
@@ -164,8 +165,7 @@ class Subscriptions:
             state = conn.execute(select(ledger.c.state).where(
                 ledger.c.topic_id == sub.topic_id, ledger.c.ledger_id == position.ledger_id)).scalar_one_or_none()
             if position != current.position and (state is None or state == "DELETED"):
-                raise BadInput(f"position {position} is before the head of topic {sub.topic!r} (ledger "
-                               f"{position.ledger_id} was trimmed)")
+                raise BeforeHead(position, sub.topic, f"ledger {position.ledger_id} was trimmed")
             done = conn.execute(update(subscription).where(subscription.c.subscription_id == sub.subscription_id)
                                 .values(ack_ledger_id=position.ledger_id, ack_entry_id=position.entry_id,
                                         last_ack_at=func.now(), version=subscription.c.version + 1))

@@ -12,8 +12,8 @@ again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from tiering.errors import (BadInput, ConditionalUpdateFailed, LedgerNotFound, LedgerTrimmed, SubscriptionNotFound,
-                            TieringError, TopicNotFound)
+from tiering.errors import (BadInput, BeforeHead, ConditionalUpdateFailed, LedgerNotFound, LedgerTrimmed,
+                            SubscriptionNotFound, TieringError, TopicNotFound)
 from tiering.metadata.subscriptions import Backlog
 from tiering.model import UNKNOWN_ENTRY_COUNT, Ledger, LedgerState, Position, Subscription
 from tiering.ops.context import Deps
@@ -75,13 +75,12 @@ def _create(deps: Deps, topic: str, name: str, start: str) -> Subscription:
         return deps.meta.subs.create(topic, name, before, live_ledger=None if before is None else before.ledger_id)
     if led is None:
         if ledgers and first.ledger_id < ledgers[0].ledger_id:
-            raise BadInput(f"position {first} is before the head of topic {topic!r} (its first ledger is "
-                           f"{ledgers[0].ledger_id})")
+            raise BeforeHead(first, topic, f"its first ledger is {ledgers[0].ledger_id}")
         if ledgers and first.ledger_id < ledgers[-1].ledger_id:
             raise BadInput(f"topic {topic!r} has no ledger {first.ledger_id}")
         raise _no_ledger(deps, topic, first)
     if led.state == S.DELETED:
-        raise BadInput(f"position {first} is before the head of topic {topic!r} (ledger {led.ledger_id} was trimmed)")
+        raise BeforeHead(first, topic, f"ledger {led.ledger_id} was trimmed")
     check_within_ledger(first, led, _bound(deps, led))
     before = Position(first.ledger_id, first.entry_id - 1) if first.entry_id > 0 else \
         _last_entry(deps, topic, [x for x in ledgers if x.ledger_id < first.ledger_id])
@@ -144,8 +143,7 @@ def _no_ledger(deps: Deps, topic: str, position: Position) -> BadInput:
     """A position naming a ledger the topic does not hold: past its end, or below the ids it has made (a
     topic deleted and created again under its name starts after the old one's ledgers)."""
     if position.ledger_id < deps.meta.get_topic(topic).next_ledger_id:
-        return BadInput(f"position {position} is before the head of topic {topic!r} (it holds no ledger "
-                        f"{position.ledger_id})")
+        return BeforeHead(position, topic, f"it holds no ledger {position.ledger_id}")
     return BadInput(f"position {position} is beyond the end of topic {topic!r}")
 
 
@@ -155,8 +153,7 @@ def _check_entry(deps: Deps, topic: str, position: Position) -> None:
     except LedgerNotFound:
         raise _no_ledger(deps, topic, position) from None
     if led.state == S.DELETED:
-        raise BadInput(f"position {position} is before the head of topic {topic!r} (ledger {led.ledger_id} was "
-                       "trimmed)")
+        raise BeforeHead(position, topic, f"ledger {led.ledger_id} was trimmed")
     count = _bound(deps, led)
     if position.entry_id >= count:
         raise BadInput(f"position {position} is beyond the end of ledger {led.ledger_id} ({count} entries)")
