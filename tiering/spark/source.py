@@ -309,14 +309,15 @@ def _batches(part: Part, chunks: Iterator[tuple], values: set | None = None, err
 
     led = part.led
     schema = _arrow_schema(errors)
-    topic, ledger_id = pa.scalar(led.topic, pa.string()), pa.scalar(led.ledger_id, pa.int64())
-    sealed_at = pa.scalar(led.sealed_at, pa.timestamp("us", tz="UTC"))
-    offloaded_at = pa.scalar(led.offloaded_at, pa.timestamp("us", tz="UTC"))
+    type_of = {f.name: f.type for f in schema}  # the columns' types, from the one schema
+    topic, ledger_id = pa.scalar(led.topic, type_of["topic"]), pa.scalar(led.ledger_id, type_of["ledger_id"])
+    sealed_at = pa.scalar(led.sealed_at, type_of["sealed_at"])
+    offloaded_at = pa.scalar(led.offloaded_at, type_of["offloaded_at"])
     wanted = None if values is None else pa.array(sorted(values), pa.int64())
     for start, n, payloads, tier in chunks:
         ids = pa.array(np.arange(start, start + n, dtype=np.int64))
         if payloads is None:
-            payloads = pa.nulls(n, pa.binary())
+            payloads = pa.nulls(n, type_of["payload"])
         if wanted is not None:
             keep = pc.is_in(ids, value_set=wanted)
             ids, payloads = ids.filter(keep), payloads.filter(keep)
@@ -324,8 +325,9 @@ def _batches(part: Part, chunks: Iterator[tuple], values: set | None = None, err
             if not n:
                 continue
         yield pa.RecordBatch.from_arrays(
-            [pa.repeat(topic, n), pa.repeat(ledger_id, n), ids, payloads, pa.repeat(pa.scalar(tier, pa.string()), n),
-             pa.repeat(sealed_at, n), pa.repeat(offloaded_at, n)] + ([pa.nulls(n, pa.string())] if errors else []),
+            [pa.repeat(topic, n), pa.repeat(ledger_id, n), ids, payloads,
+             pa.repeat(pa.scalar(tier, type_of["tier"]), n), pa.repeat(sealed_at, n), pa.repeat(offloaded_at, n)]
+            + ([pa.nulls(n, type_of[ERROR_COLUMN])] if errors else []),
             schema=schema)
 
 
