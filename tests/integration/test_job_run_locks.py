@@ -8,7 +8,7 @@ import logging
 import pytest
 from sqlalchemy import func, select, text
 
-from tiering.metadata import make_engine
+from tiering.metadata import db, make_engine
 from tiering.metadata.job_runs import LOCK_BASE, JobOutcome, JobRuns
 
 pytestmark = pytest.mark.usefixtures("db")
@@ -79,3 +79,29 @@ def test_a_key_held_by_a_live_session_does_not_block_start(eng, database_url, ca
             assert conn.execute(text("SELECT status FROM tiering.job_run WHERE run_id = 1")).scalar_one() == "SUCCEEDED"
     finally:
         other.dispose()
+
+
+@pytest.mark.parametrize("sql, key", [
+    ("SELECT pg_advisory_lock(:k)", LOCK_BASE + 7), ("SELECT pg_try_advisory_lock(:k)", LOCK_BASE + 7),
+    ("SELECT pg_advisory_lock_shared(:k)", LOCK_BASE + 7), ("select PG_TRY_ADVISORY_LOCK_SHARED (:k)", LOCK_BASE + 7),
+    ("SELECT pg_try_advisory_lock(0, CAST(:k AS int))", 7)])
+def test_every_kind_of_session_lock_is_released_at_check_in(eng, sql, key):
+    with eng.connect() as conn:
+        conn.execute(text(sql), {"k": key})
+        assert _lock_holders(eng, key) == 1
+    # back in the pool (the next checkout is likely the same connection: it must hold nothing either)
+    assert _lock_holders(eng, key) == 0
+
+
+def test_transaction_locks_leave_no_release_to_do(eng):
+    """Only a connection that took a session lock pays for the release transaction at check-in."""
+    with eng.begin() as conn:
+        conn.execute(select(func.pg_advisory_xact_lock(LOCK_BASE + 8)))
+        conn.execute(select(func.pg_try_advisory_xact_lock(LOCK_BASE + 9)))
+        conn.execute(select(func.pg_advisory_unlock_all()))
+        assert not conn.info.get(db._HOLDS_SESSION_LOCKS)
+        conn.execute(select(func.pg_try_advisory_lock(LOCK_BASE + 10)))
+        assert conn.info.get(db._HOLDS_SESSION_LOCKS)
+    assert _lock_holders(eng, LOCK_BASE + 10) == 0
+    with eng.connect() as conn:
+        assert not conn.info.get(db._HOLDS_SESSION_LOCKS)  # the release cleared the mark

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -9,6 +10,11 @@ from sqlalchemy import create_engine, event, func, literal, select
 from sqlalchemy.engine import Connection, Engine
 
 log = logging.getLogger(__name__)
+# The functions that take a session-level advisory lock (held past COMMIT and ROLLBACK until released or the
+# session ends); the transaction-level ones are pg_(try_)advisory_xact_lock(_shared) and end with their
+# transaction, so they need no release.
+_SESSION_LOCK = re.compile(r"pg_(?:try_)?advisory_lock(?:_shared)?\s*\(", re.IGNORECASE)
+_HOLDS_SESSION_LOCKS = "tiering.session_locks"
 
 
 def make_engine(url: str, pool_size: int = 5, **kwargs) -> Engine:
@@ -23,6 +29,7 @@ def make_engine(url: str, pool_size: int = 5, **kwargs) -> Engine:
     # hide_parameters: a failed statement's parameters never reach logs or exceptions.
     engine = create_engine(url, pool_size=pool_size, pool_pre_ping=True, hide_parameters=True,
                            connect_args=connect_args, **kwargs)
+    event.listen(engine, "before_cursor_execute", _note_session_locks)
     event.listen(engine.pool, "checkin", _release_session_locks)
     event.listen(engine, "connect", _utc_session)
     return engine
@@ -37,14 +44,23 @@ def _utc_session(dbapi_connection, connection_record) -> None:
     dbapi_connection.commit()
 
 
+def _note_session_locks(conn, cursor, statement, parameters, context, executemany) -> None:
+    """Marks a connection that ran a statement taking a session advisory lock (before it runs: a lock taken by
+    a statement that then fails is held all the same). The mark lives as long as the DBAPI connection."""
+    if _SESSION_LOCK.search(statement):
+        conn.info[_HOLDS_SESSION_LOCKS] = True
+
+
 def _release_session_locks(dbapi_connection, connection_record) -> None:
     """A connection going back to the pool drops every session advisory lock it holds.
 
     Session locks (a job_run row's owner lock, metadata/job_runs.py) outlive transactions, and the pool's
     reset on return is only a ROLLBACK: a connection dropped without releasing its lock would carry it to
     whichever caller checks it out next, and a later lock on the same key would wait on an idle connection
-    forever. A connection that cannot be cleaned is discarded (closing it drops its locks)."""
-    if dbapi_connection is None:
+    forever. A connection that cannot be cleaned is discarded (closing it drops its locks). Only connections
+    marked by _note_session_locks are cleaned: the release is a transaction of its own (three round trips),
+    which doubled the cost of every short transaction when run on every check-in."""
+    if dbapi_connection is None or not connection_record.info.pop(_HOLDS_SESSION_LOCKS, False):
         return
     try:
         cur = dbapi_connection.cursor()
