@@ -25,13 +25,20 @@ TOPIC_MAX_BYTES = 2048
 # several lines (`topic list`) or moves the terminal's cursor. The one definition: the Airflow form's
 # pattern (jobs/spec.py) is built from it, so the escapes stay regex escapes (JSON schema has no raw NUL).
 CONTROL_CHARS = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
-# Invisible and bidirectional format characters (and the blank Hangul fillers): "a\u200bb" prints as "ab",
-# and U+202E shows a name's tail reversed, so two names that look the same could name different topics
-# ("Trojan Source"). Zero-width (non-)joiners and emoji tag characters stay allowed: scripts and emoji
-# sequences need them.
-INVISIBLE_CHARS = r"\u00ad\u034f\u061c\u115f\u1160\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\u3164\ufeff\uffa0\ufff9-\ufffb"
+# Invisible and bidirectional format characters: "a\u200bb" prints as "ab", and U+202E shows a name's tail
+# reversed, so two names that look the same could name different topics ("Trojan Source"). Every character of
+# Unicode's format category (Cf: this Python's Unicode database, so new ones are covered as it grows), except
+# the zero-width (non-)joiners and the emoji tag characters, which scripts and emoji sequences need; and
+# these invisible ones outside Cf: the combining grapheme joiner and the blank Hangul fillers.
+FORMAT_ALLOWED = frozenset("\u200c\u200d") | frozenset(map(chr, range(0xE0020, 0xE0080)))
+INVISIBLE_OUTSIDE_CF = frozenset("\u034f\u115f\u1160\u3164\uffa0")
 _CONTROL = re.compile(f"[{CONTROL_CHARS}]")
-_INVISIBLE = re.compile(f"[{INVISIBLE_CHARS}]")
+
+
+def _invisible(name: str) -> int | None:
+    """The index of the first invisible or bidirectional format character in `name`, or None."""
+    return next((i for i, c in enumerate(name) if c in INVISIBLE_OUTSIDE_CF or (
+        unicodedata.category(c) == "Cf" and c not in FORMAT_ALLOWED)), None)
 
 
 def check_topic_name(name: object, existing: bool = False, new: bool = False) -> str:
@@ -65,10 +72,10 @@ def _check_name(kind: str, name: object, most: int, existing: bool, new: bool, m
     if new:
         if name != name.strip():  # "s " and "s" print alike in every listing
             raise BadInput(f"a {kind} name may not begin or end with whitespace")
-        bad = _INVISIBLE.search(name)
-        if bad:
+        bad = _invisible(name)
+        if bad is not None:
             raise BadInput(f"a {kind} name may not contain invisible or bidirectional format characters "
-                           f"(U+{ord(bad.group()):04X} at character {bad.start()})")
+                           f"(U+{ord(name[bad]):04X} at character {bad})")
         if not unicodedata.is_normalized("NFC", name):
             # "é" as one code point or as "e" and a combining accent looks the same and would be two names
             raise BadInput(f"a {kind} name must be in Unicode NFC form (composed characters: \"é\" as U+00E9, "

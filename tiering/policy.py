@@ -47,7 +47,8 @@ def offload_by_size(ledgers: Sequence[Ledger], policy: TopicPolicy,
     return chosen[::-1]
 
 
-def offload_prefix(ledgers: Sequence[Ledger], position: Position, open_entries: int | None = None) -> list[Ledger]:
+def offload_prefix(ledgers: Sequence[Ledger], position: Position, open_entries: int | None = None,
+                   first_ledger: int = 0) -> list[Ledger]:
     """Pulsar's offloadPrefix: every sealed, non-empty ledger wholly before the position: with an id below
     the position's ledger, or the position's own ledger when the position is one past its last entry (a
     sealed ledger's `L:<entry count>`, so the last sealed ledger can be offloaded by hand). The end of the
@@ -55,11 +56,14 @@ def offload_prefix(ledgers: Sequence[Ledger], position: Position, open_entries: 
 
     A position before the first ledger or beyond the end of the topic is an error, as is one past the end of
     its ledger: a sealed ledger's entry count, the open ledger's `open_entries` (its tier-1 file's count, which
-    metadata learns only at seal; None: not checked)."""
-    if not ledgers:  # nothing written yet: the end of the topic is 0:0, before it there is nothing
-        if position == Position(0, 0):
+    metadata learns only at seal; None: not checked). `first_ledger`: the id the topic's first ledger will
+    have while it has none (its next ledger id: 0, or past the ids of a topic deleted under its name)."""
+    if not ledgers:  # nothing written yet: the end of the topic is its first ledger's N:0, before it nothing
+        end = Position(first_ledger, 0)
+        if position == end:
             return []
-        raise BadInput(f"position {position} is beyond the end of the topic (nothing written yet: its end is 0:0)")
+        where = f"before the first ledger {first_ledger}" if position < end else "beyond the end"
+        raise BadInput(f"position {position} is {where} of the topic (nothing written yet: its end is {end})")
     live = [led for led in ledgers if led.state != S.DELETED]
     last = max(led.ledger_id for led in ledgers)
     newest = max(ledgers, key=lambda x: x.ledger_id)
@@ -100,11 +104,11 @@ def before(led: Ledger, position: Position) -> bool:
         led.ledger_id == position.ledger_id and led.state != S.OPEN and position.entry_id >= led.entry_count)
 
 
-def end_of_sealed(ledgers: Sequence[Ledger]) -> Position:
+def end_of_sealed(ledgers: Sequence[Ledger], first_ledger: int = 0) -> Position:
     """One past the last entry of the last sealed ledger: offloadPrefix there takes every sealed ledger
-    (`offload-prefix --all-sealed`)."""
+    (`offload-prefix --all-sealed`). `first_ledger` as in offload_prefix."""
     if not ledgers:
-        return Position(0, 0)  # nothing written yet
+        return Position(first_ledger, 0)  # nothing written yet
     newest = max(ledgers, key=lambda x: x.ledger_id)
     if newest.state == S.OPEN:
         return Position(newest.ledger_id, 0)
@@ -121,6 +125,18 @@ def lagged_copies(ledgers: Sequence[Ledger], policy: TopicPolicy, now: datetime)
 def is_read(position: Position | None, led: Ledger) -> bool:
     """Whether a reader whose last entry read is `position` (None: nothing yet) has read all of `led`."""
     return led.entry_count == 0 or (position is not None and position >= Position(led.ledger_id, led.entry_count - 1))
+
+
+def retention_loss_reason(position: Position | None, plan: Sequence[tuple[Ledger, str]], retain_unread: bool,
+                          expired: bool) -> str:
+    """How a retention run words the unread entries it takes from a reader at `position` (recorded with the
+    loss, printed by the run and by its dry run): the reasons of the planned ledgers it had not read, and why
+    those were not held back (an expired subscription, or a topic not retaining unread data; a ceiling needs
+    no note: it deletes unread data by definition)."""
+    why = sorted({reason for led, reason in plan if not is_read(position, led)})
+    note = " (subscription expired)" if expired else (
+        "" if retain_unread or set(why) <= {"ceiling-time", "ceiling-size"} else " (retain-unread off)")
+    return f"retention by {'/'.join(why)}{note}"
 
 
 def retention_plan(ledgers: Sequence[Ledger], policy: TopicPolicy, now: datetime,

@@ -397,10 +397,10 @@ def read_ledger_range(meta: MetadataStore, led: Ledger, first: int, last: int, t
     if tier1 is not None and led.tier1_present:
         spare = led.state == LedgerState.OFFLOADED and not strict_tier1  # a checked tier-2 copy to go on with
         try:
-            reader = tier1.reader(led.topic, led.ledger_id)
+            reader = tier1.reader_for(led)
         except LedgerStorageError:
             reader = None  # deleted since it was listed: tier 2 below
-        except CorruptObjectError as exc:  # its header or trailer
+        except CorruptObjectError as exc:  # its header or trailer, or totals not its row's
             if not spare:
                 raise
             _tier1_failed(led, first, exc)

@@ -95,9 +95,10 @@ def cli(settings, db, bucket, tier1_root, tmp_path):
     return make_cli(settings, bucket, tier1_root, tmp_path)
 
 
-def read_data(result: Result) -> dict:
+def read_data(result: Result | list) -> dict:
+    """(ledger, entry) -> payload of a successful `read --json` (or of its lines)."""
     out = {}
-    for row in result.ok().json_lines:
+    for row in result.ok().json_lines if isinstance(result, Result) else result:
         if "gap" not in row:
             out[(row["ledger"], row["entry"])] = base64.b64decode(row["data"])
     return out

@@ -154,3 +154,22 @@ def test_offload_prefix_of_an_empty_or_fully_trimmed_topic_has_nothing_to_do(cli
     assert cli("retention", "--json").ok().json["deleted"] == [{"topic": "g", "ledger": 0}]
     assert cli("offload-prefix", "g", "--all-sealed", "--json").ok().json["offloaded"] == []
     assert "not the end of the topic" in cli("offload-prefix", "g", "0:2").one_line_error(2)
+
+
+def test_a_topic_made_again_without_ledgers_ends_at_its_next_ledger(cli, deps):
+    # deleted and made again, the topic's first ledger will be 3, not 0: 3:0 is its end (fine for every
+    # command), what lies before it was never the new topic's, and past it is past the end
+    produce(deps, "r", [entries(f"old{i}", 4, 10) for i in range(3)], TopicPolicy(**TEN))
+    cli("topic", "delete", "r").ok()
+    cli("topic", "create", "r", "--rollover-entries", "10").ok()
+    for start in ("0:0", "2:0", "3:0"):
+        assert cli("read", "r", "--from", start, "--json").ok().json_lines == [], start
+    for start in ("3:1", "4:0"):
+        assert "beyond the end of topic 'r' (no ledgers)" in cli("read", "r", "--from", start).one_line_error(2)
+    got = cli("offload-prefix", "r", "--all-sealed", "--json").ok().json
+    assert (got["position"], got["first_not_offloaded"], got["offloaded"]) == ("3:0", "3:0", [])
+    assert cli("offload-prefix", "r", "3:0", "--json").ok().json["first_not_offloaded"] == "3:0"
+    assert "before the first ledger 3" in cli("offload-prefix", "r", "2:0").one_line_error(2)
+    assert "beyond the end" in cli("offload-prefix", "r", "3:1").one_line_error(2)
+    cli("produce", "r", "--entries", "4", "--entry-size", "10").ok()
+    assert [row["ledger"] for row in cli("read", "r", "--from", "0:0", "--json").ok().json_lines] == [3] * 4

@@ -109,7 +109,9 @@ def test_ceilings_and_expiry_delete_unread_and_record_the_loss(cli, deps):
     cli("topic", "set", "c", "--retention-time", "3600", "--retain-unread", "--max-retention-size", "1000").ok()
     cli("subscription", "create", "c", "r").ok()
     cli("subscription", "ack", "c", "r", "0:4").ok()
+    preview = cli("retention", "--dry-run", "--json").ok().json
     got = cli("retention", "--json").ok().json
+    assert preview["unread_deleted"] == got["unread_deleted"]  # the dry run's losses are the run's, item for item
     assert got["reasons"] == {"ceiling-size": 2}
     [loss] = got["unread_deleted"]
     assert (loss["entry_count"], loss["from"], loss["to"]) == (15, "0:5", "1:9")
@@ -122,7 +124,9 @@ def test_ceilings_and_expiry_delete_unread_and_record_the_loss(cli, deps):
     cli("topic", "set", "c", "--subscription-expiry", "1", "--retention-time", "0", "--max-retention-size", "-1").ok()
     time.sleep(1.5)
     assert subs(cli, "c")["r"]["state"] == "EXPIRED"
+    preview = cli("retention", "--dry-run", "--json").ok().json
     got = cli("retention", "--json").ok().json
+    assert preview["unread_deleted"] == got["unread_deleted"]
     assert [d["ledger"] for d in got["deleted"]] == [2]
     assert "expired" in got["unread_deleted"][0]["reason"] and subs(cli, "c")["r"]["unread_deleted_entry_count"] == 25
     assert cli("subscription", "ack", "c", "r", "2:9", "--json").ok().json["state"] == "ACTIVE"  # an ack revives it

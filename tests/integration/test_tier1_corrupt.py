@@ -4,12 +4,14 @@ the local disk within the deletion lag): reads go on from tier 2 at the entry ti
 has no second copy and still fails. On PostgreSQL, RGW and tier-1 files."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.integration.helpers import entries, produce
 from tests.integration.test_cli import cli, read_data  # noqa: F401 - the fixture
 from tiering.errors import CorruptObjectError
-from tiering.model import LedgerState as S
+from tiering.model import LedgerState as S, Position
 from tiering.ops.offload import offload_many
 from tiering.read import ReadHandle
 from tiering.tier2.reader import tier2_opener
@@ -55,7 +57,11 @@ def test_a_ledger_not_offloaded_has_no_second_copy(deps, world):
 
 def test_verify_names_the_copy_and_repair_deletes_it(cli, deps, world):  # noqa: F811
     _flip(deps, "c", 1)
-    assert read_data(cli("read", "c", "--json")) == world  # the command reads around it too
+    read = cli("read", "c", "--json")  # the command reads around it too, and says so on stderr
+    assert read.returncode == 0 and read_data(read.json_lines) == world
+    [warned] = read.stderr.splitlines()
+    assert re.fullmatch(r"tiering: warning: ledger c/1: its tier-1 copy fails its checks \(corrupt tier-1 ledger "
+                        r"entry at .*\); reading it from tier 2 from entry \d+", warned), warned
     bad = cli("verify", "c", "--json")
     assert bad.returncode == 1
     [problem] = bad.json["problems"]
@@ -93,3 +99,33 @@ def test_both_copies_corrupt_is_not_repairable(cli, deps, world, s3_client):  # 
     assert bad.json["repairable_count"] == 0
     # a reader gets the error, never bytes from either copy past the break
     assert "corrupt" in cli("read", "c", "--from", "1:0", "--to", "1:39").one_line_error(1)
+
+
+def _swap_in(deps, topic: str, ledger_id: int, other: tuple[str, int]) -> None:
+    """Put another ledger's whole, valid tier-1 file where the ledger's copy is (every frame's CRC holds)."""
+    deps.tier1.path(topic, ledger_id).write_bytes(deps.tier1.path(*other).read_bytes())
+
+
+def test_another_ledgers_file_in_a_copys_place_is_never_read_nor_offloaded(cli, deps, world):  # noqa: F811
+    # a copy holding fewer (30) or more (50) entries than its row, each entry sound: it is not the ledger's
+    produce(deps, "other", [entries("o30-", 30, 100), entries("o50-", 50, 100)])
+    _swap_in(deps, "c", 0, ("other", 0))
+    _swap_in(deps, "c", 1, ("other", 1))
+    handle = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket))
+    assert {(e.ledger_id, e.entry_id): e.data for e in handle.read("c")} == world  # both from tier 2
+    read = cli("read", "c", "--json")
+    assert read.returncode == 0 and read_data(read.json_lines) == world
+    assert [line.split(": its")[0] for line in read.stderr.splitlines()] == ["tiering: warning: ledger c/0",
+                                                                             "tiering: warning: ledger c/1"]
+    bad = cli("verify", "c", "--json")
+    assert bad.returncode == 1 and bad.json["repairable_count"] == 2 and bad.json["unrepairable_count"] == 0
+    assert "it holds 30 entries (3000 bytes), metadata says 40 (4000)" in bad.json["problems"][0]
+    # a ledger not offloaded: no second copy, a failure (exit 1), never its entries nor "no such entry" (exit 2)
+    _swap_in(deps, "c", 3, ("other", 1))
+    with pytest.raises(CorruptObjectError, match="metadata says 40"):
+        list(handle.read("c", start=Position(3, 0)))
+    assert "metadata says 40" in cli("read", "c", "--from", "3:0").one_line_error(1)
+    offloaded = cli("offload-prefix", "c", "--all-sealed", "--json")
+    assert offloaded.returncode == 1 and offloaded.json["offloaded"] == []
+    assert [f["ledger"] for f in offloaded.json["failed"]] == [3] and "metadata says 40" in offloaded.json["failed"][0]["error"]
+    assert deps.meta.get_ledger("c", 3).state == S.SEALED and deps.meta.get_chunk(deps.meta.get_ledger("c", 3)) is None

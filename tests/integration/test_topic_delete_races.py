@@ -76,7 +76,6 @@ def test_offload_by_age_goes_on_when_a_planned_topic_is_deleted(deps):
 def test_a_delete_that_loses_its_topic_to_another_leaves_the_topic_made_again_alone(deps, monkeypatch):
     # two deletes of one topic at once, and the name taken again by a new topic before the slower one
     # goes on: the slower one must not delete the new topic's ledgers, nor the new topic, nor move its marker
-    from tiering.errors import TopicNotFound
     from tiering.tier2.markers import read_trim_marker
 
     produce(deps, "a", [entries(f"old{i}", 4, 100) for i in range(2)], TopicPolicy(**SMALL))
@@ -92,15 +91,37 @@ def test_a_delete_that_loses_its_topic_to_another_leaves_the_topic_made_again_al
                     open_tail=[b"tail"])
         return out
     monkeypatch.setattr(trims, "begin_topic_delete", then_another_delete_and_a_new_topic)
-    try:
-        delete_topic(deps, "a")
-    except TopicNotFound as exc:
-        assert "another" in str(exc)  # says what happened: the topic it set out to delete is gone
-    else:
-        raise AssertionError("the slower delete reported deleting a topic another run deleted")
+    report = delete_topic(deps, "a")
+    # done, by the other run: this one says so and claims nothing it did not delete
+    assert report.finished_elsewhere
+    assert (report.ledgers_deleted, report.bytes, report.files_removed, report.subscriptions_deleted) == (0, 0, 0, [])
     assert [led.state for led in deps.meta.list_ledgers("a")] == [S.SEALED, S.SEALED, S.OPEN]  # not even sealed
     assert [led.ledger_id for led in deps.meta.list_ledgers("a")] == [2, 3, 4]
     assert read_trim_marker(deps.bucket, "a") == 2  # the old topic's marker, not past the new ledgers
+
+
+def test_two_deletes_of_one_topic_each_report_their_own_share_and_succeed(deps, monkeypatch):
+    # the slower delete deleted the ledgers and the reader; the faster one, finding nothing live, finished the
+    # topic first: the slower one's work is done all the same, and it reports what it deleted, not "no topic"
+    produce(deps, "a", [entries(f"old{i}", 4, 100) for i in range(2)], TopicPolicy(**SMALL))
+    deps.meta.subs.create("a", "reader", None)
+    trims, real = deps.meta.trims, deps.meta.trims.delete_all_ledgers
+    faster = []
+
+    def then_another_delete(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if not faster:
+            faster.append(None)
+            faster[0] = delete_topic(deps, "a", force=True)
+        return out
+    monkeypatch.setattr(trims, "delete_all_ledgers", then_another_delete)
+    slower = delete_topic(deps, "a", force=True)
+    assert slower.finished_elsewhere and not faster[0].finished_elsewhere
+    assert (slower.ledgers_deleted, slower.bytes, slower.subscriptions_deleted) == (2, 800, ["reader"])
+    assert (faster[0].ledgers_deleted, faster[0].subscriptions_deleted) == (0, [])
+    assert slower.files_removed + faster[0].files_removed == 2  # each tier-1 file removed once, by one of them
+    assert "a" not in [t.name for t in deps.meta.list_topics()]
+    assert not deps.tier1.has_topic("a")
 
 
 def test_topic_set_racing_a_delete_and_create_of_its_name_changes_nothing(deps, monkeypatch):

@@ -168,7 +168,10 @@ def test_a_tier1_root_that_is_a_file_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["a\u200bb", "ord\u202eers", "soft\u00adhyphen", "\ufeffbom", "rtl\u200fmark",
-                                  "iso\u2066late\u2069", "hangul\u3164filler", " ", "s ", " s", "s\u3000"])
+                                  "iso\u2066late\u2069", "hangul\u3164filler", " ", "s ", " s", "s\u3000",
+                                  # format characters beyond the common ones: a language tag, a musical beam,
+                                  # a hieroglyph joiner, a shorthand format control, an Arabic number sign
+                                  "tag\U000e0001ged", "beam\U0001d173", "a\U00013430b", "x\U0001bca0y", "n\u0600"])
 def test_invisible_and_bidi_characters_in_new_names_are_refused(name):
     # such a name prints like another one ("a\u200bb" as "ab"), so two topics could look the same
     with pytest.raises(BadInput, match="invisible or bidirectional|begin or end with whitespace"):
@@ -190,7 +193,9 @@ def test_new_names_must_be_nfc():
 
 
 @pytest.mark.parametrize("name", ["\U0001f468\u200d\U0001f469\u200d\U0001f467", "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
-                                  "\u65e5\u672c\u8a9e \u0442\u0435\u043c\u0430 \U0001f389"])
+                                  "\u65e5\u672c\u8a9e \u0442\u0435\u043c\u0430 \U0001f389",
+                                  # the flag of Scotland: a black flag and tag characters ending in CANCEL TAG
+                                  "\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f"])
 def test_joiners_scripts_and_emoji_pass_as_new_names(name):
     assert check_topic_name(name, new=True) == name
 

@@ -115,18 +115,18 @@ def test_tier1_first_then_tier2_from_the_next_entry():
         def iter_entries(self, first, last):  # the copy was cut short: entries 0..1 only
             yield from ((e, b"t1") for e in range(first, min(last, 1) + 1))
 
-    tier1 = SimpleNamespace(reader=lambda topic, ledger_id: Reader())
+    tier1 = SimpleNamespace(reader_for=lambda led: Reader())
     led = SimpleNamespace(**{**vars(LED), "tier1_present": True})
     got = flat(read_ledger_range(Meta(S.OFFLOADED, "c"), led, 0, 3, tier1, Tier2({"c": (10, None)}), lambda: None))
     assert got == [(TIER1, 0, b"t1"), (TIER1, 1, b"t1"), (TIER2, 2, b"2@c"), (TIER2, 3, b"3@c")]
 
 
 def test_a_ledger_no_tier_holds_is_a_dataloss_gap():
-    def gone(topic, ledger_id):
+    def gone(led):
         raise LedgerStorageError("deleted")
 
     led = SimpleNamespace(**{**vars(LED), "tier1_present": True})
-    got = flat(read_ledger_range(Meta(S.SEALED, None), led, 1, 3, SimpleNamespace(reader=gone), Tier2({}),
+    got = flat(read_ledger_range(Meta(S.SEALED, None), led, 1, 3, SimpleNamespace(reader_for=gone), Tier2({}),
                                  lambda: None))
     assert got == [Gap(DATALOSS, Position(7, 1), Position(7, 3))]
 
@@ -136,6 +136,6 @@ def test_a_ledger_marked_lost_is_a_dataloss_gap_without_a_request():
     def never(*_args):
         raise AssertionError("a lost ledger was read")
     led = SimpleNamespace(**{**vars(LED), "lost_at": "2026-11-25", "tier1_present": True})
-    got = flat(read_ledger_range(Meta(S.OFFLOADED, "new"), led, 2, 5, SimpleNamespace(reader=never), never,
+    got = flat(read_ledger_range(Meta(S.OFFLOADED, "new"), led, 2, 5, SimpleNamespace(reader_for=never), never,
                                  never))
     assert got == [Gap(DATALOSS, Position(7, 2), Position(7, 5))]

@@ -78,6 +78,13 @@ def test_offload_prefix_of_a_topic_with_nothing_live_is_an_empty_plan_at_its_end
     assert policy.offload_prefix([], Position(0, 0)) == []
     with pytest.raises(BadInput, match="beyond the end"):
         policy.offload_prefix([], Position(0, 1))
+    # a topic made again under a deleted one's name starts after its ledger ids: its end is that ledger's N:0
+    assert policy.end_of_sealed([], first_ledger=3) == Position(3, 0)
+    assert policy.offload_prefix([], Position(3, 0), first_ledger=3) == []
+    for other, where in ((Position(0, 0), "before the first ledger 3"), (Position(2, 9), "before the first ledger 3"),
+                         (Position(3, 1), "beyond the end"), (Position(4, 0), "beyond the end")):
+        with pytest.raises(BadInput, match=f"{where} of the topic .nothing written yet: its end is 3:0."):
+            policy.offload_prefix([], other, first_ledger=3)
     # every ledger trimmed: only the end of the topic is a position
     trimmed = [L(0, S.DELETED), L(1, S.DELETED, entries=10)]
     assert policy.offload_prefix(trimmed, policy.end_of_sealed(trimmed)) == []

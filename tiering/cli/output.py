@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import re
 import sys
 from datetime import date, datetime, timezone
-from typing import Callable, Iterable
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator
 
 from tiering.cli.args import one_line
 from tiering.database_url import SECRET_URL_PARAMS
@@ -51,6 +53,36 @@ def redact(text: str) -> str:
 def error(message: str) -> None:
     sys.stderr.write(one_line(redact(f"tiering: error: {message}")) + "\n")
     sys.stderr.flush()
+
+
+def warning(message: str) -> None:
+    sys.stderr.write(one_line(redact(f"tiering: warning: {message}")) + "\n")
+    sys.stderr.flush()
+
+
+class _Collected(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextmanager
+def warnings_after(logger_name: str) -> Iterator[None]:
+    """What `logger_name` warns about during the block (a read falling back to tier 2, say), printed as
+    `tiering: warning: ...` lines on stderr, redacted as errors are, when the block ends without an exception:
+    a failure's one line on stderr stays its only line (the CLI keeps every other record off stderr:
+    main._quiet_libraries)."""
+    logger, collected = logging.getLogger(logger_name), _Collected()
+    logger.addHandler(collected)
+    try:
+        yield
+    finally:
+        logger.removeHandler(collected)
+    for message in collected.messages:
+        warning(message)
 
 
 def _json_default(value):

@@ -208,7 +208,8 @@ def cmd_retention(ctx: Context, args, out: Output) -> int:
             report.bytes += p["bytes"]
             report.files_removed += p["tier1_copies"]
             report.reasons.update(p["reasons"].values())
-            report.losses += [{"topic": p["topic"], **u} for u in p["unread_deleted"]]
+            # as the run reports them (the plan's items also say the subscription's state)
+            report.losses += [{k: v for k, v in u.items() if k != "state"} for u in p["unread_deleted"]]
         plan = [{k: v for k, v in p.items() if k not in ("reasons", "ledger_ids")} for p in plan]
         result = {**_retention_result(args, report, args.topic), "plan": plan}
         out.result(result, "\n".join(["retention --dry-run: nothing due" if not plan else

@@ -70,6 +70,10 @@ def _one(s) -> dict:
             "last_ack_at": iso(s.last_ack_at), "version": s.version}
 
 
+def _at(s) -> str:
+    return position_text(s.position) or "the start (nothing read)"
+
+
 def cmd_subscription(ctx: Context, args, out: Output) -> int:
     from tiering.ops import subscriptions as ops
 
@@ -77,10 +81,10 @@ def cmd_subscription(ctx: Context, args, out: Output) -> int:
     if cmd == "create":
         s = ops.create(ctx.deps, args.name, args.subscription, args.start)
         out.result(document("subscription create", **_one(s)),
-                   f"created subscription {s.name!r} of {s.topic!r} at {position_text(s.position) or 'the start (nothing read)'}")
+                   f"created subscription {s.name!r} of {s.topic!r} at {_at(s)}")
     elif cmd == "ack":
         s = ops.ack(ctx.deps, args.name, args.subscription, args.position, args.reset)
-        out.result(document("subscription ack", **_one(s)), f"subscription {s.name!r} of {s.topic!r} at {s.position}")
+        out.result(document("subscription ack", **_one(s)), f"subscription {s.name!r} of {s.topic!r} at {_at(s)}")
     elif cmd == "list":
         now = ctx.meta.now()
         rows = [listed_dict(x, now) for x in ops.list_subscriptions(ctx.deps, args.name)]
@@ -88,7 +92,7 @@ def cmd_subscription(ctx: Context, args, out: Output) -> int:
     elif args.dry_run:
         s = ops.delete(ctx.deps, args.name, args.subscription, dry_run=True)
         out.result(document("subscription delete", **_one(s), dry_run=True),
-                   f"would delete subscription {s.name!r} of {s.topic!r} (at {s.position}); nothing written")
+                   f"would delete subscription {s.name!r} of {s.topic!r} (at {_at(s)}); nothing written")
     else:
         s = ops.delete(ctx.deps, args.name, args.subscription)
         out.result(document("subscription delete", **_one(s)), f"deleted subscription {s.name!r} of {s.topic!r}")

@@ -253,11 +253,13 @@ def cmd_topic(ctx: Context, args, out: Output) -> int:
         r = delete_topic(ctx.deps, args.name, args.force, args.dry_run)
         result = document("topic delete", r.topic, subscriptions_deleted=r.subscriptions_deleted,
                           deleted_count=r.ledgers_deleted, bytes=r.bytes, files_removed_count=r.files_removed,
-                          **({"dry_run": True} if args.dry_run else {}))
+                          finished_elsewhere=r.finished_elsewhere, **({"dry_run": True} if args.dry_run else {}))
         what = (f"{r.ledgers_deleted} ledger(s) ({r.bytes} bytes), {r.files_removed} tier-1 file(s), "
                 f"{len(r.subscriptions_deleted)} subscription(s)")
         out.result(result, f"would delete topic {r.topic!r}: {what}; nothing written" if args.dry_run else
-                   f"deleted topic {r.topic!r}: {what} deleted; its tier-2 objects are queued for gc")
+                   f"deleted topic {r.topic!r}: {what} deleted"
+                   + (" by this run; another delete of it ran at the same time and finished it"
+                      if r.finished_elsewhere else "") + "; its tier-2 objects are queued for gc")
     elif args.topic_command == "list":
         doc = document("topic list", None, topics=[_topic_dict(t) for t in ctx.meta.list_topics()])
         out.listing(doc, "topics", lambda rows: (r["topic"] for r in rows))

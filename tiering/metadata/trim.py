@@ -74,14 +74,12 @@ class Trims:
             reasons = {led.ledger_id: why for led, why in plan}
             deleted = self.store.delete_ledgers_in(conn, [led for led, _ in plan], "retention", gc_delay)
             losses = []
+            done = [(led, reasons[led.ledger_id]) for led in deleted]
             for sub in subs:
                 loss = policy.unread_loss(sub.position, deleted)
                 if loss.entries:
-                    why = sorted({reasons[led.ledger_id] for led in deleted if not policy.is_read(sub.position, led)})
-                    note = " (subscription expired)" if sub.state == EXPIRED else (
-                        "" if t.policy.retain_unread or set(why) <= {"ceiling-time", "ceiling-size"}
-                        else " (retain-unread off)")
-                    losses.append(self._record(conn, sub, loss, f"retention by {'/'.join(why)}{note}"))
+                    losses.append(self._record(conn, sub, loss, policy.retention_loss_reason(
+                        sub.position, done, t.policy.retain_unread, sub.state == EXPIRED)))
             return TrimResult(deleted, reasons, losses)
 
     # ------------------------------------------------------------------------------------------ truncate

@@ -171,14 +171,16 @@ def plan_offload_prefix(deps: Deps, topic: str, position: Position) -> list[Ledg
     # the open ledger's end is its tier-1 file's, read only when the position is in it
     target = next((led for led in ledgers if led.ledger_id == position.ledger_id), None)
     open_entries = deps.tier1.extent(target)[0] if target is not None and target.state == LedgerState.OPEN else None
-    targets = policy.offload_prefix(ledgers, position, open_entries)
+    targets = policy.offload_prefix(ledgers, position, open_entries,
+                                    first_ledger=0 if ledgers else _first_ledger(deps, topic))
     targets += _stale(deps, topic, lambda led: policy.before(led, position))
     return sorted(targets, key=lambda x: x.ledger_id)
 
 
 def end_of_sealed(deps: Deps, topic: str) -> Position:
     """The position offloadPrefix takes every sealed ledger of the topic at (`--all-sealed`)."""
-    return policy.end_of_sealed(deps.meta.list_ledgers(topic))
+    ledgers = deps.meta.list_ledgers(topic)
+    return policy.end_of_sealed(ledgers, first_ledger=0 if ledgers else _first_ledger(deps, topic))
 
 
 def _stale(deps: Deps, topic: str, keep: Callable[[Ledger], bool]) -> list[Ledger]:
@@ -197,7 +199,12 @@ def first_not_offloaded(deps: Deps, topic: str, assume_offloaded: frozenset[int]
         if led.state != LedgerState.OPEN and led.entry_count == 0:
             continue
         return Position(led.ledger_id, 0)
-    return Position(ledgers[-1].ledger_id + 1 if ledgers else 0, 0)
+    return Position(ledgers[-1].ledger_id + 1 if ledgers else _first_ledger(deps, topic), 0)
+
+
+def _first_ledger(deps: Deps, topic: str) -> int:
+    """The id a topic without ledgers gives its first one: 0, or past the ids of a topic deleted under its name."""
+    return deps.meta.get_topic(topic).next_ledger_id
 
 
 def plan_offload(deps: Deps, by: str, topic: str | None = None) -> list[Ledger]:

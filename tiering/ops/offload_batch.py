@@ -141,9 +141,15 @@ class _Claim:
 
 def _sources(deps: Deps, leds: Sequence[Ledger]) -> Iterator:
     for led in leds:
-        with deps.tier1.reader(led.topic, led.ledger_id) as reader:
-            yield (LedgerToUpload(led.ledger_id, led.entry_count, int(led.sealed_at.timestamp() * 1000)),
-                   reader.iter_entry_views(0, led.entry_count - 1))  # copied once, into its block
+        yield from tier1_source(deps, led)
+
+
+def tier1_source(deps: Deps, led: Ledger) -> Iterator:
+    """A sealed ledger's entries from its tier-1 copy, for an upload (an offload, a repair's new copy): only
+    from a copy that holds what its row records (Tier1Store.reader_for), each frame checked as it is read."""
+    with deps.tier1.reader_for(led) as reader:
+        yield (LedgerToUpload(led.ledger_id, led.entry_count, int(led.sealed_at.timestamp() * 1000)),
+               reader.iter_entry_views(0, led.entry_count - 1))  # copied once, into its block
 
 
 def _undo(deps: Deps, started: Sequence[Ledger], attempt: str, keys: tuple[str, str]) -> None:

@@ -46,9 +46,10 @@ from tiering.format.keys import data_key, index_key
 from tiering.metadata.attempt_locks import REPAIR_CLASS, REPAIR_REASON
 from tiering.model import Chunk, Ledger, LedgerState
 from tiering.ops.context import Deps, select_topics
+from tiering.ops.offload_batch import tier1_source
 from tiering.tier2.errors import NotFound, ShortObject
 from tiering.tier2.objects import check_bucket, delete_keys, get_range, object_length
-from tiering.tier2.offloader import LedgerToUpload, StepHook, upload_ledgers
+from tiering.tier2.offloader import StepHook, upload_ledgers
 from tiering.tier2.reader import check_stored_pages, tier2_opener
 
 log = logging.getLogger(__name__)
@@ -300,7 +301,7 @@ def _rewrite_as(deps: Deps, finding: Finding, step, recover: bool, attempt: str)
     step("queued")
     try:
         uploaded = upload_ledgers(b, topic=led.topic, attempt=attempt, data_key=keys[0], index_key=keys[1],
-                                  sources=_source(deps, led), block_size=knobs.block_size, page_size=knobs.page_size,
+                                  sources=tier1_source(deps, led), block_size=knobs.block_size, page_size=knobs.page_size,
                                   concurrency=knobs.upload_concurrency, hook=step,
                                   max_bytes_per_second=knobs.max_bytes_per_second)
         [p] = uploaded.ledgers
@@ -357,12 +358,6 @@ def _commit(deps: Deps, led: Ledger, old: Chunk, new: Chunk, attempt: str, recov
         if now.version == led.version or now.state != LedgerState.OFFLOADED or now.lost != recover:
             raise
         deps.meta.repairs.move_chunk(now, old, new, attempt, deps.knobs.gc_delay, recover)
-
-
-def _source(deps: Deps, led: Ledger) -> Iterator:
-    with deps.tier1.reader(led.topic, led.ledger_id) as reader:
-        yield (LedgerToUpload(led.ledger_id, led.entry_count, int(led.sealed_at.timestamp() * 1000)),
-               reader.iter_entry_views(0, led.entry_count - 1))
 
 
 def _discard(deps: Deps, attempt: str, keys: tuple[str, str]) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from tiering import policy
 from tiering.errors import BadInput, TieringError, TopicNotFound
 from tiering.metadata.trim import TrimResult
-from tiering.model import ACTIVE, Ledger, Position
+from tiering.model import ACTIVE, EXPIRED, Ledger, Position
 from tiering.ops.context import Deps
 from tiering.ops.delete_lagged import delete_deleted_copies
 from tiering.tier2.markers import record_trim
@@ -79,9 +79,16 @@ def _report(topic: str, trim: TrimResult) -> RetentionReport:
     report.deleted += [(topic, led.ledger_id) for led in trim.deleted]
     report.bytes += sum(led.size_bytes for led in trim.deleted)
     report.reasons.update(trim.reasons.values())
-    report.losses += [{"topic": topic, "subscription": x.subscription, "entry_count": x.entries, "bytes": x.bytes,
-                       "from": str(x.first), "to": str(x.last), "reason": x.reason} for x in trim.losses]
+    report.losses += [_loss_item(topic, x.subscription, x.entries, x.bytes, x.first, x.last, x.reason)
+                      for x in trim.losses]
     return report
+
+
+def _loss_item(topic: str, subscription: str, entries: int, size: int, first: Position | None,
+               last: Position | None, reason: str) -> dict:
+    """One subscription's unread entries a run deletes (or its dry run would), as both report them."""
+    return {"topic": topic, "subscription": subscription, "entry_count": entries, "bytes": size,
+            "from": str(first), "to": str(last), "reason": reason}
 
 
 def _finish(deps: Deps, topic: str, trim: TrimResult) -> RetentionReport:
@@ -145,8 +152,9 @@ def _sums(ledgers) -> dict:
 def dry_run(deps: Deps, topic: str | None = None) -> list[dict]:
     """What a retention run would delete now, per topic with something due or held back: the ledgers, their
     entries and bytes by reason; the ledgers due by time/size that subscriptions hold back, and how much each
-    ACTIVE subscription holds; the unread entries the run would take from each subscription. Three
-    statements (the plan with and without the holds, the positions of the topics concerned); nothing changes."""
+    ACTIVE subscription holds; the unread entries the run would take from each subscription (its state too),
+    as the run reports them. Three statements (the plan with and without the holds, the positions of the topics
+    concerned), and a topic's policy where a subscription would lose entries; nothing changes."""
     if topic is not None:
         deps.meta.get_topic(topic)
     planned = deps.meta.planning.retention_plan(topic)
@@ -169,12 +177,15 @@ def dry_run(deps: Deps, topic: str | None = None) -> list[dict]:
                 if loss.entries:
                     holders.append({"subscription": sub.name, "position": _pos(sub.position),
                                     "entry_count": loss.entries, "bytes": loss.bytes})
-        unread = []
+        unread, retain_unread = [], None
         for sub in subs.get(name, []):
             loss = policy.unread_loss(sub.position, doomed)
             if loss.entries:
-                unread.append({"subscription": sub.name, "state": sub.state, "entry_count": loss.entries,
-                               "bytes": loss.bytes})
+                if retain_unread is None:
+                    retain_unread = deps.meta.get_topic(name).policy.retain_unread
+                why = policy.retention_loss_reason(sub.position, plan, retain_unread, sub.state == EXPIRED)
+                unread.append({**_loss_item(name, sub.name, loss.entries, loss.bytes, loss.first, loss.new_position,
+                                            why), "state": sub.state})
         out.append({"topic": name, **_sums(doomed), "ledger_ids": [led.ledger_id for led in doomed],
                     "tier1_copies": sum(1 for led in doomed if led.tier1_present),
                     "reasons": {led.ledger_id: why for led, why in plan},

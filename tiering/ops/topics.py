@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from tiering.errors import BadInput, TieringError, TopicReplaced
+from tiering.errors import BadInput, TieringError, TopicNotFound, TopicReplaced
 from tiering.model import Ledger, LedgerState, Topic, TopicPolicy
 from tiering.ops.context import Deps
 from tiering.ops.delete_lagged import delete_deleted_copies, sweep_tombstones
@@ -50,6 +50,8 @@ class TopicDeleteReport:
     bytes: int
     files_removed: int
     next_ledger_id: int
+    # another delete of the same topic finished it while this one ran (what this one did is counted above)
+    finished_elsewhere: bool = False
 
 
 def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = False) -> TopicDeleteReport:
@@ -62,6 +64,19 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
         files = sum(1 for led in live if led.tier1_present and deps.tier1.exists(name, led.ledger_id))
         return TopicDeleteReport(name, [s.name for s in subs], len(live), sum(b for _, b in extents), files,
                                  t.next_ledger_id)
+    done = TopicDeleteReport(name, [], 0, 0, 0, t.next_ledger_id)
+    try:
+        return _delete_steps(deps, t, force, done)
+    except TopicNotFound:
+        # The topic step 1 found is gone (the name unknown, or another topic's now): another delete of it ran
+        # at the same time and finished first, which it does only once no live ledger and no tier-1 copy is
+        # left. The work asked for is done; this run reports its own share (possibly nothing).
+        return replace(done, finished_elsewhere=True)
+
+
+def _delete_steps(deps: Deps, t: Topic, force: bool, done: TopicDeleteReport) -> TopicDeleteReport:
+    """Steps 2 to 4 of delete_topic; `done` is filled in as they go (what this run deleted so far)."""
+    name = t.name
     # every step goes by name: each one checks that the name is still the topic step 1 found (another delete
     # of it may have finished meanwhile and a new topic taken the name), or it would delete the new one
     opened = deps.meta.list_ledgers(name, [LedgerState.OPEN])
@@ -81,9 +96,11 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
                 writer.seal()
             finally:
                 writer.close()
-    late: list[str] = []  # the subscriptions steps 2 and 3 delete (those created meanwhile too, with --force)
+    late = done.subscriptions_deleted  # those steps 2 and 3 delete (those created meanwhile too, with --force)
     deleted = deps.meta.trims.delete_all_ledgers(name, deps.knobs.gc_delay, force, late, t.topic_id)
+    done.ledgers_deleted, done.bytes = len(deleted), sum(led.size_bytes for led in deleted)
     files, failed = delete_deleted_copies(deps, name)
+    done.files_removed = files
     if failed:
         raise failed[0][1]  # the others were tried: the rerun has only the failed ones left
     # a run killed between recording a copy's deletion and removing its renamed file left that file; once
@@ -96,9 +113,9 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
     deps.tier1.remove_topic_dir(name)  # empty now; killed before the finish below, the rerun has no copy left
     with deps.meta.planning.marker_lock(name):  # a retention run's marker never lands over this one
         record_trim(deps.bucket, name, now.next_ledger_id)
-    done = deps.meta.trims.finish_topic_delete(name, now.next_ledger_id, force, late, t.topic_id)
-    return TopicDeleteReport(name, late, len(deleted),
-                             sum(led.size_bytes for led in deleted), files, done.next_ledger_id)
+    done.next_ledger_id = deps.meta.trims.finish_topic_delete(name, now.next_ledger_id, force, late,
+                                                              t.topic_id).next_ledger_id
+    return done
 
 
 def _seal_lost_open_ledger(deps: Deps, led: Ledger) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tiering.errors import LedgerStorageError
 from tiering.model import Ledger, LedgerState
+from tiering.tier1.frames import corrupt
 from tiering.tier1.ledger_file import (LedgerFileExists, LedgerFileMissing, LedgerReader, LedgerWriter,
                                        RecoveryInfo, fsync_dir, recover)
 from tiering.tier1.paths import LEDGER_FILE, ledger_id_of, ledger_path, topic_dir
@@ -88,6 +89,19 @@ class Tier1Store:
             return LedgerReader(self.path(topic, ledger_id))
         except LedgerFileMissing:
             raise self._missing(topic, ledger_id) from None
+
+    def reader_for(self, led: Ledger) -> LedgerReader:
+        """The reader of `led`'s copy, which once the ledger is sealed (any state but OPEN) must hold the entries
+        and payload bytes its row records: anything else (another ledger's file put in its place, a copy cut
+        short or grown) is corrupt (CorruptObjectError), and nothing is read from it. Every frame's id and CRC
+        are checked as it is read; only these totals tell a whole foreign file from the ledger's own."""
+        reader = self.reader(led.topic, led.ledger_id)
+        if led.state != LedgerState.OPEN and (reader.entry_count, reader.size_bytes) != (led.entry_count,
+                                                                                         led.size_bytes):
+            reader.close()
+            raise corrupt(reader.path, 0, f"it holds {reader.entry_count} entries ({reader.size_bytes} bytes), "
+                                          f"metadata says {led.entry_count} ({led.size_bytes})")
+        return reader
 
     def written(self, topic: str, ledger_id: int) -> tuple[int, int]:
         """Entries and payload bytes in the ledger's file so far; (0, 0) when there is no readable file yet
