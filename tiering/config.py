@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from tiering.database_url import checked_database_url, with_local_password, without_password
 from tiering.errors import ConfigError
 from tiering.format.block import DEFAULT_BLOCK_SIZE, DEFAULT_PAGE_SIZE, MIN_BLOCK_SIZE
-from tiering.model import CONTROL_CHARS, INT64_MAX, MAX_SECONDS, MIB, BadInt, parse_int
+from tiering.model import CONTROL_CHARS, INT32_MAX, INT64_MAX, MAX_SECONDS, MIB, BadInt, parse_int
 from tiering.units import DURATION_HELP, SIZE_HELP, parse_duration, parse_size
 
 @dataclass(frozen=True)
@@ -87,17 +87,20 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("AWS_SESSION_TOKEN", "aws_session_token", "unset", "session token of temporary S3 credentials",
              lambda raw, var: raw or None, _if_set),
     Variable("AWS_DEFAULT_REGION", "aws_region", "us-east-1", "S3 region", lambda raw, var: _region(raw or "us-east-1")),
-    # S3's part size limits; a block is also held in memory per upload slot
-    _int_variable("block_size", "TIERING_BLOCK_SIZE", DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, 5 * 1024 * MIB,
-                  "offload block (= multipart part) size in bytes; 5 MiB to 5 GiB, S3's part limits",
-                  "TIERING_BLOCK_SIZE must be at least 5 MiB (S3's minimum part size) and at most 5 GiB "
-                  "(its largest)", unit="size"),
+    # S3's smallest part, and the index's int32 block_size (below S3's largest part, 5 GiB); a block is also
+    # held in memory per upload slot
+    _int_variable("block_size", "TIERING_BLOCK_SIZE", DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE, INT32_MAX,
+                  "offload block (= multipart part) size in bytes; 5 MiB (S3's smallest part) to 2 GiB - 1 "
+                  "(the index's int32)",
+                  "TIERING_BLOCK_SIZE must be at least 5 MiB (S3's minimum part size) and below 2 GiB (the "
+                  "index object records it as an int32)", unit="size"),
     _int_variable("upload_concurrency", "TIERING_UPLOAD_CONCURRENCY", 4, 1, 64,
                   "parts uploaded in parallel per ledger; 1 to 64"),
     # Small pages cost index bytes (about 12 per page) and CRC calls; 4 KiB keeps a 64 MiB block's page index
-    # under 200 KiB. Pages never cross blocks, so a page size above the block size acts as the block's.
-    _int_variable("page_size", "TIERING_PAGE_SIZE", DEFAULT_PAGE_SIZE, 4096, INT64_MAX,
-                  "target bytes of a checksummed page of entries in tier 2; at least 4096", unit="size"),
+    # under 200 KiB. Pages never cross blocks, so a page size above the block size acts as the block's; the
+    # index records it as an int32.
+    _int_variable("page_size", "TIERING_PAGE_SIZE", DEFAULT_PAGE_SIZE, 4096, INT32_MAX,
+                  "target bytes of a checksummed page of entries in tier 2; 4096 to 2 GiB - 1", unit="size"),
     _int_variable("offload_timeout_seconds", "TIERING_OFFLOAD_TIMEOUT_SECONDS", 3600, 1, MAX_SECONDS,
                   "an OFFLOADING attempt older than this is presumed dead and taken over; its objects become "
                   "collectable", unit="duration"),

@@ -86,6 +86,7 @@ def _check_name(kind: str, name: object, most: int, existing: bool, new: bool, m
 # Numbers at the edge (CLI, Params, job arguments, settings) are ASCII digits only: Python's int() also
 # takes Unicode digits ("١", "５"), surrounding whitespace (including "\v") and "_" separators.
 INT64_MAX = 2**63 - 1  # PostgreSQL bigint
+INT32_MAX = 2**31 - 1  # the largest int32 (fields of the PIP-17 index: block_size, page_size)
 # The largest ledger id the store makes: a topic's next_ledger_id (a bigint) must follow it. A key or tier-1
 # file naming a larger one is not the store's (recovery moving next_ledger_id past it would overflow).
 MAX_LEDGER_ID = INT64_MAX - 1

@@ -44,6 +44,10 @@ class ManagedLedgerWriter:
             self._writer = tier1.open_writer(topic_name, self._ledger.ledger_id)
             self._entries = self._writer.entry_count
             self._bytes = self._writer.size_bytes
+            if self._writer.sealed:
+                # killed between sealing the file and recording it: the file is final, so its seal is
+                # recorded now (its counts from the file) and the next append starts the next ledger
+                self.seal()
 
     def append(self, payload: bytes) -> Position:
         if not isinstance(payload, (bytes, bytearray, memoryview)):

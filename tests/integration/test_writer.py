@@ -53,6 +53,25 @@ def test_writer_resumes_an_open_ledger_torn_by_a_crash(meta, tier1_root):
     assert os.path.getsize(path) > 0
 
 
+def test_writer_records_a_seal_its_killed_predecessor_left_only_in_the_file(meta, tier1_root):
+    # killed between sealing the ledger's file and recording the seal: the row still says OPEN
+    t1 = Tier1Store(tier1_root)
+    meta.create_topic("k")
+    w = ManagedLedgerWriter(meta, t1, "k")
+    for i in range(3):
+        w.append(f"entry-{i}".encode())
+    w._writer.seal()
+    w.close()
+    assert meta.get_ledger("k", 0).state == S.OPEN
+    w = ManagedLedgerWriter(meta, t1, "k")  # records the seal from the file, then writes the next ledger
+    assert w.append(b"next") == Position(1, 0)
+    w.close()
+    led = meta.get_ledger("k", 0)
+    assert (led.state, led.entry_count, led.size_bytes) == (S.SEALED, 3, sum(len(f"entry-{i}") for i in range(3)))
+    got = [(e.ledger_id, e.data) for e in ReadHandle(meta, t1).read("k") if isinstance(e, Entry)]
+    assert got == [(0, f"entry-{i}".encode()) for i in range(3)] + [(1, b"next")]
+
+
 def test_exactly_once_appends_drop_retries(meta, tier1_root, db):
     t1 = Tier1Store(tier1_root)
     meta.create_topic("x")

@@ -131,9 +131,11 @@ def test_printable_names_still_pass(name):
 
 
 @pytest.mark.parametrize("env,message", [
-    ({"TIERING_BLOCK_SIZE": "9" * 30}, "at most 5 GiB"),
+    ({"TIERING_BLOCK_SIZE": "9" * 30}, "below 2 GiB"),
     ({"TIERING_BLOCK_SIZE": "\u0665" * 8}, "ASCII digits"),
-    ({"TIERING_BLOCK_SIZE": str(6 * 1024**3)}, "at most 5 GiB"),
+    ({"TIERING_BLOCK_SIZE": str(6 * 1024**3)}, "below 2 GiB"),
+    ({"TIERING_BLOCK_SIZE": "2GiB"}, "below 2 GiB"),  # the index's block_size is an int32
+    ({"TIERING_PAGE_SIZE": "2GiB"}, "TIERING_PAGE_SIZE must be from 4096 to 2147483647"),
     ({"TIERING_UPLOAD_CONCURRENCY": "1000"}, "from 1 to 64"),
     ({"TIERING_OFFLOAD_TIMEOUT_SECONDS": "0"}, "TIERING_OFFLOAD_TIMEOUT_SECONDS must be from 1"),
     ({"TIERING_OFFLOAD_TIMEOUT_SECONDS": "1e40"}, "ASCII digits"),

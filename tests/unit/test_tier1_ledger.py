@@ -312,3 +312,37 @@ def test_an_open_ledger_read_between_its_footer_and_its_sealed_flag(tmp_path, en
     with LedgerReader(path) as r:
         assert not r.sealed and r.entry_count == entries
         assert [data for _, data in r.iter_entries(0, entries - 1)] == payloads
+
+
+def _another_writer_between_create_and_lock(monkeypatch, path, then_seal: bool) -> list:
+    """The first lock taken (the creating writer's) comes after another writer opened the new, empty file as
+    a crashed writer's leftover and wrote to it (and, with `then_seal`, sealed and let it go)."""
+    from tiering.tier1 import ledger_file
+
+    real, other = ledger_file._lock, []
+
+    def late_lock(file, p):
+        if not other:
+            other.append(None)
+            b = LedgerWriter(path, open_existing=True)
+            b.append(b"from the other writer")
+            if then_seal:
+                b.seal()
+            other[0] = b
+        return real(file, p)
+    monkeypatch.setattr(ledger_file, "_lock", late_lock)
+    return other
+
+
+@pytest.mark.parametrize("then_seal", [False, True])
+def test_a_creating_writer_beaten_to_its_lock_leaves_the_file_to_the_other(tmp_path, monkeypatch, then_seal):
+    path = tmp_path / "0.ledger"
+    other = _another_writer_between_create_and_lock(monkeypatch, path, then_seal)
+    with pytest.raises(LedgerStorageError, match="being written by another writer"):
+        LedgerWriter(path)
+    assert path.exists()  # not removed under the other writer, nor un-sealed by a header written over it
+    if not then_seal:
+        other[0].append(b"more")
+        other[0].seal()
+    with LedgerReader(path) as r:
+        assert r.sealed and [d for _, d in r.iter_entries()][0] == b"from the other writer"

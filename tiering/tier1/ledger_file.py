@@ -140,19 +140,26 @@ class LedgerWriter:
         self.recovery: RecoveryInfo | None = None
         flags = os.O_RDWR if open_existing else os.O_RDWR | os.O_CREAT | os.O_EXCL
         self._file = _open(self.path, flags)
+        made = False  # a file this writer created and locked while still empty: its own to remove on failure
         try:
             _lock(self._file, self.path)
             fd = self._file.fileno()
             if open_existing:
                 st = _recover_fd(fd, self.path)
             else:
+                # Between the exclusive create and the lock, another writer may have taken the new, empty file
+                # for a crashed writer's leftover (open_existing), written its header and entries, and even
+                # sealed and closed it: the file is that writer's, and writing a header would undo its seal.
+                if os.fstat(fd).st_size:
+                    raise LedgerStorageError(f"ledger file {self.path} is being written by another writer")
+                made = True
                 F.write_all(fd, [F.header_bytes(sealed=False)], 0)
                 os.fsync(fd)  # the header is durable before anyone relies on the file
                 fsync_dir(self.path.parent)
                 st = _State(0, array("q"), 0, F.HEADER.size, False, 0, F.HEADER.size)
         except BaseException:
             self._file.close()
-            if not open_existing:  # don't leave a headerless file that blocks a retry
+            if made:  # don't leave a headerless file that blocks a retry; never remove another writer's file
                 self.path.unlink(missing_ok=True)
             raise
         self._offsets = st.offsets
