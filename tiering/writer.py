@@ -36,6 +36,7 @@ class ManagedLedgerWriter:
         self._writer = None
         self._entries = 0
         self._bytes = 0
+        self.sealed_on_open: Ledger | None = None  # the open ledger, if its file was found sealed (below)
         open_ = meta.list_ledgers(topic_name, [LedgerState.OPEN])
         if open_:  # resume the open ledger; a crash may have torn its tail
             self._ledger = open_[0]
@@ -47,7 +48,7 @@ class ManagedLedgerWriter:
             if self._writer.sealed:
                 # killed between sealing the file and recording it: the file is final, so its seal is
                 # recorded now (its counts from the file) and the next append starts the next ledger
-                self.seal()
+                self.sealed_on_open = self.seal()
 
     def append(self, payload: bytes) -> Position:
         if not isinstance(payload, (bytes, bytearray, memoryview)):

@@ -64,6 +64,7 @@ def test_writer_records_a_seal_its_killed_predecessor_left_only_in_the_file(meta
     w.close()
     assert meta.get_ledger("k", 0).state == S.OPEN
     w = ManagedLedgerWriter(meta, t1, "k")  # records the seal from the file, then writes the next ledger
+    assert (w.sealed_on_open.ledger_id, w.sealed_on_open.entry_count) == (0, 3)
     assert w.append(b"next") == Position(1, 0)
     w.close()
     led = meta.get_ledger("k", 0)

@@ -80,7 +80,7 @@ def cmd_produce(ctx: Context, args, out: Output) -> int:
                 first = first or last
                 count += 1
         if args.seal:
-            sealed = writer.seal()
+            sealed = writer.seal() or writer.sealed_on_open
     finally:
         writer.close()
     out.result(document("produce", args.name, entry_count=count, first=position_text(first), last=position_text(last),
@@ -94,7 +94,7 @@ def cmd_seal(ctx: Context, args, out: Output) -> int:
 
     writer = ManagedLedgerWriter(ctx.meta, ctx.tier1, args.name)
     try:
-        sealed = writer.seal()
+        sealed = writer.seal() or writer.sealed_on_open
     finally:
         writer.close()
     out.result(document("seal", args.name, sealed_ledger=None if sealed is None else sealed.ledger_id,
