@@ -190,14 +190,16 @@ def test_export_local_and_s3_then_import_gives_identical_tables(deps, db, new_da
 
 def test_gc_aborts_uploads_that_failed_exports_leave_at_the_default_location(deps):
     """A killed or refused export (pyarrow writes every Parquet part as a multipart upload) leaves uploads
-    under `<prefix>-metadata/`; GC aborts them once older than the grace period, and nothing elsewhere."""
+    under `<prefix>-metadata/`, a killed table sync or maintenance under the tables' `<prefix>-tables/`; GC
+    aborts them once older than the grace period, and nothing elsewhere."""
     s3, name = deps.bucket.s3, deps.bucket.name
-    ours = "t-metadata/20260101T000000Z/ledger/part-00000.parquet"
-    foreign = ["t-metadata-other/x.parquet", "elsewhere/t-metadata/x.parquet"]
-    for key in [ours, *foreign]:
+    ours = ["t-metadata/20260101T000000Z/ledger/part-00000.parquet", "t-tables/ns/orders/data/00000-0-x.parquet",
+            "t-tables/ns/orders/metadata/00001-x.metadata.json"]
+    foreign = ["t-metadata-other/x.parquet", "elsewhere/t-metadata/x.parquet", "t-tablesx/y.parquet"]
+    for key in [*ours, *foreign]:
         s3.create_multipart_upload(Bucket=name, Key=key)
     assert run_gc(deps, orphan_grace=dt.timedelta(hours=1)).uploads_aborted == 0  # a running export is left
-    assert run_gc(deps, orphan_grace=dt.timedelta(0)).uploads_aborted == 1
+    assert run_gc(deps, orphan_grace=dt.timedelta(0)).uploads_aborted == len(ours)
     assert sorted(u["Key"] for u in open_uploads(deps)) == sorted(foreign)
 
 
@@ -254,6 +256,49 @@ def test_import_refuses_incomplete_exports_and_other_migrations(deps, db, new_da
     assert snapshot(target) == empty
     # and the good export still imports
     import_metadata(target, fs, base)
+    assert snapshot(target)["ledger"]
+
+
+def test_import_refuses_parts_that_are_not_this_exports_before_locking_anything(deps, db, new_database, tmp_path):
+    import json
+    import os
+
+    populate(deps, db, defrag_too=False)
+    target = new_database()
+    empty = snapshot(target)
+    fs, first = filesystem_for(str(tmp_path / "a"))
+    m = export_metadata(db, fs, first)
+    _, second = filesystem_for(str(tmp_path / "b"))
+    other = export_metadata(db, fs, second)
+    topic_part, other_topic_part = m.tables["topic"].files[0].path, other.tables["topic"].files[0].path
+    original = (tmp_path / "a" / topic_part).read_bytes()
+    # another export's part at this one's path, rows and columns alike: only its footer tells
+    (tmp_path / "a" / topic_part).write_bytes((tmp_path / "b" / other_topic_part).read_bytes())
+    with pytest.raises(BadInput, match=f"{topic_part} belongs to export '{other.export_id}', not to this one"):
+        import_metadata(target, fs, first)
+    # another table's part of this export
+    (tmp_path / "a" / topic_part).write_bytes((tmp_path / "a" / m.tables["ledger"].files[0].path).read_bytes())
+    with pytest.raises(BadInput, match=f"{topic_part} holds table 'ledger', not topic"):
+        import_metadata(target, fs, first)
+    # cut short: not a Parquet file any more
+    (tmp_path / "a" / topic_part).write_bytes(original[:len(original) // 2])
+    with pytest.raises(BadInput, match=f"{topic_part} is not a readable Parquet file"):
+        import_metadata(target, fs, first)
+    # a fifo would block the open forever, with every table locked
+    (tmp_path / "a" / topic_part).unlink()
+    os.mkfifo(tmp_path / "a" / topic_part)
+    with pytest.raises(BadInput, match=f"{topic_part} is not a regular file"):
+        import_metadata(target, fs, first)
+    assert snapshot(target) == empty
+    # a manifest whose time is not a time (escapes, a second line) is not this format's
+    (tmp_path / "a" / topic_part).unlink()
+    (tmp_path / "a" / topic_part).write_bytes(original)
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps({**manifest, "exported_at": "\x1b[2Jnow\nthen"}))
+    with pytest.raises(BadInput, match="exported_at must be an ISO 8601 time with its zone"):
+        import_metadata(target, fs, first)
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps(manifest))
+    import_metadata(target, fs, first)
     assert snapshot(target)["ledger"]
 
 

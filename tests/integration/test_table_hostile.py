@@ -169,6 +169,7 @@ def test_a_topic_made_again_under_its_old_name_does_not_adopt_the_old_table(cli,
     assert out.returncode == 1 and "earlier topic 'z'" in out.json["failed"][0]["error"], out.stdout
     status = cli("table", "status", "z", "--json").ok().json  # says whose it is, not its location as this one's
     assert "earlier topic 'z'" in status["problem"] and status["metadata_location"] is None
+    assert status["row_count"] == 0  # the earlier topic's rows are not this one's
     assert "earlier topic 'z'" in cli("table", "verify", "z").one_line_error(1)
     cli("topic", "set", "z", "--table", "ns.z2").ok()  # the other way out: another name (nothing synced yet)
     cli("topic", "set", "z", "--table", "ns.z").ok()

@@ -133,12 +133,13 @@ def _status(ctx: Context, args, out: Output) -> int:
                    "it was dropped")
     if exists:
         table = cat.load_table(state.identifier)
-        # what the table holds now: the counts below are what syncs committed, rows deleted since included
-        current = table.current_snapshot()
-        row_count = int((current.summary or {}).get("total-records", "0")) if current else 0
         problem = owner_problem(table, state.topic, state.topic_id)  # e.g. an earlier topic's of this name
         location = None if problem else table.metadata_location
         if problem is None:
+            # what the table holds now (none of this topic's when it is another's): the counts below are
+            # what syncs committed, rows deleted since included
+            current = table.current_snapshot()
+            row_count = int((current.summary or {}).get("total-records", "0")) if current else 0
             try:  # dropped and made again, or rolled back: the marks claim rows the table does not hold
                 check_marks(state, table)
             except TableBehind as exc:

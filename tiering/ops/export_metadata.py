@@ -56,12 +56,15 @@ _UTC = _dt.timezone.utc
 
 
 # ----------------------------------------------------------------------------------------------- schema
+TABLE_KEY = "tiering.table"  # a part's Parquet metadata: the table its rows are of
+
+
 def arrow_schema(table: str, export_id: str | None = None) -> pa.Schema:
     """The Arrow schema of one table's files: column order and nullability as in PostgreSQL; the export's id
     in its metadata when given (a part's proof that it is this export's)."""
     fields = [pa.field(c.name, c.arrow_type, nullable=c.nullable,
                        metadata={"pg_type": c.pg_kind} if c.pg_kind else None) for c in R.columns(table)]
-    meta = {"tiering.table": table, "tiering.format_version": str(FORMAT_VERSION)}
+    meta = {TABLE_KEY: table, "tiering.format_version": str(FORMAT_VERSION)}
     if export_id is not None:
         meta[EXPORT_ID_KEY] = export_id
     return pa.schema(fields, metadata=meta)
@@ -244,7 +247,7 @@ class Manifest:
             tables = {name: TableManifest(_count(t["rows"], f"{name}'s rows", where), [
                 PartFile(_part_path(name, f["path"], where), _count(f["rows"], f"{name}'s part rows", where))
                 for f in t["files"]]) for name, t in d["tables"].items()}
-            return cls(FORMAT_VERSION, str(d["exported_at"]),
+            return cls(FORMAT_VERSION, _timestamp(d["exported_at"], where),
                        [{"name": str(m["name"]), "checksum": str(m["checksum"])} for m in d["migrations"]],
                        tables, {str(k): (None if v is None else _count(v, f"sequence {k}", where))
                                 for k, v in d.get("sequences", {}).items()},
@@ -263,6 +266,19 @@ def _count(value: object, what: str, where: str) -> int:
         shown = repr(value)
         raise BadInput(f"{where} is malformed: {what} must be a whole number from 0 to {INT64_MAX}, got "
                        f"{shown[:40]}{'...' if len(shown) > 40 else ''}")
+    return value
+
+
+def _timestamp(value: object, where: str) -> str:
+    """The export's time as the manifest gives it: ISO 8601 with its zone (as build_manifest writes it), kept
+    as written; anything else (a number, a text with escapes or newlines) is not this format's manifest."""
+    try:
+        if not isinstance(value, str) or _dt.datetime.fromisoformat(value).tzinfo is None:
+            raise ValueError
+    except ValueError:
+        shown = repr(value)
+        raise BadInput(f"{where} is malformed: exported_at must be an ISO 8601 time with its zone, got "
+                       f"{shown[:40]}{'...' if len(shown) > 40 else ''}") from None
     return value
 
 

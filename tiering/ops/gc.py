@@ -76,7 +76,7 @@ from tiering.errors import BadInput, ConditionalUpdateFailed, CorruptObjectError
 from tiering.format.keys import INDEX_SUFFIX, is_trim_marker, parse_key
 from tiering.format.merged import split_indexes
 from tiering.metadata import gc_queue, gc_sweep
-from tiering.model import LedgerState
+from tiering.model import LedgerState, tables_prefix
 from tiering.ops.context import Deps
 from tiering.ops.export_metadata import default_export_prefix
 from tiering.tier2.markers import read_segment_marker, readable_or_none
@@ -209,9 +209,14 @@ def _gc_batch(deps: Deps, batch: int, max_attempts: int, backoff: timedelta, rep
 
 
 def stale_uploads(deps: Deps, grace: timedelta) -> list[dict]:
+    """Multipart uploads older than the grace that no live attempt owns: killed offloads, defrags and repairs
+    under the tier-2 prefix, killed exports under the default export prefix, killed table syncs and
+    maintenance under the tables' warehouse (pyarrow's S3 writer uploads a table's files in parts); nothing
+    else lists them, and S3 keeps and bills their parts until they are aborted."""
     cutoff = datetime.now(timezone.utc) - grace
     b = deps.bucket
-    prefixes = [b.prefix] if not b.prefix else [b.prefix, default_export_prefix(b.prefix)]  # "" lists all
+    prefixes = [b.prefix] if not b.prefix else [b.prefix, default_export_prefix(b.prefix),
+                                                tables_prefix(b.prefix)]  # "" lists all
     stale = [up for p in prefixes for up in list_uploads(b, p) if up["Initiated"] <= cutoff]
     live = gc_queue.live_attempt_keys(deps.meta.engine, (up["Key"] for up in stale)) if stale else set()
     return [up for up in stale if up["Key"] not in live]

@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 
 from tiering.errors import BadInput
 from tiering.metadata import import_rows
-from tiering.ops.export_metadata import (DEFAULT_BATCH_ROWS, TableManifest, _exists, _join, arrow_schema,
+from tiering.ops.export_location import EXPORT_ID_KEY
+from tiering.ops.export_metadata import (DEFAULT_BATCH_ROWS, TABLE_KEY, TableManifest, _join, arrow_schema,
                                          read_manifest, table_names)
 
 
@@ -30,10 +31,9 @@ def import_metadata(engine, fs: pafs.FileSystem, base_path: str, batch_rows: int
     manifest = read_manifest(fs, base_path)
     if set(manifest.tables) != set(table_names()):
         raise BadInput(f"export at {base_path!r} has tables {sorted(manifest.tables)}, expected {table_names()}")
-    for t in table_names():
+    for t in table_names():  # before anything is locked: a refusal here takes no lock and writes nothing
         for p in manifest.tables[t].files:
-            if not _exists(fs, _join(base_path, p.path)):
-                raise BadInput(f"export at {base_path!r} is incomplete: {p.path} is missing")
+            _check_part(fs, base_path, t, p.path, manifest.export_id)
 
     def load(table: str, insert) -> int:
         return _load_table(fs, base_path, table, manifest.tables[table], batch_rows, insert)
@@ -41,6 +41,31 @@ def import_metadata(engine, fs: pafs.FileSystem, base_path: str, batch_rows: int
     rows, sequences = import_rows.restore(engine, base_path, manifest.migrations, manifest.sequences, load,
                                           lock_timeout_seconds)
     return ImportReport(rows, manifest.exported_at, sequences)
+
+
+def _check_part(fs: pafs.FileSystem, base_path: str, table: str, rel: str, export_id: str | None) -> None:
+    """A part the manifest names is a regular file (a fifo would block the import forever, holding every
+    table's lock), a Parquet file, of this table and of this export (its footer says so, as export's
+    check_parts wrote it): a part of another export at the same path, even with the same row count, is not."""
+    path = _join(base_path, rel)
+    kind = fs.get_file_info(path).type
+    if kind == pafs.FileType.NotFound:
+        raise BadInput(f"export at {base_path!r} is incomplete: {rel} is missing")
+    if kind != pafs.FileType.File:
+        raise BadInput(f"export at {base_path!r}: {rel} is not a regular file")
+    try:
+        with fs.open_input_file(path) as f:
+            meta = pq.ParquetFile(f).metadata.metadata or {}
+    except (ValueError, OSError) as exc:  # pyarrow's ArrowInvalid is a ValueError: not Parquet, or cut short
+        raise BadInput(f"export at {base_path!r}: {rel} is not a readable Parquet file "
+                       f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    named = meta.get(TABLE_KEY.encode(), b"").decode(errors="replace")
+    if named and named != table:
+        raise BadInput(f"export at {base_path!r}: {rel} holds table {named[:80]!r}, not {table}")
+    owner = meta.get(EXPORT_ID_KEY.encode(), b"").decode(errors="replace") or None
+    if export_id is not None and owner != export_id:
+        raise BadInput(f"export at {base_path!r}: {rel} belongs to export {(owner or 'unknown')[:40]!r}, not to "
+                       f"this one ({export_id})")
 
 
 def _load_table(fs: pafs.FileSystem, base_path: str, table: str, tm: TableManifest, batch_rows: int,
