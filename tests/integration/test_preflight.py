@@ -24,9 +24,9 @@ def rows(deps):
             "FROM tiering.job_run ORDER BY run_id"))]
 
 
-def go(deps, dag_id, conf, allowed, run="manual__1"):
+def go(deps, dag_id, conf, allowed, run="manual__1", settings=None):
     ref = RunRef(kind=dag_id.removeprefix("tiering_"), dag_id=dag_id, dag_run_id=run, try_number=1)
-    return preflight(dag_id, conf, dict(conf), allowed, lambda: deps, ref)
+    return preflight(dag_id, conf, dict(conf), allowed, lambda: deps, ref, settings)
 
 
 @pytest.mark.parametrize("dag_id, conf, allowed, says", [
@@ -61,15 +61,39 @@ def test_a_scrub_of_a_topic_that_exists_runs_spark(deps):
     assert result.run_spark and result.planned is None and result.args == ["--topic=t"] and rows(deps) == []
 
 
-def test_an_export_under_the_tier2_prefix_is_refused_before_spark(deps):
+def test_an_export_under_the_tier2_prefix_is_refused_before_spark(deps, settings):
     # GC's orphan sweep deletes every object under the prefix that is not a ledger's: the export with it
     dest = f"s3://{deps.bucket.name}/{deps.bucket.prefix}backup"
     with pytest.raises(BadInput, match="under the tier-2 prefix"):
-        go(deps, "tiering_metadata_export", {"dest": dest}, {"dest"})
+        go(deps, "tiering_metadata_export", {"dest": dest}, {"dest"}, settings=settings)
     [row] = rows(deps)
     assert row["status"] == "FAILED" and "which GC's orphan sweep owns" in row["error"]
-    result = go(deps, "tiering_metadata_export", {"dest": f"s3://{deps.bucket.name}/elsewhere"}, {"dest"})
+    result = go(deps, "tiering_metadata_export", {"dest": f"s3://{deps.bucket.name}/elsewhere"}, {"dest"},
+                settings=settings)
     assert result.run_spark and result.args == [f"--dest=s3://{deps.bucket.name}/elsewhere"]
+
+
+def test_what_the_export_would_refuse_after_spark_started_is_refused_before(deps, settings, tmp_path):
+    # each of these was refused by the job inside Spark, and the task retried it twice
+    from tiering.ops.export_metadata import export_metadata, filesystem_for
+
+    def refused(dest, says):
+        with pytest.raises(BadInput, match=says):
+            go(deps, "tiering_metadata_export", {"dest": dest}, {"dest"}, settings=settings)
+
+    export_metadata(deps.meta.engine, *filesystem_for(str(tmp_path / "done")))
+    refused(str(tmp_path / "done"), "already holds a complete export")
+    (tmp_path / "mixed" / "topic").mkdir(parents=True)
+    (tmp_path / "mixed" / "topic" / "notes.txt").write_text("mine")
+    refused(str(tmp_path / "mixed"), "notes.txt is not a part of a metadata export")
+    refused(str(tmp_path / "deep") + "/d" * 1990, "longer than the system allows")  # fits; its parts would not
+    refused(str(tmp_path / "deep") + "/d" * 2100, "File name too long")
+    refused("/proc/tiering-export", "no directory can be made in '/proc'")
+    refused("s3://no-such-bucket-of-tiering/x", "bucket 'no-such-bucket-of-tiering' does not exist")
+    assert [r["status"] for r in rows(deps)] == ["FAILED"] * 6
+    assert not (tmp_path / "deep").exists() and (tmp_path / "mixed" / "topic" / "notes.txt").read_text() == "mine"
+    assert go(deps, "tiering_metadata_export", {"dest": str(tmp_path / "new" / "dir")}, {"dest"},
+              settings=settings).run_spark
 
 
 def test_an_export_to_a_local_path_that_is_not_a_directory_is_refused_before_spark(deps, tmp_path):

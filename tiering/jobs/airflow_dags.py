@@ -91,8 +91,9 @@ def plan_on_worker(dag_id: str, **context) -> bool:
 
     params = run_params(context)
     try:
+        settings = TieringHook().get_settings()
         result = preflight(dag_id, context["dag_run"].conf, params, set(context["dag"].params.keys()),
-                           lambda: deps_from(TieringHook().get_settings()), _run_ref(dag_id, context))
+                           lambda: deps_from(settings), _run_ref(dag_id, context), settings)
     except BadInput as exc:
         log.error("%s: refused: %s", dag_id, exc)
         raise RefusedInput(f"{dag_id}: {exc}") from None

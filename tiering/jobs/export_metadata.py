@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     p.add_argument("--topic", help="ignored: an export is always of every table")
     args = p.parse_args(argv)
 
-    from tiering.jobs.runner import load_settings, recorded, run_ref
+    from tiering.jobs.runner import failure_line, load_settings, recorded, run_ref
 
     settings = load_settings("export_metadata")
     if settings is None:
@@ -86,9 +86,8 @@ def main(argv=None) -> int:
     def body(outcome: JobOutcome, run_id: int) -> None:
         try:
             _export(settings, engine, args, run_id, outcome)
-        except Exception as exc:  # noqa: BLE001 - a Spark failure's first line, not its JVM trace
-            outcome.errors.append(str(exc) if isinstance(exc, TieringError) else
-                                  f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        except Exception as exc:  # noqa: BLE001 - the error inside a Spark failure, not its JVM trace
+            outcome.errors.append(str(exc) if isinstance(exc, TieringError) else failure_line(exc))
 
     return recorded("export_metadata", run_ref("export_metadata"), None, engine, body)
 

@@ -65,9 +65,11 @@ def _storable(topic: object) -> str | None:
         return None
 
 
-def preflight(dag_id: str, conf: dict | None, params: dict, allowed: set[str], deps_factory, ref: RunRef) -> Preflight:
+def preflight(dag_id: str, conf: dict | None, params: dict, allowed: set[str], deps_factory, ref: RunRef,
+              settings=None) -> Preflight:
     """Validate, plan, and record the run's row when it ends here. `deps_factory()` gives the job's clients
-    (called once; its engine is disposed here). Raises `BadInput` (already recorded) on bad input."""
+    (called once; its engine is disposed here); `settings` their settings (an export's S3 location is
+    looked at with them). Raises `BadInput` (already recorded) on bad input."""
     topic = params.get("topic") or None
     job = JOBS[dag_id].application.removesuffix(".py")
     deps = None
@@ -78,10 +80,11 @@ def preflight(dag_id: str, conf: dict | None, params: dict, allowed: set[str], d
             args = job_args(dag_id, params)
             if params.get("dest"):  # an export under the tier-2 prefix would be deleted by GC's orphan sweep
                 check_export_location(params["dest"], deps.bucket.name, deps.bucket.prefix)
-                # a local path that is a file: the job would refuse it only after Spark started, and be retried
-                from tiering.ops.export_metadata import check_local_location  # pyarrow: only for an export
+                # what the job would refuse only after Spark started, and be retried: a local path it cannot
+                # use, a bucket that does not exist, a complete export there, files that are not an export's
+                from tiering.ops.export_metadata import check_export_target  # pyarrow: only for an export
 
-                check_local_location(params["dest"])
+                check_export_target(params["dest"], settings)
             if topic and not JOBS[dag_id].planned_before_spark:
                 # a job planned here finds its topic in its plan; the others (the scrub) would start Spark,
                 # and retry it, only to be told the topic does not exist

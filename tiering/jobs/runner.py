@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -186,6 +187,21 @@ def load_settings(job: str) -> Settings | None:
         return None
 
 
+# a line naming an error: "OSError: ...", "java.lang.IllegalStateException: ...", "pyspark...PySparkRuntimeError: ..."
+_ERROR_LINE = re.compile(r"(?:[A-Za-z_][\w$]*\.)*[A-Z][\w$]*(?:Error|Exception)\b:? ?.*")
+
+
+def failure_line(exc: BaseException) -> str:
+    """One line saying why a job failed, for its job_run row and the task's last line. A Spark failure's
+    first line says only where it surfaced ("An exception was thrown from the Python worker", "An error
+    occurred while calling o72.x"); the error inside is the last line of its message that names one (the
+    worker's own exception, the JVM's). Else the exception's type and first line."""
+    lines = [line.strip().lstrip(": ") for line in str(exc).splitlines() if line.strip()]
+    inner = [line for line in lines[1:] if _ERROR_LINE.fullmatch(line)]
+    line = inner[-1] if inner else f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return line[:1000]
+
+
 def recorded(job: str, ref: RunRef, topic: str | None, engine, body: Callable[[JobOutcome, int], None],
              outcome: JobOutcome | None = None) -> int:
     """Run `body(outcome, run_id)` as one job_run row: started first, finished with whatever the body
@@ -201,8 +217,8 @@ def recorded(job: str, ref: RunRef, topic: str | None, engine, body: Callable[[J
     except TieringError as exc:
         outcome.errors.append(str(exc))
     except Exception as exc:  # noqa: BLE001 - recorded in job_run, then the job fails
-        outcome.errors.append(f"{type(exc).__name__}: {exc}")
-        traceback.print_exc(file=sys.stderr)
+        outcome.errors.append(failure_line(exc))
+        traceback.print_exc(file=sys.stderr)  # the whole of it in the task's log
     finally:
         runs.finish(run_id, outcome)
     failed = bool(outcome.items_failed or outcome.errors)

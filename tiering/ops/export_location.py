@@ -88,15 +88,22 @@ def only_writer(engine, fs: pafs.FileSystem, base: str) -> Iterator[None]:
         yield
 
 
+def check_claimable(fs: pafs.FileSystem, base: str, overwrite: bool) -> tuple[bool, list[str]]:
+    """What `claim` refuses, found without writing anything (BadInput): a complete export at `base` unless
+    `overwrite`, a table directory with files that are not parts of an export. Returns (a complete export is
+    there, the leftover parts of incomplete exports)."""
+    complete = exists(fs, join(base, MANIFEST))
+    if complete and not overwrite:
+        raise BadInput(f"{base!r} already holds a complete export; choose a new location or overwrite")
+    return complete, _leftovers(fs, base)
+
+
 def claim(fs: pafs.FileSystem, base: str, export_id: str, overwrite: bool) -> None:
     """Make `base` this export's: refuse a complete export there unless `overwrite` (then its manifest is
     deleted first), refuse a table directory with files that are not parts of an export (BadInput, nothing
     touched), remove leftovers of incomplete exports, and on a local path write the marker."""
     manifest = join(base, MANIFEST)
-    complete = exists(fs, manifest)
-    if complete and not overwrite:
-        raise BadInput(f"{base!r} already holds a complete export; choose a new location or overwrite")
-    leftovers = _leftovers(fs, base)  # before any change: a refused location is left as it was
+    complete, leftovers = check_claimable(fs, base, overwrite)  # before any change: a refused location is left as it was
     if complete:
         try:
             fs.delete_file(manifest)  # first: from here on the location is an incomplete export, never a mixed one

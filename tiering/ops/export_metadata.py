@@ -43,8 +43,8 @@ from tiering.errors import BadInput, TieringError
 from tiering.model import INT64_MAX, check_export_location
 from tiering.metadata import export_rows as R
 from tiering.metadata.export_rows import jdbc_query, table_names  # re-exported: the Spark job uses them from here
-from tiering.ops.export_location import (EXPORT_ID_KEY, MANIFEST, LocationTaken, another_export, claim,
-                                         create_manifest, discard, exists as _exists, is_local as _is_local,
+from tiering.ops.export_location import (EXPORT_ID_KEY, MANIFEST, LocationTaken, another_export, check_claimable,
+                                         claim, create_manifest, discard, exists as _exists, is_local as _is_local,
                                          join as _join, new_export_id, only_writer, part_name, release)
 
 FORMAT = "tiering-metadata-export"
@@ -169,6 +169,22 @@ def filesystem_for(url: str, settings=None, *, endpoint_url: str | None = None, 
     return pafs.LocalFileSystem(), check_local_location(url)
 
 
+def check_export_target(url: str, settings=None) -> None:
+    """What an export to `url` (not overwriting) would refuse once started, found without writing: a location
+    it cannot use (check_local_location), an S3 bucket that does not exist, a complete export there, files
+    that are not parts of an export in its table directories (export_location.check_claimable). For a
+    pipeline's plan, so that bad input is refused before Spark starts, and never retried."""
+    fs, base = filesystem_for(url, settings)
+    if not _is_local(fs):
+        bucket = base.split("/", 1)[0]
+        if fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+            raise BadInput(f"export location {url[:200]!r}: bucket {bucket!r} does not exist")
+    check_claimable(fs, base, overwrite=False)
+
+
+_NAMES_UNDER_BASE = 128  # what an export adds under its base: "/<table>/part-<export id>-<n>.parquet", markers
+
+
 def check_local_location(url: str) -> str | None:
     """A local location's path (a plain path or a file:// URL; None for s3://) if it is a directory or could be
     made one; else BadInput (a file, a fifo or a file's child, a name too long), which pyarrow would raise as
@@ -176,6 +192,7 @@ def check_local_location(url: str) -> str | None:
     import errno
     import os
     import stat
+    import tempfile
 
     url = check_export_location(url)
     parts = urlsplit(url)
@@ -202,6 +219,14 @@ def check_local_location(url: str) -> str | None:
         if not stat.S_ISDIR(mode):
             where = "" if probe == path else " (a part of it)"
             raise BadInput(f"export location {path[:200]!r}{where} is not a directory")
+        if len(os.fsencode(path)) + _NAMES_UNDER_BASE > os.pathconf(probe, "PC_PATH_MAX") - 1:
+            raise BadInput(f"export location {path[:200]!r} cannot be used: the paths of its parts would be "
+                           "longer than the system allows")
+        try:  # the export makes directories there: a read-only or pseudo file system (/proc) takes none
+            os.rmdir(tempfile.mkdtemp(prefix=".tiering-probe-", dir=probe))
+        except OSError as exc:
+            raise BadInput(f"export location {path[:200]!r} cannot be used: no directory can be made in "
+                           f"{probe[:200]!r} ({exc.strerror or type(exc).__name__})") from None
         return path
 
 
