@@ -67,3 +67,24 @@ def test_a_wait_that_is_not_a_finite_number_is_refused_with_its_settings(conf):
     # float() takes nan and inf: the deadline would never come, and the job would wait until the task's timeout
     with pytest.raises(TieringError, match=WAIT_CONF):
         wait_on(_Context({"spark.master": "spark://m:7077", **conf}))
+
+
+class _Stopped:
+    """The JVM side of a SparkContext the master gave up on: asking it anything fails, and says it stopped."""
+
+    def getExecutorMemoryStatus(self):
+        raise RuntimeError("An error occurred while calling o72.getExecutorMemoryStatus.\n: java.lang."
+                           "IllegalStateException: Cannot call methods on a stopped SparkContext.")
+
+    def isStopped(self):
+        return True
+
+
+def test_a_context_spark_stopped_while_waiting_says_why_not_what_the_jvm_threw():
+    from types import SimpleNamespace
+
+    sc = _Context({"spark.master": "spark://127.0.0.1:7999", WAIT_CONF: "5"})
+    sc._jsc = SimpleNamespace(sc=lambda: _Stopped())
+    with pytest.raises(TieringError, match=r"Spark stopped the application before an executor registered: the "
+                                           r"master spark://127.0.0.1:7999 could not be reached"):
+        wait_on(sc)

@@ -67,9 +67,22 @@ def wait_on(sc) -> str | None:
     if seconds <= 0:
         return None
     advertised = f"{conf.get('spark.driver.host', '?')}:{conf.get('spark.driver.port', '?')}"
-    # getExecutorMemoryStatus has one entry per block manager, the driver's included
-    missing = wait_for_executor(lambda: sc._jsc.sc().getExecutorMemoryStatus().size() - 1, seconds, advertised,
-                                master, expected=expected)
+    jsc = sc._jsc.sc()
+
+    def executors() -> int:
+        try:
+            # getExecutorMemoryStatus has one entry per block manager, the driver's included
+            return jsc.getExecutorMemoryStatus().size() - 1
+        except Exception:
+            if not jsc.isStopped():
+                raise
+        # Spark gave up on the application (the master unreachable, or it refused or killed it): asking the
+        # stopped context failed with "Cannot call methods on a stopped SparkContext", which says nothing
+        raise TieringError(f"Spark stopped the application before an executor registered: the master {master} "
+                           "could not be reached, or it refused or removed the application (Spark's log above says "
+                           "which)") from None
+
+    missing = wait_for_executor(executors, seconds, advertised, master, expected=expected)
     if missing:
         print(f"warning: {missing}", file=sys.stderr)
     return missing
