@@ -386,6 +386,30 @@ def test_services_down_exit_1_without_traceback_or_secrets(cli, deps):
     assert [led.state.value for led in deps.meta.list_ledgers("t")] == ["OFFLOADED"]
 
 
+def test_a_database_that_never_answers_is_given_up_on_not_waited_for(cli, database_url):
+    import socket
+    import time
+
+    from tiering.metadata.db import LINK_LIMITS, make_engine
+
+    # libpq's defaults wait for ever; every engine now carries limits, unless its URL sets its own
+    engine = make_engine(database_url)
+    with engine.connect() as conn:
+        params = conn.connection.dbapi_connection.get_dsn_parameters()
+    assert {k: params.get(k) for k in LINK_LIMITS} == {k: str(v) for k, v in LINK_LIMITS.items()}
+    engine.dispose()
+    # a listener that accepts and never answers (a hung server, a black hole): exit 1, one line, in time
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)
+        url = f"postgresql://tiering:Sup3rS3cret-pw@127.0.0.1:{hole.getsockname()[1]}/tiering?connect_timeout=2"
+        started = time.monotonic()
+        res = cli("topic", "list", env={"TIERING_DATABASE_URL": url})
+        took = time.monotonic() - started
+    assert "timeout expired" in res.one_line_error(1) and "Sup3rS3cret" not in res.stderr
+    assert took < 30, took  # the URL's own limit (2 s per attempt) was used, not LINK_LIMITS' 30 s
+
+
 HOSTILE = ["../x", "a/b", "-q'uo\"te`$(x) back\\slash%25", "日本語 тема 🎉", "y" * 1000]  # no control chars: refused
 
 

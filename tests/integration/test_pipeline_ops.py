@@ -139,3 +139,26 @@ def test_gc_keeps_referenced_keys_retries_failures_and_sweeps_orphans(deps, db):
     assert bucket_keys(deps) == {ch.data_key, ch.index_key} and open_uploads(deps) == []
     with db.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM tiering.gc_task")).scalar() == 0
+
+
+def test_a_gc_whose_deletes_s3_never_answers_counts_no_attempt(deps, db, monkeypatch):
+    # the link broke mid-run (the bucket's HEAD had answered): no key may move toward FAILED for it, since
+    # only `gc --retry-failed` takes FAILED keys up again; a delete S3 refuses still counts (covered above)
+    from botocore.exceptions import EndpointConnectionError
+
+    from tiering.tier2.errors import Unreachable
+
+    s3, name = deps.bucket.s3, deps.bucket.name
+    s3.put_object(Bucket=name, Key="t/g/due", Body=b"d")
+    deps.meta.enqueue_gc(["t/g/due"], "test: due now")
+
+    def broken(**kwargs):
+        raise EndpointConnectionError(endpoint_url="http://s3.invalid")
+    monkeypatch.setattr(s3, "delete_objects", broken)
+    with pytest.raises(Unreachable, match="S3 DELETE of 't/g/due' failed"):
+        run_gc(deps)
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT state, attempts FROM tiering.gc_task")).all() == [("PENDING", 0)]
+    monkeypatch.undo()
+    assert run_gc(deps).deleted == ["t/g/due"]
+    assert "t/g/due" not in bucket_keys(deps)

@@ -6,7 +6,7 @@ import re
 from contextlib import contextmanager
 from typing import Iterator
 
-from sqlalchemy import create_engine, event, func, literal, select
+from sqlalchemy import create_engine, event, func, literal, make_url, select
 from sqlalchemy.engine import Connection, Engine
 
 log = logging.getLogger(__name__)
@@ -15,6 +15,14 @@ log = logging.getLogger(__name__)
 # transaction, so they need no release.
 _SESSION_LOCK = re.compile(r"pg_(?:try_)?advisory_lock(?:_shared)?\s*\(", re.IGNORECASE)
 _HOLDS_SESSION_LOCKS = "tiering.session_locks"
+
+
+# libpq waits for ever by default: a connection to a host that vanished, or a server that never answers its
+# startup, would hang a command (and its Ctrl-C: libpq waits in C). Connecting gives up after 30 s; TCP
+# keepalives and tcp_user_timeout drop a connection whose peer stopped answering within about a minute, idle or
+# with data unacknowledged (a live server's kernel acknowledges both however long its statement runs).
+LINK_LIMITS = {"connect_timeout": 30, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+               "keepalives_count": 3, "tcp_user_timeout": 60_000}
 
 
 def make_engine(url: str, pool_size: int = 5, **kwargs) -> Engine:
@@ -26,6 +34,10 @@ def make_engine(url: str, pool_size: int = 5, **kwargs) -> Engine:
     connect_args = dict(kwargs.pop("connect_args", {}))
     if "jit=" not in connect_args.get("options", ""):
         connect_args["options"] = (connect_args.get("options", "") + " -c jit=off").strip()
+    given = make_url(url).query
+    for name, value in LINK_LIMITS.items():  # the URL's or the caller's own win
+        if name not in given and name not in connect_args:
+            connect_args[name] = value
     # hide_parameters: a failed statement's parameters never reach logs or exceptions.
     engine = create_engine(url, pool_size=pool_size, pool_pre_ping=True, hide_parameters=True,
                            connect_args=connect_args, **kwargs)

@@ -198,7 +198,9 @@ def _gc_batch(deps: Deps, batch: int, max_attempts: int, backoff: timedelta, rep
         refs = claim.referenced()
         live = [t for t in tasks if t.key in refs]
         todo = [t for t in tasks if t.key not in refs]
-        failed = set(delete_keys(deps.bucket, {t.key for t in todo}))
+        # a delete S3 never answered counts no attempt: the claim rolls back and the run fails (five flaky
+        # runs would otherwise leave keys FAILED, which nothing but `gc --retry-failed` takes up again)
+        failed = set(delete_keys(deps.bucket, {t.key for t in todo}, unanswered_raises=True))
         claim.finish([t.task_id for t in live] + [t.task_id for t in todo if t.key not in failed])
         report.failed += claim.retry([t for t in todo if t.key in failed], "S3 delete failed", max_attempts, backoff)
         report.still_referenced += len(live)

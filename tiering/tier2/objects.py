@@ -175,9 +175,11 @@ def object_head(b: Bucket, key: str) -> tuple[int, str | None] | None:
         raise error from None
 
 
-def delete_keys(b: Bucket, keys: Iterable[str]) -> list[str]:
+def delete_keys(b: Bucket, keys: Iterable[str], unanswered_raises: bool = False) -> list[str]:
     """Delete keys (missing ones count as deleted) and abort their multipart uploads.
-    Returns the keys that could not be deleted."""
+    Returns the keys that could not be deleted. `unanswered_raises`: a request S3 never answered (the link
+    broke, a timeout: botocore's own errors, not S3's) raises `Unreachable` instead of counting its keys as
+    not deleted, for a caller that counts refusals against the keys (GC's attempts)."""
     keys = sorted(set(keys))
     failed: list[str] = []
     for i in range(0, len(keys), 1000):
@@ -186,7 +188,11 @@ def delete_keys(b: Bucket, keys: Iterable[str]) -> list[str]:
             resp = b.s3.delete_objects(Bucket=b.name, Delete={"Objects": [{"Key": k} for k in batch],
                                                                 "Quiet": True})
             failed += [e["Key"] for e in resp.get("Errors", []) if error_class(e.get("Code")) is not NotFound]
-        except (ClientError, BotoCoreError):
+        except BotoCoreError as exc:
+            if unanswered_raises:
+                raise tier2_error("DELETE", batch[0], exc) from None
+            failed += batch
+        except ClientError:
             failed += batch
     if keys:
         # One listing under the keys' common prefix, not one per key: uploads in flight are few, keys many.
@@ -196,9 +202,13 @@ def delete_keys(b: Bucket, keys: Iterable[str]) -> list[str]:
                 if up["Key"] in wanted:
                     try:
                         b.s3.abort_multipart_upload(Bucket=b.name, Key=up["Key"], UploadId=up["UploadId"])
-                    except (ClientError, BotoCoreError):
+                    except (ClientError, BotoCoreError) as exc:
+                        if unanswered_raises and isinstance(exc, BotoCoreError):
+                            raise tier2_error("abort of the upload", up["Key"], exc) from None
                         failed.append(up["Key"])
-        except (ClientError, BotoCoreError):
+        except (ClientError, BotoCoreError) as exc:
+            if unanswered_raises and isinstance(exc, BotoCoreError):
+                raise tier2_error("list of uploads", os.path.commonprefix(keys), exc) from None
             failed += keys
     return sorted(set(failed))
 
