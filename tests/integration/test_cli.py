@@ -390,13 +390,16 @@ def test_a_database_that_never_answers_is_given_up_on_not_waited_for(cli, databa
     import socket
     import time
 
-    from tiering.metadata.db import LINK_LIMITS, make_engine
+    from tiering.metadata.db import LINK_LIMITS, SERVER_LINK_LIMITS, make_engine
 
     # libpq's defaults wait for ever; every engine now carries limits, unless its URL sets its own
     engine = make_engine(database_url)
     with engine.connect() as conn:
         params = conn.connection.dbapi_connection.get_dsn_parameters()
+        # the server's side too: a session whose client vanished ends (and frees its locks) as soon
+        server = {k: conn.exec_driver_sql(f"SHOW {k}").scalar() for k in SERVER_LINK_LIMITS}
     assert {k: params.get(k) for k in LINK_LIMITS} == {k: str(v) for k, v in LINK_LIMITS.items()}
+    assert server == {k: str(v) for k, v in SERVER_LINK_LIMITS.items()}
     engine.dispose()
     # a listener that accepts and never answers (a hung server, a black hole): exit 1, one line, in time
     with socket.socket() as hole:

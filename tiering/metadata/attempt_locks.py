@@ -7,8 +7,9 @@ PostgreSQL drops it as soon as the backend sees the connection close. So an OFFL
 nobody holds belongs to a dead worker and is taken over at once, not after the offload timeout.
 
 The offload timeout still applies on its own: a worker that is alive but frozen, or a machine that vanished
-without closing its TCP connections (PostgreSQL holds the lock until its keepalive gives up), is taken over
-when its attempt is older than the timeout, as before. Takeover is safe either way: every transition is a
+without closing its TCP connections (PostgreSQL holds the lock until its keepalive gives up: about a minute
+with the session settings of metadata/db.py), is taken over when its attempt is older than the timeout, as
+before. Takeover is safe either way: every transition is a
 compare-and-set on the attempt, so a worker that was wrongly presumed dead loses its commit and cleans up.
 
 Defrag and repair attempts hold a lock of their own class the same way, from before their new keys are

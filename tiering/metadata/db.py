@@ -25,6 +25,13 @@ LINK_LIMITS = {"connect_timeout": 30, "keepalives": 1, "keepalives_idle": 30, "k
                "keepalives_count": 3, "tcp_user_timeout": 60_000}
 
 
+# The server's side: a session whose client vanished without closing its connection (a lost machine, a
+# partition) ends within about a minute instead of after the server's default two hours, and with it the
+# session's advisory locks, so an attempt's or a job run's lock frees its work for a takeover that soon.
+SERVER_LINK_LIMITS = {"tcp_keepalives_idle": 30, "tcp_keepalives_interval": 10, "tcp_keepalives_count": 3,
+                      "tcp_user_timeout": 60_000}
+
+
 def make_engine(url: str, pool_size: int = 5, **kwargs) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg2://" + url[len("postgresql://"):]
@@ -34,6 +41,9 @@ def make_engine(url: str, pool_size: int = 5, **kwargs) -> Engine:
     connect_args = dict(kwargs.pop("connect_args", {}))
     if "jit=" not in connect_args.get("options", ""):
         connect_args["options"] = (connect_args.get("options", "") + " -c jit=off").strip()
+    for name, value in SERVER_LINK_LIMITS.items():  # the server's side of the same limits (a session setting)
+        if f"{name}=" not in connect_args["options"]:
+            connect_args["options"] += f" -c {name}={value}"
     given = make_url(url).query
     for name, value in LINK_LIMITS.items():  # the URL's or the caller's own win
         if name not in given and name not in connect_args:
