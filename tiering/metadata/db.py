@@ -28,8 +28,10 @@ LINK_LIMITS = {"connect_timeout": 30, "keepalives": 1, "keepalives_idle": 30, "k
 # The server's side: a session whose client vanished without closing its connection (a lost machine, a
 # partition) ends within about a minute instead of after the server's default two hours, and with it the
 # session's advisory locks, so an attempt's or a job run's lock frees its work for a takeover that soon.
-SERVER_LINK_LIMITS = {"tcp_keepalives_idle": 30, "tcp_keepalives_interval": 10, "tcp_keepalives_count": 3,
-                      "tcp_user_timeout": 60_000}
+SERVER_LINK_LIMITS = {"tcp_keepalives_idle": LINK_LIMITS["keepalives_idle"],
+                      "tcp_keepalives_interval": LINK_LIMITS["keepalives_interval"],
+                      "tcp_keepalives_count": LINK_LIMITS["keepalives_count"],
+                      "tcp_user_timeout": LINK_LIMITS["tcp_user_timeout"]}
 
 
 def make_engine(url: str, pool_size: int = 5, **kwargs) -> Engine:

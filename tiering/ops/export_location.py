@@ -33,6 +33,7 @@ import os
 import re
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterator
 
 import pyarrow.fs as pafs
@@ -45,6 +46,7 @@ from tiering.tier2.arrowfs import create_object_if_absent
 
 MANIFEST = "manifest.json"
 EXPORT_ID_KEY = "tiering.export_id"  # in each part's Parquet (Arrow schema) metadata
+TABLE_KEY = "tiering.table"  # beside it: the table the part's rows are of
 _MARKER = "_exporting-"
 _PART = re.compile(r"part-(?:(?P<id>[A-Za-z0-9][A-Za-z0-9-]*)-)?\d{5,}\.parquet")  # see part_name
 
@@ -145,12 +147,30 @@ def _is_part(fs: pafs.FileSystem, info: pafs.FileInfo, table: str, marked: set[s
     if name["id"] is not None and name["id"] in marked:  # a killed writer's part may have no footer yet
         return True
     try:
-        with fs.open_input_file(info.path) as f:
-            meta = pq.ParquetFile(f).metadata.metadata or {}
+        footer = read_footer(fs, info.path)
     except (OSError, ValueError):  # not Parquet (ArrowInvalid is a ValueError)
         return False
-    return (meta.get(b"tiering.table") == table.encode()
-            and (meta.get(EXPORT_ID_KEY.encode(), b"").decode() or None) == name["id"])
+    return footer.table == table and footer.export_id == name["id"]
+
+
+@dataclass(frozen=True)
+class PartFooter:
+    rows: int
+    table: str | None  # what its metadata names (None: not named)
+    export_id: str | None
+
+
+def read_footer(fs: pafs.FileSystem, path: str) -> PartFooter:
+    """A part's row count and the table and export its Parquet metadata names: what tells this export's part
+    from anyone's file of the same name and rows. OSError, or ValueError (pyarrow's ArrowInvalid) when it is
+    not a readable Parquet file."""
+    with fs.open_input_file(path) as f:
+        meta = pq.ParquetFile(f).metadata
+    named = meta.metadata or {}
+
+    def text(key: str) -> str | None:
+        return named.get(key.encode(), b"").decode(errors="replace") or None
+    return PartFooter(meta.num_rows, text(TABLE_KEY), text(EXPORT_ID_KEY))
 
 
 def create_manifest(fs: pafs.FileSystem, base: str, data: bytes, export_id: str) -> str:

@@ -43,9 +43,10 @@ from tiering.errors import BadInput, TieringError
 from tiering.model import INT64_MAX, check_export_location
 from tiering.metadata import export_rows as R
 from tiering.metadata.export_rows import jdbc_query, table_names  # re-exported: the Spark job uses them from here
-from tiering.ops.export_location import (EXPORT_ID_KEY, MANIFEST, LocationTaken, another_export, check_claimable,
-                                         claim, create_manifest, discard, exists as _exists, is_local as _is_local,
-                                         join as _join, new_export_id, only_writer, part_name, release)
+from tiering.ops.export_location import (EXPORT_ID_KEY, MANIFEST, TABLE_KEY, LocationTaken, another_export,
+                                         check_claimable, claim, create_manifest, discard, exists as _exists,
+                                         is_local as _is_local, join as _join, new_export_id, only_writer, part_name,
+                                         read_footer, release)
 
 FORMAT = "tiering-metadata-export"
 FORMAT_VERSION = 1
@@ -56,9 +57,6 @@ _UTC = _dt.timezone.utc
 
 
 # ----------------------------------------------------------------------------------------------- schema
-TABLE_KEY = "tiering.table"  # a part's Parquet metadata: the table its rows are of
-
-
 def arrow_schema(table: str, export_id: str | None = None) -> pa.Schema:
     """The Arrow schema of one table's files: column order and nullability as in PostgreSQL; the export's id
     in its metadata when given (a part's proof that it is this export's)."""
@@ -341,10 +339,8 @@ def check_parts(fs: pafs.FileSystem, base_path: str, manifest: Manifest) -> None
             path = _join(base_path, part.path)
             owner = None
             try:
-                with fs.open_input_file(path) as f:
-                    meta = pq.ParquetFile(f).metadata
-                    rows = meta.num_rows
-                    owner = (meta.metadata or {}).get(EXPORT_ID_KEY.encode(), b"").decode() or None
+                footer = read_footer(fs, path)
+                rows, owner = footer.rows, footer.export_id
             except FileNotFoundError:
                 rows = None
             except OSError as exc:

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 
 from tiering.errors import BadInput
 from tiering.metadata import import_rows
-from tiering.ops.export_location import EXPORT_ID_KEY
-from tiering.ops.export_metadata import (DEFAULT_BATCH_ROWS, TABLE_KEY, TableManifest, _join, arrow_schema,
-                                         read_manifest, table_names)
+from tiering.ops.export_location import read_footer
+from tiering.ops.export_metadata import (DEFAULT_BATCH_ROWS, TableManifest, _join, arrow_schema, read_manifest,
+                                         table_names)
 
 
 @dataclass
@@ -54,18 +54,15 @@ def _check_part(fs: pafs.FileSystem, base_path: str, table: str, rel: str, expor
     if kind != pafs.FileType.File:
         raise BadInput(f"export at {base_path!r}: {rel} is not a regular file")
     try:
-        with fs.open_input_file(path) as f:
-            meta = pq.ParquetFile(f).metadata.metadata or {}
+        footer = read_footer(fs, path)
     except (ValueError, OSError) as exc:  # pyarrow's ArrowInvalid is a ValueError: not Parquet, or cut short
         raise BadInput(f"export at {base_path!r}: {rel} is not a readable Parquet file "
                        f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-    named = meta.get(TABLE_KEY.encode(), b"").decode(errors="replace")
-    if named and named != table:
-        raise BadInput(f"export at {base_path!r}: {rel} holds table {named[:80]!r}, not {table}")
-    owner = meta.get(EXPORT_ID_KEY.encode(), b"").decode(errors="replace") or None
-    if export_id is not None and owner != export_id:
-        raise BadInput(f"export at {base_path!r}: {rel} belongs to export {(owner or 'unknown')[:40]!r}, not to "
-                       f"this one ({export_id})")
+    if footer.table is not None and footer.table != table:
+        raise BadInput(f"export at {base_path!r}: {rel} holds table {footer.table[:80]!r}, not {table}")
+    if export_id is not None and footer.export_id != export_id:
+        raise BadInput(f"export at {base_path!r}: {rel} belongs to export {(footer.export_id or 'unknown')[:40]!r}, "
+                       f"not to this one ({export_id})")
 
 
 def _load_table(fs: pafs.FileSystem, base_path: str, table: str, tm: TableManifest, batch_rows: int,

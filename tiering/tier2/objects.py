@@ -180,6 +180,10 @@ def delete_keys(b: Bucket, keys: Iterable[str], unanswered_raises: bool = False)
     Returns the keys that could not be deleted. `unanswered_raises`: a request S3 never answered (the link
     broke, a timeout: botocore's own errors, not S3's) raises `Unreachable` instead of counting its keys as
     not deleted, for a caller that counts refusals against the keys (GC's attempts)."""
+    def unanswered(op: str, key: str, exc: Exception) -> None:
+        if unanswered_raises and isinstance(exc, BotoCoreError):
+            raise tier2_error(op, key, exc) from None
+
     keys = sorted(set(keys))
     failed: list[str] = []
     for i in range(0, len(keys), 1000):
@@ -188,11 +192,8 @@ def delete_keys(b: Bucket, keys: Iterable[str], unanswered_raises: bool = False)
             resp = b.s3.delete_objects(Bucket=b.name, Delete={"Objects": [{"Key": k} for k in batch],
                                                                 "Quiet": True})
             failed += [e["Key"] for e in resp.get("Errors", []) if error_class(e.get("Code")) is not NotFound]
-        except BotoCoreError as exc:
-            if unanswered_raises:
-                raise tier2_error("DELETE", batch[0], exc) from None
-            failed += batch
-        except ClientError:
+        except (ClientError, BotoCoreError) as exc:
+            unanswered("DELETE", batch[0], exc)
             failed += batch
     if keys:
         # One listing under the keys' common prefix, not one per key: uploads in flight are few, keys many.
@@ -203,12 +204,10 @@ def delete_keys(b: Bucket, keys: Iterable[str], unanswered_raises: bool = False)
                     try:
                         b.s3.abort_multipart_upload(Bucket=b.name, Key=up["Key"], UploadId=up["UploadId"])
                     except (ClientError, BotoCoreError) as exc:
-                        if unanswered_raises and isinstance(exc, BotoCoreError):
-                            raise tier2_error("abort of the upload", up["Key"], exc) from None
+                        unanswered("abort of the upload", up["Key"], exc)
                         failed.append(up["Key"])
         except (ClientError, BotoCoreError) as exc:
-            if unanswered_raises and isinstance(exc, BotoCoreError):
-                raise tier2_error("list of uploads", os.path.commonprefix(keys), exc) from None
+            unanswered("list of uploads", os.path.commonprefix(keys), exc)
             failed += keys
     return sorted(set(failed))
 
