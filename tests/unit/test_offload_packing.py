@@ -43,7 +43,7 @@ def test_views_across_chunks_and_larger_than_a_chunk(tmp_path, monkeypatch):
 def test_views_check_every_frame(tmp_path, where):
     path = tmp_path / "l"
     write(path, [payload(i, 20) for i in range(5)])
-    frame2 = 8 + 2 * (16 + 20)
+    frame2 = frames.HEADER_LEN[frames.VERSION] + 2 * (16 + 20)
     _flip(path, frame2 + {"payload": 16 + 5, "crc": 13, "id": 11}[where])
     with LedgerReader(path) as r:
         it = r.iter_entry_views()

@@ -13,6 +13,8 @@ from tiering.tier1 import (LedgerFileExists, LedgerFileMissing, LedgerReader, Le
                            SealInfo, recover)
 from tiering.tier1 import frames
 
+HEADER = frames.HEADER_LEN[frames.VERSION]  # where a new file's first frame starts
+
 MiB = 1 << 20
 
 
@@ -60,7 +62,7 @@ def test_round_trip(tmp_path, case, seal):
     info = write(path, payloads, seal=seal)
     if seal:
         assert info == SealInfo(len(payloads), sum(map(len, payloads)), path.stat().st_size)
-        assert path.stat().st_size == 8 + 16 * len(payloads) + info.size_bytes + 8 * len(payloads) + 20
+        assert path.stat().st_size == HEADER + 16 * len(payloads) + info.size_bytes + 8 * len(payloads) + 20
     check_all(path, payloads, sealed=seal)
 
 
@@ -164,7 +166,7 @@ def test_crc_corruption_is_reported_on_read(tmp_path, seal, where):
     path = tmp_path / "l"
     payloads = [payload(i, 20) for i in range(5)]
     write(path, payloads, seal=seal)
-    frame2 = 8 + 2 * (16 + 20)
+    frame2 = HEADER + 2 * (16 + 20)
     _flip(path, frame2 + (16 + 5 if where == "payload" else 13))
     with LedgerReader(path) as r:
         assert r.read_entry(1) == payloads[1] and r.read_entry(3) == payloads[3]
@@ -181,7 +183,7 @@ def test_crc_corruption_is_reported_on_read(tmp_path, seal, where):
 def test_corrupt_entry_id_in_sealed_file(tmp_path):
     path = tmp_path / "l"
     write(path, [b"abc"] * 3)
-    _flip(path, 8 + (16 + 3) + 11)  # entry 1's id
+    _flip(path, HEADER + (16 + 3) + 11)  # entry 1's id
     with LedgerReader(path) as r, pytest.raises(CorruptObjectError, match="expected 1"):
         r.read_entry(1)
 
@@ -307,7 +309,7 @@ def test_an_open_ledger_read_between_its_footer_and_its_sealed_flag(tmp_path, en
             w.append(p)
         w.seal()
     raw = bytearray(path.read_bytes())
-    raw[:frames.HEADER.size] = frames.header_bytes(sealed=False)  # the flag not written yet
+    raw[:HEADER] = frames.header_bytes(False, path)  # the flag not written yet
     path.write_bytes(bytes(raw))
     with LedgerReader(path) as r:
         assert not r.sealed and r.entry_count == entries
@@ -346,3 +348,47 @@ def test_a_creating_writer_beaten_to_its_lock_leaves_the_file_to_the_other(tmp_p
         other[0].seal()
     with LedgerReader(path) as r:
         assert r.sealed and [d for _, d in r.iter_entries()][0] == b"from the other writer"
+
+
+@pytest.mark.parametrize("seal", [True, False], ids=["sealed", "open"])
+def test_a_file_copied_into_another_ledgers_place_is_refused(tmp_path, seal):
+    """Every ledger numbers its entries from 0, so a whole, sound file of another ledger with as many entries
+    and bytes passes every frame check: the header's identity (its directory's and its own name) tells."""
+    src = tmp_path / "t" / "00000000000000000001.ledger"
+    src.parent.mkdir()
+    write(src, [b"a", b"bb"], seal=seal)
+    (tmp_path / "u").mkdir()
+    for other in (src.with_name("00000000000000000002.ledger"), tmp_path / "u" / src.name):
+        other.write_bytes(src.read_bytes())
+        for opening in (LedgerReader, recover, lambda p: LedgerWriter(p, open_existing=True)):
+            with pytest.raises(CorruptObjectError, match="belongs to another ledger"):
+                opening(other)
+        assert other.read_bytes() == src.read_bytes()  # nothing cut, nothing written
+    # the same directory and file name under another root: the same ledger (a root restored elsewhere)
+    moved = tmp_path / "elsewhere" / "t" / src.name
+    moved.parent.mkdir(parents=True)
+    moved.write_bytes(src.read_bytes())
+    check_all(moved, [b"a", b"bb"], sealed=seal)
+
+
+def test_a_version_1_file_is_read_resumed_and_sealed_as_version_1(tmp_path):
+    """Files written before the identity (an 8-byte header) stay readable and writable as they are."""
+    path = tmp_path / "l"
+    write(path, [b"a", b"bb"], seal=False)
+    path.write_bytes(frames.HEADER.pack(frames.MAGIC, 1, 0, 0) + path.read_bytes()[HEADER:])
+    check_all(path, [b"a", b"bb"], sealed=False)
+    with LedgerWriter(path, open_existing=True) as w:
+        assert w.recovery.truncated_bytes == 0 and w.append(b"ccc") == 2
+        w.seal()
+    assert path.read_bytes()[:frames.HEADER.size] == frames.HEADER.pack(frames.MAGIC, 1, frames.FLAG_SEALED, 0)
+    check_all(path, [b"a", b"bb", b"ccc"], sealed=True)
+
+
+def test_an_unknown_format_version_is_corrupt(tmp_path):
+    path = tmp_path / "l"
+    write(path, [b"a"], seal=True)
+    data = bytearray(path.read_bytes())
+    data[4] = 3
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptObjectError, match="format version 3"):
+        LedgerReader(path)

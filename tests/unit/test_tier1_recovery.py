@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _torn_copies(tmp_path, payloads, last):
     """Write payloads + [last] open; yield (cut offset, path of a copy cut there) for every cut in the last frame."""
-    src = tmp_path / "src"
+    src = tmp_path / "src" / "l"
+    src.parent.mkdir()
     with LedgerWriter(src) as w:
         for p in payloads:
             w.append(p)
@@ -29,7 +30,8 @@ def _torn_copies(tmp_path, payloads, last):
     data = src.read_bytes()
     assert len(data) == after
     for cut in range(before, after):
-        copy = tmp_path / f"cut{cut}"
+        copy = tmp_path / f"cut{cut}" / "src" / "l"  # the same directory and file name: the same identity
+        copy.parent.mkdir(parents=True)
         copy.write_bytes(data[:cut])
         yield cut - before, copy
 
@@ -55,7 +57,7 @@ def test_torn_tail_via_open_existing_reports_recovery(tmp_path):
         check_all(path, [b"a", b"b", b"z"], sealed=False)
 
 
-@pytest.mark.parametrize("cut", range(0, 9))
+@pytest.mark.parametrize("cut", range(0, frames.HEADER_LEN[frames.VERSION] + 1))
 def test_torn_file_header_recovers_to_empty_ledger(tmp_path, cut):
     path = tmp_path / "l"
     write(path, [], seal=False)
@@ -108,7 +110,7 @@ def test_crash_mid_seal_leaves_an_open_ledger(tmp_path):
     payloads = [b"a", b"bb"]
     write(path, payloads, seal=True)
     data = bytearray(path.read_bytes())
-    data[4:8] = frames.header_bytes(sealed=False)[4:8]  # footer written, flag not yet
+    data[4:8] = frames.header_bytes(False, path)[4:8]  # footer written, flag not yet
     path.write_bytes(bytes(data))
     footer = 2 * 8 + 20
     assert recover(path) == RecoveryInfo(2, 3, footer)
@@ -152,3 +154,12 @@ def test_killed_writer_process_recovers(tmp_path):
         assert w.append(b"after") == info.entry_count
         w.seal()
     check_all(path, expected + [b"after"], sealed=True)
+
+
+def test_a_header_whose_identity_never_reached_the_disk_recovers_to_an_empty_ledger(tmp_path):
+    path = tmp_path / "l"
+    write(path, [], seal=False)
+    path.write_bytes(path.read_bytes()[:frames.HEADER.size] + bytes(frames.IDENTITY_LEN))
+    assert recover(path).entry_count == 0
+    write_more(path, [b"first"])
+    check_all(path, [b"first"], sealed=False)

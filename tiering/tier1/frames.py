@@ -1,6 +1,7 @@
 """The bytes of a tier-1 ledger file (big-endian throughout); no policy, only encoding and scanning.
 
-    header   [4s magic b"TLG1"][u8 version=1][u8 flags][u16 reserved=0]          8 bytes
+    header   [4s magic b"TLG1"][u8 version=2][u8 flags][u16 reserved=0]          8 bytes
+             [16s identity]                                                      16 bytes (version 2 only)
     frame    [u32 len][i64 entry_id][u32 crc][payload]                          16 + len bytes, ids 0,1,2,...
     footer   [i64 offset of frame k] * n                                         only when sealed
     trailer  [i64 entry_count][i64 index_offset][4s b"SEAL"]                    20 bytes, only when sealed
@@ -8,12 +9,20 @@
 `crc` is the CRC-32 of zlib (`crc32` below) over the frame's first 12 bytes (len, entry_id) and then the payload. Covering the header
 matters: a tail that a crash left zero-filled would otherwise parse as a valid empty entry 0 (crc32(b"") == 0).
 
+`identity` ties the file to the place it was written: the first 16 bytes of SHA-256 over its topic
+directory's name and its own file name (`identity_of`), which name the topic and the ledger. Every reader
+and writer compares it with the path it opened, so another ledger's file copied or moved into a ledger's place
+is refused even when it holds as many entries and bytes as the metadata records (frames carry only their
+entry ids, which every ledger numbers from 0). The root is not part of it: a tier-1 root restored elsewhere
+reads as before. Version 1 files (8-byte header, no identity) are still read and resumed as they are.
+
 Flag bit 0 (`SEALED`) is set in the header only after the footer is durable, so it cannot be forged by a
 payload that happens to end like a trailer, and a crash mid-seal leaves an open ledger whose footer is a
 garbage tail that recovery cuts off.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 import sys
@@ -27,10 +36,13 @@ from isal.isal_zlib import crc32
 from tiering.errors import CorruptObjectError
 
 MAGIC = b"TLG1"
-VERSION = 1
+VERSION = 2
+VERSION_WITHOUT_IDENTITY = 1
 FLAG_SEALED = 0x01
 SEAL_MAGIC = b"SEAL"
-HEADER = struct.Struct(">4sBBH")
+HEADER = struct.Struct(">4sBBH")  # the part every version shares
+IDENTITY_LEN = 16
+HEADER_LEN = {VERSION_WITHOUT_IDENTITY: HEADER.size, VERSION: HEADER.size + IDENTITY_LEN}  # where frames start
 FRAME = struct.Struct(">IqI")
 _LEN_ID = struct.Struct(">Iq")
 TRAILER = struct.Struct(">qq4s")
@@ -43,8 +55,17 @@ SCAN_AHEAD = 64 * 1024
 _pread = os.pread  # indirection so tests can count the bytes a read really fetches
 
 
-def header_bytes(sealed: bool) -> bytes:
-    return HEADER.pack(MAGIC, VERSION, FLAG_SEALED if sealed else 0, 0)
+def identity_of(path) -> bytes:
+    """The identity a file at `path` must carry: its topic directory's and its own name, hashed."""
+    path = os.fsencode(path)
+    parent, name = os.path.split(path)
+    return hashlib.sha256(b"tiering tier-1 ledger\0" + os.path.basename(parent) + b"/" + name).digest()[:IDENTITY_LEN]
+
+
+def header_bytes(sealed: bool, path, version: int = VERSION) -> bytes:
+    """The header of a file at `path` (a version 1 file keeps its version when sealed)."""
+    prefix = HEADER.pack(MAGIC, version, FLAG_SEALED if sealed else 0, 0)
+    return prefix if version == VERSION_WITHOUT_IDENTITY else prefix + identity_of(path)
 
 
 def frame_crc(length: int, entry_id: int, payload) -> int:
@@ -156,17 +177,18 @@ class Scan:
     end: int  # offset just after the last complete frame
 
 
-def scan_frames(fd: int, length: int, path, verify: bool) -> Scan:
-    """Walk frames from the header to the first one that is incomplete or wrong (id, and crc if `verify`).
+def scan_frames(fd: int, length: int, path, verify: bool, start: int) -> Scan:
+    """Walk frames from `start` (the header's end) to the first one that is incomplete or wrong (id, and crc
+    if `verify`).
 
     Without `verify` payloads are skipped unread (counting an open ledger); with it they are streamed through
     the crc (recovery), so memory stays bounded either way.
     """
     offsets = array("q")
     size = 0
-    end = HEADER.size
+    end = start
     # Counting reads little ahead (mostly frame headers); verifying reads everything anyway.
-    stream = Stream(fd, HEADER.size, length, path, CHUNK if verify else SCAN_AHEAD)
+    stream = Stream(fd, start, length, path, CHUNK if verify else SCAN_AHEAD)
     while True:
         start = stream.pos
         raw = stream.read(FRAME.size)
@@ -194,26 +216,44 @@ class Trailer:
     size_bytes: int
 
 
-def read_trailer(fd: int, length: int, path) -> Trailer:
-    """Parse and check a sealed file's trailer against the file's length."""
-    if length < HEADER.size + TRAILER.size:
+def read_trailer(fd: int, length: int, path, start: int) -> Trailer:
+    """Parse and check a sealed file's trailer against the file's length (frames from `start`)."""
+    if length < start + TRAILER.size:
         raise corrupt(path, 0, f"sealed file of {length} bytes is too short for a trailer")
     count, index_offset, magic = TRAILER.unpack(pread_exact(fd, TRAILER.size, length - TRAILER.size, path))
     if magic != SEAL_MAGIC:
         raise corrupt(path, length - TRAILER.size, f"trailer magic {magic!r}, expected {SEAL_MAGIC!r}")
-    if count < 0 or index_offset < HEADER.size or index_offset - HEADER.size < count * FRAME.size \
+    if count < 0 or index_offset < start or index_offset - start < count * FRAME.size \
             or index_offset + count * OFFSET.size + TRAILER.size != length:
         raise corrupt(path, length - TRAILER.size,
                       f"trailer (entries {count}, index at {index_offset}) does not fit a {length}-byte file")
-    return Trailer(count, index_offset, index_offset - HEADER.size - count * FRAME.size)
+    return Trailer(count, index_offset, index_offset - start - count * FRAME.size)
 
 
-def read_header(fd: int, length: int, path) -> tuple[bool, bytes]:
-    """(sealed, raw header); raises on a header that is present but not ours."""
-    raw = pread_exact(fd, HEADER.size, 0, path)
-    magic, version, flags, _ = HEADER.unpack(raw)
+@dataclass(frozen=True)
+class Header:
+    sealed: bool
+    version: int
+    start: int  # where the first frame starts
+
+
+def header_state(fd: int, length: int, path) -> Header | None:
+    """The file's header, or None when it has none yet: a file no longer than a header whose header is cut
+    short or zero-filled (a writer made it and crashed before the header reached the disk: no entry follows).
+    Raises on a header that is present but not ours, or not this path's (`identity_of`)."""
+    raw = pread_exact(fd, min(length, HEADER_LEN[VERSION]), 0, path)
+    headerless = length <= HEADER_LEN[VERSION]
+    if len(raw) < HEADER.size or (headerless and not any(raw[:HEADER.size])):
+        return None
+    magic, version, flags, _ = HEADER.unpack_from(raw)
     if magic != MAGIC:
         raise corrupt(path, 0, f"magic {magic!r}, expected {MAGIC!r}")
-    if version != VERSION:
-        raise corrupt(path, 4, f"format version {version}, this code reads {VERSION}")
-    return bool(flags & FLAG_SEALED), raw
+    if version not in HEADER_LEN:
+        raise corrupt(path, 4, f"format version {version}, this code reads {sorted(HEADER_LEN)}")
+    identity = raw[HEADER.size:HEADER_LEN[version]]
+    if len(raw) < HEADER_LEN[version] or (headerless and identity and not any(identity)):
+        return None
+    if version != VERSION_WITHOUT_IDENTITY and identity != identity_of(path):
+        raise corrupt(path, HEADER.size, "the file belongs to another ledger (its identity is not this path's): "
+                                         "another ledger's file was copied or moved here")
+    return Header(bool(flags & FLAG_SEALED), version, HEADER_LEN[version])

@@ -88,30 +88,33 @@ class _State:
     sealed: bool
     truncated: int
     file_bytes: int
+    version: int  # of the file's format: a resumed version 1 file stays one
 
 
 def _recover_fd(fd: int, path: Path) -> _State:
     length = os.fstat(fd).st_size
-    if length < F.HEADER.size or (length == F.HEADER.size and F.pread_exact(fd, length, 0, path) == bytes(length)):
+    head = F.header_state(fd, length, path)
+    if head is None:
         # Crashed between creating the file and the header reaching the disk: an empty ledger.
         os.ftruncate(fd, 0)
-        F.write_all(fd, [F.header_bytes(sealed=False)], 0)
+        F.write_all(fd, [F.header_bytes(False, path)], 0)
         os.fsync(fd)
-        return _State(0, array("q"), 0, F.HEADER.size, False, length, F.HEADER.size)
-    sealed, _ = F.read_header(fd, length, path)
-    if sealed:  # immutable: checked (every frame and the index), never changed
-        t = F.read_trailer(fd, length, path)
-        scan = F.scan_frames(fd, t.index_offset, path, verify=True)
+        start = F.HEADER_LEN[F.VERSION]
+        return _State(0, array("q"), 0, start, False, length, start, F.VERSION)
+    if head.sealed:  # immutable: checked (every frame and the index), never changed
+        t = F.read_trailer(fd, length, path, head.start)
+        scan = F.scan_frames(fd, t.index_offset, path, verify=True, start=head.start)
         index = F.pread_exact(fd, length - F.TRAILER.size - t.index_offset, t.index_offset, path)
         if scan.end != t.index_offset or F.index_bytes(scan.offsets) != index:
             raise F.corrupt(path, scan.end, f"sealed file's frames and index disagree ({len(scan.offsets)} "
                                             f"readable of {t.entry_count} entries)")
-        return _State(t.entry_count, array("q"), t.size_bytes, t.index_offset, True, 0, length)
-    scan = F.scan_frames(fd, length, path, verify=True)
+        return _State(t.entry_count, array("q"), t.size_bytes, t.index_offset, True, 0, length, head.version)
+    scan = F.scan_frames(fd, length, path, verify=True, start=head.start)
     if scan.end < length:
         os.ftruncate(fd, scan.end)
         os.fsync(fd)
-    return _State(len(scan.offsets), scan.offsets, scan.size_bytes, scan.end, False, length - scan.end, scan.end)
+    return _State(len(scan.offsets), scan.offsets, scan.size_bytes, scan.end, False, length - scan.end, scan.end,
+                  head.version)
 
 
 def recover(path: Path | str) -> RecoveryInfo:
@@ -153,16 +156,18 @@ class LedgerWriter:
                 if os.fstat(fd).st_size:
                     raise LedgerStorageError(f"ledger file {self.path} is being written by another writer")
                 made = True
-                F.write_all(fd, [F.header_bytes(sealed=False)], 0)
+                F.write_all(fd, [F.header_bytes(False, self.path)], 0)
                 os.fsync(fd)  # the header is durable before anyone relies on the file
                 fsync_dir(self.path.parent)
-                st = _State(0, array("q"), 0, F.HEADER.size, False, 0, F.HEADER.size)
+                start = F.HEADER_LEN[F.VERSION]
+                st = _State(0, array("q"), 0, start, False, 0, start, F.VERSION)
         except BaseException:
             self._file.close()
             if made:  # don't leave a headerless file that blocks a retry; never remove another writer's file
                 self.path.unlink(missing_ok=True)
             raise
         self._offsets = st.offsets
+        self._version = st.version
         self._size = st.size_bytes
         self._end = st.end
         self._broken: str | None = None
@@ -247,7 +252,7 @@ class LedgerWriter:
         try:
             F.write_all(fd, footer, self._end)
             os.fsync(fd)  # the footer is durable before the flag that says it is valid
-            F.write_all(fd, [F.header_bytes(sealed=True)], 0)
+            F.write_all(fd, [F.header_bytes(True, self.path, self._version)], 0)
             os.fsync(fd)
             fsync_dir(self.path.parent)
         except OSError as e:
@@ -287,19 +292,21 @@ class LedgerReader:
             length = os.fstat(fd).st_size
             self.file_bytes = length
             self._offsets: array | None = None
-            if length < F.HEADER.size:  # being created right now: an open ledger with no entries yet
-                self.sealed, self._count, self.size_bytes, self._end = False, 0, 0, F.HEADER.size
+            head = F.header_state(fd, length, self.path)
+            if head is None:  # being created right now: an open ledger with no entries yet
+                self.sealed, self._count, self.size_bytes = False, 0, 0
+                self._start = self._end = F.HEADER_LEN[F.VERSION]
                 self._offsets = array("q")
                 return
-            self.sealed, _ = F.read_header(fd, length, self.path)
+            self.sealed, self._start = head.sealed, head.start
             if self.sealed:
                 # the writer sets the flag only after its footer is written: the length taken before the
                 # header may be an open ledger's, from before a seal, whose last bytes are no trailer
                 length = self.file_bytes = os.fstat(fd).st_size
-                t = F.read_trailer(fd, length, self.path)
+                t = F.read_trailer(fd, length, self.path, self._start)
                 self._count, self.size_bytes, self._end = t.entry_count, t.size_bytes, t.index_offset
             else:  # headers only; a frame a live writer is still writing is not yet counted
-                scan = F.scan_frames(fd, length, self.path, verify=False)
+                scan = F.scan_frames(fd, length, self.path, verify=False, start=self._start)
                 self._offsets, self._count, self.size_bytes, self._end = \
                     scan.offsets, len(scan.offsets), scan.size_bytes, scan.end
         except BaseException:
@@ -323,7 +330,7 @@ class LedgerReader:
             return self._offsets[i]
         at = self._end + i * F.OFFSET.size
         (offset,) = F.OFFSET.unpack(F.pread_exact(self._fd(), F.OFFSET.size, at, self.path))
-        if not F.HEADER.size <= offset <= self._end - F.FRAME.size:
+        if not self._start <= offset <= self._end - F.FRAME.size:
             raise F.corrupt(self.path, at, f"index entry {i} points at {offset}, outside the frames")
         return offset
 

@@ -92,9 +92,10 @@ class Tier1Store:
 
     def reader_for(self, led: Ledger) -> LedgerReader:
         """The reader of `led`'s copy, which once the ledger is sealed (any state but OPEN) must hold the entries
-        and payload bytes its row records: anything else (another ledger's file put in its place, a copy cut
-        short or grown) is corrupt (CorruptObjectError), and nothing is read from it. Every frame's id and CRC
-        are checked as it is read; only these totals tell a whole foreign file from the ledger's own."""
+        and payload bytes its row records: anything else (a copy cut short or grown) is corrupt
+        (CorruptObjectError), and nothing is read from it. Opening checks the header's identity (another
+        ledger's file copied here is refused); every frame's id and CRC are checked as it is read; for a file
+        written before the identity (format version 1) these totals alone tell a foreign file."""
         reader = self.reader(led.topic, led.ledger_id)
         if led.state != LedgerState.OPEN and (reader.entry_count, reader.size_bytes) != (led.entry_count,
                                                                                          led.size_bytes):
