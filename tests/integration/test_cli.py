@@ -413,6 +413,37 @@ def test_a_database_that_never_answers_is_given_up_on_not_waited_for(cli, databa
     assert took < 30, took  # the URL's own limit (2 s per attempt) was used, not LINK_LIMITS' 30 s
 
 
+def test_ctrl_c_ends_a_command_waiting_on_postgresql(cli, deps):
+    """libpq waits in C and a Python signal handler runs only once the server answers: a command waiting on a
+    lock (or on a server that stopped answering) ignored Ctrl-C. Now it ends at once, one line, exit 130, and
+    its transaction is gone from the server."""
+    import signal
+    import time
+
+    from sqlalchemy import text
+
+    deps.meta.create_topic("locked")
+    with deps.meta.engine.connect() as holder:
+        holder.execute(text("LOCK TABLE tiering.topic IN ACCESS EXCLUSIVE MODE"))  # held until the block ends
+        proc = subprocess.Popen([sys.executable, "-m", "tiering", "topic", "create", "waits"], env=cli.env,
+                                cwd=cli.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while not holder.execute(text("SELECT count(*) FROM pg_locks WHERE relation = 'tiering.topic'::regclass "
+                                      "AND NOT granted")).scalar_one():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=20)  # before: waited as long as the lock was held
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail("the command went on waiting for PostgreSQL after Ctrl-C")
+        holder.rollback()
+    assert (proc.returncode, err.decode()) == (130, "tiering: interrupted\n")
+    assert [t.name for t in deps.meta.list_topics()] == ["locked"]  # nothing of the interrupted command
+
+
 HOSTILE = ["../x", "a/b", "-q'uo\"te`$(x) back\\slash%25", "日本語 тема 🎉", "y" * 1000]  # no control chars: refused
 
 

@@ -35,8 +35,9 @@ class Context:
     def engine(self):
         from sqlalchemy.exc import ArgumentError  # heavy: see the module docstring
 
-        from tiering.metadata.db import make_engine
+        from tiering.metadata.db import interruptible_waits, make_engine
 
+        interruptible_waits()  # Ctrl-C ends a command waiting on PostgreSQL
         try:
             return make_engine(self.database_url)
         except (ArgumentError, ValueError):  # e.g. a port that is not a number; the message may hold the URL

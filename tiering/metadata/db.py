@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import logging
 import re
+import select as _select
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -96,6 +98,44 @@ def _release_session_locks(dbapi_connection, connection_record) -> None:
     except Exception:  # noqa: BLE001 - the connection is discarded instead; nothing else to do here
         log.warning("discarding a pooled connection whose session locks could not be released")
         connection_record.invalidate()
+
+
+def interruptible_waits() -> None:
+    """From now on this process waits for PostgreSQL in Python (select on the socket) instead of inside libpq.
+
+    libpq waits in C and retries when a signal interrupts it, so a Python signal handler (Ctrl-C's
+    KeyboardInterrupt) runs only once the server answers: a command waiting on a lock another worker holds,
+    or on a server that stopped answering while its host's kernel keeps the connection up, ignored Ctrl-C.
+    Waiting here, the handler runs at once: psycopg2 closes the connection (the server rolls the transaction
+    back) and the command ends. libpq applies `connect_timeout` only to waits of its own, so the connection's
+    wait keeps it (`_wait`). Process-wide (psycopg2's setting): for the CLI, whose user presses Ctrl-C; a pipeline
+    job is stopped by its task's timeout or SIGTERM, which needs no handler."""
+    from psycopg2 import extensions
+
+    extensions.set_wait_callback(_wait)
+
+
+def _wait(conn) -> None:
+    """psycopg2's wait callback: poll the connection until its operation completes."""
+    from psycopg2 import OperationalError, extensions
+
+    deadline = None
+    if conn.status == extensions.STATUS_SETUP:  # still connecting: libpq's own limit (0 or unset: none)
+        limit = float(conn.get_dsn_parameters().get("connect_timeout") or 0)
+        deadline = time.monotonic() + limit if limit > 0 else None
+    while True:
+        state = conn.poll()
+        if state == extensions.POLL_OK:
+            return
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if state == extensions.POLL_READ:
+            ready = _select.select([conn.fileno()], [], [], timeout)[0]
+        elif state == extensions.POLL_WRITE:
+            ready = _select.select([], [conn.fileno()], [], timeout)[1]
+        else:
+            raise OperationalError(f"unexpected state {state} of a PostgreSQL connection")
+        if not ready:
+            raise OperationalError("timeout expired")  # libpq's own words for its connect_timeout
 
 
 @contextmanager
