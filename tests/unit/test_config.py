@@ -11,7 +11,7 @@ BASE = {"TIERING_DATABASE_URL": "postgresql://u:s3cret@db:5432/t", "TIERING_BUCK
 def test_defaults_and_values():
     s = Settings.from_env({**BASE, "TIERING_S3_ENDPOINT_URL": "http://127.0.0.1:9000",
                            "AWS_SECRET_ACCESS_KEY": "topsecret"})
-    assert s.prefix == "tiering/" and s.block_size == 64 * 1024 * 1024 and s.upload_concurrency == 4
+    assert s.prefix == "tiering/" and s.block_size == 8 * 1024 * 1024 and s.upload_concurrency == 4
     assert s.s3_endpoint_url == "http://127.0.0.1:9000"
     assert "s3cret" not in repr(s) and "topsecret" not in repr(s)
     assert s.database_url_safe == "postgresql://u:***@db:5432/t"

@@ -28,7 +28,7 @@ def unpack_all(blocks):
 
 def test_constants():
     assert (HEADER_LEN, ENTRY_HEADER_LEN, BLOCK_MAGIC, PADDING) == (128, 12, 0xFBDBABCB, b"\xfe\xdc\xde\xad")
-    assert (DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE) == (64 << 20, 5 << 20)
+    assert (DEFAULT_BLOCK_SIZE, MIN_BLOCK_SIZE) == (8 << 20, 5 << 20)
 
 
 def test_pulsar_3153_byte_block_holds_151_entries_then_5_padding_bytes():

@@ -234,3 +234,15 @@ def test_a_single_put_waits_for_the_gate(stubbed):
         with MultipartUpload(b, key=KEY, metadata={"m": "1"}, op="upload", part_size=PART, gate=gate) as up:
             up.write(b"small")
             up.finish()  # nothing was sent: the Stubber has no call queued
+
+
+def test_an_object_too_large_for_s3s_parts_at_the_configured_size_gets_larger_blocks():
+    from tiering.tier2.multipart import MAX_PARTS, part_size_for
+
+    mib = 1024 * 1024
+    assert part_size_for(8 * mib, 0) == part_size_for(8 * mib, 8 * mib * 4999) == 8 * mib
+    for expected in (8 * mib * 4999 + 1, 100 * 1024 * mib, 3 * 1024**4):
+        size = part_size_for(8 * mib, expected)
+        # whole MiB, and even at half full (the worst that cutting at entries leaves) within S3's parts
+        assert size % mib == 0 and 2 * -(-expected // size) <= MAX_PARTS and size - mib < -(-expected // 4999)
+    assert part_size_for(8 * mib, 2**60) == 2**31 - 1  # the index's int32 caps it

@@ -20,7 +20,10 @@ BLOCK_MAGIC = 0xFBDBABCB
 HEADER_LEN = 128
 ENTRY_HEADER_LEN = 12
 PADDING = b"\xFE\xDC\xDE\xAD"
-DEFAULT_BLOCK_SIZE = 64 * 1024 * 1024
+# A block is one S3 part: 8 MiB blocks send a topic's default 64 MiB ledger as eight parts, four in flight, as
+# s3transfer's 8 MiB chunks do (64 MiB blocks sent it as one part and a tail: 0.82 of upload_file on RGW), and
+# bound an upload's memory at (concurrency + 1) x 8 MiB. Pulsar's default is 64 MiB; any size reads the same.
+DEFAULT_BLOCK_SIZE = 8 * 1024 * 1024
 MIN_BLOCK_SIZE = 5 * 1024 * 1024  # S3's minimum part size; enforced by uploaders, not by the packer
 MIN_PACK_BLOCK_SIZE = HEADER_LEN + ENTRY_HEADER_LEN
 DEFAULT_PAGE_SIZE = 64 * 1024  # target bytes of a page (tiering/format/pages.py): one ranged GET per random read
@@ -29,7 +32,7 @@ _HEADER = struct.Struct(">Iqqq")  # magic, header_len, block_len, first_entry_id
 _ENTRY = struct.Struct(">iq")
 _MAX_INT64 = 2**63 - 1
 _MAX_ENTRY_LEN = 2**31 - 1
-# Padding is written and checked 64 KiB at a time so a 64 MiB tail never needs a second 64 MiB buffer.
+# Padding is written and checked 64 KiB at a time so a large tail never needs a second buffer of its size.
 _PAD_CHUNK = PADDING * 16384
 
 Buffer = Union[bytes, bytearray, memoryview]

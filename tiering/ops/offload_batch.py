@@ -26,7 +26,7 @@ from tiering.format.keys import data_key, index_key
 from tiering.model import Chunk, Ledger, LedgerState
 from tiering.ops.context import Deps
 from tiering.tier2.objects import delete_keys
-from tiering.tier2.offloader import LedgerToUpload, StepHook, upload_ledgers
+from tiering.tier2.offloader import LedgerToUpload, StepHook, packed_bytes, upload_ledgers
 
 # What an operator should see of a swallowed cleanup failure (the exception's type only: messages of
 # database drivers may carry connection details).
@@ -80,7 +80,8 @@ def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None,
                                       sources=_sources(deps, leds), block_size=knobs.block_size,
                                       page_size=knobs.page_size, concurrency=knobs.upload_concurrency, hook=hook,
                                       max_bytes_per_second=knobs.max_bytes_per_second, gate=claim,
-                                      expected_bytes=sum(led.size_bytes for led in leds))
+                                      expected_bytes=sum(packed_bytes(led.size_bytes, led.entry_count)
+                                                         for led in leds))
             started = claim.result()
             items = [(led, Chunk(keys[0], p.data_offset, p.data_length, keys[1], p.index_offset, p.index_length,
                                  0, led.entry_count - 1, data_etag=uploaded.data_etag, index_etag=uploaded.index_etag))

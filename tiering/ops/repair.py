@@ -49,7 +49,7 @@ from tiering.ops.context import Deps, select_topics
 from tiering.ops.offload_batch import tier1_source
 from tiering.tier2.errors import NotFound, ShortObject
 from tiering.tier2.objects import check_bucket, delete_keys, get_range, object_length
-from tiering.tier2.offloader import StepHook, upload_ledgers
+from tiering.tier2.offloader import StepHook, packed_bytes, upload_ledgers
 from tiering.tier2.reader import check_stored_pages, tier2_opener
 
 log = logging.getLogger(__name__)
@@ -303,7 +303,8 @@ def _rewrite_as(deps: Deps, finding: Finding, step, recover: bool, attempt: str)
         uploaded = upload_ledgers(b, topic=led.topic, attempt=attempt, data_key=keys[0], index_key=keys[1],
                                   sources=tier1_source(deps, led), block_size=knobs.block_size, page_size=knobs.page_size,
                                   concurrency=knobs.upload_concurrency, hook=step,
-                                  max_bytes_per_second=knobs.max_bytes_per_second)
+                                  max_bytes_per_second=knobs.max_bytes_per_second,
+                                  expected_bytes=packed_bytes(led.size_bytes, led.entry_count))
         [p] = uploaded.ledgers
         new = Chunk(keys[0], p.data_offset, p.data_length, keys[1], p.index_offset, p.index_length, 0,
                     led.entry_count - 1, data_etag=uploaded.data_etag, index_etag=uploaded.index_etag)

@@ -52,6 +52,20 @@ from tiering.tier2.objects import Bucket, completed_part, composite_etag
 from tiering.tier2.throttle import RateLimiter
 
 MAX_PARTS = 10_000  # S3's limit on parts of one multipart upload
+_MIB = 1024 * 1024
+_INT32_MAX = 2**31 - 1
+
+
+def part_size_for(configured: int, expected_bytes: int) -> int:
+    """The part (block) size for an object of about `expected_bytes`: the configured one, or, when that would
+    take more than half of S3's 10,000 parts, the smallest whole MiB that takes at most half (blocks are cut
+    at entry boundaries, so two blocks in a row always hold more than one block's bytes: at most twice as
+    many parts as full ones), at most 2 GiB - 1 (the index's int32). As s3transfer raises its chunk size
+    for a large file, instead of failing at part 10,001 after uploading 10,000."""
+    need = -(-expected_bytes // (MAX_PARTS // 2 - 1))
+    if need <= configured:
+        return configured
+    return min(_INT32_MAX, -(-need // _MIB) * _MIB)
 MIN_PART_SIZE = MIN_BLOCK_SIZE  # S3's minimum size of a part but the last
 
 # Called at named steps ("initiated", "part", "completed", and the callers' own) so fault tests can fail or
@@ -226,7 +240,8 @@ class MultipartUpload:
     def _next_part(self) -> int:
         n = self.parts + 1
         if n > MAX_PARTS:
-            raise BadInput(f"{self.key!r} needs more than {MAX_PARTS} parts: raise TIERING_BLOCK_SIZE")
+            raise BadInput(f"{self.key!r} needs more than {MAX_PARTS} parts (more bytes than announced): raise "
+                           "TIERING_BLOCK_SIZE")
         return n
 
     def _ship(self) -> None:

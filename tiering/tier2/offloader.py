@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from tiering.errors import TieringError
-from tiering.format.block import DEFAULT_PAGE_SIZE, pack_blocks
+from tiering.format.block import DEFAULT_PAGE_SIZE, ENTRY_HEADER_LEN, pack_blocks
 from tiering.format.index import IndexEntry, block_pages, encode_index, page_index
 from tiering.format.metadata import LedgerOffloadMetadata, encode_metadata, user_metadata
-from tiering.tier2.multipart import Gate, MultipartUpload, StepHook
+from tiering.tier2.multipart import Gate, MultipartUpload, StepHook, part_size_for
 from tiering.tier2 import throttle
 from tiering.tier2.objects import Bucket, put_bytes
 
-__all__ = ["LedgerToUpload", "BatchedLedger", "UploadedBatch", "Gate", "StepHook", "upload_ledgers"]
+__all__ = ["LedgerToUpload", "BatchedLedger", "UploadedBatch", "Gate", "StepHook", "packed_bytes", "upload_ledgers"]
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,13 @@ def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_
     Steps for the hook: the upload's ("initiated", "part", "completed"), then "index". The data object's
     bytes are paced by the process's limiter for `max_bytes_per_second` (0: none; tier2/throttle.py).
     `gate`: the caller's claim on the keys, still being decided (tier2/multipart.py): neither object
-    becomes visible before it opens. `expected_bytes` (the ledgers' payload bytes, a hint): at least a part
-    creates the multipart upload at once, beside the packing of the first part."""
+    becomes visible before it opens. `expected_bytes` (the ledgers' bytes as packed, `packed_bytes`, a hint):
+    at least a part creates the multipart upload at once, beside the packing of the first part; an object
+    that would need more than half of S3's parts gets larger blocks (`part_size_for`)."""
     step = hook or (lambda _name: None)
     md = user_metadata(topic)
     index_body, placed = bytearray(), []
+    block_size = part_size_for(block_size, expected_bytes)
     part_size = part_size or block_size
     with MultipartUpload(b, key=data_key, metadata=md, op="upload", part_size=part_size, concurrency=concurrency,
                          hook=step, limiter=throttle.shared(max_bytes_per_second), gate=gate) as up:
@@ -114,6 +116,12 @@ def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_
                 index_etag = index_put.result()
     step("index")
     return UploadedBatch(data_key, index_key, placed, data_length, up.parts, up.etag, index_etag)
+
+
+def packed_bytes(payload_bytes: int, entry_count: int) -> int:
+    """About what ledgers of these totals take in a data object: payloads and their 12-byte entry headers (a
+    block's header and padding aside)."""
+    return payload_bytes + ENTRY_HEADER_LEN * entry_count
 
 
 def _put_index(b: Bucket, key: str, body: bytes, md: dict[str, str], gate: Gate | None) -> str | None:
