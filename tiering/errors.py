@@ -38,6 +38,15 @@ class TopicReplaced(TopicNotFound):
         self.topic = topic
 
 
+class TopicGone(TieringError):
+    """The topic was deleted by another run while an operation on it was under way (its start found it): not
+    the caller's mistake, so not BadInput; what the operation did before stays done."""
+
+    def __init__(self, topic: str, while_: str):
+        super().__init__(f"topic {topic!r} was deleted while {while_}")
+        self.topic = topic
+
+
 class TopicExists(BadInput):
     def __init__(self, topic: str):
         super().__init__(f"topic {topic!r} already exists")

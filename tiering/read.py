@@ -16,7 +16,8 @@ from functools import partial
 from itertools import chain, count, repeat, starmap
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol
 
-from tiering.errors import BadInput, CorruptObjectError, DataLossError, LedgerStorageError
+from tiering.errors import (BadInput, CorruptObjectError, DataLossError, LedgerStorageError, TopicGone,
+                            TopicNotFound)
 from tiering.metadata.repository import MetadataStore
 from tiering.model import INT64_MAX, UNKNOWN_ENTRY_COUNT, Chunk, Ledger, LedgerState, Position
 from tiering.tier1 import LedgerFileMissing, Tier1Store
@@ -198,32 +199,38 @@ class ReadHandle:
             raise BadInput(f"--to {end} is before --from {start}")
         self._chunks = None  # a snapshot serves one read() call only
         ledgers = self.meta.list_ledgers(topic)
-        pending_gap: Gap | None = None
         ahead: dict[int, tuple] = {}  # ledger id -> (chunk, requests) sent ahead of the read
         try:
-            for i, led in enumerate(ledgers):
-                led, count = ledger_extent(self.meta, self.tier1, led)
-                span = _span(led, count, start, end)
-                if span is None:
-                    continue
-                first, last = span
-                if led.state == LedgerState.DELETED:
-                    gap = Gap(TRIMMED, Position(led.ledger_id, first), Position(led.ledger_id, last))
-                    pending_gap = gap if pending_gap is None else Gap(TRIMMED, pending_gap.start, gap.end)
-                    continue
-                if pending_gap is not None:
-                    yield (pending_gap,)
-                    pending_gap = None
-                if led.size_bytes <= SEND_AHEAD_BELOW:
-                    self._send_ahead(ledgers, i + 1, end, ahead)
-                yield from self._ledger_pieces(led, first, last, arrays)
-                # not opened (read from tier 1 after all, or its row moved): no longer needed
-                self._drop(ahead.pop(led.ledger_id, None))
-            if pending_gap is not None:
-                yield (pending_gap,)
+            yield from self._ledgers_pieces(topic, ledgers, start, end, arrays, ahead)
+        except TopicNotFound:  # found at the start, gone since: the read ends, and not as a mistake of its caller
+            raise TopicGone(topic, "being read") from None
         finally:
             for sent in ahead.values():
                 self._drop(sent)
+
+    def _ledgers_pieces(self, topic: str, ledgers: list[Ledger], start: Position | None, end: Position | None,
+                        arrays: bool, ahead: dict[int, tuple]) -> Iterator[Iterable[Entry | EntryBatch | Gap]]:
+        pending_gap: Gap | None = None
+        for i, led in enumerate(ledgers):
+            led, count = ledger_extent(self.meta, self.tier1, led)
+            span = _span(led, count, start, end)
+            if span is None:
+                continue
+            first, last = span
+            if led.state == LedgerState.DELETED:
+                gap = Gap(TRIMMED, Position(led.ledger_id, first), Position(led.ledger_id, last))
+                pending_gap = gap if pending_gap is None else Gap(TRIMMED, pending_gap.start, gap.end)
+                continue
+            if pending_gap is not None:
+                yield (pending_gap,)
+                pending_gap = None
+            if led.size_bytes <= SEND_AHEAD_BELOW:
+                self._send_ahead(ledgers, i + 1, end, ahead)
+            yield from self._ledger_pieces(led, first, last, arrays)
+            # not opened (read from tier 1 after all, or its row moved): no longer needed
+            self._drop(ahead.pop(led.ledger_id, None))
+        if pending_gap is not None:
+            yield (pending_gap,)
 
     def _send_ahead(self, ledgers: list[Ledger], i: int, end: Position | None, ahead: dict[int, tuple]) -> None:
         """A scan of small ledgers: the index and data GET of the ledgers from `ledgers[i]` on (within the

@@ -199,3 +199,29 @@ def test_opening_a_ledger_for_a_replaced_topic_is_refused_by_its_compare_and_set
         deps.meta.open_ledger("a", new.next_ledger_id, old.topic_id)
     assert deps.meta.list_ledgers("a") == []
     assert deps.meta.open_ledger("a", new.next_ledger_id, new.topic_id).ledger_id == new.next_ledger_id
+
+
+def test_offload_prefix_reports_the_ledgers_of_a_topic_deleted_meanwhile_skipped(deps):
+    from tiering.ops.offload import offload_prefix, plan_offload_prefix
+    from tiering.model import Position
+
+    produce(deps, "a", [entries(f"a{i}", 4, 100) for i in range(3)], TopicPolicy(**SMALL))
+    planned = plan_offload_prefix(deps, "a", Position(3, 0))
+    delete_topic(deps, "a")  # after the plan, before any upload: not the caller's mistake (exit 2 before)
+    report, first = offload_prefix(deps, "a", Position(3, 0), planned=planned)
+    assert (report.offloaded, report.failed, sorted(report.skipped), first) == ([], {}, [0, 1, 2], None)
+
+
+def test_a_read_of_a_topic_deleted_meanwhile_ends_as_a_failure_not_as_bad_input(deps):
+    from tiering.errors import TopicGone
+    from tiering.read import ReadHandle
+    from tiering.tier2.reader import tier2_opener
+
+    produce(deps, "a", [entries(f"a{i}", 4, 100) for i in range(3)], TopicPolicy(**SMALL))
+    reading = iter(ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket)).read("a"))
+    first = next(reading)  # the read has started
+    assert (first.ledger_id, first.entry_id) == (0, 0)
+    delete_topic(deps, "a")
+    with pytest.raises(TopicGone, match="'a' was deleted while being read") as err:
+        list(reading)
+    assert err.value.exit_code == 1

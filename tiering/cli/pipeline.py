@@ -119,9 +119,11 @@ def cmd_offload_prefix(ctx: Context, args, out: Output) -> int:
                       offloaded=ledger_refs((args.name, i) for i in offloaded),
                       skipped=ledger_refs((args.name, i) for i in skipped),
                       failed=failures((args.name, i, e) for i, e in failed.items()),
-                      offloaded_count=len(offloaded), bytes=size, first_not_offloaded=str(first))
+                      offloaded_count=len(offloaded), bytes=size,
+                      first_not_offloaded=None if first is None else str(first))
+    where = "none (the topic was deleted meanwhile)" if first is None else first
     out.result(result, _would(args, f"offloaded {len(offloaded)} ledger(s) ({size} bytes), skipped {len(skipped)}, "
-                                    f"failed {len(failed)}; first position not offloaded: {first}"))
+                                    f"failed {len(failed)}; first position not offloaded: {where}"))
     return exit_failed(result["failed"], "ledger(s)")
 
 
@@ -214,7 +216,7 @@ def cmd_retention(ctx: Context, args, out: Output) -> int:
         result = {**_retention_result(args, report, args.topic), "plan": plan}
         out.result(result, "\n".join(["retention --dry-run: nothing due" if not plan else
                                       f"retention --dry-run: would delete {len(report.deleted)} ledger(s), "
-                                      f"{report.bytes} bytes"] + [f"  {describe_plan(p)}" for p in plan]))
+                                      f"{report.bytes} bytes, remove {report.files_removed} tier-1 file(s)"] + [f"  {describe_plan(p)}" for p in plan]))
         return 0
     report = retention(ctx.deps, args.topic)
     result = _retention_result(args, report, args.topic)

@@ -59,7 +59,7 @@ BACKLOG_LATERAL = """(
                min(u.created_at) FILTER (WHERE u.unread > 0) AS oldest_unread_at
         FROM (SELECT l.entry_count, l.size_bytes, l.created_at,
                      l.entry_count - CASE WHEN l.ledger_id = s.ack_ledger_id
-                                          THEN least(s.ack_entry_id + 1, l.entry_count) ELSE 0 END AS unread
+                                          THEN least(s.ack_entry_id, l.entry_count - 1) + 1 ELSE 0 END AS unread
               FROM tiering.ledger l
               WHERE l.topic_id = s.topic_id AND l.state <> 'DELETED' AND l.entry_count > 0
                 AND l.ledger_id >= COALESCE(s.ack_ledger_id, -1)) u)"""

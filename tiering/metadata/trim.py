@@ -99,7 +99,7 @@ class Trims:
             t = topic_row(conn, topic_name, "" if dry_run else "NO KEY UPDATE")
             subs = self.store.subs.of_topic(conn, t.topic_id, lock=not dry_run)
             last, doomed = self.store.planning.truncate_before(t.topic_id, t.name, before.ledger_id, conn=conn)
-            if last is None or before.ledger_id > last:
+            if (last is None or before.ledger_id > last) and not _at_sealed_end(self.store, conn, t, last, before):
                 raise BadInput(f"position {before} is beyond the end of the topic")
             _check_entry(self.store, conn, t.name, before, open_entries)
             if not force:
@@ -224,6 +224,14 @@ def _replanning(attempt: Callable[[], R]) -> R:
         except ConditionalUpdateFailed:
             pass
     return attempt()
+
+
+def _at_sealed_end(store: "MetadataStore", conn: Connection, t: Topic, last: int | None, before: Position) -> bool:
+    """Whether `before` is the topic's end with no open ledger, the next ledger's `N:0` (as read and
+    offload-prefix take it): truncating there deletes every sealed ledger."""
+    if before != Position(t.next_ledger_id, 0):
+        return False
+    return last is None or store.get_ledger(t.name, last, conn).state != S.OPEN
 
 
 def _check_entry(store: "MetadataStore", conn: Connection, topic_name: str, before: Position,

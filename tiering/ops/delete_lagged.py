@@ -108,6 +108,13 @@ def delete_deleted_copies(deps: Deps, topic: str) -> tuple[int, list[tuple[int, 
     return removed, failed
 
 
+def leftover_copies(deps: Deps, topic: str) -> int:
+    """How many copies `delete_deleted_copies` would remove now: tier-1 files of the topic's DELETED ledgers
+    that a run killed after its commit left (the dry runs of retention, truncate and topic deletion count
+    them, as their runs remove them)."""
+    return sum(1 for led in deps.meta.planning.deleted_with_copy(topic) if deps.tier1.exists(topic, led.ledger_id))
+
+
 def check_tier2_copy(deps: Deps, led: Ledger, record: bool = True) -> None:
     """Raise `Tier2CopyMissing` unless both objects of the ledger's chunk exist, are long enough and are the
     objects written, or hold this ledger's bytes intact (then their ETags are recorded). A chunk whose ETags

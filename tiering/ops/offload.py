@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tiering import policy
-from tiering.errors import BadInput, ConditionalUpdateFailed, Tier2Error, TieringError
+from tiering.errors import BadInput, ConditionalUpdateFailed, Tier2Error, TieringError, TopicNotFound
 from tiering.model import Ledger, LedgerState, Position
 from tiering.ops.context import Deps
 from tiering.ops.offload_batch import batches, in_background, offload_batch
@@ -149,19 +149,27 @@ def _reachable(deps: Deps) -> bool:
 
 def offload_prefix(deps: Deps, topic: str, position: Position, hook: StepHook = None,
                    on_done: Callable[[Ledger], None] | None = None,
-                   planned: list[Ledger] | None = None) -> tuple[OffloadReport, Position]:
+                   planned: list[Ledger] | None = None) -> tuple[OffloadReport, Position | None]:
     """Pulsar's offloadPrefix: offload every sealed ledger before `position`'s ledger; already-offloaded
     and empty ledgers are skipped. Returns the report and the first position not offloaded. `planned`: the
     caller's `plan_offload_prefix` (the CLI sizes its progress bar with it), so the plan is made once. Ledgers
     before the position that another worker is offloading (a live attempt the plan left to it) are reported
-    skipped, so a run that found everything taken says so instead of reporting nothing."""
+    skipped, so a run that found everything taken says so instead of reporting nothing. A topic deleted
+    since the plan took its ledgers with it: those not offloaded are skipped (as offload-by-age reports
+    them), and the first position not offloaded is None (there is no topic to have one)."""
     targets = plan_offload_prefix(deps, topic, position) if planned is None else planned
     planned_ids = {led.ledger_id for led in targets}
-    held = [led.ledger_id for led in deps.meta.list_ledgers(topic, [LedgerState.OFFLOADING])
-            if policy.before(led, position) and led.ledger_id not in planned_ids]
+    try:
+        held = [led.ledger_id for led in deps.meta.list_ledgers(topic, [LedgerState.OFFLOADING])
+                if policy.before(led, position) and led.ledger_id not in planned_ids]
+    except TopicNotFound:
+        held = []
     report = offload_many(deps, targets, hook, on_done)
     report.skipped = sorted(set(report.skipped) | set(held))
-    return report, first_not_offloaded(deps, topic)
+    try:
+        return report, first_not_offloaded(deps, topic)
+    except TopicNotFound:
+        return report, None
 
 
 def plan_offload_prefix(deps: Deps, topic: str, position: Position) -> list[Ledger]:

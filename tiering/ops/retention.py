@@ -27,7 +27,7 @@ from tiering.errors import BadInput, TieringError, TopicNotFound
 from tiering.metadata.trim import TrimResult
 from tiering.model import ACTIVE, EXPIRED, Ledger, Position
 from tiering.ops.context import Deps
-from tiering.ops.delete_lagged import delete_deleted_copies
+from tiering.ops.delete_lagged import delete_deleted_copies, leftover_copies, sweep_tombstones
 from tiering.tier2.markers import record_trim
 
 log = logging.getLogger(__name__)
@@ -93,11 +93,13 @@ def _loss_item(topic: str, subscription: str, entries: int, size: int, first: Po
 
 def _finish(deps: Deps, topic: str, trim: TrimResult) -> RetentionReport:
     """After the trim's commit: the marker, then the tier-1 copies, each on its own (a copy that cannot be
-    removed is in `failed`; the deletion it follows is committed and reported all the same)."""
+    removed is in `failed`; the deletion it follows is committed and reported all the same), then the renamed
+    files a run killed between recording a copy's deletion and removing the file left."""
     report = _report(topic, trim)
     _move_trim_marker(deps, topic)
     report.files_removed, failed = delete_deleted_copies(deps, topic)
     report.failed += [(topic, ledger_id, str(exc)) for ledger_id, exc in failed]
+    sweep_tombstones(deps, [topic])
     return report
 
 
@@ -138,7 +140,7 @@ def truncate(deps: Deps, topic: str, position: Position, force: bool = False,
                                     open_entries=lambda led: deps.tier1.extent(led)[0])
     if dry_run:
         report = _report(topic, trim)
-        report.files_removed = sum(1 for led in trim.deleted if led.tier1_present)
+        report.files_removed = sum(1 for led in trim.deleted if led.tier1_present) + leftover_copies(deps, topic)
         return report
     return _finish(deps, topic, trim)
 
@@ -159,7 +161,10 @@ def dry_run(deps: Deps, topic: str | None = None) -> list[dict]:
         deps.meta.get_topic(topic)
     planned = deps.meta.planning.retention_plan(topic)
     unbound = deps.meta.planning.retention_plan(topic, hold=False)
-    names = sorted(set(planned) | set(unbound))
+    # tier-1 copies of ledgers a killed run deleted, which the run removes first (topics with none skipped)
+    left = {name: n for name in deps.meta.planning.retention_housekeeping(topic)
+            if (n := leftover_copies(deps, name))}
+    names = sorted(set(planned) | set(unbound) | set(left))
     subs = deps.meta.subs.of_topics(names)
     out = []
     for name in names:
@@ -187,7 +192,8 @@ def dry_run(deps: Deps, topic: str | None = None) -> list[dict]:
                 unread.append({**_loss_item(name, sub.name, loss.entries, loss.bytes, loss.first, loss.new_position,
                                             why), "state": sub.state})
         out.append({"topic": name, **_sums(doomed), "ledger_ids": [led.ledger_id for led in doomed],
-                    "tier1_copies": sum(1 for led in doomed if led.tier1_present),
+                    "tier1_copies": sum(1 for led in doomed if led.tier1_present) + left.get(name, 0),
+                    "leftover_tier1_copies": left.get(name, 0),
                     "reasons": {led.ledger_id: why for led, why in plan},
                     "by_reason": {why: _sums(leds) for why, leds in sorted(by_reason.items())},
                     "held_back": {**_sums(held), "by_subscription": holders},
@@ -205,6 +211,8 @@ def describe_plan(item: dict) -> str:
     line = (f"{item['topic']!r}: delete {item['ledger_count']} ledger(s), {item['entry_count']} entries, "
             f"{item['bytes']} bytes"
             + (f" ({reasons})" if reasons else ""))
+    if item["leftover_tier1_copies"]:
+        line += f"; remove {item['leftover_tier1_copies']} tier-1 file(s) of ledgers an interrupted run deleted"
     held = item["held_back"]
     if held["ledger_count"]:
         who = "; ".join(f"{h['subscription']!r} {h['entry_count']} entries / {h['bytes']} bytes unread"

@@ -19,7 +19,7 @@ from typing import Callable
 from tiering.errors import BadInput, TieringError, TopicNotFound, TopicReplaced
 from tiering.model import Ledger, LedgerState, Topic, TopicPolicy
 from tiering.ops.context import Deps
-from tiering.ops.delete_lagged import delete_deleted_copies, sweep_tombstones
+from tiering.ops.delete_lagged import delete_deleted_copies, leftover_copies, sweep_tombstones
 from tiering.tier1 import LedgerFileMissing
 from tiering.tier2.markers import record_trim
 from tiering.writer import ManagedLedgerWriter
@@ -61,7 +61,8 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
     if dry_run:
         live = [led for led in deps.meta.list_ledgers(name) if led.state != LedgerState.DELETED]
         extents = [_extent(deps, led) for led in live]
-        files = sum(1 for led in live if led.tier1_present and deps.tier1.exists(name, led.ledger_id))
+        files = sum(1 for led in live if led.tier1_present and deps.tier1.exists(name, led.ledger_id)) \
+            + leftover_copies(deps, name)
         return TopicDeleteReport(name, [s.name for s in subs], len(live), sum(b for _, b in extents), files,
                                  t.next_ledger_id)
     done = TopicDeleteReport(name, [], 0, 0, 0, t.next_ledger_id)
