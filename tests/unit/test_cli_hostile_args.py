@@ -120,3 +120,12 @@ def test_a_failed_connection_with_a_hostile_url_prints_no_fragment(tmp_path):
     assert run.returncode == 1
     assert len(run.stderr.splitlines()) == 1 and run.stderr.startswith("tiering: error: ")
     assert "SECRETTAIL" not in run.stderr and "abc" not in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize("argv", [["subscription", "ack", "t", "s", "0:0", "--res"],
+                                  ["offload-prefix", "t", "--all"],
+                                  ["topic", "create", "t", "--retention-t", "1h"]])
+def test_an_abbreviated_option_is_refused(capsys, argv):
+    """argparse takes a unique prefix for an option by default: one that names an option today would name
+    another, or none, once an option is added."""
+    assert "unrecognized arguments" in _refused(capsys, argv)

@@ -21,7 +21,8 @@ def one_line(text: str) -> str:
 class Parser(argparse.ArgumentParser):
     """One line, exit 2 (argparse prints usage on two), with the one prefix of every error (`tiering: error:`,
     also from a subcommand's parser: the command is named in the message instead); a single-valued option
-    given twice is refused (argparse would silently keep the last)."""
+    given twice is refused (argparse would silently keep the last). Options are never abbreviated (`--res`
+    for `--reset`): a prefix that means one option today could mean another once an option is added."""
 
     def error(self, message):
         command = self.prog.split(" ", 1)[1] if " " in self.prog else ""
@@ -30,6 +31,7 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
     def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         for name, action in _ONCE.items():  # groups share the registry: their options too
             self.register("action", name, action)
