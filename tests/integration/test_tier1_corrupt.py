@@ -4,6 +4,7 @@ the local disk within the deletion lag): reads go on from tier 2 at the entry ti
 has no second copy and still fails. On PostgreSQL, RGW and tier-1 files."""
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from tests.integration.helpers import entries, produce
 from tests.integration.test_cli import cli, read_data  # noqa: F401 - the fixture
 from tiering.errors import CorruptObjectError
-from tiering.model import LedgerState as S, Position
+from tiering.model import LedgerState as S, Position, TopicPolicy
 from tiering.ops.offload import offload_many
 from tiering.read import ReadHandle
 from tiering.tier2.reader import tier2_opener
@@ -131,3 +132,37 @@ def test_another_ledgers_file_in_a_copys_place_is_never_read_nor_offloaded(cli, 
     assert [f["ledger"] for f in offloaded.json["failed"]] == [3]
     assert "belongs to another ledger" in offloaded.json["failed"][0]["error"]
     assert deps.meta.get_ledger("c", 3).state == S.SEALED and deps.meta.get_chunk(deps.meta.get_ledger("c", 3)) is None
+
+
+def _not_a_file(deps, topic: str, ledger_id: int, kind: str) -> None:
+    path = deps.tier1.path(topic, ledger_id)
+    path.unlink()
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_fifo_or_directory_in_a_copys_place_is_a_broken_copy_never_a_hang(cli, deps, world, kind):  # noqa: F811
+    _not_a_file(deps, "c", 1, kind)
+    _not_a_file(deps, "c", 3, kind)  # not offloaded: no second copy
+    read = cli("read", "c", "--to", "2:39", "--json")  # before: a FIFO blocked the read for ever
+    assert read.returncode == 0 and read_data(read.json_lines) == {k: v for k, v in world.items() if k[0] < 3}
+    assert read.stderr.startswith("tiering: warning: ledger c/1") and "not a regular file" in read.stderr
+    line = cli("read", "c", "--from", "3:0").one_line_error(1)
+    assert "not a regular file" in line and str(deps.tier1.path("c", 3)) in line
+    offloaded = cli("offload-prefix", "c", "--all-sealed", "--json")
+    assert offloaded.returncode == 1 and [f["ledger"] for f in offloaded.json["failed"]] == [3]
+    # delete-lagged: the others' copies go, this one is kept and named, run after run (no tombstone left)
+    deps.meta.set_policy("c", deps.meta.get_topic("c").version, TopicPolicy(deletion_lag_seconds=0))
+    for _ in range(2):
+        lagged = cli("delete-lagged", "--topic", "c", "--json")
+        assert lagged.returncode == 1 and [f["ledger"] for f in lagged.json["failed"]] == [1], lagged.stdout
+        assert "not a regular file" in lagged.json["failed"][0]["error"]
+    assert deps.tier1.ledger_ids("c") == [1, 3] and deps.tier1.retired_ids("c") == []
+    assert deps.tier1.path("c", 1).is_dir() == (kind == "directory")  # left as it was
+
+
+def test_producing_into_an_open_ledger_whose_file_is_a_fifo_names_the_file(cli, deps):  # noqa: F811
+    produce(deps, "p", [], open_tail=[b"x"])
+    _not_a_file(deps, "p", 0, "fifo")
+    line = cli("produce", "p", "--entries", "1", "--entry-size", "10").one_line_error(1)
+    assert "not a regular file" in line and str(deps.tier1.path("p", 0)) in line

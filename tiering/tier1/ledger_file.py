@@ -18,6 +18,7 @@ import fcntl
 import io
 import operator
 import os
+import stat
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,14 +63,28 @@ def fsync_dir(path: Path | str) -> None:
 
 
 def _open(path: Path, flags: int) -> io.FileIO:
+    """The ledger file's descriptor, which must be a regular file's: a directory, FIFO or device put in its
+    place is a broken copy (CorruptObjectError, as a damaged file is: reads go on from tier 2 where there is a
+    copy), never read or written. O_NONBLOCK so that opening a FIFO does not wait for a writer for ever (it
+    changes nothing for a regular file)."""
     # FileIO owns the descriptor so a forgotten close is still closed (with a ResourceWarning) by the GC.
     try:
-        fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except FileExistsError:
         raise LedgerFileExists(f"ledger file {path} already exists") from None
     except FileNotFoundError:
         raise LedgerFileMissing(f"ledger file {path} does not exist") from None
+    except IsADirectoryError:
+        raise F.corrupt(path, 0, _NOT_A_FILE) from None
+    except OSError as exc:  # permissions, a dangling mount: the path and the reason, never a bare errno
+        raise LedgerStorageError(f"ledger file {path} cannot be opened: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise F.corrupt(path, 0, _NOT_A_FILE)
     return io.FileIO(fd, "r+" if flags & os.O_RDWR else "r", closefd=True)
+
+
+_NOT_A_FILE = "not a regular file: a directory, FIFO or device is in the ledger file's place"
 
 
 def _lock(file: io.FileIO, path: Path) -> None:

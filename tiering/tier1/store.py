@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from pathlib import Path
 
 from tiering.errors import LedgerStorageError
@@ -143,6 +144,8 @@ class Tier1Store:
             path.unlink()
         except FileNotFoundError:
             return False
+        except OSError as exc:  # a directory in a file's place, permissions: the path and why, left alone
+            raise LedgerStorageError(f"cannot remove {path}: {exc.strerror or exc}") from None
         try:
             fsync_dir(path.parent)
         except FileNotFoundError:  # the topic's deletion removed the directory meanwhile: it fsyncs the root
@@ -187,6 +190,9 @@ class Tier1Store:
         LedgerFileMissing, naming the path, when neither the file nor its tombstone is there."""
         path, tomb = self.path(topic, ledger_id), self.retired_path(topic, ledger_id)
         try:
+            if not stat.S_ISREG(os.lstat(path).st_mode):  # renamed, it would be a tombstone nothing can remove
+                raise corrupt(path, 0, "not a regular file: a directory, FIFO, device or link is in the ledger "
+                                       "file's place; left alone")
             os.rename(path, tomb)
         except FileNotFoundError:
             if tomb.is_file():
