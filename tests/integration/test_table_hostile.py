@@ -232,6 +232,12 @@ def test_topic_set_writes_its_policy_and_table_together_or_not_at_all(cli, deps)
     assert TableRows(deps.meta.engine).get(winner).retention == "follow"
     done = cli("topic", "set", winner, "--expect-version", "1", "--table-retention", "keep", "--json").ok().json
     assert done["version"] == 2 and done["table"]["retention"] == "keep"
+    # a table-only change made without the guard moves the version too: a guarded writer that read version 2
+    # learns of it instead of writing over it
+    assert cli("topic", "set", winner, "--table-retention", "follow", "--json").ok().json["version"] == 3
+    assert "conditional update" in cli("topic", "set", winner, "--expect-version", "2",
+                                       "--table-retention", "keep").one_line_error(1)
+    assert TableRows(deps.meta.engine).get(winner).retention == "follow"
 
 
 def test_topic_create_with_a_taken_table_creates_no_topic(cli, deps):

@@ -234,15 +234,9 @@ def cmd_topic(ctx: Context, args, out: Output) -> int:
             _table_free(ctx, args.table, args.name)
         made: dict = {}
         change = _table_change(ctx, args, made)
-        if _given(args) or args.expect_version is not None:
-            # one transaction: a refused table change leaves the policy unchanged, and --expect-version
-            # guards a table-only change as it guards the policy
-            t = set_policy(ctx.deps, args.name, _given(args), args.expect_version, then=change)
-        else:
-            from tiering.metadata.table_sync import TableRows
-
-            TableRows(ctx.engine).in_topic(args.name, change)
-            t = ctx.meta.get_topic(args.name)
+        # one transaction: a refused table change leaves the policy unchanged; every change, a table-only one
+        # too, moves the topic's version, so --expect-version detects any change made since it was read
+        t = set_policy(ctx.deps, args.name, _given(args), args.expect_version, then=change)
         table = made.get("table")
         out.result(document("topic set", **_topic_dict(t), **({"table": table} if table else {})),
                    f"updated topic {t.name!r}: version {t.version}"
