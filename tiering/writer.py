@@ -27,7 +27,7 @@ class AppendResult:
 
 
 class ManagedLedgerWriter:
-    def __init__(self, meta: MetadataStore, tier1: Tier1Store, topic_name: str):
+    def __init__(self, meta: MetadataStore, tier1: Tier1Store, topic_name: str, discard_damaged: bool = False):
         self.meta = meta
         self.tier1 = tier1
         self.topic = meta.get_topic(topic_name)
@@ -37,12 +37,14 @@ class ManagedLedgerWriter:
         self._entries = 0
         self._bytes = 0
         self.sealed_on_open: Ledger | None = None  # the open ledger, if its file was found sealed (below)
+        self.recovery = None  # what resuming the open ledger's file cut (tier1.RecoveryInfo), if there was one
         open_ = meta.list_ledgers(topic_name, [LedgerState.OPEN])
         if open_:  # resume the open ledger; a crash may have torn its tail
             self._ledger = open_[0]
             # An OPEN row always has its file (made before the row, below): a missing one is a wrong tier-1
             # root or a lost file, and writing a new file would hand out its positions a second time.
-            self._writer = tier1.open_writer(topic_name, self._ledger.ledger_id)
+            self._writer = tier1.open_writer(topic_name, self._ledger.ledger_id, discard_damaged)
+            self.recovery = self._writer.recovery
             self._entries = self._writer.entry_count
             self._bytes = self._writer.size_bytes
             if self._writer.sealed:

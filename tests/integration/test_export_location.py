@@ -315,3 +315,21 @@ def test_the_spark_job_refuses_replaces_and_cleans_up(world, settings, spark, mo
     assert _job(settings, monkeypatch, "--dest", dest) == 0  # the retry into the now empty location
     again = ex.read_manifest(fs, base)
     assert again.export_id != first.export_id and again.row_counts["ledger"] == 2
+
+
+def test_uploads_a_killed_export_left_in_progress_are_aborted_by_the_next(world, db, settings, s3_client):
+    """No listing of objects shows a multipart upload in progress, and GC looks only under the store's own
+    prefixes: the next export's claim of the location aborts those of its parts (and only those)."""
+    fs, base = ex.filesystem_for(f"s3://{settings.bucket}/elsewhere/exp", settings)
+    prefix = base.split("/", 1)[1]
+    killed = s3_client.create_multipart_upload(Bucket=settings.bucket, Key=f"{prefix}/topic/part-dead-00000.parquet")
+    foreign = s3_client.create_multipart_upload(Bucket=settings.bucket, Key=f"{prefix}/topic/notes.txt")
+
+    def open_uploads():
+        return {u["UploadId"] for u in s3_client.list_multipart_uploads(Bucket=settings.bucket,
+                                                                         Prefix=prefix + "/").get("Uploads", [])}
+    assert {killed["UploadId"], foreign["UploadId"]} <= open_uploads()
+    ex.export_metadata(db, fs, base)
+    assert open_uploads() == {foreign["UploadId"]}  # not a part's name: not an export's, left alone
+    s3_client.abort_multipart_upload(Bucket=settings.bucket, Key=f"{prefix}/topic/notes.txt",
+                                     UploadId=foreign["UploadId"])

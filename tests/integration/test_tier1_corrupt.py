@@ -166,3 +166,37 @@ def test_producing_into_an_open_ledger_whose_file_is_a_fifo_names_the_file(cli, 
     _not_a_file(deps, "p", 0, "fifo")
     line = cli("produce", "p", "--entries", "1", "--entry-size", "10").one_line_error(1)
     assert "not a regular file" in line and str(deps.tier1.path("p", 0)) in line
+
+
+def test_a_damaged_entry_inside_the_open_ledger_stops_its_writers_until_an_operator_discards(cli, deps):  # noqa: F811
+    """Before, the next produce or seal cut the ledger at the damaged entry (its recovery took it for a torn
+    tail): the intact entries after it were gone with exit 0 and their positions handed out again."""
+    expected = produce(deps, "o", [], open_tail=[bytes([i]) * 100 for i in range(10)])
+    path = deps.tier1.path("o", 0)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0x01  # inside entry 3's frame
+    path.write_bytes(bytes(data))
+    for args in (("produce", "o", "--entries", "1", "--entry-size", "10"), ("seal", "o")):
+        line = cli(*args).one_line_error(1)
+        assert "is damaged and an intact later entry follows" in line and "--discard-damaged" in line
+    assert path.read_bytes() == bytes(data)
+    sealed = cli("seal", "o", "--discard-damaged", "--json")
+    assert sealed.returncode == 0 and sealed.json["entry_count"] == 3 and sealed.json["discarded_bytes"] > 0
+    assert read_data(cli("read", "o", "--json")) == {k: v for k, v in expected.items() if k[1] < 3}
+
+
+def test_copies_that_each_pass_their_checks_but_differ_are_not_called_repairable(cli, deps, world):  # noqa: F811
+    """Before, verify called such a ledger repairable by re-making tier 2 from tier 1, while repair (which
+    checks each copy on its own) found nothing to do: nothing tells which copy holds the ledger."""
+    from tiering.tier1 import LedgerWriter
+
+    path = deps.tier1.path("c", 2)
+    path.unlink()
+    with LedgerWriter(path) as other:  # its own identity, every CRC sound, the row's count and bytes
+        for i in range(40):
+            other.append(bytes([i]) * 100)
+        other.seal()
+    bad = cli("verify", "c", "--json")
+    assert bad.returncode == 1 and (bad.json["repairable_count"], bad.json["unrepairable_count"]) == (0, 1)
+    assert "which one holds the ledger cannot be told" in bad.json["problems"][0]
+    assert cli("repair", "--topic", "c", "--json").returncode == 0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tiering.errors import CorruptObjectError
 from tiering.tier1 import LedgerReader, LedgerWriter, RecoveryInfo, recover
 from tiering.tier1 import frames
 from tests.unit.test_tier1_ledger import check_all, payload, write
@@ -163,3 +164,33 @@ def test_a_header_whose_identity_never_reached_the_disk_recovers_to_an_empty_led
     assert recover(path).entry_count == 0
     write_more(path, [b"first"])
     check_all(path, [b"first"], sealed=False)
+
+
+@pytest.mark.parametrize("where", ["payload", "length", "id"])
+def test_a_damaged_entry_with_intact_ones_after_it_is_not_cut_as_a_torn_tail(tmp_path, where):
+    """A crash tears only what was written last; an intact later entry after a damaged one is damage inside
+    the ledger: cutting there would silently discard entries that were appended and acknowledged."""
+    path = tmp_path / "l"
+    payloads = [payload(i, 100) for i in range(10)]
+    write(path, payloads, seal=False)
+    frame3 = frames.HEADER_LEN[frames.VERSION] + 3 * (16 + 100)
+    data = bytearray(path.read_bytes())
+    data[frame3 + {"payload": 16 + 50, "length": 2, "id": 11}[where]] ^= 0x01
+    path.write_bytes(bytes(data))
+    for opening in (recover, lambda p: LedgerWriter(p, open_existing=True)):
+        with pytest.raises(CorruptObjectError, match="entry 3 is damaged and an intact later entry follows"):
+            opening(path)
+        assert path.read_bytes() == bytes(data)  # nothing cut
+    info = recover(path, discard_damaged=True)  # the operator's decision
+    assert (info.entry_count, info.truncated_bytes) == (3, len(data) - frame3)
+    check_all(path, payloads[:3], sealed=False)
+
+
+def test_a_damaged_last_entry_is_cut_as_a_torn_tail_is(tmp_path):
+    path = tmp_path / "l"
+    payloads = [payload(i, 100) for i in range(4)]
+    write(path, payloads, seal=False)
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0x01  # nothing intact after it: a crash could leave the same
+    path.write_bytes(bytes(data))
+    assert recover(path) == RecoveryInfo(3, 300, 116)

@@ -30,6 +30,10 @@ def register(sub) -> None:
     seal = sub.add_parser("seal", help="seal the topic's open ledger")
     seal.set_defaults(handler=cmd_seal)
     a.name(seal)
+    seal.add_argument("--discard-damaged", action="store_true",
+                      help="the open ledger's file has a damaged entry with intact ones after it (produce and "
+                           "seal refuse it): seal the ledger before the damaged entry, discarding it and every "
+                           "entry after it")
     a.json_flag(seal)
 
     status = sub.add_parser("status", help="every ledger of a topic: state, entries, bytes, tiers")
@@ -92,14 +96,16 @@ def cmd_produce(ctx: Context, args, out: Output) -> int:
 def cmd_seal(ctx: Context, args, out: Output) -> int:
     from tiering.writer import ManagedLedgerWriter
 
-    writer = ManagedLedgerWriter(ctx.meta, ctx.tier1, args.name)
+    writer = ManagedLedgerWriter(ctx.meta, ctx.tier1, args.name, discard_damaged=args.discard_damaged)
     try:
         sealed = writer.seal() or writer.sealed_on_open
     finally:
         writer.close()
+    cut = writer.recovery.truncated_bytes if writer.recovery else 0
     out.result(document("seal", args.name, sealed_ledger=None if sealed is None else sealed.ledger_id,
-                        entry_count=0 if sealed is None else sealed.entry_count),
-               f"sealed ledger {sealed.ledger_id} ({sealed.entry_count} entries)" if sealed else "no open ledger")
+                        entry_count=0 if sealed is None else sealed.entry_count, discarded_bytes=cut),
+               (f"sealed ledger {sealed.ledger_id} ({sealed.entry_count} entries)" if sealed else "no open ledger")
+               + (f"; {cut} byte(s) after its last intact entry discarded" if cut else ""))
     return 0
 
 

@@ -8,8 +8,8 @@ part file identified as the export's own, nothing left behind by a failed one.
 - `claim` before the first part: a location that holds a complete export (a manifest) is refused unless
   `overwrite`; then the manifest goes FIRST, so a failure midway leaves a recognisably incomplete export,
   never an old manifest over new parts. What earlier, incomplete exports left there (parts without a
-  manifest: a killed driver's) is removed: only files that are such parts (named `part-ID-NNNNN.parquet`, or
-  `part-NNNNN.parquet` before exports had ids, with this format's table and the same id in their Parquet
+  manifest: a killed driver's; on S3 also the uploads of parts it left in progress) is removed: only files
+  that are such parts (named `part-ID-NNNNN.parquet`, or `part-NNNNN.parquet` before exports had ids, with this format's table and the same id in their Parquet
   metadata; on a local path also a part of an id with a marker there, which a killed writer may have left
   without its footer). A table directory holding anything else is someone else's: the location is refused
   before anything is removed or written. On a local path it writes the export's marker `_exporting-{id}`.
@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from tiering.errors import BadInput, TieringError
 from tiering.metadata import export_lock
 from tiering.metadata.export_rows import table_names
-from tiering.tier2.arrowfs import create_object_if_absent
+from tiering.tier2.arrowfs import abort_uploads_under, create_object_if_absent
 
 MANIFEST = "manifest.json"
 EXPORT_ID_KEY = "tiering.export_id"  # in each part's Parquet (Arrow schema) metadata
@@ -115,6 +115,9 @@ def claim(fs: pafs.FileSystem, base: str, export_id: str, overwrite: bool) -> No
         if exists(fs, manifest):  # an export running here has just completed: these parts are its own now
             raise LocationTaken(f"another export took {base!r} while this one was starting; nothing written")
         _delete(fs, path)
+    if not is_local(fs):  # a killed export's parts in progress: no listing shows them, nothing else aborts them
+        for table in table_names():
+            abort_uploads_under(fs, join(base, table), keep=lambda key: bool(_PART.fullmatch(key.rsplit("/", 1)[-1])))
     if is_local(fs):
         for old in _markers(fs, base):
             fs.delete_file(old)

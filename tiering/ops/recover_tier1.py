@@ -110,6 +110,9 @@ def scan_topic(tier1: Tier1Store, topic: str, known: set[int]) -> Tier1Scan:
             try:
                 with LedgerWriter(path, open_existing=True) as w:  # cuts a torn tail; fails if a writer holds it
                     info = w.seal()
+            except CorruptObjectError as exc:  # damaged inside, intact entries after: not for a recovery to cut
+                scan.unreadable.append((lid, str(exc)))
+                continue
             except LedgerStorageError as exc:
                 raise LedgerStorageError(f"open ledger {lid} of topic {topic!r} cannot be sealed in tier 1 "
                                          f"({exc}); stop its producer, then rerun the recovery") from None

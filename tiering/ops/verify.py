@@ -15,6 +15,11 @@ from tiering.read import DATALOSS, LAST_ENTRY, Gap, ReadHandle
 from tiering.tier1 import Tier1Store
 
 REPAIRABLE = " (repairable: `tiering repair` re-makes the tier-2 copy from the verified tier-1 copy)"
+DIFFERS = "differs from the tier-1 copy"
+# both copies pass every check of their own (each CRC, counts and bytes as metadata says): nothing tells which
+# holds the ledger, so neither is re-made from the other (`tiering repair` finds no fault in either)
+BOTH_SOUND = (" (not repairable by `tiering repair`: each copy passes its own checks, so which one holds the "
+              "ledger cannot be told; compare them and delete the wrong one by hand)")
 NOT_REPAIRABLE = " (not repairable: no verified copy in another tier)"
 # an offloaded ledger's tier-1 copy failing while its tier-2 copy verifies: reads go on from tier 2 already
 TIER1_SPARE = (" (reads use the verified tier-2 copy; `tiering repair` deletes the corrupt tier-1 copy, as "
@@ -135,7 +140,9 @@ def verify_topic(meta: MetadataStore, tier1: Tier1Store, opener: Tier2Opener, to
         elif led.state == LedgerState.OFFLOADED and led.tier1_present and led.entry_count:
             report.tier2_copies_checked += 1
             problem = _check_tier2(meta, opener, led, scan)
-            if problem:  # tier 1 was just read whole, every CRC checked, counts and bytes as metadata says
+            if problem and problem.startswith(DIFFERS):
+                problems.append(f"ledger {led.ledger_id}: tier-2 copy: {problem}{BOTH_SOUND}")
+            elif problem:  # tier 1 was just read whole, every CRC checked, counts and bytes as metadata says
                 problems.append(f"ledger {led.ledger_id}: tier-2 copy: {problem}{REPAIRABLE}")
                 report.repairable.append(led.ledger_id)
             continue
@@ -199,5 +206,5 @@ def _compare_tier2(opener: Tier2Opener, led, chunk, scan: _Scan) -> str | None:
     if scan is None:
         return other.short_of(led)
     if (other.entries, other.bytes, other.digest.digest()) != (scan.entries, scan.bytes, scan.digest.digest()):
-        return f"differs from the tier-1 copy ({other.entries} entries, {other.bytes} bytes)"
+        return f"{DIFFERS} ({other.entries} entries, {other.bytes} bytes)"
     return None

@@ -209,6 +209,41 @@ def scan_frames(fd: int, length: int, path, verify: bool, start: int) -> Scan:
     return Scan(offsets, size, end)
 
 
+def intact_after(fd: int, length: int, end: int, next_id: int, path, lookahead: int = 16) -> int | None:
+    """Where an intact frame of a later entry (`next_id` + 1 to + `lookahead`) starts after `end`, where a
+    scan stopped at entry `next_id`, or None. A crash tears only what was written last (a frame cut short, a
+    zero-filled or garbage tail), after which no intact frame of a later entry follows; one that does means
+    the frame at `end` was damaged inside the ledger (a flipped bit), and cutting there would discard the
+    intact entries after it. Found by the later entry's id as it is stored (8 bytes, searched in C) and
+    checked by its CRC; a chunk at a time, so memory stays bounded."""
+    ids = {struct.pack(">q", i): i for i in range(next_id + 1, next_id + 1 + lookahead)}
+    pos, keep = end + 1, FRAME.size  # bytes carried over from one chunk to the next: a header split by them
+    carry = b""
+    while pos < length:
+        data = carry + pread_exact(fd, min(CHUNK, length - pos), pos, path)
+        base = pos - len(carry)
+        for pattern in ids:
+            at = data.find(pattern)
+            while at != -1:
+                start = base + at - 4  # the id is 4 bytes into its frame
+                if start > end and _is_frame(fd, length, start, ids[pattern], path):
+                    return start
+                at = data.find(pattern, at + 1)
+        pos += len(data) - len(carry)
+        carry = data[-keep:]
+    return None
+
+
+def _is_frame(fd: int, length: int, start: int, entry_id: int, path) -> bool:
+    if start + FRAME.size > length:
+        return False
+    plen, got, crc = FRAME.unpack(pread_exact(fd, FRAME.size, start, path))
+    if got != entry_id or plen > MAX_PAYLOAD or start + FRAME.size + plen > length:
+        return False
+    stream = Stream(fd, start + FRAME.size, start + FRAME.size + plen, path)
+    return stream.consume(plen, crc32(_LEN_ID.pack(plen, got))) == crc
+
+
 @dataclass(frozen=True)
 class Trailer:
     entry_count: int

@@ -106,7 +106,7 @@ class _State:
     version: int  # of the file's format: a resumed version 1 file stays one
 
 
-def _recover_fd(fd: int, path: Path) -> _State:
+def _recover_fd(fd: int, path: Path, discard_damaged: bool = False) -> _State:
     length = os.fstat(fd).st_size
     head = F.header_state(fd, length, path)
     if head is None:
@@ -126,21 +126,29 @@ def _recover_fd(fd: int, path: Path) -> _State:
         return _State(t.entry_count, array("q"), t.size_bytes, t.index_offset, True, 0, length, head.version)
     scan = F.scan_frames(fd, length, path, verify=True, start=head.start)
     if scan.end < length:
+        later = F.intact_after(fd, length, scan.end, len(scan.offsets), path)
+        if later is not None and not discard_damaged:
+            raise F.corrupt(path, scan.end, f"entry {len(scan.offsets)} is damaged and an intact later entry follows "
+                                            f"at offset {later}: not a torn tail, nothing cut (sealing the ledger "
+                                            "before it discards the intact entries after it: `tiering seal "
+                                            "--discard-damaged`, an operator's decision)")
         os.ftruncate(fd, scan.end)
         os.fsync(fd)
     return _State(len(scan.offsets), scan.offsets, scan.size_bytes, scan.end, False, length - scan.end, scan.end,
                   head.version)
 
 
-def recover(path: Path | str) -> RecoveryInfo:
+def recover(path: Path | str, discard_damaged: bool = False) -> RecoveryInfo:
     """Cut an open ledger's torn tail (partial frame, bad crc, garbage) after its last complete entry.
 
-    A sealed file is checked and left as is. Fails if a live writer holds the file.
+    A damaged frame with an intact later entry after it is corruption, not a torn tail: CorruptObjectError,
+    nothing cut, unless `discard_damaged` (the intact entries after it go too). A sealed file is checked and
+    left as is. Fails if a live writer holds the file.
     """
     path = Path(path)
     with _open(path, os.O_RDWR) as file:
         _lock(file, path)
-        st = _recover_fd(file.fileno(), path)
+        st = _recover_fd(file.fileno(), path, discard_damaged)
     return RecoveryInfo(st.count, st.size_bytes, st.truncated)
 
 
@@ -148,12 +156,13 @@ class LedgerWriter:
     """Appends entries to one ledger file, then seals it.
 
     `LedgerWriter(path)` creates the file (LedgerFileExists if it exists); `open_existing=True` opens an
-    existing one (LedgerFileMissing if absent) after recovering its torn tail (`.recovery` says what was cut).
+    existing one (LedgerFileMissing if absent) after recovering its torn tail (`.recovery` says what was cut;
+    a damaged entry with intact ones after it is cut only with `discard_damaged`, see `recover`).
     Opening a sealed file gives a writer with `sealed == True` whose `seal()` returns the file's SealInfo and
     whose `append` fails (a crash between sealing the file and recording it in the metadata leaves that).
     """
 
-    def __init__(self, path: Path | str, *, open_existing: bool = False):
+    def __init__(self, path: Path | str, *, open_existing: bool = False, discard_damaged: bool = False):
         self.path = Path(path)
         self.recovery: RecoveryInfo | None = None
         flags = os.O_RDWR if open_existing else os.O_RDWR | os.O_CREAT | os.O_EXCL
@@ -163,7 +172,7 @@ class LedgerWriter:
             _lock(self._file, self.path)
             fd = self._file.fileno()
             if open_existing:
-                st = _recover_fd(fd, self.path)
+                st = _recover_fd(fd, self.path, discard_damaged)
             else:
                 # Between the exclusive create and the lock, another writer may have taken the new, empty file
                 # for a crashed writer's leftover (open_existing), written its header and entries, and even

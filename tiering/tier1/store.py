@@ -72,10 +72,11 @@ class Tier1Store:
             return
         fsync_dir(self.root)  # the new topic directory survives a crash along with its first ledger
 
-    def open_writer(self, topic: str, ledger_id: int) -> LedgerWriter:
-        """A writer appending to an existing open ledger, after cutting a torn tail (see `.recovery`)."""
+    def open_writer(self, topic: str, ledger_id: int, discard_damaged: bool = False) -> LedgerWriter:
+        """A writer appending to an existing open ledger, after cutting a torn tail (see `.recovery`; a damaged
+        entry with intact ones after it only with `discard_damaged`)."""
         try:
-            return LedgerWriter(self.path(topic, ledger_id), open_existing=True)
+            return LedgerWriter(self.path(topic, ledger_id), open_existing=True, discard_damaged=discard_damaged)
         except LedgerFileMissing:
             raise self._missing(topic, ledger_id) from None
 

@@ -23,7 +23,7 @@ from tiering.config import Settings, aws_sdk_checksums_when_required
 from tiering.tier2.multipart import MIN_PART_SIZE, MultipartUpload
 from tiering.tier2.client import make_client, s3_client
 from tiering.tier2.errors import NotFound, PreconditionFailed, tier2_error
-from tiering.tier2.objects import Bucket, delete_keys, get_range
+from tiering.tier2.objects import Bucket, abort_upload, delete_keys, get_range, list_uploads
 
 
 def s3_filesystem(settings: Settings | None, **kwargs) -> pafs.FileSystem:
@@ -60,6 +60,22 @@ def create_object_if_absent(fs: pafs.FileSystem, path: str, data: bytes) -> bool
         if isinstance(error, PreconditionFailed):
             return False
         raise error from None
+
+
+def abort_uploads_under(fs: pafs.FileSystem, path: str, keep=lambda key: True) -> int:
+    """Abort the multipart uploads in progress under `path` (`bucket/prefix/`) whose key `keep` takes: what a
+    killed writer of files there left, which no listing of objects shows and S3 keeps (and bills) until they
+    are aborted. Returns how many were aborted."""
+    bucket, prefix = _split(path)
+    handler = getattr(fs, "handler", None)
+    b = Bucket(handler.s3 if isinstance(handler, Boto3Handler) else _client_like(fs), bucket, "")
+    try:
+        stale = [up for up in list_uploads(b, prefix + "/") if keep(up["Key"])]
+    except (ClientError, BotoCoreError) as exc:
+        raise tier2_error("list uploads", prefix, exc) from None
+    for up in stale:
+        abort_upload(b, up["Key"], up["UploadId"])
+    return len(stale)
 
 
 def _client_like(fs: pafs.FileSystem):
