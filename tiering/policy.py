@@ -163,8 +163,11 @@ def retention_plan(ledgers: Sequence[Ledger], policy: TopicPolicy, now: datetime
     keep_until, cap_until = cutoff(policy.retention_seconds), cutoff(policy.max_retention_seconds)
     doomed = []
     for led in live:
-        if led.state in (S.OPEN, S.OFFLOADING):
-            break  # the open ledger is never deleted; an offload in flight finishes first
+        if led.state == S.OPEN:
+            # never the open ledger. An offload in flight goes as truncate takes it (its commit then loses its
+            # compare-and-set and its objects are collected): waiting for it let one whose worker died hold
+            # the head, ceilings included, until another offload took the attempt over
+            break
         rest = total - led.size_bytes
         read = not policy.retain_unread or all(is_read(p, led) for p in holders)
         if read and keep_until is not None and led.sealed_at <= keep_until:

@@ -10,6 +10,7 @@ that (LogDevice's read path: ordered delivery, benign gaps told apart from data 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -127,6 +128,8 @@ def open_ledger_now(meta: MetadataStore, tier1: Tier1Store, led: Ledger) -> Ledg
     it would silently be missing. The one rule of `read`, `verify` and `status`."""
     if tier1.exists(led.topic, led.ledger_id):
         return led
+    if os.path.lexists(tier1.path(led.topic, led.ledger_id)):
+        tier1.reader(led.topic, led.ledger_id).close()  # a directory or FIFO in its place: says so, naming it
     now = meta.get_ledger(led.topic, led.ledger_id)
     if now.state == LedgerState.OPEN and not tier1.exists(led.topic, led.ledger_id):
         raise LedgerFileMissing(f"the open ledger {led.ledger_id} of topic {led.topic!r} has no file at "
@@ -212,6 +215,8 @@ class ReadHandle:
                         arrays: bool, ahead: dict[int, tuple]) -> Iterator[Iterable[Entry | EntryBatch | Gap]]:
         pending_gap: Gap | None = None
         for i, led in enumerate(ledgers):
+            if end is not None and led.ledger_id > end.ledger_id:
+                break  # past the range: nothing of a later ledger (the open one's file) is asked for
             led, count = ledger_extent(self.meta, self.tier1, led)
             span = _span(led, count, start, end)
             if span is None:

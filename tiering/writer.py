@@ -83,7 +83,8 @@ class ManagedLedgerWriter:
         try:
             writer = self.tier1.create_ledger(name, ledger_id)
         except LedgerFileExists:
-            writer = self.tier1.open_writer(name, ledger_id)  # raises while another writer holds it
+            # a file no row names yet (raises while another writer holds it)
+            writer = self.tier1.open_writer(name, ledger_id, has_row=False)
             if writer.entry_count:
                 writer.close()
                 raise LedgerFileExists(f"ledger {ledger_id} of topic {name!r} has entries in tier 1 but no row "

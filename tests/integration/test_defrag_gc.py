@@ -268,3 +268,15 @@ def test_verify_compares_the_copy_defrag_moved_a_ledger_to_while_it_was_verified
         return real(led, chunk)
     report = verify_topic(deps.meta, deps.tier1, opener, "t")
     assert report.problems == [] and report.tier2_copies_checked == 3
+
+
+def test_a_dry_run_reports_the_bytes_its_run_moves(deps, settings, bucket, tier1_root, tmp_path):
+    """The dry run said 0 bytes downloaded and copied for any plan; now it says what the run moves when every
+    source is as its chunk row records it (small objects: data and index downloaded)."""
+    small_topic(deps)
+    cli = make_cli(settings, bucket, tier1_root, tmp_path)
+    dry = cli("defrag", "--topic", "t", "--small-bytes", "1MiB", "--dry-run", "--json").json
+    run = cli("defrag", "--topic", "t", "--small-bytes", "1MiB", "--json").json
+    assert dry["bytes_downloaded"] > 0 and dry["bytes_copied_server_side"] == 0
+    assert (dry["bytes_downloaded"], dry["bytes_copied_server_side"]) == (run["bytes_downloaded"],
+                                                                          run["bytes_copied_server_side"])

@@ -157,3 +157,12 @@ def test_the_offload_job_plans_batches_and_its_work_runs_them(deps):
     keys = bucket_keys(deps)
     assert [job.work(deps, item) for item in items] == [(0, True), (0, True)]
     assert bucket_keys(deps) == keys
+
+
+def test_a_run_reports_its_ledgers_in_the_order_its_dry_run_lists_them(deps):
+    """Batches finish before the ledgers that go alone; the report used to list them in that order."""
+    produce(deps, "o", [entries(f"o{i}", 2, 9 * MIB if i in (1, 3) else 100) for i in range(5)])
+    planned = deps.meta.list_ledgers("o", [S.SEALED])
+    groups, alone = batches(planned, 8 * MIB, deps.knobs.batch_max_bytes, deps.knobs.batch_max_ledgers)
+    assert [x.ledger_id for x in alone] == [1, 3] and groups  # some go alone, the others in a batch
+    assert offload_many(deps, planned).offloaded == [0, 1, 2, 3, 4]

@@ -12,6 +12,7 @@ import pytest
 from tests.integration.helpers import entries, produce
 from tests.integration.test_cli import cli, read_data  # noqa: F401 - the fixture
 from tiering.errors import CorruptObjectError
+from tiering.tier1 import frames
 from tiering.model import LedgerState as S, Position, TopicPolicy
 from tiering.ops.offload import offload_many
 from tiering.read import ReadHandle
@@ -200,3 +201,44 @@ def test_copies_that_each_pass_their_checks_but_differ_are_not_called_repairable
     assert bad.returncode == 1 and (bad.json["repairable_count"], bad.json["unrepairable_count"]) == (0, 1)
     assert "which one holds the ledger cannot be told" in bad.json["problems"][0]
     assert cli("repair", "--topic", "c", "--json").returncode == 0
+
+
+def _flip_at(path, offset: int) -> bytes:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def test_the_open_ledgers_file_damaged_or_gone_is_said_and_leaves_the_sealed_ones_alone(cli, deps):  # noqa: F811
+    expected = produce(deps, "q", [entries("q0", 3, 10)], open_tail=[bytes([i]) * 10 for i in range(20)])
+    path = deps.tier1.path("q", 1)
+    saved = path.read_bytes()
+    # a frame header of the open ledger damaged, intact frames after it: said by read and verify, not hidden
+    _flip_at(path, frames.HEADER_LEN[frames.VERSION] + 2)
+    assert "is damaged and an intact later entry follows" in cli("read", "q", "--from", "1:0").one_line_error(1)
+    assert cli("verify", "q").returncode == 1
+    # a range that ends before the open ledger, and an offload of the sealed ones, need nothing of its file
+    assert read_data(cli("read", "q", "--to", "0:2", "--json")) == {k: v for k, v in expected.items() if k[0] == 0}
+    path.unlink()
+    os.mkfifo(path)
+    offloaded = cli("offload-prefix", "q", "--all-sealed", "--json")
+    assert offloaded.returncode == 0 and [i["ledger"] for i in offloaded.json["offloaded"]] == [0]
+    assert "not a regular file" in cli("read", "q", "--from", "1:0").one_line_error(1)
+    # cut to nothing: the header its writer made durable before the row is gone, so are its entries
+    path.unlink()
+    path.write_bytes(b"")
+    for args in (("produce", "q", "--entries", "1", "--entry-size", "5"), ("read", "q", "--from", "1:0")):
+        assert "its header is gone" in cli(*args).one_line_error(1)
+    path.write_bytes(saved)
+    assert read_data(cli("read", "q", "--json")) == expected
+
+
+def test_a_flipped_footer_index_entry_fails_verify_as_it_fails_the_random_read(cli, deps):  # noqa: F811
+    produce(deps, "f", [entries("f0", 20, 50)])
+    path = deps.tier1.path("f", 0)
+    index_at = frames.HEADER_LEN[frames.VERSION] + 20 * (16 + 50)
+    _flip_at(path, index_at + 4 * 8 + 7)  # index entry 4
+    assert "expected 4" in cli("read", "f", "--from", "0:4", "--to", "0:4").one_line_error(1)  # through the index
+    bad = cli("verify", "f", "--json")  # before: every frame read in order, OK
+    assert bad.returncode == 1 and "index entry 4" in bad.json["problems"][0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import text
 
 from tests.integration.helpers import entries, produce
@@ -77,3 +78,32 @@ def test_a_subscription_at_the_largest_entry_id_does_not_break_the_backlogs(cli,
         conn.execute(text("UPDATE tiering.subscription SET ack_ledger_id = 0, ack_entry_id = 9223372036854775807"))
     listed = cli("subscription", "list", "--json")
     assert listed.returncode == 0, listed.stderr
+
+
+def test_an_offload_whose_worker_died_does_not_hold_retention_back(cli, deps):  # noqa: F811
+    """Retention stopped at the first OFFLOADING ledger, ceilings included: one whose worker was killed held
+    the topic's head (exit 0, "nothing due") until another offload took the attempt over. It goes now, as
+    truncate takes it; a live attempt's commit then loses its compare-and-set."""
+    from tiering.errors import ConditionalUpdateFailed
+    from tiering.model import Chunk
+
+    produce(deps, "d", [entries(f"d{i}", 3, 50) for i in range(4)], TopicPolicy(rollover_entries=3))
+    stuck = deps.meta.get_ledger("d", 1)
+    with deps.meta.new_attempt() as attempt:  # the worker dies with its lock at the end of the block
+        stuck = deps.meta.begin_offload(stuck, attempt, ["k/d1", "k/d1-index"], timedelta(hours=1))
+    live = deps.meta.get_ledger("d", 2)
+    with deps.meta.new_attempt() as running:
+        live = deps.meta.begin_offload(live, running, ["k/d2", "k/d2-index"], timedelta(hours=1))
+        assert cli("topic", "set", "d", "--max-retention-size", "1").returncode == 0
+        dry = cli("retention", "--topic", "d", "--dry-run", "--json").json
+        run = cli("retention", "--topic", "d", "--json")
+        # the last ledger stays: without it the topic would hold less than the 1-byte ceiling
+        assert run.returncode == 0 and sorted(i["ledger"] for i in run.json["deleted"]) == [0, 1, 2]
+        assert dry["deleted_count"] == 3
+        chunk = Chunk("k/d2", 0, 1, "k/d2-index", 0, 1, 0, 2)
+        with pytest.raises(ConditionalUpdateFailed):  # the running offload's commit: its ledger is gone
+            deps.meta.complete_offload(live, running, chunk)
+    assert [led.state for led in deps.meta.list_ledgers("d")] == [S.DELETED] * 3 + [S.SEALED]
+    with deps.meta.engine.connect() as conn:  # the attempts' objects stay queued for GC
+        queued = conn.execute(text("SELECT key FROM tiering.gc_task WHERE key LIKE 'k/%' ORDER BY key")).scalars().all()
+    assert queued == ["k/d1", "k/d1-index", "k/d2", "k/d2-index"]

@@ -194,3 +194,16 @@ def test_a_damaged_last_entry_is_cut_as_a_torn_tail_is(tmp_path):
     data[-10] ^= 0x01  # nothing intact after it: a crash could leave the same
     path.write_bytes(bytes(data))
     assert recover(path) == RecoveryInfo(3, 300, 116)
+
+
+def test_a_long_damaged_stretch_with_intact_entries_after_it_is_not_cut_either(tmp_path):
+    """A zeroed page holds many small entries: the intact entry after it is found whatever its id."""
+    path = tmp_path / "l"
+    write(path, [payload(i, 10) for i in range(400)], seal=False)
+    data = bytearray(path.read_bytes())
+    start = frames.HEADER_LEN[frames.VERSION] + 10 * 26
+    data[start:start + 4096] = bytes(4096)  # entries 10 to 167 zeroed
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptObjectError, match="entry 10 is damaged and an intact later entry follows"):
+        recover(path)
+    assert path.read_bytes() == bytes(data)

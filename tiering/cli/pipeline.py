@@ -243,13 +243,15 @@ def cmd_truncate(ctx: Context, args, out: Output) -> int:
 
 # --------------------------------------------------------------------------------------------- defrag, gc
 def cmd_defrag(ctx: Context, args, out: Output) -> int:
-    from tiering.ops.defrag import DefragReport, merge_groups, plan_defrag
+    from tiering.ops.defrag import DefragReport, merge_groups, plan_defrag, planned_transfer
 
     ctx.check_topic(args.topic)
     groups = plan_defrag(ctx.deps, args.topic, args.small_bytes, args.max_merged_bytes)
     if args.dry_run:
         n = sum(len(g.ledgers) for g in groups)
-        report = DefragReport(groups=len(groups), ledgers=n, objects_before=2 * n, objects_after=2 * len(groups))
+        copied, downloaded = planned_transfer(groups)
+        report = DefragReport(groups=len(groups), ledgers=n, objects_before=2 * n, objects_after=2 * len(groups),
+                              bytes_copied_server_side=copied, bytes_downloaded=downloaded)
     else:
         bar = progress_bar("defrag", sum(g.data_bytes for g in groups), "B")
         report = merge_groups(ctx.deps, groups, on_group=lambda g: bar.update(g.data_bytes))

@@ -223,14 +223,14 @@ class Planning:
                 FROM lim CROSS JOIN LATERAL (
                     SELECT * FROM tiering.ledger f WHERE f.topic_id = lim.topic_id AND f.state <> 'DELETED'
                     ORDER BY f.ledger_id LIMIT 1) l
-                WHERE l.state IN ('SEALED', 'OFFLOADED') AND {_GOES.format(w="lim", rest="lim.total - l.size_bytes")}
+                WHERE l.state IN ('SEALED', 'OFFLOADING', 'OFFLOADED') AND {_GOES.format(w="lim", rest="lim.total - l.size_bytes")}
                 UNION ALL
                 SELECT w.name, w.rb, w.cb, w.cutoff, w.ccut, w.held, w.hl, w.he, w.rest - l.size_bytes, l.*
                 FROM walk w CROSS JOIN LATERAL (
                     SELECT * FROM tiering.ledger f
                     WHERE f.topic_id = w.topic_id AND f.state <> 'DELETED' AND f.ledger_id > w.ledger_id
                     ORDER BY f.ledger_id LIMIT 1) l
-                WHERE l.state IN ('SEALED', 'OFFLOADED') AND {_GOES.format(w="w", rest="w.rest - l.size_bytes")}
+                WHERE l.state IN ('SEALED', 'OFFLOADING', 'OFFLOADED') AND {_GOES.format(w="w", rest="w.rest - l.size_bytes")}
             )
             SELECT {_LEDGER_COLS},
                    CASE WHEN {_READ} AND COALESCE(l.sealed_at <= l.cutoff, false) THEN 'time'

@@ -72,7 +72,8 @@ class Trims:
                 return TrimResult()
             _check_holds(t, subs, plan)
             reasons = {led.ledger_id: why for led, why in plan}
-            deleted = self.store.delete_ledgers_in(conn, [led for led, _ in plan], "retention", gc_delay)
+            deleted = self.store.delete_ledgers_in(conn, [led for led, _ in plan], "retention", gc_delay,
+                                                   states=(S.SEALED, S.OFFLOADING, S.OFFLOADED))
             losses = []
             done = [(led, reasons[led.ledger_id]) for led in deleted]
             for sub in subs:

@@ -186,6 +186,19 @@ def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes
         return offsets, up.etag
 
 
+def planned_transfer(groups: list[policy.DefragGroup]) -> tuple[int, int]:
+    """(bytes a run would copy server-side, bytes it would download) for these groups, as `_merge_data` and
+    `_fetch_indexes` decide with every source as its chunk row records it: a data object of 5 MiB or more
+    whose ETag is known is copied, the others and every index are downloaded (a run downloads a large one too
+    when its ETag changed since, or the server cannot copy its key). For the dry run."""
+    copied = downloaded = 0
+    for ch in (ch for g in groups for ch in g.chunks):
+        big = ch.data_length >= MIN_PART_SIZE and ch.data_etag is not None
+        copied += ch.data_length if big else 0
+        downloaded += ch.index_length + (0 if big else ch.data_length)
+    return copied, downloaded
+
+
 def _fetch_indexes(deps: Deps, group: policy.DefragGroup, report: DefragReport) -> list[tuple[bytes, OffloadIndex]]:
     """Each source's index object bytes (copied verbatim: page offsets are ledger-relative) and decoded."""
     out = []

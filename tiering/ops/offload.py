@@ -84,6 +84,14 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
             report.failed[led.ledger_id] = "not attempted: tier 2 became unreachable during the run"
         return True
 
+    rank = {led.ledger_id: i for i, led in enumerate(ledgers)}
+
+    def in_order() -> OffloadReport:
+        """The offloaded ledgers in the caller's order, as its dry run lists them (batches finish before
+        the ledgers that go alone)."""
+        report.offloaded.sort(key=lambda ledger_id: rank.get(ledger_id, ledger_id))
+        return report
+
     for i, group in enumerate(groups):
         try:
             for done in offload_batch(deps, group, hook, before_claim):
@@ -91,7 +99,7 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
         except TieringError as exc:
             down()
             if unreachable(group, exc, [led for g in groups[i + 1:] for led in g] + alone):
-                return report
+                return in_order()
             # undone whole: each goes alone, so only the culprit fails (_offload_current re-reads the rows the
             # batch's begin and undo moved on)
             alone.extend(group)
@@ -113,7 +121,7 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
             finished(done)
     if check is not None:
         check.result()  # every ledger failed before its claim: the bucket's state still decides the outcome
-    return report
+    return in_order()
 
 
 def _offload_current(deps: Deps, led: Ledger, hook: StepHook,
@@ -176,9 +184,11 @@ def plan_offload_prefix(deps: Deps, topic: str, position: Position) -> list[Ledg
     """The ledgers offloadPrefix takes on, in ledger order: the sealed ones before `position`'s ledger, and
     attempts among them older than the offload timeout. An unknown topic fails here, before any write."""
     ledgers = deps.meta.list_ledgers(topic)
-    # the open ledger's end is its tier-1 file's, read only when the position is in it
+    # the open ledger's end is its tier-1 file's, read only when the position is in it past its start (N:0,
+    # `--all-sealed` with an open ledger, needs no count: a broken open file must not stop the sealed ones)
     target = next((led for led in ledgers if led.ledger_id == position.ledger_id), None)
-    open_entries = deps.tier1.extent(target)[0] if target is not None and target.state == LedgerState.OPEN else None
+    open_entries = deps.tier1.extent(target)[0] \
+        if target is not None and target.state == LedgerState.OPEN and position.entry_id > 0 else None
     targets = policy.offload_prefix(ledgers, position, open_entries,
                                     first_ledger=0 if ledgers else _first_ledger(deps, topic))
     targets += _stale(deps, topic, lambda led: policy.before(led, position))

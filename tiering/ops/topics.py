@@ -145,7 +145,7 @@ def _remove_unclaimed_files(deps: Deps, name: str, next_ledger_id: int) -> None:
     for ledger_id in deps.tier1.ledger_ids(name):
         if ledger_id < next_ledger_id:
             continue  # a ledger of the topic: its row says whether its copy is there
-        writer = deps.tier1.open_writer(name, ledger_id)  # raises while a producer holds it
+        writer = deps.tier1.open_writer(name, ledger_id, has_row=False)  # raises while a producer holds it
         try:
             count = writer.entry_count
         finally:

@@ -19,6 +19,7 @@ import io
 import operator
 import os
 import stat
+import sys
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,9 @@ from typing import Iterator
 
 from tiering.errors import BadInput, EntryNotFound, LedgerStorageError
 from tiering.tier1 import frames as F
+
+
+_INDEX_SLICE = 8192  # index entries read at once by a whole read's check (64 KiB)
 
 
 class LedgerFileExists(LedgerStorageError):
@@ -106,9 +110,11 @@ class _State:
     version: int  # of the file's format: a resumed version 1 file stays one
 
 
-def _recover_fd(fd: int, path: Path, discard_damaged: bool = False) -> _State:
+def _recover_fd(fd: int, path: Path, discard_damaged: bool = False, has_row: bool = False) -> _State:
     length = os.fstat(fd).st_size
     head = F.header_state(fd, length, path)
+    if head is None and has_row:
+        raise F.corrupt(path, 0, HEADER_GONE)
     if head is None:
         # Crashed between creating the file and the header reaching the disk: an empty ledger.
         os.ftruncate(fd, 0)
@@ -138,6 +144,12 @@ def _recover_fd(fd: int, path: Path, discard_damaged: bool = False) -> _State:
                   head.version)
 
 
+# A writer makes a ledger's file and fsyncs its header before the ledger's row exists (writer.py): a file
+# without a header under a row was cut short or replaced, and starting it afresh would hand out its
+# positions a second time.
+HEADER_GONE = "its header is gone (cut short or replaced) though its ledger is recorded: its entries are lost"
+
+
 def recover(path: Path | str, discard_damaged: bool = False) -> RecoveryInfo:
     """Cut an open ledger's torn tail (partial frame, bad crc, garbage) after its last complete entry.
 
@@ -157,12 +169,14 @@ class LedgerWriter:
 
     `LedgerWriter(path)` creates the file (LedgerFileExists if it exists); `open_existing=True` opens an
     existing one (LedgerFileMissing if absent) after recovering its torn tail (`.recovery` says what was cut;
-    a damaged entry with intact ones after it is cut only with `discard_damaged`, see `recover`).
+    a damaged entry with intact ones after it is cut only with `discard_damaged`, see `recover`; `has_row`:
+    the ledger is recorded, so a file without a header is not a crashed creation but a lost one).
     Opening a sealed file gives a writer with `sealed == True` whose `seal()` returns the file's SealInfo and
     whose `append` fails (a crash between sealing the file and recording it in the metadata leaves that).
     """
 
-    def __init__(self, path: Path | str, *, open_existing: bool = False, discard_damaged: bool = False):
+    def __init__(self, path: Path | str, *, open_existing: bool = False, discard_damaged: bool = False,
+                 has_row: bool = False):
         self.path = Path(path)
         self.recovery: RecoveryInfo | None = None
         flags = os.O_RDWR if open_existing else os.O_RDWR | os.O_CREAT | os.O_EXCL
@@ -172,7 +186,7 @@ class LedgerWriter:
             _lock(self._file, self.path)
             fd = self._file.fileno()
             if open_existing:
-                st = _recover_fd(fd, self.path, discard_damaged)
+                st = _recover_fd(fd, self.path, discard_damaged, has_row)
             else:
                 # Between the exclusive create and the lock, another writer may have taken the new, empty file
                 # for a crashed writer's leftover (open_existing), written its header and entries, and even
@@ -317,6 +331,7 @@ class LedgerReader:
             self.file_bytes = length
             self._offsets: array | None = None
             head = F.header_state(fd, length, self.path)
+            self.headerless = head is None
             if head is None:  # being created right now: an open ledger with no entries yet
                 self.sealed, self._count, self.size_bytes = False, 0, 0
                 self._start = self._end = F.HEADER_LEN[F.VERSION]
@@ -331,6 +346,11 @@ class LedgerReader:
                 self._count, self.size_bytes, self._end = t.entry_count, t.size_bytes, t.index_offset
             else:  # headers only; a frame a live writer is still writing is not yet counted
                 scan = F.scan_frames(fd, length, self.path, verify=False, start=self._start)
+                if scan.end < length and (later := F.intact_after(fd, length, scan.end, len(scan.offsets),
+                                                                  self.path)) is not None:
+                    # not a frame a live writer is still writing: one is damaged and intact ones follow it
+                    raise F.corrupt(self.path, scan.end, f"entry {len(scan.offsets)} is damaged and an intact "
+                                                         f"later entry follows at offset {later}")
                 self._offsets, self._count, self.size_bytes, self._end = \
                     scan.offsets, len(scan.offsets), scan.size_bytes, scan.end
         except BaseException:
@@ -417,14 +437,40 @@ class LedgerReader:
         A view stays valid as long as it is referenced (each chunk is its own bytes object)."""
         return self._views(*self._range(first, last))
 
+    def _index_check(self, first: int):
+        """A check of each frame's offset, as entries first.. are read in order, against the footer index of a
+        sealed file (None for an open one: its offsets come from the scan). Random reads go through the index,
+        so an index entry flipped in place fails the read of that entry; a whole read, and verify, would pass
+        it unchecked. The index is read a slice at a time."""
+        if self._offsets is not None:
+            return None
+        fd, path, count, at = self._fd(), self.path, self._count, self._end
+        window = {"base": first, "vals": array("q")}
+
+        def check(i: int, offset: int) -> None:
+            k = i - window["base"]
+            if k >= len(window["vals"]):
+                n = min(_INDEX_SLICE, count - i)
+                vals = array("q", F.pread_exact(fd, n * F.OFFSET.size, at + i * F.OFFSET.size, path))
+                if sys.byteorder == "little":
+                    vals.byteswap()
+                window["base"], window["vals"], k = i, vals, 0
+            if window["vals"][k] != offset:
+                raise F.corrupt(path, at + i * F.OFFSET.size, f"index entry {i} says {window['vals'][k]}, but "
+                                                              f"entry {i}'s frame is at {offset}")
+        return check
+
     def _views(self, first: int, last: int) -> Iterator[tuple[int, memoryview]]:
         if first > last:
             return
+        check = self._index_check(first)
         fd, path = self._fd(), self.path
         pos, end = self._offset(first), self._offset(last + 1)  # file offsets of the frames to read
         buf, view, off = b"", memoryview(b""), 0  # buf holds the file's bytes from pos - off
         unpack, crc32, frame_len = F.FRAME.unpack_from, F.crc32, F.FRAME.size
         for i in range(first, last + 1):
+            if check is not None:
+                check(i, pos)
             if len(buf) - off < frame_len:
                 if end - pos < frame_len:
                     raise F.corrupt(path, pos, f"entry {i} is missing: frames end early", "tier-1 ledger entry")
@@ -454,9 +500,12 @@ class LedgerReader:
         if first > last:
             return
         fd = self._fd()
+        check = self._index_check(first)
         stream = F.Stream(fd, self._offset(first), self._offset(last + 1), self.path)
         for i in range(first, last + 1):
             offset = stream.pos
+            if check is not None:
+                check(i, offset)
             raw = stream.read(F.FRAME.size)
             if raw is None:
                 raise F.corrupt(self.path, offset, f"entry {i} is missing: frames end early", "tier-1 ledger entry")

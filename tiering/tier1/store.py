@@ -15,8 +15,8 @@ from pathlib import Path
 from tiering.errors import LedgerStorageError
 from tiering.model import Ledger, LedgerState
 from tiering.tier1.frames import corrupt
-from tiering.tier1.ledger_file import (LedgerFileExists, LedgerFileMissing, LedgerReader, LedgerWriter,
-                                       RecoveryInfo, fsync_dir, recover)
+from tiering.tier1.ledger_file import (HEADER_GONE, LedgerFileExists, LedgerFileMissing, LedgerReader,
+                                       LedgerWriter, RecoveryInfo, fsync_dir, recover)
 from tiering.tier1.paths import LEDGER_FILE, ledger_id_of, ledger_path, topic_dir
 
 _CREATE_ATTEMPTS = 5
@@ -72,11 +72,14 @@ class Tier1Store:
             return
         fsync_dir(self.root)  # the new topic directory survives a crash along with its first ledger
 
-    def open_writer(self, topic: str, ledger_id: int, discard_damaged: bool = False) -> LedgerWriter:
+    def open_writer(self, topic: str, ledger_id: int, discard_damaged: bool = False,
+                    has_row: bool = True) -> LedgerWriter:
         """A writer appending to an existing open ledger, after cutting a torn tail (see `.recovery`; a damaged
-        entry with intact ones after it only with `discard_damaged`)."""
+        entry with intact ones after it only with `discard_damaged`). `has_row` False: a file no row names yet
+        (a producer killed between making it and recording it), which may lack its header."""
         try:
-            return LedgerWriter(self.path(topic, ledger_id), open_existing=True, discard_damaged=discard_damaged)
+            return LedgerWriter(self.path(topic, ledger_id), open_existing=True, discard_damaged=discard_damaged,
+                                has_row=has_row)
         except LedgerFileMissing:
             raise self._missing(topic, ledger_id) from None
 
@@ -99,6 +102,9 @@ class Tier1Store:
         ledger's file copied here is refused); every frame's id and CRC are checked as it is read; for a file
         written before the identity (format version 1) these totals alone tell a foreign file."""
         reader = self.reader(led.topic, led.ledger_id)
+        if reader.headerless:  # made, its header fsynced, before its row: a recorded ledger's file has one
+            reader.close()
+            raise corrupt(reader.path, 0, HEADER_GONE)
         if led.state != LedgerState.OPEN and (reader.entry_count, reader.size_bytes) != (led.entry_count,
                                                                                          led.size_bytes):
             reader.close()
@@ -111,6 +117,8 @@ class Tier1Store:
         (an open ledger whose writer has not created it: nothing a reader could get)."""
         try:
             with self.reader(topic, ledger_id) as r:
+                if r.headerless and self.exists(topic, ledger_id):
+                    raise corrupt(r.path, 0, HEADER_GONE)  # only an open ledger's is asked: it has a row
                 return r.entry_count, r.size_bytes
         except LedgerStorageError:
             return 0, 0
