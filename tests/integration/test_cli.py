@@ -425,8 +425,11 @@ def test_ctrl_c_ends_a_command_waiting_on_postgresql(cli, deps):
     deps.meta.create_topic("locked")
     with deps.meta.engine.connect() as holder:
         holder.execute(text("LOCK TABLE tiering.topic IN ACCESS EXCLUSIVE MODE"))  # held until the block ends
+        # SIGINT as a terminal gives it: a job started in the background by a non-interactive shell (as CI may
+        # run the suite) inherits SIGINT ignored, and Python then never installs its KeyboardInterrupt
         proc = subprocess.Popen([sys.executable, "-m", "tiering", "topic", "create", "waits"], env=cli.env,
-                                cwd=cli.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                cwd=cli.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 60
         while not holder.execute(text("SELECT count(*) FROM pg_locks WHERE relation = 'tiering.topic'::regclass "
                                       "AND NOT granted")).scalar_one():

@@ -69,6 +69,7 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
 
     def finished(done: Ledger) -> None:
         report.offloaded.append(done.ledger_id)
+        done_ranks.append(rank.get((done.topic, done.ledger_id), len(rank)))
         report.bytes += done.size_bytes
         if on_done:
             on_done(done)
@@ -84,12 +85,13 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
             report.failed[led.ledger_id] = "not attempted: tier 2 became unreachable during the run"
         return True
 
-    rank = {led.ledger_id: i for i, led in enumerate(ledgers)}
+    rank = {(led.topic, led.ledger_id): i for i, led in enumerate(ledgers)}
+    done_ranks: list[int] = []  # of each ledger in report.offloaded, as they finished
 
     def in_order() -> OffloadReport:
         """The offloaded ledgers in the caller's order, as its dry run lists them (batches finish before
         the ledgers that go alone)."""
-        report.offloaded.sort(key=lambda ledger_id: rank.get(ledger_id, ledger_id))
+        report.offloaded = [i for _, i in sorted(zip(done_ranks, report.offloaded), key=lambda x: x[0])]
         return report
 
     for i, group in enumerate(groups):
