@@ -10,7 +10,6 @@ that (LogDevice's read path: ordered delivery, benign gaps told apart from data 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -128,8 +127,7 @@ def open_ledger_now(meta: MetadataStore, tier1: Tier1Store, led: Ledger) -> Ledg
     it would silently be missing. The one rule of `read`, `verify` and `status`."""
     if tier1.exists(led.topic, led.ledger_id):
         return led
-    if os.path.lexists(tier1.path(led.topic, led.ledger_id)):
-        tier1.reader(led.topic, led.ledger_id).close()  # a directory or FIFO in its place: says so, naming it
+    tier1.check_place(led.topic, led.ledger_id)  # a directory or FIFO in its place: says so, naming it
     now = meta.get_ledger(led.topic, led.ledger_id)
     if now.state == LedgerState.OPEN and not tier1.exists(led.topic, led.ledger_id):
         raise LedgerFileMissing(f"the open ledger {led.ledger_id} of topic {led.topic!r} has no file at "

@@ -214,9 +214,10 @@ def cmd_retention(ctx: Context, args, out: Output) -> int:
             report.losses += [{k: v for k, v in u.items() if k != "state"} for u in p["unread_deleted"]]
         plan = [{k: v for k, v in p.items() if k not in ("reasons", "ledger_ids")} for p in plan]
         result = {**_retention_result(args, report, args.topic), "plan": plan}
-        out.result(result, "\n".join(["retention --dry-run: nothing due" if not plan else
-                                      f"retention --dry-run: would delete {len(report.deleted)} ledger(s), "
-                                      f"{report.bytes} bytes, remove {report.files_removed} tier-1 file(s)"] + [f"  {describe_plan(p)}" for p in plan]))
+        head = "retention --dry-run: nothing due" if not plan else (
+            f"retention --dry-run: would delete {len(report.deleted)} ledger(s), {report.bytes} bytes, remove "
+            f"{report.files_removed} tier-1 file(s)")
+        out.result(result, "\n".join([head] + [f"  {describe_plan(p)}" for p in plan]))
         return 0
     report = retention(ctx.deps, args.topic)
     result = _retention_result(args, report, args.topic)

@@ -156,8 +156,8 @@ def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes
                          part_size=MIN_PART_SIZE, concurrency=deps.knobs.upload_concurrency, hook=step) as up:
         # Large sources first, each one server-side copied part; then the small ones written (cut into parts
         # of at least 5 MiB, the last may be smaller). Chunk rows carry offsets, so order is free.
-        large = [i for i, ch in enumerate(group.chunks) if ch.data_length >= MIN_PART_SIZE]
-        small = [i for i, ch in enumerate(group.chunks) if ch.data_length < MIN_PART_SIZE]
+        large = [i for i, ch in enumerate(group.chunks) if _one_part(ch)]
+        small = [i for i, ch in enumerate(group.chunks) if not _one_part(ch)]
         offsets = [0] * len(group.chunks)
         escaped_copy_fails = False
         for i in large:
@@ -186,6 +186,11 @@ def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes
         return offsets, up.etag
 
 
+def _one_part(ch: Chunk) -> bool:
+    """Whether a source's data is large enough to be a part of its own (S3's minimum): copied server-side."""
+    return ch.data_length >= MIN_PART_SIZE
+
+
 def planned_transfer(groups: list[policy.DefragGroup]) -> tuple[int, int]:
     """(bytes a run would copy server-side, bytes it would download) for these groups, as `_merge_data` and
     `_fetch_indexes` decide with every source as its chunk row records it: a data object of 5 MiB or more
@@ -193,7 +198,7 @@ def planned_transfer(groups: list[policy.DefragGroup]) -> tuple[int, int]:
     when its ETag changed since, or the server cannot copy its key). For the dry run."""
     copied = downloaded = 0
     for ch in (ch for g in groups for ch in g.chunks):
-        big = ch.data_length >= MIN_PART_SIZE and ch.data_etag is not None
+        big = _one_part(ch) and ch.data_etag is not None  # as `_unreplaced` takes it, the HEAD aside
         copied += ch.data_length if big else 0
         downloaded += ch.index_length + (0 if big else ch.data_length)
     return copied, downloaded

@@ -9,9 +9,9 @@ part file identified as the export's own, nothing left behind by a failed one.
   `overwrite`; then the manifest goes FIRST, so a failure midway leaves a recognisably incomplete export,
   never an old manifest over new parts. What earlier, incomplete exports left there (parts without a
   manifest: a killed driver's; on S3 also the uploads of parts it left in progress) is removed: only files
-  that are such parts (named `part-ID-NNNNN.parquet`, or `part-NNNNN.parquet` before exports had ids, with this format's table and the same id in their Parquet
-  metadata; on a local path also a part of an id with a marker there, which a killed writer may have left
-  without its footer). A table directory holding anything else is someone else's: the location is refused
+  that are such parts (named `part-ID-NNNNN.parquet`, or `part-NNNNN.parquet` before exports had ids, with
+  this format's table and the same id in their Parquet metadata; on a local path also a part of an id with a
+  marker there, which a killed writer may have left without its footer). A table directory holding anything else is someone else's: the location is refused
   before anything is removed or written. On a local path it writes the export's marker `_exporting-{id}`.
 - `check_shared` on each executor before it writes a part to a local path: the marker must be visible
   there. An executor on another machine does not see the driver's disk; it writes nothing and says so,
@@ -117,7 +117,8 @@ def claim(fs: pafs.FileSystem, base: str, export_id: str, overwrite: bool) -> No
         _delete(fs, path)
     if not is_local(fs):  # a killed export's parts in progress: no listing shows them, nothing else aborts them
         for table in table_names():
-            abort_uploads_under(fs, join(base, table), keep=lambda key: bool(_PART.fullmatch(key.rsplit("/", 1)[-1])))
+            abort_uploads_under(fs, join(base, table),
+                                keep=lambda key: bool(_PART.fullmatch(key.rsplit("/", 1)[-1])))
     if is_local(fs):
         for old in _markers(fs, base):
             fs.delete_file(old)

@@ -68,8 +68,7 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
         if knobs.batch_small_bytes > 0 else ([], list(ledgers))
 
     def finished(done: Ledger) -> None:
-        report.offloaded.append(done.ledger_id)
-        done_ranks.append(rank.get((done.topic, done.ledger_id), len(rank)))
+        offloaded.append(done)
         report.bytes += done.size_bytes
         if on_done:
             on_done(done)
@@ -85,13 +84,14 @@ def offload_many(deps: Deps, ledgers: list[Ledger], hook: StepHook = None,
             report.failed[led.ledger_id] = "not attempted: tier 2 became unreachable during the run"
         return True
 
+    offloaded: list[Ledger] = []  # as they finished
     rank = {(led.topic, led.ledger_id): i for i, led in enumerate(ledgers)}
-    done_ranks: list[int] = []  # of each ledger in report.offloaded, as they finished
 
     def in_order() -> OffloadReport:
         """The offloaded ledgers in the caller's order, as its dry run lists them (batches finish before
         the ledgers that go alone)."""
-        report.offloaded = [i for _, i in sorted(zip(done_ranks, report.offloaded), key=lambda x: x[0])]
+        offloaded.sort(key=lambda led: rank.get((led.topic, led.ledger_id), len(rank)))
+        report.offloaded = [led.ledger_id for led in offloaded]
         return report
 
     for i, group in enumerate(groups):

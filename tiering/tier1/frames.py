@@ -83,6 +83,14 @@ def index_bytes(offsets: array) -> bytes:
     return data.tobytes()
 
 
+def index_offsets(raw: bytes) -> array:
+    """The frame offsets a slice of the footer index holds (`index_bytes` read back)."""
+    data = array("q", raw)
+    if sys.byteorder == "little":
+        data.byteswap()
+    return data
+
+
 def corrupt(path, offset: int, detail: str, what: str = "tier-1 ledger file") -> CorruptObjectError:
     return CorruptObjectError(what, f"{path}@{offset}", detail, tier=1)
 
@@ -233,6 +241,19 @@ def intact_after(fd: int, length: int, end: int, next_id: int, path) -> int | No
                 return start
         pos += CHUNK  # the next chunk overlaps this one by a frame header
     return None
+
+
+def damage_inside(fd: int, length: int, scan: Scan, path, advice: str = "") -> CorruptObjectError | None:
+    """The error for an open file whose scan stopped before its end at a damaged frame with an intact later
+    entry after it (`intact_after`), `advice` appended, or None when what follows the scan is a torn tail (or
+    nothing)."""
+    if scan.end >= length:
+        return None
+    later = intact_after(fd, length, scan.end, len(scan.offsets), path)
+    if later is None:
+        return None
+    return corrupt(path, scan.end, f"entry {len(scan.offsets)} is damaged and an intact later entry follows at "
+                                   f"offset {later}{advice}")
 
 
 def _is_frame(fd: int, length: int, start: int, entry_id: int, path) -> bool:

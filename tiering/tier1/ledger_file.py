@@ -19,7 +19,6 @@ import io
 import operator
 import os
 import stat
-import sys
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +88,8 @@ def _open(path: Path, flags: int) -> io.FileIO:
 
 
 _NOT_A_FILE = "not a regular file: a directory, FIFO or device is in the ledger file's place"
+_NOT_CUT = (": not a torn tail, nothing cut (sealing the ledger before it discards the intact entries after it: "
+            "`tiering seal --discard-damaged`, an operator's decision)")
 
 
 def _lock(file: io.FileIO, path: Path) -> None:
@@ -132,12 +133,9 @@ def _recover_fd(fd: int, path: Path, discard_damaged: bool = False, has_row: boo
         return _State(t.entry_count, array("q"), t.size_bytes, t.index_offset, True, 0, length, head.version)
     scan = F.scan_frames(fd, length, path, verify=True, start=head.start)
     if scan.end < length:
-        later = F.intact_after(fd, length, scan.end, len(scan.offsets), path)
-        if later is not None and not discard_damaged:
-            raise F.corrupt(path, scan.end, f"entry {len(scan.offsets)} is damaged and an intact later entry follows "
-                                            f"at offset {later}: not a torn tail, nothing cut (sealing the ledger "
-                                            "before it discards the intact entries after it: `tiering seal "
-                                            "--discard-damaged`, an operator's decision)")
+        damage = None if discard_damaged else F.damage_inside(fd, length, scan, path, _NOT_CUT)
+        if damage is not None:
+            raise damage
         os.ftruncate(fd, scan.end)
         os.fsync(fd)
     return _State(len(scan.offsets), scan.offsets, scan.size_bytes, scan.end, False, length - scan.end, scan.end,
@@ -346,11 +344,9 @@ class LedgerReader:
                 self._count, self.size_bytes, self._end = t.entry_count, t.size_bytes, t.index_offset
             else:  # headers only; a frame a live writer is still writing is not yet counted
                 scan = F.scan_frames(fd, length, self.path, verify=False, start=self._start)
-                if scan.end < length and (later := F.intact_after(fd, length, scan.end, len(scan.offsets),
-                                                                  self.path)) is not None:
-                    # not a frame a live writer is still writing: one is damaged and intact ones follow it
-                    raise F.corrupt(self.path, scan.end, f"entry {len(scan.offsets)} is damaged and an intact "
-                                                         f"later entry follows at offset {later}")
+                # not a frame a live writer is still writing: one is damaged and intact ones follow it
+                if (damage := F.damage_inside(fd, length, scan, self.path)) is not None:
+                    raise damage
                 self._offsets, self._count, self.size_bytes, self._end = \
                     scan.offsets, len(scan.offsets), scan.size_bytes, scan.end
         except BaseException:
@@ -446,19 +442,16 @@ class LedgerReader:
         if self._offsets is not None:
             return None
         fd, path, count, at = self._fd(), self.path, self._count, self._end
-        window = {"base": first, "vals": array("q")}
+        base, vals = first, array("q")  # the slice of the index read last, from entry `base`
 
         def check(i: int, offset: int) -> None:
-            k = i - window["base"]
-            if k >= len(window["vals"]):
+            nonlocal base, vals
+            if i - base >= len(vals):
                 n = min(_INDEX_SLICE, count - i)
-                vals = array("q", F.pread_exact(fd, n * F.OFFSET.size, at + i * F.OFFSET.size, path))
-                if sys.byteorder == "little":
-                    vals.byteswap()
-                window["base"], window["vals"], k = i, vals, 0
-            if window["vals"][k] != offset:
-                raise F.corrupt(path, at + i * F.OFFSET.size, f"index entry {i} says {window['vals'][k]}, but "
-                                                              f"entry {i}'s frame is at {offset}")
+                base, vals = i, F.index_offsets(F.pread_exact(fd, n * F.OFFSET.size, at + i * F.OFFSET.size, path))
+            if vals[i - base] != offset:
+                raise F.corrupt(path, at + i * F.OFFSET.size, f"index entry {i} says {vals[i - base]}, but entry "
+                                                              f"{i}'s frame is at {offset}")
         return check
 
     def _views(self, first: int, last: int) -> Iterator[tuple[int, memoryview]]:

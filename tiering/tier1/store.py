@@ -101,10 +101,7 @@ class Tier1Store:
         (CorruptObjectError), and nothing is read from it. Opening checks the header's identity (another
         ledger's file copied here is refused); every frame's id and CRC are checked as it is read; for a file
         written before the identity (format version 1) these totals alone tell a foreign file."""
-        reader = self.reader(led.topic, led.ledger_id)
-        if reader.headerless:  # made, its header fsynced, before its row: a recorded ledger's file has one
-            reader.close()
-            raise corrupt(reader.path, 0, HEADER_GONE)
+        reader = self._recorded_reader(led.topic, led.ledger_id)
         if led.state != LedgerState.OPEN and (reader.entry_count, reader.size_bytes) != (led.entry_count,
                                                                                          led.size_bytes):
             reader.close()
@@ -116,12 +113,19 @@ class Tier1Store:
         """Entries and payload bytes in the ledger's file so far; (0, 0) when there is no readable file yet
         (an open ledger whose writer has not created it: nothing a reader could get)."""
         try:
-            with self.reader(topic, ledger_id) as r:
-                if r.headerless and self.exists(topic, ledger_id):
-                    raise corrupt(r.path, 0, HEADER_GONE)  # only an open ledger's is asked: it has a row
+            with self._recorded_reader(topic, ledger_id) as r:  # only an open ledger's is asked: it has a row
                 return r.entry_count, r.size_bytes
         except LedgerStorageError:
             return 0, 0
+
+    def _recorded_reader(self, topic: str, ledger_id: int) -> LedgerReader:
+        """The reader of a ledger that has a row. Its writer made the file and fsynced the header before the
+        row existed, so a file without one is lost (CorruptObjectError), not one being created."""
+        reader = self.reader(topic, ledger_id)
+        if reader.headerless:
+            reader.close()
+            raise corrupt(reader.path, 0, HEADER_GONE)
+        return reader
 
     def extent(self, led: Ledger) -> tuple[int, int]:
         """Entries and payload bytes of a ledger: its row's once sealed, its tier-1 file's while open (the
@@ -132,6 +136,13 @@ class Tier1Store:
 
     def exists(self, topic: str, ledger_id: int) -> bool:
         return self.path(topic, ledger_id).is_file()
+
+    def check_place(self, topic: str, ledger_id: int) -> None:
+        """Raise the broken copy's error (CorruptObjectError, naming the path) when something that is no
+        regular file, a directory or a FIFO, is at the ledger's path; nothing when the path is free or a file."""
+        path = self.path(topic, ledger_id)
+        if not path.is_file() and os.path.lexists(path):
+            self.reader(topic, ledger_id).close()
 
     def has_topic(self, topic: str) -> bool:
         """Whether this root holds the topic's directory (an empty or unmounted root does not)."""

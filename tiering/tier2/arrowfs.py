@@ -50,8 +50,7 @@ def create_object_if_absent(fs: pafs.FileSystem, path: str, data: bytes) -> bool
     object is there already. pyarrow's S3FileSystem cannot send the header, so the PUT goes through boto3:
     this module's encrypting client, or one built from the options pyarrow's filesystem was made with."""
     bucket, key = _split(path)
-    handler = getattr(fs, "handler", None)
-    client = handler.s3 if isinstance(handler, Boto3Handler) else _client_like(fs)
+    client = _client_of(fs)
     try:
         client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
         return True
@@ -67,8 +66,7 @@ def abort_uploads_under(fs: pafs.FileSystem, path: str, keep=lambda key: True) -
     killed writer of files there left, which no listing of objects shows and S3 keeps (and bills) until they
     are aborted. Returns how many were aborted."""
     bucket, prefix = _split(path)
-    handler = getattr(fs, "handler", None)
-    b = Bucket(handler.s3 if isinstance(handler, Boto3Handler) else _client_like(fs), bucket, "")
+    b = Bucket(_client_of(fs), bucket, "")
     try:
         stale = [up for up in list_uploads(b, prefix + "/") if keep(up["Key"])]
     except (ClientError, BotoCoreError) as exc:
@@ -76,6 +74,13 @@ def abort_uploads_under(fs: pafs.FileSystem, path: str, keep=lambda key: True) -
     for up in stale:
         abort_upload(b, up["Key"], up["UploadId"])
     return len(stale)
+
+
+def _client_of(fs: pafs.FileSystem):
+    """The boto3 client behind `fs`: this module's encrypting one, or one built from the options pyarrow's
+    S3 filesystem was made with."""
+    handler = getattr(fs, "handler", None)
+    return handler.s3 if isinstance(handler, Boto3Handler) else _client_like(fs)
 
 
 def _client_like(fs: pafs.FileSystem):

@@ -47,13 +47,12 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.errors import BadInput, CorruptObjectError
 from tiering.format.block import MIN_BLOCK_SIZE
+from tiering.model import INT32_MAX, MIB
 from tiering.tier2.errors import NotFound, PreconditionFailed, tier2_error
 from tiering.tier2.objects import Bucket, completed_part, composite_etag
 from tiering.tier2.throttle import RateLimiter
 
 MAX_PARTS = 10_000  # S3's limit on parts of one multipart upload
-_MIB = 1024 * 1024
-_INT32_MAX = 2**31 - 1
 
 
 def part_size_for(configured: int, expected_bytes: int) -> int:
@@ -65,7 +64,7 @@ def part_size_for(configured: int, expected_bytes: int) -> int:
     need = -(-expected_bytes // (MAX_PARTS // 2 - 1))
     if need <= configured:
         return configured
-    return min(_INT32_MAX, -(-need // _MIB) * _MIB)
+    return min(INT32_MAX, -(-need // MIB) * MIB)
 MIN_PART_SIZE = MIN_BLOCK_SIZE  # S3's minimum size of a part but the last
 
 # Called at named steps ("initiated", "part", "completed", and the callers' own) so fault tests can fail or
