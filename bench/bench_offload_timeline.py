@@ -73,13 +73,13 @@ def main() -> int:
     tl = Timeline()
     tl.around(offload_mod, "check_bucket", "head")
     tl.around(offloader_mod, "put_bytes", "index")
-    packer = offloader_mod.pack_blocks
+    packer = offloader_mod.pack_runs
 
     def packing(*args, **kwargs):
         for block in packer(*args, **kwargs):
             tl.mark("packed")
             yield block
-    offloader_mod.pack_blocks = packing
+    offloader_mod.pack_runs = packing
     ours, peer, runs = [], [], []
     with endpoint(args.private_moto) as url, pinned(url, args.pin) as pinning:
         print(pinning)

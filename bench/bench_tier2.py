@@ -120,7 +120,7 @@ def bench_offload(env: Env, cases, entry_size: int) -> list[dict]:
                                        data_key=data_key(b.prefix, led.topic, attempt, led.ledger_id),
                                        index_key=index_key(b.prefix, led.topic, attempt, led.ledger_id),
                                        sources=iter([(LedgerToUpload(led.ledger_id, led.entry_count, 0),
-                                                      rd.iter_entries(0, led.entry_count - 1))]),
+                                                      rd.iter_framed(0, led.entry_count - 1))]),
                                        block_size=BLOCK_SIZE, concurrency=CONCURRENCY)
                 s3_only.append(time.perf_counter() - t0)
 

@@ -13,9 +13,10 @@ from botocore.stub import Stubber
 
 from tiering.clients import s3_client
 from tiering.config import Settings
-from tiering.errors import BadInput, Tier2Error
+from tiering.errors import BadInput, Tier2Error, TieringError
 from tiering.tier2.multipart import MIN_PART_SIZE, MultipartUpload
 from tiering.tier2.objects import Bucket
+from tiering.format.packing import frame_entries
 from tiering.tier2.offloader import LedgerToUpload, upload_ledgers
 
 KEY = "t/topic/attempt-ledger-0"
@@ -170,8 +171,30 @@ def test_offloader_failure_at_the_index_put_leaves_the_data_object_to_the_caller
     stub.add_client_error("put_object", "InternalError", "boom", 500)
     with pytest.raises(Tier2Error, match="S3 PUT of 't/topic/attempt-ledger-0-index' failed: InternalError"):
         upload_ledgers(b, topic="topic", attempt="attempt", data_key=KEY, index_key=KEY + "-index",
-                       sources=iter([(LedgerToUpload(0, 2, 0), [(0, b"x"), (1, b"y")])]),
+                       sources=iter([(LedgerToUpload(0, 2, 0), frame_entries([(0, b"x"), (1, b"y")]))]),
                        block_size=PART, concurrency=1)
+
+
+@pytest.mark.parametrize("recorded", [2, 4])
+def test_offloader_counts_the_entries_of_its_runs(stubbed, recorded):
+    """Entries counted from the runs (three, cut into runs of two and one) against the row's count: a
+    mismatch fails before any object is written (the stub expects no call)."""
+    b, _stub = stubbed
+    runs = frame_entries([(0, b"x"), (1, b"yy"), (2, b"zzz")], run_bytes=20)
+    with pytest.raises(TieringError, match=f"tier 1 holds 3 entries, metadata says {recorded}"):
+        upload_ledgers(b, topic="topic", attempt="attempt", data_key=KEY, index_key=KEY + "-index",
+                       sources=iter([(LedgerToUpload(0, recorded, 0), runs)]), block_size=PART, concurrency=1)
+
+
+def test_offloader_records_payload_bytes_from_its_runs(stubbed):
+    b, stub = stubbed
+    stub.add_response("put_object", {"ETag": '"d"'})
+    stub.add_response("put_object", {"ETag": '"i"'})
+    runs = frame_entries([(0, b"x"), (1, b"yy"), (2, b"zzz")], run_bytes=20)
+    uploaded = upload_ledgers(b, topic="topic", attempt="attempt", data_key=KEY, index_key=KEY + "-index",
+                              sources=iter([(LedgerToUpload(0, 3, 0), runs)]), block_size=PART, concurrency=1)
+    [placed] = uploaded.ledgers
+    assert (placed.entry_count, placed.payload_bytes, placed.data_length) == (3, 6, 128 + 3 * 12 + 6)
 
 
 class Gate:

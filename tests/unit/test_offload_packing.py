@@ -1,6 +1,7 @@
-"""The offload's fast path changes no byte: tier-1 payload views (`LedgerReader.iter_entry_views`)
-equal `iter_entries` with every check kept, and `pack_blocks` (pieces joined once per block) writes exactly
-the blocks of a plain reference packer written from the format's description, page CRCs included."""
+"""The offload's fast path changes no byte: tier-1 framed runs (`LedgerReader.iter_framed`) hold what
+`iter_entries` yields with every check kept, and the packer (runs joined once per block) writes exactly the
+blocks of a plain reference packer written from the format's description, page CRCs included, however the
+entries are cut into runs."""
 from __future__ import annotations
 
 import struct
@@ -10,46 +11,100 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.test_tier1_ledger import CASES, _flip, payload, write
-from tiering.errors import CorruptObjectError
-from tiering.format.block import HEADER_LEN, PADDING, crc32c, encode_block_header, pack_blocks
+from tiering.errors import BadInput, CorruptObjectError
+from tiering.format.block import HEADER_LEN, PADDING, crc32c, encode_block_header
+from tiering.format.block import decode_block
+from tiering.format.packing import frame_entries, pack_blocks, pack_runs
 from tiering.tier1 import LedgerReader
 from tiering.tier1 import frames
 
 MiB = 1024 * 1024
 
 
+def entries_of(runs):
+    """(entry_id, payload) pairs back out of framed runs, each run's framing checked on the way."""
+    out = []
+    for run in runs:
+        data, start = bytes(run.data), 0
+        assert len(run.ends) and int(run.ends[-1]) == len(data)
+        for k, end in enumerate(run.ends.tolist()):
+            length, entry_id = struct.unpack_from(">iq", data, start)
+            assert entry_id == run.first_id + k and start + 12 + length == end
+            out.append((entry_id, data[start + 12:end]))
+            start = end
+    return out
+
+
+@pytest.mark.parametrize("chunk", [frames.CHUNK, 1000], ids=["1MiB-runs", "small-runs"])
 @pytest.mark.parametrize("seal", [True, False], ids=["sealed", "open"])
 @pytest.mark.parametrize("case", CASES)
-def test_views_equal_entries(tmp_path, case, seal):
+def test_framed_runs_equal_entries(tmp_path, case, seal, chunk, monkeypatch):
+    monkeypatch.setattr(frames, "CHUNK", chunk)
+    monkeypatch.setattr(frames, "INDEX_SLICE", 7)  # many index slices, each read alone
     write(tmp_path / "l", CASES[case], seal=seal)
     with LedgerReader(tmp_path / "l") as r:
-        got = [(i, bytes(v)) for i, v in r.iter_entry_views()]
-        assert got == list(r.iter_entries())
+        assert entries_of(r.iter_framed()) == list(r.iter_entries())
         n = r.entry_count
-        for first, last in [(0, n - 1), (n // 3, n - 2), (n - 1, n - 1), (n, n - 1)]:
+        for first, last in [(0, n - 1), (n // 3, n - 2), (n - 1, n - 1), (n, n - 1), (1, n - 1)]:
             if 0 <= first <= last + 1 <= n:
-                assert [(i, bytes(v)) for i, v in r.iter_entry_views(first, last)] == \
-                    list(r.iter_entries(first, last))
+                assert entries_of(r.iter_framed(first, last)) == list(r.iter_entries(first, last))
 
 
-def test_views_across_chunks_and_larger_than_a_chunk(tmp_path, monkeypatch):
+def test_runs_across_chunks_and_larger_than_a_chunk(tmp_path):
     payloads = [payload(i, s) for i, s in enumerate([10, frames.CHUNK - 20, 3 * frames.CHUNK + 7, 0, 5000, 1])]
     write(tmp_path / "l", payloads)
     with LedgerReader(tmp_path / "l") as r:
-        assert [bytes(v) for _, v in r.iter_entry_views()] == payloads
+        runs = list(r.iter_framed())
+        assert [p for _, p in entries_of(runs)] == payloads
+        assert max(len(run.data) for run in runs) == 12 + 3 * frames.CHUNK + 7  # the large frame alone
 
 
-@pytest.mark.parametrize("where", ["payload", "crc", "id"])
-def test_views_check_every_frame(tmp_path, where):
+def _frame_at(k, size=20):
+    return frames.HEADER_LEN[frames.VERSION] + k * (16 + size)
+
+
+@pytest.mark.parametrize("seal", [True, False], ids=["sealed", "open"])
+@pytest.mark.parametrize("where", ["payload", "crc", "id", "len"])
+def test_runs_check_every_frame(tmp_path, where, seal, monkeypatch):
+    """A damaged frame: the entries before it come out, then the error naming it (the reader's wording)."""
+    monkeypatch.setattr(frames, "CHUNK", 100)  # runs of two frames, so the damage is inside a run
     path = tmp_path / "l"
-    write(path, [payload(i, 20) for i in range(5)])
-    frame2 = frames.HEADER_LEN[frames.VERSION] + 2 * (16 + 20)
-    _flip(path, frame2 + {"payload": 16 + 5, "crc": 13, "id": 11}[where])
+    write(path, [payload(i, 20) for i in range(7)], seal=seal)
+    _flip(path, _frame_at(3) + {"payload": 16 + 5, "crc": 13, "id": 11, "len": 3}[where])
+    if not seal and where in ("len", "id"):
+        with pytest.raises(CorruptObjectError, match="entry [34] is damaged"):
+            LedgerReader(path)  # an open file's scan finds a frame's header damaged when it is opened
+        return
     with LedgerReader(path) as r:
-        it = r.iter_entry_views()
-        assert [i for i, _ in (next(it), next(it))] == [0, 1]
-        with pytest.raises(CorruptObjectError, match="entry 2|expected 2"):
-            next(it)
+        it = r.iter_framed()
+        got = []
+        with pytest.raises(CorruptObjectError, match="entry 3|expected 3|index entry 4") as e:
+            for run in it:
+                got += entries_of([run])
+        assert [i for i, _ in got] == [0, 1, 2]
+        assert str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("value", ["another frame", "inside a frame", "outside the file", "negative"])
+def test_runs_check_the_footer_index(tmp_path, value, monkeypatch):
+    """The fast path finds frames through the footer index; an index entry that is not where its frame lies
+    fails the read with the index entry named, as a whole read entry by entry does."""
+    monkeypatch.setattr(frames, "CHUNK", 100)
+    path = tmp_path / "l"
+    write(path, [payload(i, 20) for i in range(7)])
+    data = bytearray(path.read_bytes())
+    index_at = _frame_at(7)
+    bad = {"another frame": _frame_at(5), "inside a frame": _frame_at(4) + 3, "outside the file": 10**9,
+           "negative": -5}[value]
+    data[index_at + 4 * 8:index_at + 5 * 8] = struct.pack(">q", bad)
+    path.write_bytes(bytes(data))
+    with LedgerReader(path) as r:
+        assert [i for i, _ in r.iter_entries(0, 2)] == [0, 1, 2]
+        with pytest.raises(CorruptObjectError, match="index entry 4|entry 3") as e:
+            entries_of(r.iter_framed())
+        assert str(path) in str(e.value)
+        with pytest.raises(CorruptObjectError, match="index entry 4|entry 3"):
+            list(r.iter_entries())  # the same verdict entry by entry
 
 
 def reference_blocks(entries, block_size, page_size):
@@ -86,15 +141,43 @@ def reference_blocks(entries, block_size, page_size):
     return out
 
 
+def packed(blocks):
+    out, offset = [], 0
+    for n, b in enumerate(blocks, 1):
+        assert (b.part_id, b.offset) == (n, offset)
+        assert b.entry_count == len(decode_block(b.data)[1])
+        offset += len(b.data)
+        out.append((b.first_entry_id, b.data, [tuple(x) for x in b.pages]))
+    return out
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.integers(0, 40_000), max_size=60), st.sampled_from([1024, 4096, 65536]),
-       st.booleans())
-def test_packing_is_byte_identical_to_the_reference(sizes, page_size, views):
+       st.booleans(), st.integers(1, 200_000))
+def test_packing_is_byte_identical_to_the_reference(sizes, page_size, views, run_bytes):
+    """However the entries are cut into runs (a run may end inside a block, at its end, or span several)."""
     block_size = 64 * 1024  # small blocks so that oversized entries, exact fits and padding all occur
     entries = [(i, payload(i, n)) for i, n in enumerate(sizes)]
     fed = [(i, memoryview(p)) for i, p in entries] if views else entries
-    got = [(b.first_entry_id, b.data, [tuple(x) for x in b.pages]) for b in pack_blocks(fed, block_size, page_size)]
-    assert got == reference_blocks(entries, block_size, page_size)
+    assert packed(pack_runs(frame_entries(fed, run_bytes), block_size, page_size)) == \
+        reference_blocks(entries, block_size, page_size)
+
+
+@pytest.mark.parametrize("chunk", [frames.CHUNK, 3000])
+def test_packing_tier1_runs_is_byte_identical_to_the_reference(tmp_path, chunk, monkeypatch):
+    monkeypatch.setattr(frames, "CHUNK", chunk)
+    block_size = 64 * 1024
+    entries = [(i, payload(i, n)) for i, n in enumerate([0, 5, 70_000, 300, 65_000, 12, 64 * 1024 - 128 - 12]
+                                                         + [1000 + i for i in range(200)])]
+    write(tmp_path / "l", [p for _, p in entries])
+    with LedgerReader(tmp_path / "l") as r:
+        assert packed(pack_runs(r.iter_framed(), block_size, 4096)) == reference_blocks(entries, block_size, 4096)
+
+
+def test_runs_out_of_sequence_are_refused():
+    runs = list(frame_entries([(i, b"x") for i in range(10)], run_bytes=30))
+    with pytest.raises(BadInput, match="consecutive"):
+        list(pack_runs([runs[0], runs[2]], 1000))
 
 
 def test_exact_fit_and_empty_entries():
@@ -103,3 +186,25 @@ def test_exact_fit_and_empty_entries():
     entries = [(0, b""), (1, payload(1, exact)), (2, b""), (3, payload(3, exact + 1)), (4, b"x")]
     got = [(b.first_entry_id, b.data, [tuple(x) for x in b.pages]) for b in pack_blocks(entries, block_size, 4096)]
     assert got == reference_blocks(entries, block_size, 4096)
+
+
+def test_a_wrong_index_entry_costs_no_large_read(tmp_path, monkeypatch):
+    """An index entry pointing far into a later frame makes one 'frame' of megabytes: its header is read
+    first, so no read is larger than the checked stream's own chunks on the index's word."""
+    monkeypatch.setattr(frames, "CHUNK", 100)
+    path = tmp_path / "l"
+    sizes = [20, 20, 3 * MiB, 20]
+    write(path, [payload(i, n) for i, n in enumerate(sizes)])
+    f2 = frames.HEADER_LEN[frames.VERSION] + 2 * 36
+    f3 = f2 + 16 + 3 * MiB
+    data = bytearray(path.read_bytes())
+    index_at = f3 + 36
+    data[index_at + 8:index_at + 24] = struct.pack(">qq", f2 + 2 * MiB, f2 + 2 * MiB + 40)  # entries 1 and 2
+    path.write_bytes(bytes(data))
+    reads = []
+    real = frames._pread
+    monkeypatch.setattr(frames, "_pread", lambda fd, n, off: reads.append(n) or real(fd, n, off))
+    with LedgerReader(path) as r:
+        with pytest.raises(CorruptObjectError, match="index entry 1"):
+            entries_of(r.iter_framed())
+    assert 0 < max(reads) <= MiB + 16  # the 2 MiB "frame" was never read

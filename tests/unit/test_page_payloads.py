@@ -10,7 +10,8 @@ import pyarrow as pa
 import pytest
 
 from tiering.errors import CorruptObjectError
-from tiering.format.block import ENTRY_HEADER_LEN, HEADER_LEN, pack_blocks
+from tiering.format.block import ENTRY_HEADER_LEN, HEADER_LEN
+from tiering.format.packing import pack_blocks
 from tiering.format.pages import page_entries, page_payloads, run_payloads
 from tiering.tier2.reader_arrays import run_payload_array
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Iterator, NamedTuple, Sequence, Union
+from typing import Iterable, Iterator, NamedTuple, Union
 
 # CRC32C of the `crc32c` package: hardware-accelerated, takes any buffer without copying, and releases the
 # GIL on large buffers (awscrt's holds it), so pages are checked while other threads fetch and parse
@@ -30,10 +30,8 @@ DEFAULT_PAGE_SIZE = 64 * 1024  # target bytes of a page (tiering/format/pages.py
 
 _HEADER = struct.Struct(">Iqqq")  # magic, header_len, block_len, first_entry_id
 _ENTRY = struct.Struct(">iq")
-_MAX_INT64 = 2**63 - 1
-_MAX_ENTRY_LEN = 2**31 - 1
 # Padding is written and checked 64 KiB at a time so a large tail never needs a second buffer of its size.
-_PAD_CHUNK = PADDING * 16384
+PAD_CHUNK = PADDING * 16384
 
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -122,9 +120,9 @@ def _check_padding(buf: memoryview, start: int, end: int, where: str, base: int)
     """buf[start:end] must be the padding pattern, phased from `start` (where the padding begins)."""
     pos = start
     while pos < end:
-        n = min(len(_PAD_CHUNK), end - pos)
-        if buf[pos:pos + n] != _PAD_CHUNK[:n]:
-            bad = next(i for i in range(n) if buf[pos + i] != _PAD_CHUNK[i])
+        n = min(len(PAD_CHUNK), end - pos)
+        if buf[pos:pos + n] != PAD_CHUNK[:n]:
+            bad = next(i for i in range(n) if buf[pos + i] != PAD_CHUNK[i])
             raise CorruptObjectError("block padding", _at(where, base + pos + bad),
                                      f"byte 0x{buf[pos + bad]:02X} is not the FE DC DE AD pattern")
         pos += n
@@ -210,90 +208,3 @@ def decode_block(buf: Buffer, where: str = "", base: int = 0) -> tuple[BlockHead
 def entries_size(payload_lengths: Iterable[int]) -> int:
     """Bytes the entries take inside a block (framing included)."""
     return sum(ENTRY_HEADER_LEN + n for n in payload_lengths)
-
-
-def _padding(n: int) -> list[bytes]:
-    """n bytes of padding, as pieces of at most len(_PAD_CHUNK) (shared, not copied)."""
-    full, rest = divmod(n, len(_PAD_CHUNK))
-    return [_PAD_CHUNK] * full + ([_PAD_CHUNK[:rest]] if rest else [])
-
-
-def build_pages(data: Buffer, starts: Sequence[tuple[int, int]]) -> tuple[tuple[int, int, int], ...]:
-    """(first entry, offset, CRC32C) of the pages starting at `starts` [(first entry, offset)]; each page
-    runs to the next start, the last one to the end of data."""
-    mv = memoryview(data)
-    return tuple((first, off, crc32c(mv[off:starts[k + 1][1] if k + 1 < len(starts) else len(mv)]))
-                 for k, (first, off) in enumerate(starts))
-
-
-def pack_blocks(entries: Iterable[tuple[int, Buffer]], block_size: int = DEFAULT_BLOCK_SIZE,
-                page_size: int = DEFAULT_PAGE_SIZE) -> Iterator[Block]:
-    """Stream (entry_id, payload) pairs into blocks: all block_size bytes except the last (exact size) and
-    oversized entries (a block of their own, exact size). Holds one block at a time.
-
-    Each block is cut into pages of whole entries of at most page_size bytes (a larger entry is a page of
-    its own); the first page includes the header, the last the padding.
-
-    Each yielded Block owns a fresh buffer, so a consumer may keep it while the next one is built.
-    """
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < MIN_PACK_BLOCK_SIZE:
-        raise BadInput(f"block size must be an integer >= {MIN_PACK_BLOCK_SIZE}, got {block_size!r}")
-    if block_size > _MAX_INT64:
-        raise BadInput(f"block size {block_size} does not fit in an int64")
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-        raise BadInput(f"page size must be a positive integer, got {page_size!r}")
-    room = block_size - HEADER_LEN
-    part_id, offset = 1, 0
-    # The block being built is a list of pieces (frame headers, the payloads as given) joined once when it
-    # is finished: each payload byte is copied once, into the block's bytes (a growing bytearray
-    # and its final copy cost two more copies). Pieces reference the caller's buffers until then.
-    cur: list | None = None
-    cur_len = cur_first = cur_count = 0
-    page_starts: list[tuple[int, int]] = []
-    expected: int | None = None
-    pack_entry = _ENTRY.pack
-
-    def finish(pad: bool) -> Block:
-        nonlocal part_id, offset, cur
-        length = HEADER_LEN + cur_len
-        tail = []
-        if pad:
-            tail = _padding(block_size - length)
-            length = block_size
-        data = b"".join([encode_block_header(length, cur_first), *cur, *tail])
-        cur = None  # the pieces dropped: a caller keeping blocks in flight holds one copy of each
-        block = Block(part_id, cur_first, cur_count, data, offset, build_pages(data, page_starts))
-        part_id += 1
-        offset += len(data)
-        return block
-
-    for item in entries:
-        entry_id, payload = item
-        if isinstance(entry_id, bool) or not isinstance(entry_id, int) or not 0 <= entry_id <= _MAX_INT64:
-            raise BadInput(f"entry id must be a non-negative int64, got {entry_id!r}")
-        if expected is not None and entry_id != expected:
-            raise BadInput(f"entry ids must be consecutive: got {entry_id} after {expected - 1}")
-        if not isinstance(payload, (bytes, bytearray, memoryview)):
-            raise BadInput(f"payload of entry {entry_id} must be bytes, got {type(payload).__name__}")
-        size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
-        if size > _MAX_ENTRY_LEN:
-            raise BadInput(f"entry {entry_id} has {size} bytes; the format allows at most {_MAX_ENTRY_LEN}")
-        expected = entry_id + 1
-        framed = ENTRY_HEADER_LEN + size
-        if cur is not None and HEADER_LEN + cur_len + framed > block_size:
-            yield finish(pad=True)  # another entry follows, so this block is not the last: fill it up
-        if cur is None:
-            cur, cur_len = [], 0  # the header is made at finish(), when block_len is known
-            cur_first, cur_count = entry_id, 0
-            page_starts = [(entry_id, 0)]
-        elif HEADER_LEN + cur_len + framed - page_starts[-1][1] > page_size:
-            page_starts.append((entry_id, HEADER_LEN + cur_len))
-        cur.append(pack_entry(size, entry_id))
-        cur.append(payload)
-        cur_len += framed
-        cur_count += 1
-        if framed > room:
-            # Oversized: it got a block of its own above; ship it unpadded so the next entry starts afresh.
-            yield finish(pad=False)
-    if cur is not None:
-        yield finish(pad=False)  # the last block is sized exactly

@@ -150,7 +150,7 @@ def tier1_source(deps: Deps, led: Ledger) -> Iterator:
     from a copy that holds what its row records (Tier1Store.reader_for), each frame checked as it is read."""
     with deps.tier1.reader_for(led) as reader:
         yield (LedgerToUpload(led.ledger_id, led.entry_count, int(led.sealed_at.timestamp() * 1000)),
-               reader.iter_entry_views(0, led.entry_count - 1))  # copied once, into its block
+               reader.iter_framed(0, led.entry_count - 1))
 
 
 def _undo(deps: Deps, started: Sequence[Ledger], attempt: str, keys: tuple[str, str]) -> None:

@@ -49,6 +49,7 @@ TRAILER = struct.Struct(">qq4s")
 OFFSET = struct.Struct(">q")
 MAX_PAYLOAD = 2**31 - 1  # PIP-17 (tier 2) stores an entry's length as int32
 CHUNK = 1 << 20  # streaming reads never hold more than about this much besides one payload
+INDEX_SLICE = 8192  # footer index entries read at once by a whole read (64 KiB)
 SKIP_AHEAD = 4096
 SCAN_AHEAD = 64 * 1024
 

@@ -22,13 +22,14 @@ import stat
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from tiering.errors import BadInput, EntryNotFound, LedgerStorageError
 from tiering.tier1 import frames as F
 
+if TYPE_CHECKING:
+    from tiering.format.packing import FramedRun
 
-_INDEX_SLICE = 8192  # index entries read at once by a whole read's check (64 KiB)
 
 
 class LedgerFileExists(LedgerStorageError):
@@ -426,19 +427,30 @@ class LedgerReader:
 
     iter_payloads_with_ids = iter_entries
 
-    def iter_entry_views(self, first: int = 0, last: int | None = None) -> Iterator[tuple[int, memoryview]]:
-        """iter_entries for a consumer that copies each payload before asking for the next (offload's block
-        packer): payloads are memoryviews into the chunks read (about 1 MiB each, by pread), so a payload is
-        copied once, into its block, not sliced out first; every frame's id and crc are checked the same way.
-        A view stays valid as long as it is referenced (each chunk is its own bytes object)."""
-        return self._views(*self._range(first, last))
+    def iter_framed(self, first: int = 0, last: int | None = None) -> Iterator["FramedRun"]:
+        """Entries first..last as framed runs for the block packer (tiering/tier1/framed.py): read a run of
+        frames at a time, every frame's id, extent and crc checked, each payload copied once into its run."""
+        from tiering.tier1 import framed  # here, not at import: numpy only for an offload (the CLI starts light)
+        first, last = self._range(first, last)
+        return framed.runs(self._fd(), self.path, first, last, self._bounds, self._start, self._end,
+                           self._stream)
+
+    def _bounds(self, i: int, n: int):
+        """The file offsets of frames i..i+n as int64s (n + 1 values; frame `entry_count` is the frames' end)."""
+        import numpy as np
+        if self._offsets is not None:  # an open file's, from its scan
+            got = np.frombuffer(self._offsets, np.int64)[i:i + n + 1]
+        else:
+            k = min(n + 1, self._count - i)  # index entries from i
+            raw = F.pread_exact(self._fd(), k * F.OFFSET.size, self._end + i * F.OFFSET.size, self.path)
+            got = np.frombuffer(raw, ">i8").astype(np.int64)
+        return got if len(got) == n + 1 else np.append(got, self._end)
 
     def _index_check(self, first: int):
         """A check of each frame's offset, as entries first.. are read in order, against the footer index of a
         sealed file (None for an open one: its offsets come from the scan). Random reads go through the index,
         so an index entry flipped in place fails the read of that entry; a whole read, and verify, would pass
-        it unchecked. The index is read a slice at a time. Not in `_views`, the offload's packer, which uses no
-        index entry and whose time per entry it would raise by a tenth (1 KiB entries)."""
+        it unchecked. The index is read a slice at a time. (`iter_framed` reads frames through the index.)"""
         if self._offsets is not None:
             return None
         fd, path, count, at = self._fd(), self.path, self._count, self._end
@@ -447,45 +459,12 @@ class LedgerReader:
         def check(i: int, offset: int) -> None:
             nonlocal base, vals
             if i - base >= len(vals):
-                n = min(_INDEX_SLICE, count - i)
+                n = min(F.INDEX_SLICE, count - i)
                 base, vals = i, F.index_offsets(F.pread_exact(fd, n * F.OFFSET.size, at + i * F.OFFSET.size, path))
             if vals[i - base] != offset:
                 raise F.corrupt(path, at + i * F.OFFSET.size, f"index entry {i} says {vals[i - base]}, but entry "
                                                               f"{i}'s frame is at {offset}")
         return check
-
-    def _views(self, first: int, last: int) -> Iterator[tuple[int, memoryview]]:
-        if first > last:
-            return
-        fd, path = self._fd(), self.path
-        pos, end = self._offset(first), self._offset(last + 1)  # file offsets of the frames to read
-        buf, view, off = b"", memoryview(b""), 0  # buf holds the file's bytes from pos - off
-        unpack, crc32, frame_len = F.FRAME.unpack_from, F.crc32, F.FRAME.size
-        for i in range(first, last + 1):
-            if len(buf) - off < frame_len:
-                if end - pos < frame_len:
-                    raise F.corrupt(path, pos, f"entry {i} is missing: frames end early", "tier-1 ledger entry")
-                buf = buf[off:] + F.pread_exact(fd, min(max(F.CHUNK, frame_len), end - pos) - (len(buf) - off),
-                                                pos + len(buf) - off, path)
-                view, off = memoryview(buf), 0
-            plen, entry_id, crc = unpack(buf, off)
-            if entry_id != i:
-                raise F.corrupt(path, pos, f"frame holds entry {entry_id}, expected {i}", "tier-1 ledger entry")
-            size = frame_len + plen
-            if size > end - pos:
-                raise F.corrupt(path, pos, f"entry {i} of {plen} bytes overruns its frame", "tier-1 ledger entry")
-            if len(buf) - off < size:
-                have = len(buf) - off
-                buf = buf[off:] + F.pread_exact(fd, min(max(F.CHUNK, size), end - pos) - have, pos + have, path)
-                view, off = memoryview(buf), 0
-            payload = view[off + frame_len:off + size]
-            if crc32(payload, crc32(view[off:off + 12])) != crc:
-                raise F.corrupt(path, pos, f"entry {i} fails its crc check", "tier-1 ledger entry")
-            yield i, payload
-            off += size
-            pos += size
-        if pos != end:
-            raise F.corrupt(path, pos, f"{end - pos} unexpected bytes after entry {last}")
 
     def _stream(self, first: int, last: int) -> Iterator[tuple[int, bytes]]:
         if first > last:

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from tiering.errors import TieringError
-from tiering.format.block import DEFAULT_PAGE_SIZE, ENTRY_HEADER_LEN, pack_blocks
+from tiering.format.block import DEFAULT_PAGE_SIZE, ENTRY_HEADER_LEN
 from tiering.format.index import IndexEntry, block_pages, encode_index, page_index
 from tiering.format.metadata import LedgerOffloadMetadata, encode_metadata, user_metadata
+from tiering.format.packing import FramedRun, pack_runs
 from tiering.tier2.multipart import Gate, MultipartUpload, StepHook, part_size_for
 from tiering.tier2 import throttle
 from tiering.tier2.objects import Bucket, put_bytes
@@ -58,11 +59,12 @@ class UploadedBatch:
 
 
 def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_key: str,
-                   sources: Iterator[tuple[LedgerToUpload, Iterable[tuple[int, bytes]]]], block_size: int,
+                   sources: Iterator[tuple[LedgerToUpload, Iterable[FramedRun]]], block_size: int,
                    concurrency: int, page_size: int = DEFAULT_PAGE_SIZE, part_size: int | None = None,
                    hook: StepHook = None, max_bytes_per_second: int = 0, gate: Gate | None = None,
                    expected_bytes: int = 0) -> UploadedBatch:
-    """Upload the ledgers `sources` yields, each with its entries (consumed before the next is asked for).
+    """Upload the ledgers `sources` yields, each with its entries as framed runs (tier 1's `iter_framed`, or
+    `frame_entries` of (entry_id, payload) pairs), consumed before the next ledger is asked for.
     Steps for the hook: the upload's ("initiated", "part", "completed"), then "index". The data object's
     bytes are paced by the process's limiter for `max_bytes_per_second` (0: none; tier2/throttle.py).
     `gate`: the caller's claim on the keys, still being decided (tier2/multipart.py): neither object
@@ -80,7 +82,7 @@ def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_
             up.start()
         for spec, entries in sources:
             counted, start, blocks, pages = _Counting(entries), up.size, [], []
-            for block in pack_blocks(counted, block_size, page_size):
+            for block in pack_runs(counted, block_size, page_size):
                 blocks.append(IndexEntry.of(block))
                 pages += block_pages(block)
                 up.write(block.data)
@@ -133,13 +135,14 @@ def _put_index(b: Bucket, key: str, body: bytes, md: dict[str, str], gate: Gate 
 class _Counting:
     """Counts the entries and payload bytes flowing through to the packer."""
 
-    def __init__(self, entries: Iterable[tuple[int, bytes]]):
-        self._it = iter(entries)
+    def __init__(self, runs: Iterable[FramedRun]):
+        self._it = iter(runs)
         self.count = 0
         self.payload_bytes = 0
 
     def __iter__(self):
-        for entry_id, payload in self._it:
-            self.count += 1
-            self.payload_bytes += len(payload)
-            yield entry_id, payload
+        for run in self._it:
+            n = len(run.ends)
+            self.count += n
+            self.payload_bytes += (int(run.ends[-1]) if n else 0) - ENTRY_HEADER_LEN * n
+            yield run
