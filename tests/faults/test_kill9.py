@@ -317,6 +317,12 @@ def test_a_killed_workers_attempt_is_taken_over_without_waiting_for_the_timeout(
     report = run_op(hour, "offload", ["k"])
     assert report["failed"] == {} and report["skipped"] == []
     all_offloaded(deps)
+    # The dead attempt's objects (its index object lands beside the parts, so it may be complete) stay queued
+    # for GC until its hour is over: not before, since a request it sent may still land. The hour passes here.
+    with db.begin() as conn:
+        dead = conn.execute(text("UPDATE tiering.gc_task SET not_before = now() WHERE state = 'PENDING' "
+                                 "AND not_before > now() RETURNING key")).scalars().all()
+    assert all(key.startswith(f"{deps.bucket.prefix}k/") for key in dead)
     gc_all(deps)
     figures = check_invariants(deps, db, scene.expected)
     assert figures["leaked"] == 0 and figures["uploads"] == 0

@@ -40,6 +40,7 @@ one part: the creation's round trip overlaps the packing of the first part.
 """
 from __future__ import annotations
 
+import io
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Callable, Protocol
 
@@ -278,8 +279,10 @@ class MultipartUpload:
 
     def _upload_part(self, n: int, body: bytes) -> tuple[int, dict]:
         self._throttle(len(body))  # in the part's thread: the writer keeps packing while a part waits
+        # a stream over the part's bytes (BytesIO shares them): botocore joins a `bytes` body to the request's
+        # headers before sending, a copy of every part in flight (docs/performance.md)
         resp = self.b.s3.upload_part(Bucket=self.b.name, Key=self.key, UploadId=self.upload_id, PartNumber=n,
-                                     Body=body, ChecksumAlgorithm="CRC32C")
+                                     Body=io.BytesIO(body), ChecksumAlgorithm="CRC32C")
         self._step("part")
         return n, completed_part(n, resp)
 
