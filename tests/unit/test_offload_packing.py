@@ -85,6 +85,24 @@ def test_runs_check_every_frame(tmp_path, where, seal, monkeypatch):
         assert str(path) in str(e.value)
 
 
+def test_runs_start_where_the_frames_start(tmp_path):
+    """Index entry 0 pointing past frame 0 at a frame that would pass for it (entry 0's payload holding a
+    whole frame of entry 0): the bytes skipped would be checked by no one."""
+    path = tmp_path / "l"
+    inner = frames.frame_header(0, b"forged") + b"forged"
+    write(path, [inner, payload(1, 20)])
+    data = bytearray(path.read_bytes())
+    start = frames.HEADER_LEN[frames.VERSION]
+    index_at = start + 2 * 16 + len(inner) + 20
+    data[index_at:index_at + 8] = struct.pack(">q", start + 16)  # entry 0 "is" the frame inside its payload
+    data[index_at + 8:index_at + 16] = struct.pack(">q", start + 16 + len(inner))
+    path.write_bytes(bytes(data))
+    with LedgerReader(path) as r:
+        for read in (lambda: entries_of(r.iter_framed()), lambda: list(r.iter_entries()), lambda: r.read_entry(0)):
+            with pytest.raises(CorruptObjectError, match="index entry 0 points at"):
+                read()
+
+
 @pytest.mark.parametrize("value", ["another frame", "inside a frame", "outside the file", "negative"])
 def test_runs_check_the_footer_index(tmp_path, value, monkeypatch):
     """The fast path finds frames through the footer index; an index entry that is not where its frame lies

@@ -37,6 +37,9 @@ def runs(fd: int, path, first: int, last: int, bounds: Callable[[int, int], np.n
         offs = bounds(i, min(F.INDEX_SLICE, last + 1 - i))
         top = i + len(offs) - 1  # the slice covers entries i..top-1
         sizes = np.diff(offs)
+        if i == 0 and offs[0] != start:  # the reader's own check of index entry 0 names it
+            yield from _slow(checked, i, top - 1, path)
+            return
         if offs[0] < start or offs[-1] > end or (sizes < F.FRAME.size).any():
             yield from _slow(checked, i, top - 1, path)
             return

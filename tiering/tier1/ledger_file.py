@@ -373,6 +373,8 @@ class LedgerReader:
         (offset,) = F.OFFSET.unpack(F.pread_exact(self._fd(), F.OFFSET.size, at, self.path))
         if not self._start <= offset <= self._end - F.FRAME.size:
             raise F.corrupt(self.path, at, f"index entry {i} points at {offset}, outside the frames")
+        if i == 0 and offset != self._start:  # else the bytes skipped (a payload holding a frame) pass unread
+            raise F.corrupt(self.path, at, f"index entry 0 points at {offset}, but the frames start at {self._start}")
         return offset
 
     def _check_id(self, i: object) -> int:
