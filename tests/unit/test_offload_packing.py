@@ -226,3 +226,47 @@ def test_a_wrong_index_entry_costs_no_large_read(tmp_path, monkeypatch):
         with pytest.raises(CorruptObjectError, match="index entry 1"):
             entries_of(r.iter_framed())
     assert 0 < max(reads) <= MiB + 16  # the 2 MiB "frame" was never read
+
+
+@pytest.mark.parametrize("values", [(2**63 - 1, -2**63 + 200), (-2**63, None), (2**63 - 1, None)])
+def test_wild_index_values_are_corruption(tmp_path, values):
+    """Index values whose int64 differences wrap (the top bit set) are found before any difference is taken:
+    the index entry is named, as entry by entry, instead of a numpy IndexError or a read at a negative offset."""
+    path = tmp_path / "l"
+    write(path, [payload(i, n) for i, n in enumerate([10, 20, 30, 5])])
+    data = bytearray(path.read_bytes())
+    index_at = _frame_at(0) + sum(16 + n for n in [10, 20, 30, 5])
+    for k, v in enumerate(values, start=1):
+        if v is not None:
+            data[index_at + 8 * k:index_at + 8 * (k + 1)] = struct.pack(">q", v)
+    path.write_bytes(bytes(data))
+    with LedgerReader(path) as r:
+        with pytest.raises(CorruptObjectError, match="index entry 1") as e:
+            entries_of(r.iter_framed())
+        assert str(path) in str(e.value)
+
+
+def test_a_wrong_index_entry_after_a_slice_is_blamed(tmp_path, monkeypatch):
+    """The index entry that bounds a slice of the index is named, not an intact entry before it."""
+    monkeypatch.setattr(frames, "INDEX_SLICE", 8)
+    path = tmp_path / "l"
+    write(path, [payload(i, 10) for i in range(20)])
+    data = bytearray(path.read_bytes())
+    index_at = _frame_at(20, 10)
+    data[index_at + 8 * 8:index_at + 8 * 9] = struct.pack(">q", _frame_at(2, 10) + 5)  # inside entry 2
+    path.write_bytes(bytes(data))
+    with LedgerReader(path) as r:
+        with pytest.raises(CorruptObjectError, match="index entry 8 says"):
+            entries_of(r.iter_framed())
+
+
+def test_a_frame_claiming_more_than_an_entry_may_hold_is_corruption(tmp_path, monkeypatch):
+    monkeypatch.setattr(frames, "MAX_PAYLOAD", 100)  # a frame over the limit without writing 2 GiB
+    path = tmp_path / "l"
+    with monkeypatch.context() as m:
+        m.setattr(frames, "MAX_PAYLOAD", 2**31 - 1)
+        write(path, [payload(0, 10), payload(1, 200)])
+    with LedgerReader(path) as r:
+        with pytest.raises(CorruptObjectError, match="entry 1 claims 200 bytes") as e:
+            entries_of(r.iter_framed())
+        assert str(path) in str(e.value)

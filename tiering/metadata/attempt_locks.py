@@ -47,22 +47,56 @@ def _key(attempt_uuid_expr):
     return func.hashtext(cast(cast(attempt_uuid_expr, UUID(as_uuid=False)), Text))
 
 
+class AttemptLock:
+    """A fresh attempt uuid now and its lock (of `lock_class`) taken later by `take`, on a connection of its
+    own, held until the block ends (the connection's check-in releases it: metadata/db.py) or the process
+    dies. For an offload, whose packing and upload start under the uuid before its claim: the lock is the
+    claim's first step, before the rows move to OFFLOADING(attempt)."""
+
+    def __init__(self, engine: Engine, lock_class: int = OFFLOAD_CLASS):
+        self._engine, self._class = engine, lock_class
+        self.attempt = str(uuid.uuid4())
+        self._conn: Connection | None = None
+
+    def take(self) -> bool:
+        """Take the lock; False, holding nothing, when a live attempt whose uuid hashes alike holds it."""
+        conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            got = conn.execute(select(func.pg_try_advisory_lock(literal(self._class),
+                                                                _key(literal(self.attempt))))).scalar_one()
+        except BaseException:
+            conn.close()
+            raise
+        if not got:
+            conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    def release(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()
+
+    def __enter__(self) -> "AttemptLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 @contextmanager
 def new_attempt(engine: Engine, lock_class: int = OFFLOAD_CLASS) -> Iterator[str]:
-    """A fresh attempt uuid whose lock (of `lock_class`) this process holds until the block ends (the
-    connection's check-in releases it: metadata/db.py), or until the process dies."""
-    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        for _ in range(_DRAWS):
-            attempt = str(uuid.uuid4())
-            if conn.execute(select(func.pg_try_advisory_lock(literal(lock_class),
-                                                             _key(literal(attempt))))).scalar_one():
-                break
-        else:  # only if _DRAWS fresh uuids all hash like live attempts: something else holds the class
-            raise RuntimeError("no free attempt lock after several draws")
-        yield attempt
-    finally:
-        conn.close()
+    """A fresh attempt uuid whose lock (of `lock_class`) this process holds until the block ends, or until
+    the process dies."""
+    for _ in range(_DRAWS):
+        lock = AttemptLock(engine, lock_class)
+        if lock.take():
+            break
+    else:  # only if _DRAWS fresh uuids all hash like live attempts: something else holds the class
+        raise RuntimeError("no free attempt lock after several draws")
+    with lock:
+        yield lock.attempt
 
 
 def holder_gone(conn: Connection, attempt: str) -> bool:

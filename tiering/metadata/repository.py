@@ -217,6 +217,11 @@ class MetadataStore:
         queued keys alone)."""
         return attempt_locks.new_attempt(self.engine, lock_class)
 
+    def attempt_lock(self) -> attempt_locks.AttemptLock:
+        """`with meta.attempt_lock() as lock:` a fresh offload attempt uuid (`lock.attempt`) whose lock is
+        taken later (`lock.take()`, False if a live attempt's uuid hashes alike) and held for the block."""
+        return attempt_locks.AttemptLock(self.engine)
+
     # ---------------------------------------------------------------- ledgers: transitions
     def open_ledger(self, topic_name: str, ledger_id: int | None = None, topic_id: int | None = None) -> Ledger:
         """Allocate the topic's next ledger id and create it OPEN (at most one OPEN ledger per topic).

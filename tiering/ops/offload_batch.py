@@ -2,9 +2,9 @@
 batch of one, a topic's small ledgers a batch of many. One attempt, one data object, one index object, one
 conditional transaction to begin and one to commit (tiering/tier2/offloader.py writes the objects).
 
-(1) one transaction moves every ledger SEALED (or an OFFLOADING attempt older than the offload timeout) ->
-OFFLOADING(attempt) and queues the two keys for GC (not before the offload timeout), or none if any lost a
-race; (2) the ledgers stream from tier 1 into the objects: the packing of the first part, the creation of
+(1) the attempt's lock (its uuid drawn first, so that the packing starts at once), then one transaction
+moves every ledger SEALED (or an OFFLOADING attempt older than the offload timeout) -> OFFLOADING(attempt) and
+queues the two keys for GC (not before the offload timeout), or none if any lost a race; (2) the ledgers stream from tier 1 into the objects: the packing of the first part, the creation of
 the multipart upload and its first part go beside (1), and nothing else does (no other part, no completion,
 no index PUT: the claim is the upload's gate, tier2/multipart.py), so the keys are queued before either
 object exists and a lost claim costs at most one part, aborted; (3) one transaction moves them all to OFFLOADED
@@ -66,15 +66,22 @@ def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None,
     leds = sorted(leds, key=lambda x: x.ledger_id)
     first = leds[0]
     # the attempt's lock, held until it committed or was undone: a worker that dies mid-attempt is known
-    # dead at once and its ledgers are taken over without waiting for the offload timeout (attempt_locks.py)
-    with deps.meta.new_attempt() as attempt:
+    # dead at once and its ledgers are taken over without waiting for the offload timeout (attempt_locks.py).
+    # Taken by the claim, before its transaction: the packing starts under the fresh uuid at once.
+    with deps.meta.attempt_lock() as lock:
+        attempt = lock.attempt
         # named after the first ledger, as defrag names merged objects: recovery reads them the same way
         keys = (data_key(b.prefix, first.topic, attempt, first.ledger_id),
                 index_key(b.prefix, first.topic, attempt, first.ledger_id))
+
+        def take_lock() -> None:
+            if not lock.take():  # a live attempt's uuid hashes alike (one in 2**32): the caller tries again
+                raise ConditionalUpdateFailed(f"attempt lock of {attempt}", "free", "held by a live attempt")
         # The begin transaction runs beside the packing of the first part; the upload shows nothing before
         # it committed (the claim is its gate), so (W1) of tiering/ops/gc.py holds: keys queued first.
         claim = _Claim(lambda: deps.meta.begin_offload_batch(leds, attempt, keys, gc_delay=knobs.offload_timeout,
-                                                             stale_after=knobs.offload_timeout), before_claim)
+                                                             stale_after=knobs.offload_timeout),
+                       before_claim, take_lock)
         try:
             uploaded = upload_ledgers(b, topic=first.topic, attempt=attempt, data_key=keys[0], index_key=keys[1],
                                       sources=_sources(deps, leds), block_size=knobs.block_size,
@@ -107,12 +114,16 @@ def in_background(fn: Callable[[], T], name: str) -> Future[T]:
 
 
 class _Claim:
-    """The attempt's begin transaction on a thread of its own: the upload's gate (tier2/multipart.py)."""
+    """The attempt's lock and begin transaction on a thread of its own: the upload's gate (tier2/multipart.py).
+    Neither a failed `lock` nor a failed `before` began anything."""
 
-    def __init__(self, begin: Callable[[], list[Ledger]], before: Callable[[], None] | None = None):
+    def __init__(self, begin: Callable[[], list[Ledger]], before: Callable[[], None] | None = None,
+                 lock: Callable[[], None] | None = None):
         self._began = False
 
         def run() -> list[Ledger]:
+            if lock is not None:
+                lock()  # beside the bucket's HEAD still in flight
             if before is not None:
                 before()
             self._began = True

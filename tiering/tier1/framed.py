@@ -36,20 +36,19 @@ def runs(fd: int, path, first: int, last: int, bounds: Callable[[int, int], np.n
     while i <= last:
         offs = bounds(i, min(F.INDEX_SLICE, last + 1 - i))
         top = i + len(offs) - 1  # the slice covers entries i..top-1
+        # each offset within the frames before any difference is taken (int64 differences of wild values wrap)
+        if (i == 0 and offs[0] != start) or ((offs < start) | (offs > end)).any() \
+                or (np.diff(offs) < F.FRAME.size).any():
+            yield from _slow(checked, i, last, path)
+            return
         sizes = np.diff(offs)
-        if i == 0 and offs[0] != start:  # the reader's own check of index entry 0 names it
-            yield from _slow(checked, i, top - 1, path)
-            return
-        if offs[0] < start or offs[-1] > end or (sizes < F.FRAME.size).any():
-            yield from _slow(checked, i, top - 1, path)
-            return
         base = 0  # index in offs of entry i
         while i < top:
             j = int(np.searchsorted(offs, offs[base] + run_bytes, side="right")) - 1  # in offs' indices
             j = min(max(j, base + 1), len(offs) - 1)
             run = _fast(fd, path, i, offs[base:j + 1], sizes[base:j], run_bytes)
             if run is None:
-                yield from _slow(checked, i, top - 1, path)  # to the slice's end: the error names the index entry
+                yield from _slow(checked, i, last, path)
                 return
             yield run
             i += j - base
@@ -87,7 +86,9 @@ def _fast(fd: int, path, first: int, offs: np.ndarray, sizes: np.ndarray, run_by
 
 
 def _slow(checked, first: int, last: int, path) -> Iterator[FramedRun]:
-    """Entries first..last read again one by one: the good ones as runs, then the checked stream's error."""
+    """Entries first..last read again one by one: the good ones as runs, then the checked stream's error. To
+    the range's end, not the slice's: the stream checks each index entry as it reaches its frame, the one
+    after a slice included (a stream ending at a wrong one would blame an intact entry instead)."""
     error: Exception | None = None
 
     def good() -> Iterator[tuple[int, bytes]]:

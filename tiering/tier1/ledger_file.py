@@ -390,6 +390,9 @@ class LedgerReader:
         plen, entry_id, crc = F.FRAME.unpack(raw)
         if entry_id != i:
             raise F.corrupt(self.path, offset, f"frame holds entry {entry_id}, expected {i}", "tier-1 ledger entry")
+        if plen > F.MAX_PAYLOAD:  # no writer makes one: tier 2's framing could not hold it
+            raise F.corrupt(self.path, offset, f"entry {i} claims {plen} bytes, more than an entry may hold",
+                            "tier-1 ledger entry")
         payload = payload_of(plen)
         if payload is None:
             raise F.corrupt(self.path, offset, f"entry {i} of {plen} bytes overruns its frame", "tier-1 ledger entry")
