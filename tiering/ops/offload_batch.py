@@ -4,8 +4,9 @@ conditional transaction to begin and one to commit (tiering/tier2/offloader.py w
 
 (1) the attempt's lock (its uuid drawn first, so that the packing starts at once), then one transaction
 moves every ledger SEALED (or an OFFLOADING attempt older than the offload timeout) -> OFFLOADING(attempt) and
-queues the two keys for GC (not before the offload timeout), or none if any lost a race; (2) the ledgers stream from tier 1 into the objects: the packing of the first part, the creation of
-the multipart upload and its first part go beside (1), and nothing else does (no other part, no completion,
+queues the two keys for GC (not before the offload timeout), or none if any lost a race; (2) the ledgers
+stream from tier 1 into the objects: the packing of the first part, the creation of the multipart upload
+and its first part go beside (1), and nothing else does (no other part, no completion,
 no index PUT: the claim is the upload's gate, tier2/multipart.py), so the keys are queued before either
 object exists and a lost claim costs at most one part, aborted; (3) one transaction moves them all to OFFLOADED
 with their chunk rows (each pointing inside the shared objects) and dequeues the keys, only while every row
