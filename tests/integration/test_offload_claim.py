@@ -97,6 +97,34 @@ def test_a_claim_failing_otherwise_is_undone_and_the_ledger_offloads_later(deps,
     assert offload_ledger(deps, deps.meta.get_ledger("t", led.ledger_id)).state == S.OFFLOADED
 
 
+def test_an_attempt_lock_held_by_a_live_attempt_loses_the_claim_and_the_ledger_goes_again(deps, s3_settings,
+                                                                                          monkeypatch):
+    """The attempt's uuid is drawn before its lock is taken (the packing goes first): a lock that a live attempt
+    whose uuid hashes alike holds (hashtext: one in 2**32) fails the claim as a lost compare-and-set does,
+    with at most one part spent, and offload_many offloads the ledger under a fresh attempt."""
+    from tiering.metadata.attempt_locks import AttemptLock
+
+    produce(deps, "t", [entries("twin", 80, 256 * 1024)])  # 20 MiB: four parts if it went on
+    [led] = deps.meta.list_ledgers("t")
+    own, ops = counting(deps, s3_settings)
+    real, taken = AttemptLock.take, []
+
+    def take_once_held(lock):
+        taken.append(lock.attempt)
+        return False if len(taken) == 1 else real(lock)
+    monkeypatch.setattr(AttemptLock, "take", take_once_held)
+    with pytest.raises(ConditionalUpdateFailed, match="attempt lock"):
+        offload_ledger(own, led)
+    assert ops.count("UploadPart") <= 1 and "CompleteMultipartUpload" not in ops and "PutObject" not in ops, ops
+    assert deps.meta.get_ledger("t", led.ledger_id).state == S.SEALED
+    assert bucket_keys(deps) == set() and open_uploads(deps) == []
+    taken.clear()
+    report = offload_many(own, [led])
+    assert report.offloaded == [led.ledger_id] and not report.failed and not report.skipped, report
+    assert len(set(taken)) == 2  # the second attempt drew a uuid of its own
+    assert deps.meta.get_ledger("t", led.ledger_id).offload_uuid == taken[1]
+
+
 def test_a_small_ledger_is_one_put_after_the_claim(deps, s3_settings, monkeypatch):
     produce(deps, "t", [entries("small", 10, 1000)])
     [led] = deps.meta.list_ledgers("t")
