@@ -37,11 +37,10 @@ def runs(fd: int, path, first: int, last: int, bounds: Callable[[int, int], np.n
         offs = bounds(i, min(F.INDEX_SLICE, last + 1 - i))
         top = i + len(offs) - 1  # the slice covers entries i..top-1
         # each offset within the frames before any difference is taken (int64 differences of wild values wrap)
-        if (i == 0 and offs[0] != start) or ((offs < start) | (offs > end)).any() \
-                or (np.diff(offs) < F.FRAME.size).any():
+        sizes = None if ((offs < start) | (offs > end)).any() else np.diff(offs)
+        if sizes is None or (i == 0 and offs[0] != start) or (sizes < F.FRAME.size).any():
             yield from _slow(checked, i, last, path)
             return
-        sizes = np.diff(offs)
         base = 0  # index in offs of entry i
         while i < top:
             j = int(np.searchsorted(offs, offs[base] + run_bytes, side="right")) - 1  # in offs' indices
