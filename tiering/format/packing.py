@@ -11,7 +11,7 @@ A caller holding (entry_id, payload) pairs frames them first (`frame_entries`; `
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple
 
 from tiering.errors import BadInput
 from tiering.format.block import (DEFAULT_BLOCK_SIZE, DEFAULT_PAGE_SIZE, ENTRY_HEADER_LEN, HEADER_LEN,
@@ -72,8 +72,7 @@ def frame_entries(entries: Iterable[tuple[int, Buffer]], run_bytes: int = RUN_BY
 
 def pack_blocks(entries: Iterable[tuple[int, Buffer]], block_size: int = DEFAULT_BLOCK_SIZE,
                 page_size: int = DEFAULT_PAGE_SIZE) -> Iterator[Block]:
-    """`pack_runs` of (entry_id, payload) pairs."""
-    _check_sizes(block_size, page_size)  # at the call, as pack_runs does, not at the first block
+    """`pack_runs` of (entry_id, payload) pairs (the sizes checked at the call, the pairs as they come)."""
     return pack_runs(frame_entries(entries), block_size, page_size)
 
 
@@ -87,17 +86,13 @@ def pack_runs(runs: Iterable[FramedRun], block_size: int = DEFAULT_BLOCK_SIZE,
 
     Each yielded Block owns a fresh buffer, so a consumer may keep it while the next one is built.
     """
-    _check_sizes(block_size, page_size)
-    return _pack(runs, block_size, page_size)
-
-
-def _check_sizes(block_size: int, page_size: int) -> None:
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < MIN_PACK_BLOCK_SIZE:
         raise BadInput(f"block size must be an integer >= {MIN_PACK_BLOCK_SIZE}, got {block_size!r}")
     if block_size > _MAX_INT64:
         raise BadInput(f"block size {block_size} does not fit in an int64")
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise BadInput(f"page size must be a positive integer, got {page_size!r}")
+    return _pack(runs, block_size, page_size)  # a generator: the sizes above are checked at the call
 
 
 def _pack(runs: Iterable[FramedRun], block_size: int, page_size: int) -> Iterator[Block]:
@@ -167,15 +162,8 @@ def _pages(data: bytes, first: int, ends: "np.ndarray", page_size: int) -> tuple
             break
         page, lead = int(ends[j - 1]), j
         starts.append((first + j, page))
-    return build_pages(data, starts)
-
-
-def build_pages(data: Buffer, starts: Sequence[tuple[int, int]]) -> tuple[tuple[int, int, int], ...]:
-    """(first entry, offset, CRC32C) of the pages starting at `starts` [(first entry, offset)]; each page
-    runs to the next start, the last one to the end of data."""
-    mv = memoryview(data)
-    return tuple((first, off, crc32c(mv[off:starts[k + 1][1] if k + 1 < len(starts) else len(mv)]))
-                 for k, (first, off) in enumerate(starts))
+    mv, bounds = memoryview(data), [off for _, off in starts[1:]] + [len(data)]
+    return tuple((entry, off, crc32c(mv[off:stop])) for (entry, off), stop in zip(starts, bounds))
 
 
 def _padding(n: int) -> list[bytes]:

@@ -448,7 +448,7 @@ class LedgerReader:
         else:
             k = min(n + 1, self._count - i)  # index entries from i
             raw = F.pread_exact(self._fd(), k * F.OFFSET.size, self._end + i * F.OFFSET.size, self.path)
-            got = np.frombuffer(raw, ">i8").astype(np.int64)
+            got = np.frombuffer(F.index_offsets(raw), np.int64)
         return got if len(got) == n + 1 else np.append(got, self._end)
 
     def _index_check(self, first: int):
