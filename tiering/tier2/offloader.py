@@ -4,8 +4,9 @@ one after the other (the layout defrag writes and readers read); its chunk row s
 
 The ledgers' packed blocks stream into `MultipartUpload` (tiering/tier2/multipart.py), which owns the
 lifecycle: parts of at least `part_size` bytes (a ledger's blocks are exactly the block size, so with the
-default part size one block is one part), up to `concurrency` in flight, one PUT when everything fits one
-part, abort on any failure. Memory: (concurrency + 1) parts plus one block whatever the ledgers' sizes.
+default part size one block is one part, but a tail of less than 5 MiB goes with the last full one), up to
+`concurrency` in flight, one PUT when everything fits one part, abort on any failure. Memory: (concurrency +
+1) parts, 5 MiB and one block whatever the ledgers' sizes.
 Deleting the keys on failure (the data object may be complete when the index PUT fails) is the caller's,
 which also knows whether metadata references them (tiering/ops/offload_batch.py).
 """
@@ -77,7 +78,8 @@ def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_
     block_size = part_size_for(block_size, expected_bytes)
     part_size = part_size or block_size
     with MultipartUpload(b, key=data_key, metadata=md, op="upload", part_size=part_size, concurrency=concurrency,
-                         hook=step, limiter=throttle.shared(max_bytes_per_second), gate=gate) as up:
+                         hook=step, limiter=throttle.shared(max_bytes_per_second), gate=gate,
+                         expected_size=expected_bytes) as up:
         if expected_bytes >= part_size:
             up.start()
         for spec, entries in sources:
