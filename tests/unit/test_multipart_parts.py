@@ -9,6 +9,7 @@ import io
 from pathlib import Path
 
 import pytest
+from botocore.awsrequest import AWSResponse
 from botocore.httpchecksum import CrtCrc32cChecksum
 from botocore.stub import ANY, Stubber
 from botocore.utils import determine_content_length
@@ -80,14 +81,43 @@ def test_a_tail_expected_under_5_mib_goes_with_the_last_full_part(stubbed):
     assert upload(b, writes, expected_size=2 * PART + 50).parts == 2
 
 
-def test_a_hint_too_small_costs_one_larger_part_never_an_unbounded_one(stubbed):
-    """The hint says the object ends after part 1; it goes on. The held part ships once part_size + 5 MiB
-    are pending (here: parts 1 and 2 together); the rest is held again, the tail joining it."""
+def test_a_hint_too_small_costs_one_part_sent_a_write_later_never_a_larger_one(stubbed):
+    """The hint says the object ends after part 1; it goes on. Each held part ships when the next write would
+    take it to part_size + 5 MiB (a whole block: no tail), so parts stay as they were; the tail joins the last."""
     b, stub = stubbed
     writes = [b"a" * PART, b"b" * PART, b"c" * PART, b"d" * 7]
     expect_create(stub)
-    expect_parts(stub, [writes[0] + writes[1], writes[2] + writes[3]])
-    assert upload(b, writes, expected_size=PART).parts == 2
+    expect_parts(stub, [writes[0], writes[1], writes[2] + writes[3]])
+    assert upload(b, writes, expected_size=PART).parts == 3
+
+
+def test_parts_larger_than_5_mib_held_for_a_tail_stay_their_size(stubbed):
+    """Part size 6 MiB, blocks of 6 MiB, a hint far too small: no part is two blocks."""
+    b, stub = stubbed
+    big = PART + 1024 * 1024
+    writes = [b"a" * big, b"b" * big, b"c" * big, b"d" * 1000]
+    expect_create(stub)
+    expect_parts(stub, [writes[0], writes[1], writes[2] + writes[3]])
+    with MultipartUpload(b, key=KEY, metadata={}, op="upload", part_size=big, concurrency=1,
+                         expected_size=1) as up:
+        for w in writes:
+            up.write(w)
+        up.finish()
+    assert up.parts == 3
+
+
+def test_the_size_counts_bytes_whatever_the_buffer_s_item_size(stubbed):
+    """A buffer of 4-byte items is written as its bytes, and counted so."""
+    from array import array
+
+    b, stub = stubbed
+    items = array("I", range(300))
+    stub.add_response("put_object", {"ETag": '"p"'},
+                      {"Bucket": "bkt", "Key": KEY, "Body": ANY, "Metadata": {}, "ChecksumAlgorithm": "CRC32C",
+                       "ChecksumCRC32C": botocores_crc32c(items.tobytes())})
+    with MultipartUpload(b, key=KEY, metadata={}, op="upload") as up:
+        up.write(items)
+        assert up.finish() == 1200
 
 
 def test_a_remainder_of_5_mib_or_more_is_a_part_of_its_own(stubbed):
@@ -159,3 +189,46 @@ def test_an_empty_body():
     body = _PartBody([b"", b""])
     assert determine_content_length(body) == 0
     assert body.read() == b"" and body.read(10) == b""
+
+
+# ------------------------------------------------------------------------------------------ as signed and sent
+
+def sent_parts(scheme: str) -> list[tuple[bytes, bytes, str]]:
+    """(X-Amz-Content-SHA256, x-amz-checksum-crc32c, Content-Length) of each UploadPart as botocore sends it
+    over `scheme` (answered at before-send: nothing leaves the process)."""
+    settings = Settings(database_url="postgresql://u@h/d", bucket="bkt", tier1_root=Path("/nonexistent"),
+                        s3_endpoint_url=f"{scheme}://127.0.0.1:9", aws_access_key_id="AKID",
+                        aws_secret_access_key="s")
+    client = s3_client(settings)
+    seen = []
+
+    def answer(request, event_name="", **_):
+        body = b""
+        if event_name.endswith("CreateMultipartUpload"):
+            body = b"<InitiateMultipartUploadResult><UploadId>u</UploadId></InitiateMultipartUploadResult>"
+        if event_name.endswith("UploadPart"):
+            h = request.headers
+            seen.append((h["X-Amz-Content-SHA256"], h["x-amz-checksum-crc32c"], str(h["Content-Length"])))
+        raw = type("Raw", (), {"stream": lambda self, **_k: iter([body]), "read": lambda self, *_a: body})()
+        return AWSResponse(request.url, 200, {"ETag": '"e"'}, raw)
+
+    client.meta.events.register("before-send.s3", answer)
+    with MultipartUpload(Bucket(client, "bkt", "t/"), key=KEY, metadata={}, op="upload", part_size=PART) as up:
+        up.write(b"a" * PART)
+        up.write(b"b" * 10)
+        up.finish()
+    return seen
+
+
+def test_over_https_a_part_goes_unsigned_with_its_checksum_header():
+    """As botocore does when it computes the checksum header itself: TLS and the CRC32C cover the body, so
+    no SHA-256 pass over each part (the payload is UNSIGNED-PAYLOAD)."""
+    assert sent_parts("https") == [
+        (b"UNSIGNED-PAYLOAD", botocores_crc32c(b"a" * PART).encode(), str(PART)),
+        (b"UNSIGNED-PAYLOAD", botocores_crc32c(b"b" * 10).encode(), "10")]
+
+
+def test_over_http_a_part_s_payload_is_signed():
+    assert sent_parts("http") == [
+        (hashlib.sha256(b"a" * PART).hexdigest().encode(), botocores_crc32c(b"a" * PART).encode(), str(PART)),
+        (hashlib.sha256(b"b" * 10).hexdigest().encode(), botocores_crc32c(b"b" * 10).encode(), "10")]

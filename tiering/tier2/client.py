@@ -46,9 +46,19 @@ def s3_client(*, endpoint_url: str | None, access_key: str | None, secret_key: s
     return client
 
 
+SUPPLIED_CHECKSUM = "x-amz-checksum-crc32c"  # the header tier2/multipart.py computes and sends itself
+
+
 def _checksum_in_header(params, **_):
-    algorithm = params.get("context", {}).get("checksum", {}).get("request_algorithm")
+    context = params.get("context", {})
+    algorithm = context.get("checksum", {}).get("request_algorithm")
     body = params.get("body")
     if isinstance(algorithm, dict) and algorithm.get("in") == "trailer" and (
             isinstance(body, (bytes, bytearray)) or hasattr(body, "seekable") and body.seekable()):
         algorithm["in"] = "header"
+    elif algorithm is None and SUPPLIED_CHECKSUM in params.get("headers", {}):
+        # A checksum the caller computed makes botocore leave the request's checksum context empty, and its
+        # signer then hashes the whole body (SigV4's payload SHA-256) even over https, where a checksum header
+        # lets it send UNSIGNED-PAYLOAD. Recorded as botocore records its own: it computes nothing again.
+        context.setdefault("checksum", {})["request_algorithm"] = {"algorithm": "crc32c", "in": "header",
+                                                                   "name": SUPPLIED_CHECKSUM}

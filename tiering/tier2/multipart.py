@@ -140,7 +140,10 @@ class MultipartUpload:
         """Append bytes to the object; ships a part once `part_size` bytes are pending. Kept by reference
         until sent: a buffer other than `bytes` (which may change after the call) is copied."""
         if data:
-            self._pending.append(data if type(data) is bytes else bytes(data))
+            data = data if type(data) is bytes else bytes(data)  # its length in bytes, too
+            if self._pending_len >= self.part_size and self._pending_len + len(data) >= self.part_size + MIN_PART_SIZE:
+                self._ship()  # the part held for a tail: what comes is no small tail
+            self._pending.append(data)
             self._pending_len += len(data)
             self.size += len(data)
         if self._pending_len >= self.part_size and not self._tail_follows():
@@ -294,9 +297,9 @@ class MultipartUpload:
 
     def _tail_follows(self) -> bool:
         """Whether the full part pending waits for the object's tail: less than 5 MiB is expected after it. A
-        wrong hint costs one larger part, never more: past part_size + 5 MiB pending, it ships."""
-        return (self._expected > 0 and self._expected - self.size < MIN_PART_SIZE
-                and self._pending_len < self.part_size + MIN_PART_SIZE)
+        wrong hint costs nothing but a part sent one write later: a write that would take the held part to
+        part_size + 5 MiB ships it first (`write`), so no part grows past that but by a single write."""
+        return self._expected > 0 and self._expected - self.size < MIN_PART_SIZE
 
     def _upload_part(self, n: int, body: list) -> tuple[int, dict]:
         self._throttle(sum(map(len, body)))  # in the part's thread: the writer keeps packing while a part waits
