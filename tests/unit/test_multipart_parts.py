@@ -8,30 +8,16 @@ import hashlib
 import io
 from pathlib import Path
 
-import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.httpchecksum import CrtCrc32cChecksum
-from botocore.stub import ANY, Stubber
+from botocore.stub import ANY
 from botocore.utils import determine_content_length
 
+from tests.unit.test_multipart_abort import KEY, PART, UPLOAD_ID, stubbed  # noqa: F401  (the fixture)
 from tiering.clients import s3_client
 from tiering.config import Settings
-from tiering.tier2.multipart import MIN_PART_SIZE, MultipartUpload, _PartBody
+from tiering.tier2.multipart import MultipartUpload, _PartBody
 from tiering.tier2.objects import Bucket
-
-KEY = "t/topic/attempt-ledger-0"
-UPLOAD_ID = "upload-1"
-PART = MIN_PART_SIZE
-
-
-@pytest.fixture
-def stubbed():
-    settings = Settings(database_url="postgresql://u@h/d", bucket="bkt", tier1_root=Path("/nonexistent"),
-                        s3_endpoint_url="http://127.0.0.1:9", aws_access_key_id="AKID", aws_secret_access_key="s")
-    client = s3_client(settings)
-    with Stubber(client) as stub:
-        yield Bucket(client, "bkt", "t/"), stub
-        stub.assert_no_pending_responses()
 
 
 def botocores_crc32c(data: bytes) -> str:
