@@ -27,7 +27,7 @@ Every part carries a CRC32C checksum, which AWS S3 verifies; other servers may i
 accepts a wrong one), so readers check page CRCs themselves. A part's CRC is computed here, in one pass that
 releases the GIL, and sent as the header: botocore's own pass reads the body through 1 MiB copies (8 MiB: 4
 against 0.6 ms). botocore still reads each part twice (the SigV4 payload SHA-256 over plain HTTP, then the
-send): `_PartBody` hands it views of the part's bytes instead of copies.
+send): `_PartBody` hands it views of the written buffers, neither joined nor copied.
 
 Hook: `hook(name)` at "initiated" (upload created), "part" (a part stored; from the part's thread) and
 "completed" (object complete), so fault tests can fail or kill the process exactly there.
@@ -41,8 +41,6 @@ before the completion, the single PUT and every part but the first; the first pa
 (fails at once if the claim already failed, never blocks). An upload in progress is not an object: a
 listing does not show it, and if the process dies before the completion GC's sweep of stale uploads aborts
 it. So at most one part is spent on a claim that is lost.
-
-Parts are sent as they were written, without joining the writes (`_PartBody`).
 
 `start()` creates the upload at once, in the background, for a caller that knows the object needs more than
 one part: the creation's round trip overlaps the packing of the first part.
