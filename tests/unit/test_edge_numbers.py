@@ -9,7 +9,7 @@ import argparse
 
 import jsonschema
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tiering import config
@@ -38,11 +38,14 @@ positionish = st.one_of(
 
 
 def ascii_int(text: str, lo: int, hi: int) -> int | None:
-    """The oracle: an optional '-' then ASCII digits only, within [lo, hi]; None when refused."""
+    """The oracle: an optional '-' then ASCII digits only, within [lo, hi]; None when refused. A negative
+    spelling must be the number's own ('-0', '-01' are refused: one spelling each for 0 and -1)."""
     body = text[1:] if text.startswith("-") else text
     if not body or any(c not in ASCII for c in body):
         return None
     value = int(text)
+    if text.startswith("-") and text != str(value):
+        return None
     return value if lo <= value <= hi else None
 
 
@@ -91,6 +94,9 @@ def test_positions_accept_ascii_digits_only(text):
 
 @settings(max_examples=600, deadline=None)
 @given(numberish)
+@example("-0")
+@example("-01")
+@example("-1")
 def test_sizes_and_seconds_accept_bounded_ascii_digits_only(text):
     assert outcome(lambda t: parse_int(t, "n", 0, INT64_MAX), text) == ascii_int(text, 0, INT64_MAX)
     assert outcome(cli._nonneg, text) == ascii_int(text, 0, INT64_MAX)
