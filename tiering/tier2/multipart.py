@@ -189,10 +189,9 @@ class MultipartUpload:
         if not self.multipart:
             body = self._take_pending()
             self._wait_gate()
-            self._throttle(sum(map(len, body)))
-            resp = self.b.s3.put_object(Bucket=self.b.name, Key=self.key, Body=_PartBody(body),
-                                        Metadata=self.metadata, ChecksumAlgorithm="CRC32C",
-                                        ChecksumCRC32C=_crc32c_header(body))
+            self._throttle(body.size)
+            resp = self.b.s3.put_object(Bucket=self.b.name, Key=self.key, Body=body, Metadata=self.metadata,
+                                        ChecksumAlgorithm="CRC32C", ChecksumCRC32C=body.crc32c_header())
             self.etag = resp.get("ETag") or None
             self.parts = 1
         else:
@@ -299,26 +298,18 @@ class MultipartUpload:
         part_size + 5 MiB ships it first (`write`), so no part grows past that but by a single write."""
         return self._expected > 0 and self._expected - self.size < MIN_PART_SIZE
 
-    def _upload_part(self, n: int, body: list) -> tuple[int, dict]:
-        self._throttle(sum(map(len, body)))  # in the part's thread: the writer keeps packing while a part waits
+    def _upload_part(self, n: int, body: _PartBody) -> tuple[int, dict]:
+        self._throttle(body.size)  # in the part's thread: the writer keeps packing while a part waits
+        # the checksum here too, beside the packing (crc32c releases the GIL)
         resp = self.b.s3.upload_part(Bucket=self.b.name, Key=self.key, UploadId=self.upload_id, PartNumber=n,
-                                     Body=_PartBody(body), ChecksumAlgorithm="CRC32C",
-                                     ChecksumCRC32C=_crc32c_header(body))
+                                     Body=body, ChecksumAlgorithm="CRC32C", ChecksumCRC32C=body.crc32c_header())
         self._step("part")
         return n, completed_part(n, resp)
 
-    def _take_pending(self) -> list:
-        body = self._pending
+    def _take_pending(self) -> _PartBody:
+        body = _PartBody(self._pending)
         self._pending, self._pending_len = [], 0
         return body
-
-
-def _crc32c_header(buffers: list) -> str:
-    """The x-amz-checksum-crc32c value of the buffers one after the other."""
-    crc = 0
-    for buf in buffers:
-        crc = crc32c(buf, crc)
-    return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
 
 
 class _PartBody:
@@ -333,9 +324,20 @@ class _PartBody:
         self._starts = list(accumulate((len(v) for v in self._views), initial=0))
         self._pos = 0
 
+    @property
+    def size(self) -> int:
+        return self._starts[-1]
+
+    def crc32c_header(self) -> str:
+        """The x-amz-checksum-crc32c value of the bytes."""
+        crc = 0
+        for view in self._views:
+            crc = crc32c(view, crc)
+        return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
+
     def read(self, size: int | None = -1):
         if size is None or size < 0:
-            return b"".join(iter(lambda: self.read(self._starts[-1]), b""))
+            return b"".join(iter(lambda: self.read(self.size), b""))
         i = bisect_right(self._starts, self._pos) - 1
         if size == 0 or i >= len(self._views):
             return b""
@@ -345,8 +347,8 @@ class _PartBody:
         return chunk
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        base = (0, self._pos, self._starts[-1])[whence]
-        self._pos = max(0, min(self._starts[-1], base + offset))
+        base = (0, self._pos, self.size)[whence]
+        self._pos = max(0, min(self.size, base + offset))
         return self._pos
 
     def tell(self) -> int:
