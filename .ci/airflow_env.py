@@ -8,6 +8,7 @@ and `spark_default` built from the tiering settings.
     python .ci/airflow_env.py --create-metastore LOCAL_DIR   # CREATE DATABASE when missing (make up)
     python .ci/airflow_env.py --check-fernet-key             # one line and exit 1 if the key cannot read it
     python .ci/airflow_env.py --drop-metastore LOCAL_DIR     # DROP the metastores LOCAL_DIR made (make clean)
+    python .ci/airflow_env.py --end-dead-schedulers          # before a scheduler starts (make up), see below
 
 Airflow's metastore is a PostgreSQL database of its own on the server of TIERING_DATABASE_URL: by default
 `airflow_<hash>`, the hash of the local directory's absolute path (TIERING_LOCAL, default .local), so two
@@ -268,7 +269,36 @@ def airflow_env(env: dict[str, str], home: Path, spark_master: str = "local[2]",
     return out
 
 
+def end_dead_schedulers() -> int:
+    """Mark this host's scheduler jobs that the metastore still shows running as failed; the number marked.
+
+    Called by `make up` just before it starts the scheduler, when no process of this checkout's Airflow is
+    alive, so every such job is dead (the metastore is this local directory's own). A scheduler killed with
+    tasks in flight (`make stop` past its bound, a crash, the machine's power) leaves them `running` or
+    `queued` under its job. The new scheduler resets such tasks at once only when that job no longer counts
+    as running, which Airflow decides from its heartbeat: after [scheduler] scheduler_health_check_threshold
+    (30 s) at its start, otherwise at its next orphan check, [scheduler] orphaned_tasks_check_interval (300 s)
+    later. Ending the dead jobs first makes the restart pick their tasks up in its first loop."""
+    from datetime import datetime, timezone
+
+    from airflow.jobs.job import Job, JobState
+    from airflow.utils.net import get_hostname
+    from airflow.utils.session import create_session
+    from sqlalchemy import update
+
+    with create_session() as session:
+        result = session.execute(update(Job).where(Job.job_type == "SchedulerJob", Job.state == JobState.RUNNING,
+                                                   Job.hostname == get_hostname())
+                                 .values(state=JobState.FAILED, end_date=datetime.now(timezone.utc)))
+        return result.rowcount or 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--end-dead-schedulers"]:
+        ended = end_dead_schedulers()
+        if ended:
+            print(f"ended {ended} scheduler job(s) a killed scheduler left running: their tasks run again")
+        return 0
     if argv[:1] == ["--connections"]:
         path = Path(argv[1])
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds passwords

@@ -23,6 +23,11 @@ sys.exit(h["metadatabase"]["status"] != "healthy")' "$URL" 2>/dev/null; }
   start api-server airflow api-server
   for _ in $(seq 1 300); do healthy && break; kill -0 "$(cat "$PIDS/api-server.pid")" 2>/dev/null || exit 1; sleep 1; done
   healthy || exit 1
+  # A scheduler killed (not stopped) left its job "running": end it, so the new one resets its tasks at once
+  # instead of at its orphan check 300 s later (.ci/airflow_env.py, end_dead_schedulers). Not fatal: that
+  # check still resets them, only later.
+  "$ROOT/.venv/bin/python" "$ROOT/.ci/airflow_env.py" --end-dead-schedulers \
+    || echo "$(date -u +%FT%TZ) could not end the scheduler jobs a killed scheduler left (see above)"
   echo "$(date -u +%FT%TZ) API server healthy: starting the scheduler and the DAG processor"
   start scheduler airflow scheduler
   start dag-processor airflow dag-processor

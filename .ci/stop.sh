@@ -56,6 +56,9 @@ stop_airflow() {
   # (TIERING_AIRFLOW_STOP_SECONDS, default 180) the group is killed: a task killed so misses heartbeats and
   # is retried after [scheduler] task_instance_heartbeat_timeout (DAGs' default_args: retries).
   stop_scheduler "${TIERING_AIRFLOW_STOP_SECONDS:-180}"
+  # A scheduler signalled again (above) exits without waiting for its workers: tasks still running report
+  # through the API server, so it stays until they are done, within the same bound.
+  for _ in $(seq 1 $((${TIERING_AIRFLOW_STOP_SECONDS:-180} * 5))); do tasks_running || break; sleep 0.2; done
   stop_one dag-processor 30
   stop_one triggerer 30
   stop_one api-server 30

@@ -7,9 +7,13 @@ test_airflow_up.py: .ci/airflow_up.sh with a metastore database, a home and a po
   target a topic with nothing before the position, so `plan` skips Spark: the test costs plan tasks only.
 - `.ci/stop.sh` while scheduled runs are running, then `.ci/airflow_up.sh`: no run is left FAILED and no
   task failed for want of the API server ("Connection refused").
+- the whole process group killed (a crash) while an offload's Spark task runs, then `.ci/airflow_up.sh`: the
+  task runs again at once (not after Airflow's 300 s orphan check) and the run succeeds, each ledger offloaded.
 """
 from __future__ import annotations
 
+import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -116,9 +120,61 @@ def test_stop_during_scheduled_runs_then_up_loses_nothing(up, engine, s3_client,
         if all(s in FINAL for s in scheduled.values()):
             break
         time.sleep(5)
-    assert all(scheduled.get(key) == "success" for key in running), (running, scheduled)
+    if not all(scheduled.get(key) == "success" for key in running):
+        tis = {key: [(t["task_id"], t["state"], t["try_number"]) for t in _http(
+            f"{up.url}/api/v2/dags/{key[0]}/dagRuns/{key[1]}/taskInstances", token=token)[1]["task_instances"]]
+            for key in running}
+        pytest.fail(f"left unfinished: {scheduled}; their tasks: {tis}; stop: {stop.stdout + stop.stderr}; "
+                    f"scheduler log: {(up.home / 'scheduler.log').read_text(errors='replace')[-6000:]}")
     assert "failed" not in scheduled.values(), scheduled
     logs = _logs(up)
     assert "Connection refused" not in logs
     # the API server answered before the scheduler started, after the restart too
     assert (up.home / "standalone.log").read_text().count("API server healthy") == 2
+
+
+def test_killed_with_a_spark_task_running_then_up_offloads_once(up, engine, s3_client, run_bucket):
+    """The whole process group killed (a crash, not `make stop`) while the offload's Spark task runs: the
+    next `make up` ends the dead scheduler's job, so the task is reset and run again in the first loop, not
+    after Airflow's orphan check (300 s); the new attempt takes over the dead one's ledgers and the run
+    succeeds with every ledger before the position offloaded once."""
+    token = _token(up)
+    deps = make_deps(engine, s3_client, run_bucket, up.local / "tier1")
+    empty_world(engine, s3_client, run_bucket)
+    produce(deps, "crash", [[b"a" * 100] * 20, [b"b" * 100] * 20, [b"c"]], TopicPolicy(**BIG), open_tail=[b"d"])
+    dag = "tiering_offload_prefix"
+    _wait_dags(up, token, [dag])
+    _unpause(up, token, [dag])
+    status, run = _http(f"{up.url}/api/v2/dags/{dag}/dagRuns", token=token,
+                        data={"logical_date": None, "conf": {"topic": "crash", "position": "2:0"}})
+    assert status == 200, run
+    tis_url = f"{up.url}/api/v2/dags/{dag}/dagRuns/{run['dag_run_id']}/taskInstances"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        states = {t["task_id"]: t["state"] for t in _http(tis_url, token=token)[1]["task_instances"]}
+        if states.get("offload") == "running":
+            break
+        assert "failed" not in states.values(), states
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"the offload task never ran: {states}")
+
+    os.killpg(int((up.local / "airflow.pid").read_text()), signal.SIGKILL)
+    again = up.script("airflow_up.sh")
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    token = _token(up)
+    restarted = time.monotonic()
+    deadline = restarted + 240  # well inside the 300 s after which Airflow's own orphan check would reset it
+    state = None
+    while time.monotonic() < deadline:
+        state = _http(f"{up.url}/api/v2/dags/{dag}/dagRuns/{run['dag_run_id']}", token=token)[1]["state"]
+        if state in FINAL:
+            break
+        time.sleep(2)
+    tis = [(t["task_id"], t["state"], t["try_number"]) for t in _http(tis_url, token=token)[1]["task_instances"]]
+    assert state == "success", (state, tis, (up.home / "standalone.log").read_text()[-3000:])
+    assert ("offload", "success", 2) in tis, tis  # the killed try, then one more
+    assert "scheduler job(s) a killed scheduler left running: their tasks run again" in \
+        (up.home / "standalone.log").read_text()
+    ledgers = deps.meta.list_ledgers("crash")  # (a killed try's open multipart upload is GC's to abort)
+    assert [led.state.value for led in ledgers] == ["OFFLOADED", "OFFLOADED", "SEALED", "OPEN"], ledgers
