@@ -4,7 +4,8 @@
 # repo's DAGs and plugins, the secrets its processes share generated once under .local/airflow-secrets, the
 # connections in its metastore. The API server starts first and the scheduler only once it answers its
 # health check: a task started earlier could not reach the execution API ("Connection refused") and failed.
-# Idempotent: an Airflow whose process group is alive and answers on the address is reused. `make stop`
+# Idempotent: an Airflow whose process group is alive and answers on the address is reused (restarted whole
+# when one of its components died). `make stop`
 # (.ci/stop.sh) stops it gracefully: scheduler first (its running tasks finish), API server last.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -19,7 +20,7 @@ h = json.load(urllib.request.urlopen(sys.argv[1] + "/api/v2/monitor/health", tim
 sys.exit(h["metadatabase"]["status"] != "healthy")' "$URL" 2>/dev/null; }
   # appended: the logs of earlier starts stay (a restart must not hide what happened before it)
   start() { local name=$1; shift; "$@" >>"$AIRFLOW_HOME/$name.log" 2>&1 </dev/null & echo $! >"$PIDS/$name.pid"; }
-  mkdir -p "$PIDS"; rm -f "$PIDS"/*.pid
+  mkdir -p "$PIDS"; rm -f "$PIDS"/*.pid "$PIDS/all-started"
   start api-server airflow api-server
   for _ in $(seq 1 300); do healthy && break; kill -0 "$(cat "$PIDS/api-server.pid")" 2>/dev/null || exit 1; sleep 1; done
   healthy || exit 1
@@ -31,6 +32,7 @@ sys.exit(h["metadatabase"]["status"] != "healthy")' "$URL" 2>/dev/null; }
   echo "$(date -u +%FT%TZ) API server healthy: starting the scheduler and the DAG processor"
   start scheduler airflow scheduler
   start dag-processor airflow dag-processor
+  touch "$PIDS/all-started"  # from here a component without a live process has died (see `missing` below)
   # no triggerer: no tiering task defers (add `airflow triggerer` here for deferrable operators)
   wait
   exit 0
@@ -44,6 +46,20 @@ wait_up() {
   for _ in $(seq 1 180); do answers && { echo; return 0; }; group_alive || break; printf '.'; sleep 1; done
   echo; return 1
 }
+missing() {  # the first component of a live group whose process is gone (killed, OOM), if any
+  local name pid
+  [ -f "$PIDS/all-started" ] || return 0  # still starting
+  for name in api-server scheduler dag-processor; do
+    pid="$(cat "$PIDS/$name.pid" 2>/dev/null)" || { echo "$name"; return; }
+    kill -0 "$pid" 2>/dev/null || { echo "$name"; return; }
+  done
+}
+if group_alive && [ -d "$PIDS" ] && gone="$(missing)" && [ -n "$gone" ]; then
+  # A group that answers but runs no scheduler would say "already up" and never run a task: stop what is
+  # left of it (gracefully, as make stop) and start it whole.
+  echo "Airflow's $gone is not running (process group $(cat "$PIDFILE")): restarting Airflow"
+  bash "$ROOT/.ci/stop.sh" airflow
+fi
 if group_alive; then
   if answers || wait_up; then
     echo "Airflow is already up (process group $(cat "$PIDFILE"))"

@@ -9,6 +9,7 @@ test_airflow_up.py: .ci/airflow_up.sh with a metastore database, a home and a po
   task failed for want of the API server ("Connection refused").
 - the whole process group killed (a crash) while an offload's Spark task runs, then `.ci/airflow_up.sh`: the
   task runs again at once (not after Airflow's 300 s orphan check) and the run succeeds, each ledger offloaded.
+- the scheduler alone killed: `.ci/airflow_up.sh` restarts Airflow instead of reporting it up.
 """
 from __future__ import annotations
 
@@ -41,6 +42,14 @@ def _runs(u, token, dag_id) -> list[dict]:
     status, body = _http(f"{u.url}/api/v2/dags/{dag_id}/dagRuns?limit=100", token=token, timeout=120)
     assert status == 200, body
     return body["dag_runs"]
+
+
+def _scheduler_pid(u) -> int:
+    path = u.local / "airflow-pids" / "scheduler.pid"
+    deadline = time.monotonic() + 120  # make up returns once the API server answers; the scheduler follows
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return int(path.read_text())
 
 
 def _logs(u) -> str:
@@ -178,3 +187,35 @@ def test_killed_with_a_spark_task_running_then_up_offloads_once(up, engine, s3_c
         (up.home / "standalone.log").read_text()
     ledgers = deps.meta.list_ledgers("crash")  # (a killed try's open multipart upload is GC's to abort)
     assert [led.state.value for led in ledgers] == ["OFFLOADED", "OFFLOADED", "SEALED", "OPEN"], ledgers
+
+
+def test_a_dead_scheduler_is_started_again_by_make_up(up, engine, s3_client, run_bucket):
+    """The scheduler alone killed (an OOM kill): the API server still answers, so `make up` used to say
+    "already up" with nothing running tasks. It now finds the dead component, stops the rest gracefully and
+    starts Airflow whole; a run triggered afterwards succeeds."""
+    old = _scheduler_pid(up)
+    os.kill(old, signal.SIGKILL)
+    again = up.script("airflow_up.sh")
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    assert "Airflow's scheduler is not running" in again.stdout and "already up" not in again.stdout, again.stdout
+    new = _scheduler_pid(up)
+    assert new != old
+    os.kill(new, 0)  # alive
+    token = _token(up)
+    deps = make_deps(engine, s3_client, run_bucket, up.local / "tier1")
+    empty_world(engine, s3_client, run_bucket)
+    produce(deps, "after", [[b"a"]], TopicPolicy(**BIG), open_tail=[b"b"])
+    dag = "tiering_offload_prefix"
+    _wait_dags(up, token, [dag])
+    _unpause(up, token, [dag])
+    status, run = _http(f"{up.url}/api/v2/dags/{dag}/dagRuns", token=token,
+                        data={"logical_date": None, "conf": {"topic": "after", "position": "0:0"}})
+    assert status == 200, run
+    deadline = time.monotonic() + 300
+    state = None
+    while time.monotonic() < deadline:
+        state = _http(f"{up.url}/api/v2/dags/{dag}/dagRuns/{run['dag_run_id']}", token=token)[1]["state"]
+        if state in FINAL:
+            break
+        time.sleep(2)
+    assert state == "success", state
