@@ -270,34 +270,59 @@ def airflow_env(env: dict[str, str], home: Path, spark_master: str = "local[2]",
 
 
 def end_dead_schedulers() -> int:
-    """Mark this host's scheduler jobs that the metastore still shows running as failed; the number marked.
+    """Mark this host's scheduler jobs that have stopped heartbeating failed; the number marked.
 
-    Called by `make up` just before it starts the scheduler, when no process of this checkout's Airflow is
-    alive, so every such job is dead (the metastore is this local directory's own). A scheduler killed with
-    tasks in flight (`make stop` past its bound, a crash, the machine's power) leaves them `running` or
-    `queued` under its job. The new scheduler resets such tasks at once only when that job no longer counts
-    as running, which Airflow decides from its heartbeat: after [scheduler] scheduler_health_check_threshold
-    (30 s) at its start, otherwise at its next orphan check, [scheduler] orphaned_tasks_check_interval (300 s)
-    later. Ending the dead jobs first makes the restart pick their tasks up in its first loop."""
-    from datetime import datetime, timezone
+    Called by `make up` just before it starts the scheduler. A scheduler killed with tasks in flight (`make
+    stop` past its bound, a crash, an OOM kill) leaves them `running` or `queued` under its job, and the new
+    scheduler resets them at once only when that job no longer counts as running. Airflow decides that from
+    the job's heartbeat: dead after [scheduler] scheduler_health_check_threshold (30 s) when the new one
+    starts, otherwise only at its next orphan check, [scheduler] orphaned_tasks_check_interval (300 s) later.
 
+    A live scheduler heartbeats every [scheduler] scheduler_heartbeat_sec (5 s). A job whose heartbeat is
+    older than three of those is dead; a younger one is watched until it is that old and ended only if its
+    heartbeat did not move meanwhile (at most ~15 s of waiting). Each job is ended by a compare-and-set on the
+    heartbeat read, so a scheduler that is alive after all (another `make up` sharing the metastore, one
+    started by hand) is never failed: its next heartbeat would have moved it."""
+    import time
+    from datetime import datetime, timedelta, timezone
+
+    from airflow.configuration import conf
     from airflow.jobs.job import Job, JobState
     from airflow.utils.net import get_hostname
     from airflow.utils.session import create_session
-    from sqlalchemy import update
+    from sqlalchemy import select, update
 
+    silent = timedelta(seconds=3 * conf.getfloat("scheduler", "scheduler_heartbeat_sec", fallback=5.0))
+    running = (Job.job_type == "SchedulerJob", Job.state == JobState.RUNNING, Job.hostname == get_hostname())
+
+    def beats() -> dict[int, datetime | None]:
+        with create_session() as session:
+            return dict(session.execute(select(Job.id, Job.latest_heartbeat).where(*running)).all())
+
+    seen = beats()
+    newest = max((b for b in seen.values() if b is not None), default=None)
+    if newest is not None and datetime.now(timezone.utc) - newest < silent:
+        time.sleep((silent - (datetime.now(timezone.utc) - newest)).total_seconds() + 0.5)
+        now = beats()
+        seen = {job: beat for job, beat in seen.items() if job in now and now[job] == beat}
+    ended = 0
     with create_session() as session:
-        result = session.execute(update(Job).where(Job.job_type == "SchedulerJob", Job.state == JobState.RUNNING,
-                                                   Job.hostname == get_hostname())
-                                 .values(state=JobState.FAILED, end_date=datetime.now(timezone.utc)))
-        return result.rowcount or 0
+        for job, beat in seen.items():
+            if beat is not None and datetime.now(timezone.utc) - beat < silent:
+                continue  # (a clock step): not proven dead
+            result = session.execute(update(Job).where(Job.id == job, *running, Job.latest_heartbeat == beat
+                                                       if beat is not None else Job.latest_heartbeat.is_(None))
+                                     .values(state=JobState.FAILED, end_date=datetime.now(timezone.utc)))
+            ended += result.rowcount or 0
+    return ended
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--end-dead-schedulers"]:
         ended = end_dead_schedulers()
         if ended:
-            print(f"ended {ended} scheduler job(s) a killed scheduler left running: their tasks run again")
+            print(f"ended {ended} scheduler job(s) a killed scheduler left running: their tasks run again",
+                  flush=True)
         return 0
     if argv[:1] == ["--connections"]:
         path = Path(argv[1])

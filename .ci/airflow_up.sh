@@ -37,10 +37,15 @@ sys.exit(h["metadatabase"]["status"] != "healthy")' "$URL" 2>/dev/null; }
   wait
   exit 0
 fi
+# One start or stop of this checkout's Airflow at a time (.ci/stop.sh takes the same lock): two at once would
+# each start a supervisor, or one would stop what the other just started. The supervisor does not inherit it.
+mkdir -p "$LOCAL"
+exec 9>"$LOCAL/airflow.lock"
+flock 9
 source "$ROOT/.ci/airflow_env.sh"
 URL="${AIRFLOW__API__BASE_URL%/}"
 answers() { "$ROOT/.venv/bin/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/api/v2/version", timeout=2)' "$URL" 2>/dev/null; }
-group_alive() { [ -f "$PIDFILE" ] && kill -0 -- "-$(cat "$PIDFILE")" 2>/dev/null; }
+group_alive() { [ -f "$PIDFILE" ] && { pgrep -s "$(cat "$PIDFILE")" >/dev/null 2>&1 || kill -0 -- "-$(cat "$PIDFILE")" 2>/dev/null; }; }
 wait_up() {
   printf 'waiting for Airflow on %s' "$URL"
   for _ in $(seq 1 180); do answers && { echo; return 0; }; group_alive || break; printf '.'; sleep 1; done
@@ -51,14 +56,15 @@ missing() {  # the first component of a live group whose process is gone (killed
   [ -f "$PIDS/all-started" ] || return 0  # still starting
   for name in api-server scheduler dag-processor; do
     pid="$(cat "$PIDS/$name.pid" 2>/dev/null)" || { echo "$name"; return; }
-    kill -0 "$pid" 2>/dev/null || { echo "$name"; return; }
+    # alive and in this Airflow's session (a dead component's PID may have been reused since)
+    [ "$(ps -o sid= -p "$pid" 2>/dev/null | tr -d ' ')" = "$(cat "$PIDFILE")" ] || { echo "$name"; return; }
   done
 }
 if group_alive && [ -d "$PIDS" ] && gone="$(missing)" && [ -n "$gone" ]; then
   # A group that answers but runs no scheduler would say "already up" and never run a task: stop what is
   # left of it (gracefully, as make stop) and start it whole.
   echo "Airflow's $gone is not running (process group $(cat "$PIDFILE")): restarting Airflow"
-  bash "$ROOT/.ci/stop.sh" airflow
+  TIERING_AIRFLOW_LOCK_HELD=1 bash "$ROOT/.ci/stop.sh" airflow  # (this script holds the lock)
 fi
 if group_alive; then
   if answers || wait_up; then
@@ -72,7 +78,8 @@ elif answers; then
   exit 1
 else
   # setsid: its own process group, so `make stop` reaches every component and task process
-  setsid bash "$ROOT/.ci/airflow_up.sh" --supervise >>"$AIRFLOW_HOME/standalone.log" 2>&1 </dev/null &
+  rm -f "$PIDS"/*.pid "$PIDS/all-started"  # a dead group's files: not this start's
+  setsid bash "$ROOT/.ci/airflow_up.sh" --supervise >>"$AIRFLOW_HOME/standalone.log" 2>&1 </dev/null 9>&- &
   echo $! >"$PIDFILE"
   wait_up || { echo "Airflow did not come up on $URL; see $AIRFLOW_HOME/api-server.log" >&2; exit 1; }
 fi

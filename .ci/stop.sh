@@ -4,16 +4,23 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 LOCAL="${TIERING_LOCAL:-$ROOT/.local}"
-stop_group() {  # name pidfile: TERM the process group (Airflow's children live in it), then KILL
+# Every process started by `make services` / `make up` runs under setsid: its recorded PID is its session's
+# id. Signals go to the whole session, not only the leader's process group: Airflow puts each task process
+# (and the spark-submit under it) in a process group of its own, which a group signal never reaches.
+valid_pid() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }  # (pkill -s 0 would mean this script's own session)
+session_alive() { pgrep -s "$1" >/dev/null 2>&1 || kill -0 -- "-$1" 2>/dev/null || kill -0 "$1" 2>/dev/null; }
+signal_session() { pkill "-$1" -s "$2" 2>/dev/null; kill "-$1" -- "-$2" 2>/dev/null || kill "-$1" "$2" 2>/dev/null; true; }
+stop_group() {  # name pidfile: TERM the session (Airflow's children live in it), then KILL
   local name=$1 f=$2 pid
   [ -f "$f" ] || return 0
   pid=$(cat "$f")
-  # the group, not the leader: `airflow standalone` may be gone while its scheduler or API server live on
-  if kill -0 -- "-$pid" 2>/dev/null || kill -0 "$pid" 2>/dev/null; then
-    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
-    for _ in $(seq 1 100); do kill -0 -- "-$pid" 2>/dev/null || kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -KILL -- "-$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.2; done  # gone, not dying
+  valid_pid "$pid" || { rm -f "$f"; return 0; }
+  # the session, not the leader: the supervisor may be gone while its scheduler, API server or tasks live on
+  if session_alive "$pid"; then
+    signal_session TERM "$pid"
+    for _ in $(seq 1 100); do session_alive "$pid" || break; sleep 0.2; done
+    signal_session KILL "$pid"
+    for _ in $(seq 1 50); do session_alive "$pid" || break; sleep 0.2; done  # gone, not dying
     echo "stopped $name (pid $pid)"
   fi
   rm -f "$f"
@@ -28,8 +35,8 @@ stop_one() {  # component seconds: TERM one Airflow component and wait for it to
   fi
   rm -f "$f"
 }
-tasks_running() {  # a task left in the group: its process, or a LocalExecutor worker still holding it
-  pgrep -g "$(cat "$LOCAL/airflow.pid")" -f '^airflow worker -- (LocalExecutor: )?[0-9a-f]{8}-' >/dev/null 2>&1
+tasks_running() {  # a task left in the session: its process, or a LocalExecutor worker still holding it
+  pgrep -s "$(cat "$LOCAL/airflow.pid")" -f '^airflow worker -- (LocalExecutor: )?[0-9a-f]{8}-' >/dev/null 2>&1
 }
 stop_scheduler() {  # seconds: TERM, wait for its tasks; TERM again once none runs (see below)
   local f="$LOCAL/airflow-pids/scheduler.pid" pid idle=0 resent=0
@@ -49,22 +56,32 @@ stop_scheduler() {  # seconds: TERM, wait for its tasks; TERM again once none ru
   rm -f "$f"
 }
 stop_airflow() {
-  [ -f "$LOCAL/airflow.pid" ] && kill -0 -- "-$(cat "$LOCAL/airflow.pid")" 2>/dev/null || { stop_group airflow "$LOCAL/airflow.pid"; return 0; }
+  rm -f "$LOCAL/airflow-pids/all-started"  # from here a missing component is this stop's doing (airflow_up.sh)
+  [ -f "$LOCAL/airflow.pid" ] && valid_pid "$(cat "$LOCAL/airflow.pid")" && session_alive "$(cat "$LOCAL/airflow.pid")" \
+    || { stop_group airflow "$LOCAL/airflow.pid"; return 0; }
   # Gracefully, in order. The scheduler first, alone: on SIGTERM it schedules nothing more and its
   # LocalExecutor waits for the running tasks to finish (queued ones are handed back and re-queued by the
   # next scheduler). They report their state through the API server, so it stops last. Past the bound
   # (TIERING_AIRFLOW_STOP_SECONDS, default 180) the group is killed: a task killed so misses heartbeats and
   # is retried after [scheduler] task_instance_heartbeat_timeout (DAGs' default_args: retries).
-  stop_scheduler "${TIERING_AIRFLOW_STOP_SECONDS:-180}"
+  local bound="${TIERING_AIRFLOW_STOP_SECONDS:-180}" started=$SECONDS
+  stop_scheduler "$bound"
   # A scheduler signalled again (above) exits without waiting for its workers: tasks still running report
-  # through the API server, so it stays until they are done, within the same bound.
-  for _ in $(seq 1 $((${TIERING_AIRFLOW_STOP_SECONDS:-180} * 5))); do tasks_running || break; sleep 0.2; done
+  # through the API server, so it stays until they are done, within what is left of the same bound.
+  while [ $((SECONDS - started)) -lt "$bound" ] && tasks_running; do sleep 0.2; done
   stop_one dag-processor 30
   stop_one triggerer 30
   stop_one api-server 30
   stop_group airflow "$LOCAL/airflow.pid"
 }
+# One start or stop of this checkout's Airflow at a time (.ci/airflow_up.sh takes the same lock, and holds it
+# when it calls this script to restart a broken Airflow).
+if [ -z "${TIERING_AIRFLOW_LOCK_HELD:-}" ] && [ -d "$LOCAL" ]; then
+  exec 9>"$LOCAL/airflow.lock"
+  flock 9
+fi
 stop_airflow
+exec 9>&-
 [ "${1:-}" = airflow ] && exit 0
 stop_group moto "$LOCAL/moto.pid"
 # Ceph: the gateway first, then the OSD, then the monitor (each its own session; TERM lets BlueStore close)

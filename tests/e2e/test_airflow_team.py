@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,7 +23,7 @@ import pytest
 
 from tests.conftest import empty_world
 from tests.e2e.test_airflow_up import _http, _token, _wait_dags, up  # noqa: F401 - `up` is the fixture
-from tests.integration.helpers import make_deps, produce
+from tests.integration.helpers import bucket_keys, make_deps, produce
 from tiering.model import TopicPolicy
 
 pytestmark = pytest.mark.slow
@@ -47,8 +48,8 @@ def _runs(u, token, dag_id) -> list[dict]:
 def _scheduler_pid(u) -> int:
     path = u.local / "airflow-pids" / "scheduler.pid"
     deadline = time.monotonic() + 120  # make up returns once the API server answers; the scheduler follows
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.5)
+    while not (path.exists() and path.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.5)  # (created empty, then written)
     return int(path.read_text())
 
 
@@ -115,8 +116,11 @@ def test_stop_during_scheduled_runs_then_up_loses_nothing(up, engine, s3_client,
         time.sleep(0.5)
     assert running, "no scheduled run had a task running or queued"
 
+    session = (up.local / "airflow.pid").read_text().strip()
     stop = up.script("stop.sh", timeout=400)
     assert stop.returncode == 0, stop.stdout + stop.stderr
+    left = subprocess.run(["pgrep", "-a", "-s", session], capture_output=True, text=True).stdout
+    assert not left, left  # nothing of that Airflow lives on: tasks run in process groups of their own
     again = up.script("airflow_up.sh")
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     token = _token(up)
@@ -168,7 +172,14 @@ def test_killed_with_a_spark_task_running_then_up_offloads_once(up, engine, s3_c
     else:
         pytest.fail(f"the offload task never ran: {states}")
 
-    os.killpg(int((up.local / "airflow.pid").read_text()), signal.SIGKILL)
+    # the whole session, as a crash would: the task process and its spark-submit run in groups of their own
+    session = (up.local / "airflow.pid").read_text().strip()
+    subprocess.run(["pkill", "-KILL", "-s", session], check=False)
+    deadline = time.monotonic() + 30
+    while subprocess.run(["pgrep", "-s", session], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "a process of the killed Airflow lives on"
+        time.sleep(0.2)
+    log_at = len((up.home / "standalone.log").read_text())
     again = up.script("airflow_up.sh")
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     token = _token(up)
@@ -183,10 +194,13 @@ def test_killed_with_a_spark_task_running_then_up_offloads_once(up, engine, s3_c
     tis = [(t["task_id"], t["state"], t["try_number"]) for t in _http(tis_url, token=token)[1]["task_instances"]]
     assert state == "success", (state, tis, (up.home / "standalone.log").read_text()[-3000:])
     assert ("offload", "success", 2) in tis, tis  # the killed try, then one more
-    assert "scheduler job(s) a killed scheduler left running: their tasks run again" in \
-        (up.home / "standalone.log").read_text()
+    assert "ended 1 scheduler job(s) a killed scheduler left running" in \
+        (up.home / "standalone.log").read_text()[log_at:]  # this restart's, not an earlier one's
     ledgers = deps.meta.list_ledgers("crash")  # (a killed try's open multipart upload is GC's to abort)
     assert [led.state.value for led in ledgers] == ["OFFLOADED", "OFFLOADED", "SEALED", "OPEN"], ledgers
+    # offloaded once: the bucket holds the objects the chunk rows name and nothing else (no second attempt's)
+    named = {key for led in ledgers[:2] for ch in [deps.meta.get_chunk(led)] for key in (ch.data_key, ch.index_key)}
+    assert bucket_keys(deps) == named, (bucket_keys(deps), named)
 
 
 def test_a_dead_scheduler_is_started_again_by_make_up(up, engine, s3_client, run_bucket):
