@@ -12,6 +12,8 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 # the metrics test scrapes the dashboard with a real Prometheus server (started by the test, never a service)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
+command -v pgrep >/dev/null 2>&1 || need+=(procps)  # make stop: pgrep/pkill -s (a session's processes)
+command -v flock >/dev/null 2>&1 || need+=(util-linux)  # make up / make stop: one at a time
 # the local S3 endpoint: Ceph's RADOS Gateway on a private single-node cluster (.ci/ceph.sh), unless the
 # moto fallback is asked for or an external endpoint is configured
 if [ "${TIERING_LOCAL_S3:-rgw}" = rgw ] && [ -z "${TIERING_S3_ENDPOINT_URL:-}" ]; then

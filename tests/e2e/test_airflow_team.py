@@ -45,6 +45,27 @@ def _runs(u, token, dag_id) -> list[dict]:
     return body["dag_runs"]
 
 
+def _trigger_prefix(u, token, topic: str, position: str) -> tuple[str, dict]:
+    dag = "tiering_offload_prefix"
+    _wait_dags(u, token, [dag])
+    _unpause(u, token, [dag])
+    status, run = _http(f"{u.url}/api/v2/dags/{dag}/dagRuns", token=token,
+                        data={"logical_date": None, "conf": {"topic": topic, "position": position}})
+    assert status == 200, run
+    return dag, run
+
+
+def _final_state(u, token, dag_id: str, run: dict, seconds: float) -> str | None:
+    deadline = time.monotonic() + seconds
+    state = None
+    while time.monotonic() < deadline:
+        state = _http(f"{u.url}/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}", token=token)[1]["state"]
+        if state in FINAL:
+            break
+        time.sleep(2)
+    return state
+
+
 def _scheduler_pid(u) -> int:
     path = u.local / "airflow-pids" / "scheduler.pid"
     deadline = time.monotonic() + 120  # make up returns once the API server answers; the scheduler follows
@@ -147,7 +168,7 @@ def test_stop_during_scheduled_runs_then_up_loses_nothing(up, engine, s3_client,
 
 
 def test_killed_with_a_spark_task_running_then_up_offloads_once(up, engine, s3_client, run_bucket):
-    """The whole process group killed (a crash, not `make stop`) while the offload's Spark task runs: the
+    """The whole session killed (a crash, not `make stop`) while the offload's Spark task runs: the
     next `make up` ends the dead scheduler's job, so the task is reset and run again in the first loop, not
     after Airflow's orphan check (300 s); the new attempt takes over the dead one's ledgers and the run
     succeeds with every ledger before the position offloaded once."""
@@ -155,12 +176,7 @@ def test_killed_with_a_spark_task_running_then_up_offloads_once(up, engine, s3_c
     deps = make_deps(engine, s3_client, run_bucket, up.local / "tier1")
     empty_world(engine, s3_client, run_bucket)
     produce(deps, "crash", [[b"a" * 100] * 20, [b"b" * 100] * 20, [b"c"]], TopicPolicy(**BIG), open_tail=[b"d"])
-    dag = "tiering_offload_prefix"
-    _wait_dags(up, token, [dag])
-    _unpause(up, token, [dag])
-    status, run = _http(f"{up.url}/api/v2/dags/{dag}/dagRuns", token=token,
-                        data={"logical_date": None, "conf": {"topic": "crash", "position": "2:0"}})
-    assert status == 200, run
+    dag, run = _trigger_prefix(up, token, "crash", "2:0")
     tis_url = f"{up.url}/api/v2/dags/{dag}/dagRuns/{run['dag_run_id']}/taskInstances"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -183,14 +199,7 @@ def test_killed_with_a_spark_task_running_then_up_offloads_once(up, engine, s3_c
     again = up.script("airflow_up.sh")
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     token = _token(up)
-    restarted = time.monotonic()
-    deadline = restarted + 240  # well inside the 300 s after which Airflow's own orphan check would reset it
-    state = None
-    while time.monotonic() < deadline:
-        state = _http(f"{up.url}/api/v2/dags/{dag}/dagRuns/{run['dag_run_id']}", token=token)[1]["state"]
-        if state in FINAL:
-            break
-        time.sleep(2)
+    state = _final_state(up, token, dag, run, 240)  # well inside the 300 s of Airflow's own orphan check
     tis = [(t["task_id"], t["state"], t["try_number"]) for t in _http(tis_url, token=token)[1]["task_instances"]]
     assert state == "success", (state, tis, (up.home / "standalone.log").read_text()[-3000:])
     assert ("offload", "success", 2) in tis, tis  # the killed try, then one more
@@ -219,17 +228,5 @@ def test_a_dead_scheduler_is_started_again_by_make_up(up, engine, s3_client, run
     deps = make_deps(engine, s3_client, run_bucket, up.local / "tier1")
     empty_world(engine, s3_client, run_bucket)
     produce(deps, "after", [[b"a"]], TopicPolicy(**BIG), open_tail=[b"b"])
-    dag = "tiering_offload_prefix"
-    _wait_dags(up, token, [dag])
-    _unpause(up, token, [dag])
-    status, run = _http(f"{up.url}/api/v2/dags/{dag}/dagRuns", token=token,
-                        data={"logical_date": None, "conf": {"topic": "after", "position": "0:0"}})
-    assert status == 200, run
-    deadline = time.monotonic() + 300
-    state = None
-    while time.monotonic() < deadline:
-        state = _http(f"{up.url}/api/v2/dags/{dag}/dagRuns/{run['dag_run_id']}", token=token)[1]["state"]
-        if state in FINAL:
-            break
-        time.sleep(2)
-    assert state == "success", state
+    dag, run = _trigger_prefix(up, token, "after", "0:0")
+    assert _final_state(up, token, dag, run, 300) == "success"
