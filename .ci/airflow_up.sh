@@ -4,8 +4,8 @@
 # repo's DAGs and plugins, the secrets its processes share generated once under .local/airflow-secrets, the
 # connections in its metastore. The API server starts first and the scheduler only once it answers its
 # health check: a task started earlier could not reach the execution API ("Connection refused") and failed.
-# Idempotent: an Airflow whose process group is alive and answers on the address is reused (restarted whole
-# when one of its components died). `make stop`
+# Idempotent: an Airflow whose session is alive and answers on the address is reused (restarted whole when
+# one of its components died). `make stop`
 # (.ci/stop.sh) stops it gracefully: scheduler first (its running tasks finish), API server last.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -13,7 +13,7 @@ LOCAL="${TIERING_LOCAL:-$ROOT/.local}"
 PIDFILE="$LOCAL/airflow.pid"
 PIDS="$LOCAL/airflow-pids"  # one file per component, for .ci/stop.sh's order
 if [ "${1:-}" = --supervise ]; then
-  # The process group's leader (run under setsid below; the environment is already exported).
+  # The session's leader (run under setsid below; the environment is already exported).
   URL="${AIRFLOW__API__BASE_URL%/}"
   healthy() { "$ROOT/.venv/bin/python" -c 'import json, sys, urllib.request
 h = json.load(urllib.request.urlopen(sys.argv[1] + "/api/v2/monitor/health", timeout=2))
@@ -45,39 +45,40 @@ flock 9
 source "$ROOT/.ci/airflow_env.sh"
 URL="${AIRFLOW__API__BASE_URL%/}"
 answers() { "$ROOT/.venv/bin/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/api/v2/version", timeout=2)' "$URL" 2>/dev/null; }
-group_alive() { [ -f "$PIDFILE" ] && { pgrep -s "$(cat "$PIDFILE")" >/dev/null 2>&1 || kill -0 -- "-$(cat "$PIDFILE")" 2>/dev/null; }; }
+source "$ROOT/.ci/session.sh"  # session_alive, in_session
+group_alive() { [ -f "$PIDFILE" ] && session_alive "$(cat "$PIDFILE")"; }
 wait_up() {
   printf 'waiting for Airflow on %s' "$URL"
   for _ in $(seq 1 180); do answers && { echo; return 0; }; group_alive || break; printf '.'; sleep 1; done
   echo; return 1
 }
-missing() {  # the first component of a live group whose process is gone (killed, OOM), if any
+missing() {  # the first component of a live session whose process is gone (killed, OOM), if any
   local name pid
   [ -f "$PIDS/all-started" ] || return 0  # still starting
   for name in api-server scheduler dag-processor; do
     pid="$(cat "$PIDS/$name.pid" 2>/dev/null)" || { echo "$name"; return; }
     # alive and in this Airflow's session (a dead component's PID may have been reused since)
-    [ "$(ps -o sid= -p "$pid" 2>/dev/null | tr -d ' ')" = "$(cat "$PIDFILE")" ] || { echo "$name"; return; }
+    in_session "$pid" "$(cat "$PIDFILE")" || { echo "$name"; return; }
   done
 }
 if group_alive && [ -d "$PIDS" ] && gone="$(missing)" && [ -n "$gone" ]; then
   # A group that answers but runs no scheduler would say "already up" and never run a task: stop what is
   # left of it (gracefully, as make stop) and start it whole.
-  echo "Airflow's $gone is not running (process group $(cat "$PIDFILE")): restarting Airflow"
+  echo "Airflow's $gone is not running (session $(cat "$PIDFILE")): restarting Airflow"
   TIERING_AIRFLOW_LOCK_HELD=1 bash "$ROOT/.ci/stop.sh" airflow  # (this script holds the lock)
 fi
 if group_alive; then
   if answers || wait_up; then
-    echo "Airflow is already up (process group $(cat "$PIDFILE"))"
+    echo "Airflow is already up (session $(cat "$PIDFILE"))"
   else
-    echo "Airflow (process group $(cat "$PIDFILE")) runs but does not answer on $URL; see $AIRFLOW_HOME/api-server.log, or make stop" >&2
+    echo "Airflow (session $(cat "$PIDFILE")) runs but does not answer on $URL; see $AIRFLOW_HOME/api-server.log, or make stop" >&2
     exit 1
   fi
 elif answers; then
   echo "Something that is not this checkout's Airflow answers on $URL; set TIERING_AIRFLOW_ADDRESS=host:port" >&2
   exit 1
 else
-  # setsid: its own process group, so `make stop` reaches every component and task process
+  # setsid: a session of its own, so `make stop` reaches every component and task process (.ci/session.sh)
   rm -f "$PIDS"/*.pid "$PIDS/all-started"  # a dead group's files: not this start's
   setsid bash "$ROOT/.ci/airflow_up.sh" --supervise >>"$AIRFLOW_HOME/standalone.log" 2>&1 </dev/null 9>&- &
   echo $! >"$PIDFILE"

@@ -4,12 +4,7 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 LOCAL="${TIERING_LOCAL:-$ROOT/.local}"
-# Every process started by `make services` / `make up` runs under setsid: its recorded PID is its session's
-# id. Signals go to the whole session, not only the leader's process group: Airflow puts each task process
-# (and the spark-submit under it) in a process group of its own, which a group signal never reaches.
-valid_pid() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }  # (pkill -s 0 would mean this script's own session)
-session_alive() { pgrep -s "$1" >/dev/null 2>&1 || kill -0 -- "-$1" 2>/dev/null || kill -0 "$1" 2>/dev/null; }
-signal_session() { pkill "-$1" -s "$2" 2>/dev/null; kill "-$1" -- "-$2" 2>/dev/null || kill "-$1" "$2" 2>/dev/null; true; }
+source "$ROOT/.ci/session.sh"  # valid_pid, session_alive, signal_session
 stop_group() {  # name pidfile: TERM the session (Airflow's children live in it), then KILL
   local name=$1 f=$2 pid
   [ -f "$f" ] || return 0
@@ -57,13 +52,12 @@ stop_scheduler() {  # seconds: TERM, wait for its tasks; TERM again once none ru
 }
 stop_airflow() {
   rm -f "$LOCAL/airflow-pids/all-started"  # from here a missing component is this stop's doing (airflow_up.sh)
-  [ -f "$LOCAL/airflow.pid" ] && valid_pid "$(cat "$LOCAL/airflow.pid")" && session_alive "$(cat "$LOCAL/airflow.pid")" \
-    || { stop_group airflow "$LOCAL/airflow.pid"; return 0; }
+  [ -f "$LOCAL/airflow.pid" ] && session_alive "$(cat "$LOCAL/airflow.pid")" || { stop_group airflow "$LOCAL/airflow.pid"; return 0; }
   # Gracefully, in order. The scheduler first, alone: on SIGTERM it schedules nothing more and its
   # LocalExecutor waits for the running tasks to finish (queued ones are handed back and re-queued by the
   # next scheduler). They report their state through the API server, so it stops last. Past the bound
-  # (TIERING_AIRFLOW_STOP_SECONDS, default 180) the group is killed: a task killed so misses heartbeats and
-  # is retried after [scheduler] task_instance_heartbeat_timeout (DAGs' default_args: retries).
+  # (TIERING_AIRFLOW_STOP_SECONDS, default 180) the session is killed, tasks included; the next `make up`
+  # ends the killed scheduler's job so that its tasks are retried at once (airflow_up.sh).
   local bound="${TIERING_AIRFLOW_STOP_SECONDS:-180}" started=$SECONDS
   stop_scheduler "$bound"
   # A scheduler signalled again (above) exits without waiting for its workers: tasks still running report

@@ -7,7 +7,7 @@ test_airflow_up.py: .ci/airflow_up.sh with a metastore database, a home and a po
   target a topic with nothing before the position, so `plan` skips Spark: the test costs plan tasks only.
 - `.ci/stop.sh` while scheduled runs are running, then `.ci/airflow_up.sh`: no run is left FAILED and no
   task failed for want of the API server ("Connection refused").
-- the whole process group killed (a crash) while an offload's Spark task runs, then `.ci/airflow_up.sh`: the
+- the whole session killed (a crash) while an offload's Spark task runs, then `.ci/airflow_up.sh`: the
   task runs again at once (not after Airflow's 300 s orphan check) and the run succeeds, each ledger offloaded.
 - the scheduler alone killed: `.ci/airflow_up.sh` restarts Airflow instead of reporting it up.
 """

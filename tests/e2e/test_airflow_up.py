@@ -4,7 +4,7 @@ run both SUCCEED through the scheduler, the executor and the execution API (`air
 three, which is how every run of `make up` could fail unseen), each with its job_run row pointing back at
 it; a bad trigger is refused with HTTP 400; a conf key the DAG does not take fails the run once, without a
 retry and without Spark, with a FAILED job_run row. A second `make up` reuses the running Airflow and
-`make stop` ends its whole process group.
+`make stop` ends its whole session.
 
 DAGs are created paused here (on 2 shared cores, seven start-up runs would be five more Spark launches);
 the test unpauses the two it drives, so what it shows of scheduling is the same as `make up`'s.
