@@ -121,6 +121,8 @@ def empty_tables(engine) -> None:
         conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
                           "tiering.attribute, tiering.job_run, tiering.gc_sweep, tiering.subscription, "
                           "tiering.subscription_loss, tiering.topic_tombstone RESTART IDENTITY CASCADE"))
+        # the Iceberg catalog's rows (migration 0014) go with the topics whose tables they name
+        conn.execute(text("TRUNCATE iceberg_tables, iceberg_namespace_properties"))
 
 
 def empty_world(engine, s3, bucket: str) -> None:

@@ -154,6 +154,18 @@ def test_metadata_export_by_spark_over_jdbc_imports_back_exactly(airflow, deps, 
     from tiering.ops.export_metadata import filesystem_for, table_names
     from tiering.ops.import_metadata import import_metadata
 
+    from tiering.metadata.export_rows import qualified, table
+    from tiering.metadata.table_sync import TableRows
+
+    # a topic's table: its policy row and the catalog's rows (another catalog's too, which stay out)
+    deps.meta.create_topic("tabled")
+    TableRows(deps.meta.engine).set_policy("tabled", "ns.tabled", "keep")
+    with deps.meta.engine.begin() as conn:
+        conn.execute(text("INSERT INTO iceberg_tables (catalog_name, table_namespace, table_name, metadata_location)"
+                          " VALUES ('tiering', 'ns', 'tabled', 's3://b/t/metadata/00001-x.metadata.json'),"
+                          " ('theirs', 'ns', 'other', NULL)"))
+        conn.execute(text("INSERT INTO iceberg_namespace_properties VALUES ('tiering', 'ns', 'exists', 'true'),"
+                          " ('theirs', 'ns', 'exists', 'true')"))
     # The default location, in the bucket: executors write the Parquet parts with pyarrow's S3 client, which
     # must send Content-Length (RGW 16 refuses its default aws-chunked uploads with HTTP 411).
     done, out = dags_test(airflow, "tiering_metadata_export", {})
@@ -176,17 +188,21 @@ def test_metadata_export_by_spark_over_jdbc_imports_back_exactly(airflow, deps, 
                                   secret_key=s3_settings["aws_secret_access_key"])
         import_metadata(target, fs, base)
 
-        def dump(engine, table):
+        def dump(engine, tname):
             with engine.connect() as conn:
-                return conn.execute(text(f"SELECT * FROM tiering.{table} ORDER BY 1, 2")).all()
+                return conn.execute(text(f"SELECT * FROM {qualified(table(tname))} ORDER BY 1, 2, 3")).all()
 
-        for table in table_names():
-            source = dump(deps.meta.engine, table)
-            if table == "job_run":  # the export's own run row is written after its snapshot
+        for tname in table_names():
+            source = dump(deps.meta.engine, tname)
+            if tname == "job_run":  # the export's own run row is written after its snapshot
                 source = [r for r in source if r.job != "export_metadata"]
-                assert [r for r in dump(target, table) if r.job != "export_metadata"] == source
+                assert [r for r in dump(target, tname) if r.job != "export_metadata"] == source
+            elif tname.startswith("iceberg_"):  # the product's catalog only
+                assert [r for r in source if r.catalog_name == "tiering"] == dump(target, tname) != [], tname
             else:
-                assert dump(target, table) == source, table
+                assert dump(target, tname) == source, tname
+        with target.connect() as conn:
+            assert conn.execute(text("SELECT identifier FROM tiering.topic_table")).scalars().all() == ["ns.tabled"]
     finally:
         target.dispose()
         with admin.connect() as conn:

@@ -22,6 +22,7 @@ from tiering.metadata import make_engine, upgrade
 from tiering.metadata.attributes import AttributeUpdate, Attributes, Verb
 from tiering.metadata.job_runs import JobOutcome, JobRuns
 from tiering.metadata.repository import MetadataStore
+from tiering.metadata.table_sync import TableRows
 from tiering.model import LedgerState as S, Position, TopicPolicy
 from tiering.ops.defrag import defrag
 from tiering.ops.delete_lagged import delete_lagged
@@ -33,13 +34,19 @@ from tiering.ops.recover import recover_from_bucket
 from tiering.ops.retention import truncate
 from tiering.ops.topics import delete_topic
 from tiering.read import Entry, ReadHandle
+from tiering.tables.catalog import catalog
+from tiering.tables.files import local_writer
+from tiering.tables.sync import TableSync, sync_tables
 from tiering.tier1 import Tier1Store
 from tiering.tier2.reader import tier2_opener
 
 BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
 PKS = {"topic": "topic_id", "ledger": "topic_id, ledger_id", "chunk": "topic_id, ledger_id",
        "gc_task": "task_id", "attribute": "topic_id, ledger_id, key", "job_run": "run_id",
-       "subscription": "subscription_id", "subscription_loss": "loss_id", "topic_tombstone": "name"}
+       "subscription": "subscription_id", "subscription_loss": "loss_id", "topic_tombstone": "name",
+       "topic_table": "topic_id", "iceberg_namespace_properties": "catalog_name, namespace, property_key",
+       "iceberg_tables": "catalog_name, table_namespace, table_name"}
+QUALIFIED = {t: ("" if t.startswith("iceberg_") else "tiering.") + t for t in PKS}
 SLASHED = "tenant/ns/β topic"  # percent-encoded in keys
 
 
@@ -82,7 +89,7 @@ def s3fs(s3_settings, bucket):
 def snapshot(engine) -> dict[str, list[dict]]:
     """Every row of every table, ordered by primary key."""
     with engine.connect() as conn:
-        return {t: [dict(r._mapping) for r in conn.execute(text(f"SELECT * FROM tiering.{t} ORDER BY {PKS[t]}"))]
+        return {t: [dict(r._mapping) for r in conn.execute(text(f"SELECT * FROM {QUALIFIED[t]} ORDER BY {PKS[t]}"))]
                 for t in table_names()}
 
 
@@ -138,6 +145,19 @@ def populate(deps, db, defrag_too: bool = True) -> None:
                           "WHERE key = 't/alpha/manual-2'"))
 
 
+def sync_table(deps, settings, topic: str, identifier: str):
+    """The topic given an Iceberg table, synced once; returns the synced ledger ids."""
+    TableRows(deps.meta.engine).set_policy(topic, identifier, "keep")
+    [r] = sync_tables(TableSync(deps.meta.engine, settings, catalog(settings)), local_writer(deps, settings), topic)
+    assert r.status == "synced", r.error
+    return r.ledgers
+
+
+def table_rows(settings, identifier: str) -> list[tuple]:
+    t = catalog(settings).load_table(identifier).scan().to_arrow()
+    return sorted(zip(t["ledger_id"].to_pylist(), t["entry_id"].to_pylist(), t["payload"].to_pylist()))
+
+
 def read_ledger(meta, tier1, bkt, led):
     handle = ReadHandle(meta, tier1, tier2_opener(bkt), raise_on_dataloss=True)
     return [(e.ledger_id, e.entry_id, e.data) for e in handle.read(
@@ -145,8 +165,11 @@ def read_ledger(meta, tier1, bkt, led):
 
 
 # ----------------------------------------------------------------------------------------------- export/import
-def test_export_local_and_s3_then_import_gives_identical_tables(deps, db, new_database, tmp_path, s3fs):
+def test_export_local_and_s3_then_import_gives_identical_tables(deps, db, settings, new_database, tmp_path, s3fs):
     populate(deps, db)
+    assert sync_table(deps, settings, "gamma", "ns.gamma") == [2, 3]  # ledgers 0-1 were truncated
+    in_table = table_rows(settings, "ns.gamma")
+    assert len(in_table) == 8
     before = snapshot(db)
     assert all(before[t] for t in table_names())  # every table has rows to carry
 
@@ -186,6 +209,13 @@ def test_export_local_and_s3_then_import_gives_identical_tables(deps, db, new_da
         for led in meta.list_ledgers("alpha", [S.OFFLOADED]):
             assert read_ledger(meta, deps.tier1, deps.bucket, led) == \
                 read_ledger(deps.meta, deps.tier1, deps.bucket, deps.meta.get_ledger("alpha", led.ledger_id))
+        # and so does the topic's table: the imported catalog finds it, and a sync through the imported
+        # metadata has nothing to add (every entry stays in it once)
+        at_target = dataclasses.replace(settings, database_url=target.url.render_as_string(hide_password=False))
+        assert table_rows(at_target, "ns.gamma") == in_table
+        [r] = sync_tables(TableSync(target, at_target, catalog(at_target)), local_writer(deps, at_target), "gamma")
+        assert (r.status, r.ledgers, r.reconciled) == ("up_to_date", [], False), r
+        assert table_rows(at_target, "ns.gamma") == in_table
 
 
 def test_gc_aborts_uploads_that_failed_exports_leave_at_the_default_location(deps):
@@ -220,6 +250,31 @@ def test_import_refuses_a_non_empty_schema_and_changes_nothing(deps, db, new_dat
     # the source itself is not empty either
     with pytest.raises(BadInput, match="hold rows"):
         import_metadata(db, *filesystem_for(str(tmp_path / "e")))
+
+
+def test_import_refuses_a_catalog_with_tables_of_its_own_and_leaves_other_catalogs_alone(deps, db, new_database,
+                                                                                         tmp_path):
+    populate(deps, db, defrag_too=False)
+    export_metadata(db, *filesystem_for(str(tmp_path / "e")))
+    row = "INSERT INTO iceberg_tables (catalog_name, table_namespace, table_name, metadata_location) " \
+          "VALUES (:c, 'ns', 'x', 's3://elsewhere/x.metadata.json')"
+    target = new_database()
+    with target.begin() as conn:
+        conn.execute(text(row), {"c": "tiering"})
+    before = snapshot(target)
+    with pytest.raises(BadInput, match="tables iceberg_tables hold rows"):
+        import_metadata(target, *filesystem_for(str(tmp_path / "e")))
+    assert snapshot(target) == before
+    # a catalog of another name shares the tables: its rows neither stop the import nor are exported or touched
+    target = new_database()
+    with target.begin() as conn:
+        conn.execute(text(row), {"c": "theirs"})
+    report = import_metadata(target, *filesystem_for(str(tmp_path / "e")))
+    assert report.rows["topic"] > 0
+    with target.connect() as conn:
+        assert conn.execute(text("SELECT catalog_name, table_name FROM iceberg_tables")).all() == [("theirs", "x")]
+    manifest = export_metadata(target, *filesystem_for(str(tmp_path / "again")))
+    assert manifest.row_counts["iceberg_tables"] == 0
 
 
 def test_import_refuses_incomplete_exports_and_other_migrations(deps, db, new_database, tmp_path, s3fs):

@@ -44,3 +44,35 @@ def test_tables_py_declares_the_migrated_schema(engine):
     differ = {k: {"tables.py": v, "migrated": migrated[k]} for k, v in declared.items() if migrated[k] != v}
     assert differ == {}, "(nullable, type)"
     assert declared_keys == migrated_keys, "primary keys"
+
+
+_CATALOG_COLUMNS = """
+SELECT c.table_name, c.column_name, c.is_nullable = 'YES',
+       c.data_type || COALESCE('(' || c.character_maximum_length || ')', '')
+FROM information_schema.columns c
+WHERE c.table_name IN ('iceberg_tables', 'iceberg_namespace_properties')
+  AND c.table_schema = (SELECT n.nspname FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace
+                        WHERE r.oid = to_regclass('iceberg_tables'))
+"""
+
+
+def test_the_catalog_tables_are_pyiceberg_s_and_the_migrated_ones(engine):
+    """The Iceberg catalog's tables, made by migration 0014 where pyiceberg looks for them, have pyiceberg's
+    layout (a pyiceberg upgrade that changes it fails here, before an export leaves a column out)."""
+    from pyiceberg.catalog.sql import IcebergNamespaceProperties, IcebergTables
+
+    from tiering.metadata.tables import iceberg_namespace_properties, iceberg_tables
+
+    dialect = postgresql.dialect()
+
+    def shape(table):
+        return {c.name: (c.nullable, c.type.compile(dialect=dialect).lower(), c.primary_key) for c in table.columns}
+
+    assert shape(iceberg_tables) == shape(IcebergTables.__table__)
+    assert shape(iceberg_namespace_properties) == shape(IcebergNamespaceProperties.__table__)
+    with engine.connect() as conn:
+        migrated = {(t, c): (nullable, type_.replace("character varying", "varchar"))
+                    for t, c, nullable, type_ in conn.execute(text(_CATALOG_COLUMNS))}
+    declared = {(t.name, c.name): (c.nullable, c.type.compile(dialect=dialect).lower())
+                for t in (iceberg_tables, iceberg_namespace_properties) for c in t.columns}
+    assert migrated == declared

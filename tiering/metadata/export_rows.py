@@ -1,5 +1,5 @@
 """The rows a metadata export reads (tiering/ops/export_metadata.py writes them as Parquet): the exported
-tables and their columns, the SELECTs (ours and the one Spark's JDBC reader runs), a REPEATABLE READ,
+tables (the `tiering` schema's, and the product's rows of the Iceberg catalog's tables) and their columns, the SELECTs (ours and the one Spark's JDBC reader runs), a REPEATABLE READ,
 read-only snapshot streaming each table through a server-side cursor, and the manifest's facts (snapshot
 time, applied migrations, sequences' last values).
 """
@@ -11,16 +11,18 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 import pyarrow as pa
-from sqlalchemy import BigInteger, Boolean, DateTime, Integer, Text, cast, func, select, text
+from sqlalchemy import BigInteger, Boolean, DateTime, Integer, String, Text, cast, func, select, text
 from sqlalchemy.dialects.postgresql import ENUM, JSONB, UUID
 from sqlalchemy.engine import Connection, Engine
 
 from tiering.errors import BadInput
 from tiering.metadata import tables as T
 
-# FK order: parents before children (import inserts in this order).
+# FK order: parents before children (import inserts in this order). A topic's Iceberg table goes with its
+# policy and sync state (topic_table) and its catalog rows: the row that points engines at the table's
+# current metadata file, and its namespace's (the table's data and metadata files stay in the bucket).
 TABLES = (T.topic, T.ledger, T.chunk, T.gc_task, T.attribute, T.job_run, T.subscription, T.subscription_loss,
-          T.topic_tombstone)
+          T.topic_tombstone, T.topic_table, T.iceberg_namespace_properties, T.iceberg_tables)
 _BY_NAME = {t.name: t for t in TABLES}
 # bigserial columns whose sequences import moves past the imported ids
 SERIALS = {"topic": "topic_id", "gc_task": "task_id", "job_run": "run_id", "subscription": "subscription_id",
@@ -30,6 +32,17 @@ SERIALS = {"topic": "topic_id", "gc_task": "task_id", "job_run": "run_id", "subs
 def table_names() -> list[str]:
     """The exported tables, in FK order (import order)."""
     return [t.name for t in TABLES]
+
+
+def qualified(tbl) -> str:
+    """The table's name in SQL: `tiering.<name>`, or the catalog's table name alone (the search_path's)."""
+    return tbl.fullname
+
+
+def scope(tbl):
+    """The rows of `tbl` that are the product's (a WHERE clause), or None for all of them: of the catalog's
+    tables, those of catalog ICEBERG_CATALOG only (another catalog may share them)."""
+    return tbl.c.catalog_name == T.ICEBERG_CATALOG if "catalog_name" in tbl.c else None
 
 
 def table(name: str):
@@ -49,7 +62,7 @@ class ColumnSpec:
 
 def _arrow_type(col) -> pa.DataType:
     t = col.type
-    if isinstance(t, (JSONB, UUID, ENUM, Text)):  # ENUM before nothing else: it subclasses String
+    if isinstance(t, (JSONB, UUID, String)):  # String: text, varchar and ENUM (a subclass)
         return pa.string()
     if isinstance(t, BigInteger):
         return pa.int64()
@@ -86,13 +99,15 @@ def jdbc_query(name: str) -> str:
     cols = []
     for c in tbl.columns:
         cols.append(f"{c.name}::text AS {c.name}" if _pg_kind(c) else c.name)
-    return f"SELECT {', '.join(cols)} FROM tiering.{tbl.name}"
+    where = "" if scope(tbl) is None else f" WHERE catalog_name = '{T.ICEBERG_CATALOG}'"
+    return f"SELECT {', '.join(cols)} FROM {qualified(tbl)}{where}"
 
 
 def _select(tbl):
     """SELECT with jsonb as its PostgreSQL text (what JDBC gives too), ordered by primary key."""
     cols = [cast(c, Text).label(c.name) if isinstance(c.type, JSONB) else c for c in tbl.columns]
-    return select(*cols).order_by(*tbl.primary_key.columns)
+    stmt = select(*cols).order_by(*tbl.primary_key.columns)
+    return stmt if scope(tbl) is None else stmt.where(scope(tbl))
 
 
 def migrations(conn: Connection) -> list[dict]:
@@ -158,4 +173,5 @@ def manifest_facts(source, exported_at: _dt.datetime | None = None) -> ManifestF
 
 
 __all__ = ["SERIALS", "TABLES", "ColumnSpec", "ManifestFacts", "Snapshot", "columns", "jdbc_query",
-           "manifest_facts", "migrations", "sequences", "serial_sequence", "snapshot", "table", "table_names"]
+           "manifest_facts", "migrations", "qualified", "scope", "sequences", "serial_sequence", "snapshot", "table",
+           "table_names"]

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 
 from tiering.errors import BadInput, TieringError
-from tiering.metadata.export_rows import SERIALS, TABLES, migrations, serial_sequence, table_names
+from tiering.metadata.export_rows import SERIALS, TABLES, migrations, qualified, scope, serial_sequence
 
 # load(table name, insert) -> rows loaded: feeds the table's rows through insert(list of row dicts)
 Loader = Callable[[str, Callable[[list[Mapping]], None]], int]
@@ -25,6 +25,12 @@ def _insert_statement(tbl):
         p = bindparam(f"p_{c.name}", type_=Text if isinstance(c.type, JSONB) else c.type)
         values[c.name] = cast(p, JSONB) if isinstance(c.type, JSONB) else p
     return insert(tbl).values(values)
+
+
+def _any_row(tbl):
+    """A row of the table that an import would have to write over (of the catalog's: one of the product's)."""
+    stmt = select(text("1")).select_from(tbl).limit(1)
+    return stmt if scope(tbl) is None else stmt.where(scope(tbl))
 
 
 def _first_line(exc: Exception) -> str:
@@ -50,9 +56,8 @@ def restore(engine: Engine, where: str, expected_migrations: list[dict], sequenc
                                                       [m['name'] for m in have] ==
                                                       [m['name'] for m in expected_migrations] else "")
                     + "; import into a database migrated to the same version")
-            conn.execute(text("LOCK TABLE " + ", ".join(f"tiering.{t}" for t in table_names())
-                              + " IN ACCESS EXCLUSIVE MODE"))
-            busy = [t.name for t in TABLES if conn.execute(select(text("1")).select_from(t).limit(1)).first()]
+            conn.execute(text("LOCK TABLE " + ", ".join(qualified(t) for t in TABLES) + " IN ACCESS EXCLUSIVE MODE"))
+            busy = [t.name for t in TABLES if conn.execute(_any_row(t)).first()]
             if busy:
                 raise BadInput(f"refusing to import: tables {', '.join(busy)} hold rows (import restores into a "
                                "freshly migrated, empty database)")

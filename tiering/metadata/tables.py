@@ -2,7 +2,7 @@
 tests/integration/test_schema_mirror.py compares the two)."""
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, Column, DateTime, Integer, MetaData, Table, Text
+from sqlalchemy import BigInteger, Boolean, Column, DateTime, Integer, MetaData, String, Table, Text
 from sqlalchemy.dialects.postgresql import ENUM, JSONB, UUID
 
 metadata = MetaData(schema="tiering")
@@ -210,4 +210,28 @@ topic_table = Table(  # 0008: a topic's Iceberg table policy and sync state (met
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
     Column("version", BigInteger, nullable=False),
+)
+
+# The Iceberg SQL catalog's tables (0014; pyiceberg's and the JDBC catalog's layout), unqualified like
+# pyiceberg's own: they are found through the search_path. Other catalogs may keep rows in them: the product's
+# rows are those of catalog ICEBERG_CATALOG (a metadata export carries those only).
+ICEBERG_CATALOG = "tiering"
+catalog_metadata = MetaData()
+
+iceberg_namespace_properties = Table(
+    "iceberg_namespace_properties", catalog_metadata,
+    Column("catalog_name", String(255), primary_key=True),
+    Column("namespace", String(255), primary_key=True),
+    Column("property_key", String(255), primary_key=True),
+    Column("property_value", String(1000), nullable=False),
+)
+
+iceberg_tables = Table(
+    "iceberg_tables", catalog_metadata,
+    Column("catalog_name", String(255), primary_key=True),
+    Column("table_namespace", String(255), primary_key=True),
+    Column("table_name", String(255), primary_key=True),
+    Column("metadata_location", String(1000)),
+    Column("previous_metadata_location", String(1000)),
+    Column("iceberg_type", String(5)),
 )

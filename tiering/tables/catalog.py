@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from tiering.config import Settings, aws_sdk_checksums_when_required
 from tiering.errors import BadInput
+from tiering.metadata.tables import ICEBERG_CATALOG
 from tiering.model import tables_prefix
 from tiering.tables.naming import DLQ_SUFFIX, PARTITION_FIELD, PROP_TOPIC, PROP_TOPIC_ID, parse_identifier
 
-CATALOG_NAME = "tiering"
+CATALOG_NAME = ICEBERG_CATALOG  # its rows in the catalog tables (migration 0014), which a metadata export carries
 
 
 def warehouse(settings: Settings) -> str:
