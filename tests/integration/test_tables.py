@@ -589,3 +589,15 @@ def test_compaction_is_one_snapshot_no_reader_sees_the_table_without_the_compact
     assert table.current_snapshot().summary["total-records"] == "15"
     assert len(list(table.scan().plan_files())) == 1
     assert _table_rows(cat, "ns.one")[0] == expected
+
+
+def test_a_table_policy_change_moves_the_topic_version(deps):
+    from tiering.errors import ConditionalUpdateFailed
+
+    t = deps.meta.create_topic("ver")
+    TableRows(deps.meta.engine).set_policy("ver", "ns.ver", "keep")
+    assert deps.meta.get_topic("ver").version == t.version + 1
+    with pytest.raises(ConditionalUpdateFailed):  # a policy read before the table's change is stale
+        deps.meta.set_policy("ver", t.version, t.policy)
+    TableRows(deps.meta.engine).set_policy("ver", None, "follow")
+    assert deps.meta.get_topic("ver").version == t.version + 2

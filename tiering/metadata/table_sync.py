@@ -103,9 +103,13 @@ class TableRows:
         table would be abandoned half-synced, and the new one given the same ledgers again); a name another
         topic uses is refused. A rename holds the sync's lock for its transaction (a running sync: refused,
         try again) and asks `check_rename(old identifier, topic)` (the table's own marks, which a sync killed after
-        its commit left ahead of this row) under it."""
-        return self.in_topic(topic_name, lambda conn, t: self.apply(conn, t, identifier, retention, decoder,
-                                                                    check_decoder, check_rename))
+        its commit left ahead of this row) under it. The topic's version moves with it, as with every change
+        `tiering topic set` makes, so a compare-and-set on the version read before sees this one."""
+        with self.engine.begin() as conn:
+            t = topic_row(conn, topic_name, lock="NO KEY UPDATE")
+            state = self.apply(conn, t, identifier, retention, decoder, check_decoder, check_rename)
+            conn.execute(update(topic).where(topic.c.topic_id == t.topic_id).values(version=topic.c.version + 1))
+            return state
 
     def in_topic(self, topic_name: str, change: Callable[[Connection, Topic], T]) -> T:
         """`change(conn, topic)` in one transaction, the topic's row held FOR SHARE (a deletion waits)."""
