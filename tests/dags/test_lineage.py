@@ -133,6 +133,9 @@ def test_export_and_an_idle_gc_report_their_datasets(lineage_airflow, deps, data
     url = make_url(database_url)
     names = {d["name"] for d in complete["inputs"]}
     assert {f"{url.database}.tiering.topic", f"{url.database}.tiering.ledger"} <= names
+    with deps.meta.engine.connect() as conn:  # where this database's search_path has the catalog's tables
+        schema = conn.execute(text("SELECT current_schema()")).scalar_one()
+    assert {f"{url.database}.{schema}.iceberg_tables", f"{url.database}.{schema}.iceberg_namespace_properties"} <= names
     assert {d["namespace"] for d in complete["inputs"]} == {f"postgres://{url.host}:{url.port or 5432}"}
     [export] = datasets(complete, "outputs")
     assert export[0] == f"s3://{run_bucket}" and export[1].startswith("t-metadata/"), export

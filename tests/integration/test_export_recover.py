@@ -39,6 +39,7 @@ from tiering.tables.files import local_writer
 from tiering.tables.sync import TableSync, sync_tables
 from tiering.tier1 import Tier1Store
 from tiering.tier2.reader import tier2_opener
+from tiering.writer import ManagedLedgerWriter
 
 BIG = dict(rollover_entries=10**9, rollover_bytes=2**40)
 PKS = {"topic": "topic_id", "ledger": "topic_id, ledger_id", "chunk": "topic_id, ledger_id",
@@ -145,9 +146,10 @@ def populate(deps, db, defrag_too: bool = True) -> None:
                           "WHERE key = 't/alpha/manual-2'"))
 
 
-def sync_table(deps, settings, topic: str, identifier: str):
-    """The topic given an Iceberg table, synced once; returns the synced ledger ids."""
-    TableRows(deps.meta.engine).set_policy(topic, identifier, "keep")
+def sync_table(deps, settings, topic: str, identifier: str | None):
+    """The topic given an Iceberg table (None: the one it has), synced once; returns the synced ledger ids."""
+    if identifier is not None:
+        TableRows(deps.meta.engine).set_policy(topic, identifier, "keep")
     [r] = sync_tables(TableSync(deps.meta.engine, settings, catalog(settings)), local_writer(deps, settings), topic)
     assert r.status == "synced", r.error
     return r.ledgers
@@ -187,6 +189,14 @@ def test_export_local_and_s3_then_import_gives_identical_tables(deps, db, settin
     export_metadata(db, fs, base)
     assert read_manifest(fs, base).row_counts == manifest.row_counts
     assert "exports/2026-11-21/manifest.json" in bucket_keys(deps)
+    # after the exports the source's table moves on: a new ledger, synced (a new metadata file)
+    writer = ManagedLedgerWriter(deps.meta, deps.tier1, "gamma")
+    for i in range(3):
+        writer.append(b"after the export %d" % i)
+    writer.seal()
+    writer.close()
+    assert sync_table(deps, settings, "gamma", None) == [4]
+    assert len(table_rows(settings, "ns.gamma")) == 11
 
     # the files carry exact types: tz-aware UTC timestamps, uuids and state as strings, jsonb as JSON text
     ledgers = pq.read_table(local / "ledger").to_pylist()
@@ -209,8 +219,8 @@ def test_export_local_and_s3_then_import_gives_identical_tables(deps, db, settin
         for led in meta.list_ledgers("alpha", [S.OFFLOADED]):
             assert read_ledger(meta, deps.tier1, deps.bucket, led) == \
                 read_ledger(deps.meta, deps.tier1, deps.bucket, deps.meta.get_ledger("alpha", led.ledger_id))
-        # and so does the topic's table: the imported catalog finds it, and a sync through the imported
-        # metadata has nothing to add (every entry stays in it once)
+        # and so does the topic's table, as it was at the export: the imported catalog names the metadata
+        # file of then, and a sync through the imported metadata has nothing to add (every entry stays in it once)
         at_target = dataclasses.replace(settings, database_url=target.url.render_as_string(hide_password=False))
         assert table_rows(at_target, "ns.gamma") == in_table
         [r] = sync_tables(TableSync(target, at_target, catalog(at_target)), local_writer(deps, at_target), "gamma")
@@ -275,6 +285,28 @@ def test_import_refuses_a_catalog_with_tables_of_its_own_and_leaves_other_catalo
         assert conn.execute(text("SELECT catalog_name, table_name FROM iceberg_tables")).all() == [("theirs", "x")]
     manifest = export_metadata(target, *filesystem_for(str(tmp_path / "again")))
     assert manifest.row_counts["iceberg_tables"] == 0
+
+
+def test_import_writes_no_row_of_another_catalog_whatever_the_files_say(new_database):
+    from tiering.metadata import import_rows
+    from tiering.metadata.export_rows import migrations
+
+    target = new_database()
+    with target.connect() as conn:
+        have = migrations(conn)
+
+    def load(table, insert):  # files crafted to hold another catalog's row
+        if table != "iceberg_tables":
+            return 0
+        insert([{"catalog_name": "theirs", "table_namespace": "ns", "table_name": "x", "metadata_location": None,
+                 "previous_metadata_location": None, "iceberg_type": None}])
+        return 1
+
+    with pytest.raises(BadInput, match="holds a row of catalog 'theirs', not 'tiering'") as err:
+        import_rows.restore(target, "crafted", have, {}, load)
+    assert "\n" not in str(err.value)
+    with target.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM iceberg_tables")).scalar_one() == 0
 
 
 def test_import_refuses_incomplete_exports_and_other_migrations(deps, db, new_database, tmp_path, s3fs):
@@ -480,3 +512,27 @@ def test_recover_prefers_the_complete_copy_over_dead_attempts(deps, db, new_data
     assert meta3.get_chunk(rec).data_key == keys(newer)[0] and str(rec.offload_uuid) == newer
     assert read_ledger(meta3, deps.tier1, deps.bucket, rec) == read_ledger(meta2, deps.tier1, deps.bucket,
                                                                            meta2.get_ledger("z", 0))
+
+
+def test_the_migration_keeps_a_catalog_made_before_it_wherever_the_search_path_finds_it(new_database):
+    """pyiceberg made the catalog's tables at a table's first sync before migration 0014 existed: an older
+    layout (no `iceberg_type`), in `public`, behind a schema first in the search_path. The migration keeps its
+    rows, adds the column and makes no second table in front of it."""
+    target = new_database(migrate=False)
+    with target.begin() as conn:
+        conn.execute(text("CREATE SCHEMA extra"))
+        conn.execute(text(f'ALTER DATABASE "{target.url.database}" SET search_path = extra, public'))
+        conn.execute(text("CREATE TABLE public.iceberg_tables (catalog_name varchar(255) NOT NULL, "
+                          "table_namespace varchar(255) NOT NULL, table_name varchar(255) NOT NULL, "
+                          "metadata_location varchar(1000), previous_metadata_location varchar(1000), "
+                          "PRIMARY KEY (catalog_name, table_namespace, table_name))"))
+        conn.execute(text("INSERT INTO public.iceberg_tables VALUES ('tiering', 'ns', 't', 's3://b/m.json', NULL)"))
+    target.dispose()  # new sessions take the database's search_path
+    upgrade(target)
+    with target.connect() as conn:
+        assert conn.execute(text("SELECT * FROM iceberg_tables")).all() == [("tiering", "ns", "t", "s3://b/m.json",
+                                                                           None, None)]
+        where = dict(conn.execute(text(
+            "SELECT c.relname, n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relname IN ('iceberg_tables', 'iceberg_namespace_properties') AND c.relkind = 'r'")).all())
+    assert where == {"iceberg_tables": "public", "iceberg_namespace_properties": "extra"}

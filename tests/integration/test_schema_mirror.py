@@ -12,6 +12,7 @@ _COLUMNS = """
 SELECT table_name, column_name, is_nullable = 'YES',
        CASE WHEN data_type = 'USER-DEFINED' THEN udt_schema || '.' || udt_name ELSE data_type END
 FROM information_schema.columns WHERE table_schema = 'tiering' AND table_name <> 'schema_migrations'
+  AND left(table_name, 8) <> 'iceberg_'  -- the catalog's (below): in this schema when the role's name is tiering
   AND table_name IN (SELECT table_name FROM information_schema.tables
                      WHERE table_schema = 'tiering' AND table_type = 'BASE TABLE')
 """
@@ -20,6 +21,7 @@ _PRIMARY_KEYS = """
 SELECT k.table_name, k.column_name FROM information_schema.table_constraints c
 JOIN information_schema.key_column_usage k USING (constraint_schema, constraint_name)
 WHERE c.constraint_schema = 'tiering' AND c.constraint_type = 'PRIMARY KEY' AND k.table_name <> 'schema_migrations'
+  AND left(k.table_name, 8) <> 'iceberg_'
 """
 
 

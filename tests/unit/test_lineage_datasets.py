@@ -38,6 +38,11 @@ def test_export_reads_the_tables_it_wrote_to_its_location():
     assert ins == [("postgres://db.example:5432", "meta.tiering.ledger"),
                    ("postgres://db.example:5432", "meta.tiering.topic")]
     assert outs == [("s3://bkt", "t-metadata/20260101T000000Z")]
+    # the Iceberg catalog's tables are named in the schema the export found them in
+    details.update(tables={"topic": 2, "iceberg_tables": 1}, schemas={"topic": "tiering", "iceberg_tables": "public"})
+    ins, _ = lineage.datasets("export_metadata", SETTINGS, [], details)
+    assert ins == [("postgres://db.example:5432", "meta.public.iceberg_tables"),
+                   ("postgres://db.example:5432", "meta.tiering.topic")]
 
 
 def test_gc_writes_the_whole_prefix_and_a_job_may_name_more_datasets():

@@ -102,7 +102,8 @@ def datasets(kind: str, settings, topics: list[str], details: Mapping[str, Any] 
             return [location_dataset(dest)] if isinstance(dest, str) and dest else []
         if role == "tables":
             ns, db = tables_namespace(settings.database_url)
-            return [(ns, f"{db}.tiering.{t}") for t in sorted(details.get("tables") or {})]
+            schemas = details.get("schemas") or {}  # the catalog's tables sit where the search_path put them
+            return [(ns, f"{db}.{schemas.get(t, 'tiering')}.{t}") for t in sorted(details.get("tables") or {})]
         raise ValueError(role)
 
     ins, outs = ROLES.get(kind, DEFAULT_ROLES)

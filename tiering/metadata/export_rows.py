@@ -45,6 +45,15 @@ def scope(tbl):
     return tbl.c.catalog_name == T.ICEBERG_CATALOG if "catalog_name" in tbl.c else None
 
 
+def schemas(conn: Connection) -> dict[str, str]:
+    """Each exported table's schema, as this connection's search_path finds it (the catalog's tables: where
+    the role's search_path puts them; lineage names them with it)."""
+    return dict(conn.execute(text(
+        "SELECT t.name, n.nspname FROM unnest(CAST(:names AS text[]), CAST(:qualified AS text[])) AS t(name, q) "
+        "JOIN pg_class c ON c.oid = to_regclass(t.q) JOIN pg_namespace n ON n.oid = c.relnamespace"),
+        {"names": [t.name for t in TABLES], "qualified": [qualified(t) for t in TABLES]}).all())
+
+
 def table(name: str):
     try:
         return _BY_NAME[name]
@@ -173,5 +182,5 @@ def manifest_facts(source, exported_at: _dt.datetime | None = None) -> ManifestF
 
 
 __all__ = ["SERIALS", "TABLES", "ColumnSpec", "ManifestFacts", "Snapshot", "columns", "jdbc_query",
-           "manifest_facts", "migrations", "qualified", "scope", "sequences", "serial_sequence", "snapshot", "table",
+           "manifest_facts", "migrations", "qualified", "schemas", "scope", "sequences", "serial_sequence", "snapshot", "table",
            "table_names"]

@@ -14,6 +14,7 @@ from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 
 from tiering.errors import BadInput, TieringError
 from tiering.metadata.export_rows import SERIALS, TABLES, migrations, qualified, scope, serial_sequence
+from tiering.metadata.tables import ICEBERG_CATALOG
 
 # load(table name, insert) -> rows loaded: feeds the table's rows through insert(list of row dicts)
 Loader = Callable[[str, Callable[[list[Mapping]], None]], int]
@@ -31,6 +32,15 @@ def _any_row(tbl):
     """A row of the table that an import would have to write over (of the catalog's: one of the product's)."""
     stmt = select(text("1")).select_from(tbl).limit(1)
     return stmt if scope(tbl) is None else stmt.where(scope(tbl))
+
+
+def _check_catalog(table: str, records: list[Mapping], where: str) -> None:
+    """The catalog's rows an export holds are the product's catalog's (export writes no other): an import
+    never writes rows of another catalog, whatever the files say."""
+    other = next((r.get("catalog_name") for r in records if r.get("catalog_name") != ICEBERG_CATALOG), None)
+    if other is not None or any("catalog_name" not in r for r in records):
+        raise BadInput(f"import of {where!r} refused, nothing was imported: {table} holds a row of catalog "
+                       f"{str(other)[:80]!r}, not {ICEBERG_CATALOG!r}")
 
 
 def _first_line(exc: Exception) -> str:
@@ -64,7 +74,10 @@ def restore(engine: Engine, where: str, expected_migrations: list[dict], sequenc
             for tbl in TABLES:
                 stmt = _insert_statement(tbl)
 
-                def insert_rows(records: Iterable[Mapping], stmt=stmt) -> None:
+                def insert_rows(records: Iterable[Mapping], stmt=stmt, tbl=tbl) -> None:
+                    records = list(records)
+                    if scope(tbl) is not None:
+                        _check_catalog(tbl.name, records, where)
                     records = [{f"p_{k}": v for k, v in r.items()} for r in records]
                     if records:
                         conn.execute(stmt, records)

@@ -42,7 +42,7 @@ from tiering.tier2.arrowfs import s3_filesystem
 from tiering.errors import BadInput, TieringError
 from tiering.model import INT64_MAX, check_export_location
 from tiering.metadata import export_rows as R
-from tiering.metadata.export_rows import jdbc_query, table_names  # re-exported: the Spark job uses them from here
+from tiering.metadata.export_rows import jdbc_query, schemas, table_names  # re-exported: the Spark job uses them
 from tiering.ops.export_location import (EXPORT_ID_KEY, MANIFEST, TABLE_KEY, LocationTaken, another_export,
                                          check_claimable, claim, create_manifest, discard, exists as _exists,
                                          is_local as _is_local, join as _join, new_export_id, only_writer, part_name,
@@ -490,5 +490,5 @@ def _export_table(snap: R.Snapshot, fs: pafs.FileSystem, base_path: str, table: 
 
 
 __all__ = ["FORMAT_VERSION", "MANIFEST", "Manifest", "PartFile", "TableManifest", "arrow_schema", "build_manifest",
-           "export_metadata", "filesystem_for", "jdbc_query", "part_name", "read_manifest", "rows_to_table",
+           "export_metadata", "filesystem_for", "jdbc_query", "part_name", "read_manifest", "rows_to_table", "schemas",
            "table_names", "write_manifest", "write_part"]

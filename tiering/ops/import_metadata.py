@@ -30,7 +30,9 @@ def import_metadata(engine, fs: pafs.FileSystem, base_path: str, batch_rows: int
     """Restore an export into an empty, migrated schema: one transaction, all or nothing."""
     manifest = read_manifest(fs, base_path)
     if set(manifest.tables) != set(table_names()):
-        raise BadInput(f"export at {base_path!r} has tables {sorted(manifest.tables)}, expected {table_names()}")
+        last = manifest.migrations[-1]["name"][:80] if manifest.migrations else "none"
+        raise BadInput(f"export at {base_path!r} has tables {sorted(manifest.tables)}, expected {table_names()} "
+                       f"(taken at migrations up to {last!r}: import it into a database migrated to that version)")
     for t in table_names():  # before anything is locked: a refusal here takes no lock and writes nothing
         for p in manifest.tables[t].files:
             _check_part(fs, base_path, t, p.path, manifest.export_id)
