@@ -54,6 +54,7 @@ def test_export_import_and_recover_by_hand(cli, db, s3_client, bucket, tier1_roo
     rec = cli("recover-from-bucket", "--json", env=elsewhere).ok().json_lines[0]
     assert rec["ledgers_recovered_count"] == 2 and rec["topics_created"] == ["m"]
     assert "subscriptions" in rec["not_recovered"] and "topic set" in rec["not_recovered"]  # says what it cannot know
+    assert "--table NS.NAME" in rec["not_recovered"]
     # tier 1 still holds the copies; remove them from this view so reads come from tier 2 only
     assert read_data(cli("read", "m", "--json", env={**elsewhere, "TIERING_TIER1_ROOT": str(tmp_path / "none")})) \
         == before

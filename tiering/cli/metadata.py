@@ -75,7 +75,9 @@ def cmd_import_metadata(ctx: Context, args, out: Output) -> int:
 
 # What the bucket and tier 1 cannot tell: said in every recovery's output so an operator knows what to redo.
 NOT_RECOVERED = ("subscriptions and their positions (recreate them: tiering subscription create TOPIC NAME --from "
-                 "L:E) and topic policies (new topics get the defaults: tiering topic set TOPIC ...)")
+                 "L:E), topic policies (new topics get the defaults: tiering topic set TOPIC ...) and Iceberg "
+                 "tables (record each again: tiering topic set TOPIC --table NS.NAME; the next table sync rebuilds "
+                 "it from the retained log)")
 
 
 def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
