@@ -61,6 +61,14 @@ def database_ssl_params(database_url: str) -> dict[str, str]:
             if k in ("sslmode", "sslrootcert", "sslcert", "sslkey")}
 
 
+def database_jdbc_params(database_url: str) -> dict[str, str]:
+    """The database URL's parameters pgjdbc takes under libpq's names: the TLS ones and `options` (server
+    settings such as the search_path, which the catalog's tables are found through)."""
+    params = database_ssl_params(database_url)
+    options = [v for k, v in parse_qsl(urlsplit(database_url).query) if k == "options"]
+    return {**params, "options": options[-1]} if options else params
+
+
 def checked_database_url(url: str) -> str:
     """TIERING_DATABASE_URL checked as a setting (ConfigError naming it), `postgres://` spelt `postgresql://`."""
     try:

@@ -413,6 +413,23 @@ def test_a_database_that_never_answers_is_given_up_on_not_waited_for(cli, databa
     assert took < 30, took  # the URL's own limit (2 s per attempt) was used, not LINK_LIMITS' 30 s
 
 
+def test_the_urls_own_server_options_are_kept_beside_the_products(database_url):
+    """`?options=-c ...` in the URL (a search_path, a statement timeout) reaches the server as it does for
+    every other client of the URL (pyiceberg's catalog, pgjdbc), beside the settings the product adds."""
+    from urllib.parse import quote
+
+    from tiering.metadata.db import SERVER_LINK_LIMITS, make_engine
+
+    sep = "&" if "?" in database_url else "?"
+    engine = make_engine(f"{database_url}{sep}options={quote('-c search_path=extra,public -c statement_timeout=4321')}")
+    with engine.connect() as conn:
+        got = {k: conn.exec_driver_sql(f"SHOW {k}").scalar() for k in ("search_path", "statement_timeout", "jit",
+                                                                         *SERVER_LINK_LIMITS)}
+    engine.dispose()
+    assert got == {"search_path": "extra,public", "statement_timeout": "4321ms", "jit": "off",
+                   **{k: str(v) for k, v in SERVER_LINK_LIMITS.items()}}
+
+
 def test_ctrl_c_ends_a_command_waiting_on_postgresql(cli, deps):
     """libpq waits in C and a Python signal handler runs only once the server answers: a command waiting on a
     lock (or on a server that stopped answering) ignored Ctrl-C. Now it ends at once, one line, exit 130, and

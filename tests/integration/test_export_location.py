@@ -333,3 +333,18 @@ def test_uploads_a_killed_export_left_in_progress_are_aborted_by_the_next(world,
     assert open_uploads() == {foreign["UploadId"]}  # not a part's name: not an export's, left alone
     s3_client.abort_multipart_upload(Bucket=settings.bucket, Key=f"{prefix}/topic/notes.txt",
                                      UploadId=foreign["UploadId"])
+
+
+def test_pgjdbc_gets_the_urls_server_options(spark, database_url):
+    """Spark's JDBC reads (the export's, `tiering-sql`'s) see the server options of the URL as psycopg2 and
+    pyiceberg do: the search_path through which the catalog's tables are found."""
+    from urllib.parse import quote
+
+    from tiering.spark.sql import jdbc_url
+
+    sep = "&" if "?" in database_url else "?"
+    url, user, password = jdbc_url(f"{database_url}{sep}options={quote('-c search_path=extra,public')}")
+    [row] = (spark.read.format("jdbc").option("url", url).option("user", user).option("password", password)
+             .option("driver", "org.postgresql.Driver")
+             .option("query", "SELECT current_setting('search_path') AS p").load().collect())
+    assert row.p == "extra,public"

@@ -22,3 +22,8 @@ def test_user_and_password_come_from_the_authority_or_the_query(url, user, passw
 def test_tls_parameters_carry_over_and_nothing_else():
     jdbc, _, _ = jdbc_url("postgresql://u:p@h/d?sslmode=verify-full&sslrootcert=/ca.pem&password=p&application_name=x")
     assert jdbc == "jdbc:postgresql://h:5432/d?sslmode=verify-full&sslrootcert=%2Fca.pem"
+
+
+def test_server_options_carry_over_too():
+    jdbc, _, _ = jdbc_url("postgresql://u:p@h/d?options=-c%20search_path%3Dextra%2Cpublic&sslmode=require")
+    assert jdbc == "jdbc:postgresql://h:5432/d?sslmode=require&options=-c+search_path%3Dextra%2Cpublic"

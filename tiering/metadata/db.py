@@ -43,12 +43,18 @@ def make_engine(url: str, pool_size: int = 5, **kwargs) -> Engine:
     # history even where the plan reads a few index pages per topic (planning.py's walks); compiling then cost
     # tens of milliseconds to seconds on a loaded machine for statements that run in a few milliseconds.
     connect_args = dict(kwargs.pop("connect_args", {}))
+    given = make_url(url).query
+    # the URL's own `options` (`?options=-c search_path=...`) first: connect_args replaces the URL's value, so
+    # it would be dropped otherwise, and every other client of the URL (pyiceberg's catalog, pgjdbc) keeps it
+    url_options = given.get("options")
+    url_options = url_options[-1] if isinstance(url_options, tuple) else url_options
+    if url_options:
+        connect_args["options"] = f"{url_options} {connect_args.get('options', '')}".strip()
     if "jit=" not in connect_args.get("options", ""):
         connect_args["options"] = (connect_args.get("options", "") + " -c jit=off").strip()
     for name, value in SERVER_LINK_LIMITS.items():  # the server's side of the same limits (a session setting)
         if f"{name}=" not in connect_args["options"]:
             connect_args["options"] += f" -c {name}={value}"
-    given = make_url(url).query
     for name, value in LINK_LIMITS.items():  # the URL's or the caller's own win
         if name not in given and name not in connect_args:
             connect_args[name] = value
