@@ -99,7 +99,7 @@ def test_encryption_and_tls_from_the_connections_extra(tmp_path):
     cases = [
         [{"sse": "aws:kms", "sse_kms_key_id": "testkey-1", **https, "ca_bundle": ca},
          {"sslmode": "verify-full", "sslrootcert": ca}],
-        [{"sse_c_key_file": key_file, **https, "verify": ca}, {}],
+        [{"sse_c_key_file": key_file, **https, "verify": ca}, {"options": "-c search_path=extra,public"}],
         [{"sse": "DES"}, {}],
         [{"sse": "AES256", "sse_c_key_file": key_file}, {}],
         [{"ca_bundle": ca, "endpoint_url": "http://s3.example"}, {}],
@@ -120,9 +120,28 @@ def test_encryption_and_tls_from_the_connections_extra(tmp_path):
     assert kms["env"]["TIERING_DATABASE_URL"] == kms["url"]
     # SSE-C: the key is read from the file; the environment a job gets carries the path, never the key
     assert ssec["key"] == key.hex() and ssec["enc"] == "S3Encryption(mode='SSE-C', kms_key_id=None)"
+    # the connection's server options reach the URL too (the search_path the catalog's tables are found in)
+    from sqlalchemy.engine import make_url
+    assert make_url(ssec["url"]).query == {"options": "-c search_path=extra,public"}, ssec["url"]
     assert ssec["env"]["TIERING_S3_SSE_C_KEY_FILE"] == key_file and ssec["env"]["TIERING_S3_CA_BUNDLE"] == ca
     assert key.hex() not in json.dumps(ssec["env"]) and key.hex() not in ssec["repr"]
     assert "TIERING_S3_SSE must be one of none, AES256, aws:kms" in bad_sse["error"]
     assert "exclude each other" in both["error"]
     assert "TIERING_S3_CA_BUNDLE is set but TIERING_S3_ENDPOINT_URL is not an https:// URL" in http_ca["error"]
     assert "sslmode must be one of" in bad_sslmode["error"]
+
+
+def test_the_metadata_connection_carries_the_urls_libpq_settings():
+    """`.ci/airflow_env.py` makes `tiering_metadata` from TIERING_DATABASE_URL: its TLS settings and server
+    options go into the connection's extra, where the hook takes them from; nothing else of the query."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("airflow_env_conns", REPO / ".ci" / "airflow_env.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    env = {"TIERING_DATABASE_URL": "postgresql://u:pw@db:6543/meta?sslmode=require&application_name=x&"
+                                   "options=-c%20search_path%3Dextra%2Cpublic", "TIERING_BUCKET": "b"}
+    pg = module.connections(env)["tiering_metadata"]
+    assert pg["extra"] == {"sslmode": "require", "options": "-c search_path=extra,public"}
+    assert (pg["host"], pg["port"], pg["schema"], pg["login"], pg["password"]) == ("db", 6543, "meta", "u", "pw")
+    assert "extra" not in module.connections({**env, "TIERING_DATABASE_URL": "postgresql://u@db/meta"})["tiering_metadata"]

@@ -430,6 +430,22 @@ def test_the_urls_own_server_options_are_kept_beside_the_products(database_url):
                    **{k: str(v) for k, v in SERVER_LINK_LIMITS.items()}}
 
 
+def test_the_urls_own_setting_of_a_default_wins_and_only_that_setting(database_url):
+    from urllib.parse import quote
+
+    from tiering.metadata.db import SERVER_LINK_LIMITS, make_engine
+
+    sep = "&" if "?" in database_url else "?"
+    # names as the server takes them (any case); a setting whose name only contains a default's is another
+    engine = make_engine(f"{database_url}{sep}options={quote('-c JIT=on -c x.tcp_keepalives_idle=7')}")
+    with engine.connect() as conn:
+        got = {k: conn.exec_driver_sql(f"SHOW {k}").scalar() for k in ("jit", "x.tcp_keepalives_idle",
+                                                                         "tcp_keepalives_idle")}
+    engine.dispose()
+    assert got == {"jit": "on", "x.tcp_keepalives_idle": "7",
+                   "tcp_keepalives_idle": str(SERVER_LINK_LIMITS["tcp_keepalives_idle"])}
+
+
 def test_ctrl_c_ends_a_command_waiting_on_postgresql(cli, deps):
     """libpq waits in C and a Python signal handler runs only once the server answers: a command waiting on a
     lock (or on a server that stopped answering) ignored Ctrl-C. Now it ends at once, one line, exit 130, and

@@ -19,6 +19,7 @@ from tiering.errors import ConfigError
 
 # libpq's TLS parameters, as the Postgres provider reads them from a connection's extra
 SSL_EXTRA = ("sslmode", "sslrootcert", "sslcert", "sslkey")
+LIBPQ_EXTRA = SSL_EXTRA + ("options",)  # and the server settings (`-c search_path=...`), as the URL carries them
 
 
 class TieringHook(BaseHook):
@@ -35,11 +36,12 @@ class TieringHook(BaseHook):
     def database_url(conn) -> str:
         """A SQLAlchemy URL from an Airflow postgres connection (credentials quoted; never log it). libpq's TLS
         settings in the connection's extra (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`: the Postgres
-        provider's names) go into the URL's query, which psycopg2 passes to libpq as they are."""
+        provider's names) and its `options` go into the URL's query, which psycopg2 passes to libpq as they
+        are."""
         from sqlalchemy.engine import URL
 
         extra = conn.extra_dejson or {}
-        query = {k: str(extra[k]) for k in SSL_EXTRA if extra.get(k) not in (None, "")}
+        query = {k: str(extra[k]) for k in LIBPQ_EXTRA if extra.get(k) not in (None, "")}
         return URL.create(
             "postgresql+psycopg2", username=conn.login or None, password=conn.password or None,
             host=conn.host or None, port=conn.port or None, database=conn.schema or None, query=query,

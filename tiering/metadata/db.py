@@ -36,6 +36,15 @@ SERVER_LINK_LIMITS = {"tcp_keepalives_idle": LINK_LIMITS["keepalives_idle"],
                       "tcp_user_timeout": LINK_LIMITS["tcp_user_timeout"]}
 
 
+_OPTION = re.compile(r"(?:^|\s)(?:-c\s*|--)([A-Za-z_][A-Za-z0-9_.]*)\s*=")
+
+
+def _option_names(options: str) -> set[str]:
+    """The server settings a libpq `options` string sets (`-c name=value`, `-cname=value`, `--name=value`),
+    lower-cased as the server takes them."""
+    return {m.group(1).lower() for m in _OPTION.finditer(options)}
+
+
 def make_engine(url: str, pool_size: int = 5, **kwargs) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg2://" + url[len("postgresql://"):]
@@ -50,11 +59,10 @@ def make_engine(url: str, pool_size: int = 5, **kwargs) -> Engine:
     url_options = url_options[-1] if isinstance(url_options, tuple) else url_options
     if url_options:
         connect_args["options"] = f"{url_options} {connect_args.get('options', '')}".strip()
-    if "jit=" not in connect_args.get("options", ""):
-        connect_args["options"] = (connect_args.get("options", "") + " -c jit=off").strip()
-    for name, value in SERVER_LINK_LIMITS.items():  # the server's side of the same limits (a session setting)
-        if f"{name}=" not in connect_args["options"]:
-            connect_args["options"] += f" -c {name}={value}"
+    named = _option_names(connect_args.get("options", ""))  # the URL's or the caller's own settings win
+    defaults = {"jit": "off", **SERVER_LINK_LIMITS}  # SERVER_LINK_LIMITS: the server's side of the link limits
+    connect_args["options"] = " ".join([connect_args.get("options", "")] + [
+        f"-c {name}={value}" for name, value in defaults.items() if name not in named]).strip()
     for name, value in LINK_LIMITS.items():  # the URL's or the caller's own win
         if name not in given and name not in connect_args:
             connect_args[name] = value
