@@ -47,9 +47,13 @@ URL="${AIRFLOW__API__BASE_URL%/}"
 answers() { "$ROOT/.venv/bin/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/api/v2/version", timeout=2)' "$URL" 2>/dev/null; }
 source "$ROOT/.ci/session.sh"  # session_alive, in_session
 group_alive() { [ -f "$PIDFILE" ] && session_alive "$(cat "$PIDFILE")"; }
+started() { answers && [ -f "$PIDS/all-started" ]; }
+# Up means the scheduler runs too: the supervisor starts it only after the API server's health check and the
+# end of a killed scheduler's jobs (which may watch a heartbeat for up to 15 s), and a `make up` that returned
+# before would leave a run triggered at once queued with no scheduler, and its log without this start's line.
 wait_up() {
   printf 'waiting for Airflow on %s' "$URL"
-  for _ in $(seq 1 180); do answers && { echo; return 0; }; group_alive || break; printf '.'; sleep 1; done
+  for _ in $(seq 1 180); do started && { echo; return 0; }; group_alive || break; printf '.'; sleep 1; done
   echo; return 1
 }
 missing() {  # the first component of a live session whose process is gone (killed, OOM), if any
@@ -68,7 +72,7 @@ if group_alive && [ -d "$PIDS" ] && gone="$(missing)" && [ -n "$gone" ]; then
   TIERING_AIRFLOW_LOCK_HELD=1 bash "$ROOT/.ci/stop.sh" airflow  # (this script holds the lock)
 fi
 if group_alive; then
-  if answers || wait_up; then
+  if started || wait_up; then
     echo "Airflow is already up (session $(cat "$PIDFILE"))"
   else
     echo "Airflow (session $(cat "$PIDFILE")) runs but does not answer on $URL; see $AIRFLOW_HOME/api-server.log, or make stop" >&2
@@ -82,7 +86,7 @@ else
   rm -f "$PIDS"/*.pid "$PIDS/all-started"  # a dead group's files: not this start's
   setsid bash "$ROOT/.ci/airflow_up.sh" --supervise >>"$AIRFLOW_HOME/standalone.log" 2>&1 </dev/null 9>&- &
   echo $! >"$PIDFILE"
-  wait_up || { echo "Airflow did not come up on $URL; see $AIRFLOW_HOME/api-server.log" >&2; exit 1; }
+  wait_up || { echo "Airflow did not come up on $URL; see $AIRFLOW_HOME/api-server.log and standalone.log" >&2; exit 1; }
 fi
 PW="$(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["admin"])' "$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated" 2>/dev/null || echo '(see the generated passwords file)')"
 cat <<MSG
