@@ -33,7 +33,7 @@ import secrets
 import shlex
 import sys
 from pathlib import Path
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
 # The one variable that places the API server (UI, REST, execution API): host:port. `[api] base_url` is
@@ -229,8 +229,10 @@ def connections(env: dict[str, str], spark_master: str = "local[2]") -> dict[str
           "login": unquote(db.username or ""), "password": unquote(db.password or ""),
           "schema": db.path.lstrip("/"), "description": "tiering metadata (PostgreSQL, schema tiering)"}
     # libpq's TLS settings and server options, which the URL's query carries, go into the extra (the
-    # Postgres provider's names), where TieringHook.database_url takes them from (the last of a repeated one)
-    libpq = {k: v for k, v in parse_qsl(db.query) if k in ("sslmode", "sslrootcert", "sslcert", "sslkey", "options")}
+    # Postgres provider's names), where TieringHook.database_url takes them from
+    from tiering.database_url import database_libpq_params
+
+    libpq = database_libpq_params(env["TIERING_DATABASE_URL"])
     if libpq:
         pg["extra"] = libpq
     extra = {"region_name": env.get("AWS_DEFAULT_REGION", "us-east-1"), "bucket": env["TIERING_BUCKET"],

@@ -54,19 +54,26 @@ def with_local_password(url: str, local: str | None) -> str:
     return ours._replace(query="&".join(filter(None, [ours.query, *secret_params(theirs.query)]))).geturl()
 
 
+# libpq's TLS parameters, under the names the Postgres provider's connection extra and pgjdbc use too, and its
+# server settings (`options`: `-c search_path=...`): what every client of the metadata database carries over
+SSL_PARAMS = ("sslmode", "sslrootcert", "sslcert", "sslkey")
+LIBPQ_PARAMS = SSL_PARAMS + ("options",)
+
+
 def database_ssl_params(database_url: str) -> dict[str, str]:
-    """libpq's TLS parameters of the database URL (`?sslmode=verify-full&sslrootcert=...`), for the clients that
-    do not take the URL itself (Spark's JDBC reader: pgjdbc knows the same names)."""
-    return {k: v for k, v in parse_qsl(urlsplit(database_url).query)
-            if k in ("sslmode", "sslrootcert", "sslcert", "sslkey")}
+    """libpq's TLS parameters of the database URL (`?sslmode=verify-full&sslrootcert=...`)."""
+    return _query_params(database_url, SSL_PARAMS)
 
 
-def database_jdbc_params(database_url: str) -> dict[str, str]:
-    """The database URL's parameters pgjdbc takes under libpq's names: the TLS ones and `options` (server
-    settings such as the search_path, which the catalog's tables are found through)."""
-    params = database_ssl_params(database_url)
-    options = [v for k, v in parse_qsl(urlsplit(database_url).query) if k == "options"]
-    return {**params, "options": options[-1]} if options else params
+def database_libpq_params(database_url: str) -> dict[str, str]:
+    """The URL's TLS parameters and `options`, for the clients that do not take the URL itself (Spark's JDBC
+    reader: pgjdbc knows the same names; Airflow's connection extra); the last of a repeated one, as libpq."""
+    return _query_params(database_url, LIBPQ_PARAMS)
+
+
+def _query_params(database_url: str, names: tuple[str, ...]) -> dict[str, str]:
+    given = dict(parse_qsl(urlsplit(database_url).query))  # the last of a repeated one, as libpq takes it
+    return {k: given[k] for k in names if k in given}
 
 
 def checked_database_url(url: str) -> str:

@@ -20,6 +20,7 @@ from tiering.format.keys import data_key, index_key
 from tiering.format.metadata import encode_metadata
 from tiering.metadata import make_engine, upgrade
 from tiering.metadata.attributes import AttributeUpdate, Attributes, Verb
+from tiering.metadata import export_rows as R
 from tiering.metadata.job_runs import JobOutcome, JobRuns
 from tiering.metadata.repository import MetadataStore
 from tiering.metadata.table_sync import TableRows
@@ -47,7 +48,6 @@ PKS = {"topic": "topic_id", "ledger": "topic_id, ledger_id", "chunk": "topic_id,
        "subscription": "subscription_id", "subscription_loss": "loss_id", "topic_tombstone": "name",
        "topic_table": "topic_id", "iceberg_namespace_properties": "catalog_name, namespace, property_key",
        "iceberg_tables": "catalog_name, table_namespace, table_name"}
-QUALIFIED = {t: ("" if t.startswith("iceberg_") else "tiering.") + t for t in PKS}
 SLASHED = "tenant/ns/β topic"  # percent-encoded in keys
 
 
@@ -90,7 +90,8 @@ def s3fs(s3_settings, bucket):
 def snapshot(engine) -> dict[str, list[dict]]:
     """Every row of every table, ordered by primary key."""
     with engine.connect() as conn:
-        return {t: [dict(r._mapping) for r in conn.execute(text(f"SELECT * FROM {QUALIFIED[t]} ORDER BY {PKS[t]}"))]
+        return {t: [dict(r._mapping) for r in conn.execute(
+                    text(f"SELECT * FROM {R.qualified(R.table(t))} ORDER BY {PKS[t]}"))]
                 for t in table_names()}
 
 

@@ -15,11 +15,9 @@ from typing import Mapping
 from airflow.sdk import BaseHook
 
 from tiering.config import Settings
+from tiering.database_url import LIBPQ_PARAMS
 from tiering.errors import ConfigError
 
-# libpq's TLS parameters, as the Postgres provider reads them from a connection's extra
-SSL_EXTRA = ("sslmode", "sslrootcert", "sslcert", "sslkey")
-LIBPQ_EXTRA = SSL_EXTRA + ("options",)  # and the server settings (`-c search_path=...`), as the URL carries them
 
 
 class TieringHook(BaseHook):
@@ -41,7 +39,7 @@ class TieringHook(BaseHook):
         from sqlalchemy.engine import URL
 
         extra = conn.extra_dejson or {}
-        query = {k: str(extra[k]) for k in LIBPQ_EXTRA if extra.get(k) not in (None, "")}
+        query = {k: str(extra[k]) for k in LIBPQ_PARAMS if extra.get(k) not in (None, "")}
         return URL.create(
             "postgresql+psycopg2", username=conn.login or None, password=conn.password or None,
             host=conn.host or None, port=conn.port or None, database=conn.schema or None, query=query,

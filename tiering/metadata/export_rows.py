@@ -1,7 +1,8 @@
 """The rows a metadata export reads (tiering/ops/export_metadata.py writes them as Parquet): the exported
-tables (the `tiering` schema's, and the product's rows of the Iceberg catalog's tables) and their columns, the SELECTs (ours and the one Spark's JDBC reader runs), a REPEATABLE READ,
-read-only snapshot streaming each table through a server-side cursor, and the manifest's facts (snapshot
-time, applied migrations, sequences' last values).
+tables (the `tiering` schema's, and the product's rows of the Iceberg catalog's tables) and their columns,
+the SELECTs (ours and the one Spark's JDBC reader runs), a REPEATABLE READ, read-only snapshot streaming
+each table through a server-side cursor, and the manifest's facts (snapshot time, applied migrations,
+sequences' last values).
 """
 from __future__ import annotations
 
@@ -43,6 +44,11 @@ def scope(tbl):
     """The rows of `tbl` that are the product's (a WHERE clause), or None for all of them: of the catalog's
     tables, those of catalog ICEBERG_CATALOG only (another catalog may share them)."""
     return tbl.c.catalog_name == T.ICEBERG_CATALOG if "catalog_name" in tbl.c else None
+
+
+def scoped(stmt, tbl):
+    """`stmt` (a SELECT of `tbl`) limited to the product's rows of it (`scope`)."""
+    return stmt if scope(tbl) is None else stmt.where(scope(tbl))
 
 
 def schemas(conn: Connection) -> dict[str, str]:
@@ -115,8 +121,7 @@ def jdbc_query(name: str) -> str:
 def _select(tbl):
     """SELECT with jsonb as its PostgreSQL text (what JDBC gives too), ordered by primary key."""
     cols = [cast(c, Text).label(c.name) if isinstance(c.type, JSONB) else c for c in tbl.columns]
-    stmt = select(*cols).order_by(*tbl.primary_key.columns)
-    return stmt if scope(tbl) is None else stmt.where(scope(tbl))
+    return scoped(select(*cols).order_by(*tbl.primary_key.columns), tbl)
 
 
 def migrations(conn: Connection) -> list[dict]:
@@ -182,5 +187,5 @@ def manifest_facts(source, exported_at: _dt.datetime | None = None) -> ManifestF
 
 
 __all__ = ["SERIALS", "TABLES", "ColumnSpec", "ManifestFacts", "Snapshot", "columns", "jdbc_query",
-           "manifest_facts", "migrations", "qualified", "schemas", "scope", "sequences", "serial_sequence", "snapshot", "table",
-           "table_names"]
+           "manifest_facts", "migrations", "qualified", "schemas", "scope", "scoped", "sequences", "serial_sequence",
+           "snapshot", "table", "table_names"]

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 
 from tiering.errors import BadInput, TieringError
-from tiering.metadata.export_rows import SERIALS, TABLES, migrations, qualified, scope, serial_sequence
+from tiering.metadata.export_rows import SERIALS, TABLES, migrations, qualified, scope, scoped, serial_sequence
 from tiering.metadata.tables import ICEBERG_CATALOG
 
 # load(table name, insert) -> rows loaded: feeds the table's rows through insert(list of row dicts)
@@ -30,8 +30,7 @@ def _insert_statement(tbl):
 
 def _any_row(tbl):
     """A row of the table that an import would have to write over (of the catalog's: one of the product's)."""
-    stmt = select(text("1")).select_from(tbl).limit(1)
-    return stmt if scope(tbl) is None else stmt.where(scope(tbl))
+    return scoped(select(text("1")).select_from(tbl).limit(1), tbl)
 
 
 def _check_catalog(table: str, records: list[Mapping], where: str) -> None:

@@ -24,12 +24,12 @@ def jdbc_url(database_url: str) -> tuple[str, str, str]:
 
     from urllib.parse import urlencode
 
-    from tiering.database_url import database_jdbc_params
+    from tiering.database_url import database_libpq_params
 
     url = make_url(database_url)
     # libpq's TLS parameters carry over (pgjdbc knows sslmode/sslrootcert/sslcert/sslkey): without them pgjdbc's
     # default sslmode=prefer would connect without checking the server's certificate; so does `options`
-    ssl = urlencode(database_jdbc_params(database_url))
+    ssl = urlencode(database_libpq_params(database_url))
     # libpq also takes the user and password as query parameters (`?password=...`); pgjdbc is given them apart
     user, password = url.username or _last(url.query.get("user")), url.password or _last(url.query.get("password"))
     return (f"jdbc:postgresql://{url.host or 'localhost'}:{url.port or 5432}/{url.database}" + (f"?{ssl}" if ssl else ""),
