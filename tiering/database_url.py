@@ -67,12 +67,12 @@ def database_ssl_params(database_url: str) -> dict[str, str]:
 
 def database_libpq_params(database_url: str) -> dict[str, str]:
     """The URL's TLS parameters and `options`, for the clients that do not take the URL itself (Spark's JDBC
-    reader: pgjdbc knows the same names; Airflow's connection extra); the last of a repeated one, as libpq."""
+    reader: pgjdbc knows the same names; Airflow's connection extra)."""
     return _query_params(database_url, LIBPQ_PARAMS)
 
 
 def _query_params(database_url: str, names: tuple[str, ...]) -> dict[str, str]:
-    given = dict(parse_qsl(urlsplit(database_url).query))  # the last of a repeated one, as libpq takes it
+    given = dict(parse_qsl(urlsplit(database_url).query))  # (the setting's check refuses a repeated one)
     return {k: given[k] for k in names if k in given}
 
 
@@ -88,6 +88,14 @@ def checked_database_url(url: str) -> str:
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError:
         raise ConfigError("TIERING_DATABASE_URL's port must be a whole number from 0 to 65535") from None
+    names = [k for k, _ in parse_qsl(parts.query, keep_blank_values=True)]
+    repeated = sorted({k for k in names if names.count(k) > 1})
+    if repeated:
+        # libpq takes the last of a repeated parameter, SQLAlchemy and pyiceberg's catalog a tuple of all: one
+        # value each, or the product's clients would disagree on which server settings (or TLS files) apply
+        raise ConfigError(f"TIERING_DATABASE_URL gives {', '.join(repeated)} more than once: give each "
+                          "parameter once (several server settings go in one options value: "
+                          "options=-c%20a%3D1%20-c%20b%3D2)")
     sslmode = database_ssl_params(url).get("sslmode")
     if sslmode is not None and sslmode not in PG_SSLMODES:
         raise ConfigError(f"TIERING_DATABASE_URL's sslmode must be one of {', '.join(PG_SSLMODES)}")

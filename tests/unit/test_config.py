@@ -162,10 +162,15 @@ def test_an_sse_c_key_file_that_is_not_a_regular_file_is_refused_at_once(tmp_pat
     ({"TIERING_S3_SSE_KMS_KEY_ID": "k1"}, "TIERING_S3_SSE_KMS_KEY_ID is set but TIERING_S3_SSE is not aws:kms"),
     ({"TIERING_S3_CA_BUNDLE": "/nonexistent/ca.pem"}, "TIERING_S3_CA_BUNDLE is not a readable file"),
     ({"TIERING_DATABASE_URL": "postgresql://u:s3cret@db/t?sslmode=strict"}, "sslmode must be one of"),
+    ({"TIERING_DATABASE_URL": "postgresql://u:s3cret@db/t?options=-c%20a%3D1&options=-c%20b%3D2"},
+     "TIERING_DATABASE_URL gives options more than once"),
+    ({"TIERING_DATABASE_URL": "postgresql://u@db/t?sslmode=require&sslmode=disable&password=s3cret&password=x"},
+     "TIERING_DATABASE_URL gives password, sslmode more than once: give each parameter once"),
 ])
 def test_bad_encryption_and_tls_settings_are_named(env, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message) as err:
         Settings.from_env({**BASE, **env})
+    assert "s3cret" not in str(err.value)
 
 
 def test_sse_modes_and_ca_bundle(tmp_path):
