@@ -46,14 +46,14 @@ source "$ROOT/.ci/airflow_env.sh"
 URL="${AIRFLOW__API__BASE_URL%/}"
 answers() { "$ROOT/.venv/bin/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/api/v2/version", timeout=2)' "$URL" 2>/dev/null; }
 source "$ROOT/.ci/session.sh"  # session_alive, in_session
-group_alive() { [ -f "$PIDFILE" ] && session_alive "$(cat "$PIDFILE")"; }
+airflow_session_alive() { [ -f "$PIDFILE" ] && session_alive "$(cat "$PIDFILE")"; }
 started() { answers && [ -f "$PIDS/all-started" ]; }
 # Up means the scheduler runs too: the supervisor starts it only after the API server's health check and the
 # end of a killed scheduler's jobs (which may watch a heartbeat for up to 15 s), and a `make up` that returned
 # before would leave a run triggered at once queued with no scheduler, and its log without this start's line.
 wait_up() {
   printf 'waiting for Airflow on %s' "$URL"
-  for _ in $(seq 1 180); do started && { echo; return 0; }; group_alive || break; printf '.'; sleep 1; done
+  for _ in $(seq 1 180); do started && { echo; return 0; }; airflow_session_alive || break; printf '.'; sleep 1; done
   echo; return 1
 }
 missing() {  # the first component of a live session whose process is gone (killed, OOM), if any
@@ -65,13 +65,13 @@ missing() {  # the first component of a live session whose process is gone (kill
     in_session "$pid" "$(cat "$PIDFILE")" || { echo "$name"; return; }
   done
 }
-if group_alive && [ -d "$PIDS" ] && gone="$(missing)" && [ -n "$gone" ]; then
+if airflow_session_alive && [ -d "$PIDS" ] && gone="$(missing)" && [ -n "$gone" ]; then
   # A group that answers but runs no scheduler would say "already up" and never run a task: stop what is
   # left of it (gracefully, as make stop) and start it whole.
   echo "Airflow's $gone is not running (session $(cat "$PIDFILE")): restarting Airflow"
   TIERING_AIRFLOW_LOCK_HELD=1 bash "$ROOT/.ci/stop.sh" airflow  # (this script holds the lock)
 fi
-if group_alive; then
+if airflow_session_alive; then
   if started || wait_up; then
     echo "Airflow is already up (session $(cat "$PIDFILE"))"
   else
