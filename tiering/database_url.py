@@ -3,6 +3,7 @@ before the host, or libpq's `password` / `sslpassword` in the query) kept out of
 and of messages, and its TLS parameters for clients that do not take the URL itself."""
 from __future__ import annotations
 
+import re
 from urllib.parse import parse_qsl, urlsplit
 
 from tiering.errors import ConfigError
@@ -76,6 +77,33 @@ def _query_params(database_url: str, names: tuple[str, ...]) -> dict[str, str]:
     return {k: given[k] for k in names if k in given}
 
 
+# libpq's whole-number parameters: psycopg2 passes them on unchecked, and a word in one failed each command
+# with a ValueError at its first connection instead of naming the setting
+INTEGER_PARAMS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+                  "tcp_user_timeout", "port")
+_UNKNOWN_PARAM = re.compile(r'invalid URI query parameter: "([A-Za-z0-9_.-]{1,64})"')
+
+
+def _check_libpq(url: str, scheme: str) -> None:
+    """The URL as libpq parses it (its own parser, no connection): an unknown parameter or a malformed or NUL
+    percent-encoding is a ConfigError naming the setting, never libpq's text, which quotes the value (a
+    password's too)."""
+    from psycopg2 import ProgrammingError
+    from psycopg2.extensions import parse_dsn
+
+    try:
+        parse_dsn("postgresql" + url[len(scheme):])
+    except ProgrammingError as exc:
+        unknown = _UNKNOWN_PARAM.search(str(exc))
+        raise ConfigError(f"TIERING_DATABASE_URL has a parameter libpq does not know: {unknown.group(1)}"
+                          if unknown else "TIERING_DATABASE_URL is not a URL libpq accepts (a malformed or "
+                          "NUL %-encoding, or a malformed host or port?)") from None
+    bad = [k for k, v in parse_qsl(urlsplit(url).query, keep_blank_values=True)
+           if k in INTEGER_PARAMS and not re.fullmatch(r"\s*-?\d{1,9}\s*", v)]
+    if bad:
+        raise ConfigError(f"TIERING_DATABASE_URL's {bad[0]} must be a whole number")
+
+
 def checked_database_url(url: str) -> str:
     """TIERING_DATABASE_URL checked as a setting (ConfigError naming it), `postgres://` spelt `postgresql://`."""
     try:
@@ -96,6 +124,7 @@ def checked_database_url(url: str) -> str:
         raise ConfigError(f"TIERING_DATABASE_URL gives {', '.join(repeated)} more than once: give each "
                           "parameter once (several server settings go in one options value: "
                           "options=-c%20a%3D1%20-c%20b%3D2)")
+    _check_libpq(url, parts.scheme)
     sslmode = database_ssl_params(url).get("sslmode")
     if sslmode is not None and sslmode not in PG_SSLMODES:
         raise ConfigError(f"TIERING_DATABASE_URL's sslmode must be one of {', '.join(PG_SSLMODES)}")

@@ -127,3 +127,9 @@ class Tier2CopyMissing(TieringError):
 
 class DataLossError(TieringError):
     """Metadata says a ledger exists but no tier holds its bytes."""
+
+
+class TableUnreadable(TieringError):
+    """An Iceberg table's current metadata file is missing or not Iceberg metadata (deleted by hand, by the
+    maintenance of another database sharing its location, or corrupted): its rows cannot be read or
+    appended to. `tiering table rebuild` makes the table again from the topic's retained log."""

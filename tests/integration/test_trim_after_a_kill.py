@@ -66,6 +66,14 @@ def test_a_truncate_at_the_topics_end_takes_every_sealed_ledger(cli, deps):  # n
     run = cli("truncate", "e", "3:0", "--json")
     assert run.returncode == 0 and run.json["deleted_count"] == 3
     assert [led.state for led in deps.meta.list_ledgers("e")] == [S.DELETED] * 3
+    # made again under a deleted topic's name (no ledger yet, ids go on from 3): a position in its past has
+    # nothing before it (it was called beyond the end), as a rerun at a trimmed position; past the end is not
+    cli("topic", "delete", "e", "--force").ok()
+    assert cli("topic", "create", "e").returncode == 0
+    again = cli("truncate", "e", "1:0", "--json")
+    assert again.returncode == 0 and again.json["deleted_count"] == 0, again.stderr
+    assert cli("truncate", "e", "3:0").returncode == 0
+    assert cli("truncate", "e", "4:0").one_line_error(2).endswith("is beyond the end of the topic")
     # with an open ledger its start is as far as a truncate goes (never the open one)
     produce(deps, "o", [entries("o0", 3, 50)], TopicPolicy(rollover_entries=3), open_tail=[b"open"])
     assert cli("truncate", "o", "2:0").one_line_error(2).endswith("is beyond the end of the topic")

@@ -166,6 +166,14 @@ def test_an_sse_c_key_file_that_is_not_a_regular_file_is_refused_at_once(tmp_pat
      "TIERING_DATABASE_URL gives options more than once"),
     ({"TIERING_DATABASE_URL": "postgresql://u@db/t?sslmode=require&sslmode=disable&password=s3cret&password=x"},
      "TIERING_DATABASE_URL gives password, sslmode more than once: give each parameter once"),
+    # psycopg2 passed these on: each command then failed at its first connection (exit 1) with a bare
+    # ValueError, or with libpq's text, which quotes the value
+    ({"TIERING_DATABASE_URL": "postgresql://u:s3cret@db/t?connect_timeout=abc"}, "connect_timeout must be a whole"),
+    ({"TIERING_DATABASE_URL": "postgresql://u:s3cret@db/t?keepalives_idle=1.5"}, "keepalives_idle must be a whole"),
+    ({"TIERING_DATABASE_URL": "postgresql://u:s3cret@db/t?foo=bar"}, "a parameter libpq does not know: foo"),
+    ({"TIERING_DATABASE_URL": "postgresql://u:s3cret%00x@db/t"}, "not a URL libpq accepts"),
+    ({"TIERING_DATABASE_URL": "postgresql://u@db/t?password=s3cret%00"}, "not a URL libpq accepts"),
+    ({"TIERING_DATABASE_URL": "postgresql://u@db/t?sslmode=%zzs3cret"}, "not a URL libpq accepts"),
 ])
 def test_bad_encryption_and_tls_settings_are_named(env, message):
     with pytest.raises(ConfigError, match=message) as err:

@@ -8,7 +8,8 @@ from tiering.cli.output import Output, document, exit_failed, failures, iso, led
 
 
 def register(sub) -> None:
-    table = sub.add_parser("table", help="topics as Apache Iceberg tables: sync, status, verify")
+    table = sub.add_parser("table", help="topics as Apache Iceberg tables: sync, status, verify, maintain, "
+                           "rebuild")
     table.set_defaults(handler=cmd_table)
     t_sub = table.add_subparsers(dest="table_command", required=True, parser_class=a.Parser)
     sync = t_sub.add_parser("sync", help="append every sealed ledger not yet in its topic's table, exactly once")
@@ -32,14 +33,34 @@ def register(sub) -> None:
     maintain.add_argument("--wait", type=a.seconds, metavar="DURATION", help="how long a topic's maintenance waits "
                           "for its table's running sync to end before it fails (default 10m)")
     a.json_flag(maintain)
+    rebuild = t_sub.add_parser("rebuild", help="forget a table that cannot be synced (its metadata file gone, "
+                               "dropped, rolled back) so the next sync makes it again from the retained log")
+    a.name(rebuild)
+    rebuild.add_argument("--dry-run", action="store_true", help="say what the rebuild would forget; change nothing")
+    a.json_flag(rebuild)
     verify = t_sub.add_parser("verify", help="compare the table with `tiering read` (exit 1 on a difference)")
     a.name(verify)
     a.json_flag(verify)
 
 
 def cmd_table(ctx: Context, args, out: Output) -> int:
-    return {"sync": _sync, "status": _status, "verify": _verify, "maintain": _maintain}[args.table_command](
-        ctx, args, out)
+    return {"sync": _sync, "status": _status, "verify": _verify, "maintain": _maintain,
+            "rebuild": _rebuild}[args.table_command](ctx, args, out)
+
+
+def _rebuild(ctx: Context, args, out: Output) -> int:
+    from tiering.metadata.table_sync import TableRows
+    from tiering.tables.catalog import catalog
+    from tiering.tables.rebuild import rebuild_table
+
+    r = rebuild_table(TableRows(ctx.engine), catalog(ctx.settings), args.name, args.dry_run)
+    obj = document("table rebuild", r.topic, dry_run=r.dry_run, identifier=r.table, found=r.found,
+                   metadata_location=r.metadata_location, synced_through=r.synced_through,
+                   retained_from=r.retained_from)
+    start = "no retained ledger yet" if r.retained_from is None else f"ledger {r.retained_from} on"
+    out.result(obj, f"{r.topic} -> {r.table} ({r.found}): " + ("would be forgotten" if r.dry_run else "forgotten")
+               + f"; the next `tiering table sync` makes it again from the retained log ({start})")
+    return 0
 
 
 def _maintain(ctx: Context, args, out: Output) -> int:
@@ -117,7 +138,8 @@ def _status(ctx: Context, args, out: Output) -> int:
 
     from tiering.metadata.table_sync import TableRows
     from tiering.tables.catalog import catalog, owner_problem
-    from tiering.tables.marks import TableBehind, check_marks, uncounted
+    from tiering.errors import TableUnreadable
+    from tiering.tables.marks import TableBehind, check_marks, dropped, uncounted
     from tiering.tables.naming import PROP_SYNCED, PROP_TRIMMED
 
     rows = TableRows(ctx.engine)
@@ -127,12 +149,15 @@ def _status(ctx: Context, args, out: Output) -> int:
     snapshot_id = state.snapshot_id
     row_count = 0
     exists = cat.table_exists(state.identifier)
-    if not exists and (state.synced_through >= 0 or state.trimmed_through >= 0):
-        # what sync, verify and maintain refuse: the row's marks name rows no table holds
-        problem = (f"does not exist but the sync state says ledgers through {state.synced_through} are in it: "
-                   "it was dropped")
+    if not exists:
+        problem = dropped(state)  # what sync, verify and maintain refuse: the row's marks name rows no table holds
+    table = None
     if exists:
-        table = cat.load_table(state.identifier)
+        try:
+            table = cat.load_table(state.identifier)
+        except TableUnreadable as exc:  # its metadata file gone or corrupt: said, as the other problems
+            problem = str(exc)
+    if table is not None:
         problem = owner_problem(table, state.topic, state.topic_id)  # e.g. an earlier topic's of this name
         location = None if problem else table.metadata_location
         if problem is None:
@@ -169,14 +194,14 @@ def _verify(ctx: Context, args, out: Output) -> int:
     from tiering.errors import BadInput, TieringError
     from tiering.metadata.table_sync import TableRows
     from tiering.tables.catalog import catalog, owner_problem
+    from tiering.tables.marks import dropped
     from tiering.tables.verify import verify_table
 
     [state] = TableRows(ctx.engine).list(args.name)
     cat = catalog(ctx.settings)
     if not cat.table_exists(state.identifier):
-        if state.synced_through >= 0 or state.trimmed_through >= 0:  # a sync would not make it again
-            raise BadInput(f"table {state.identifier!r} of topic {state.topic!r} does not exist but the sync "
-                           f"state says ledgers through {state.synced_through} are in it: it was dropped")
+        if dropped(state):  # a sync would not make it again
+            raise TieringError(dropped(state))
         raise BadInput(f"table {state.identifier!r} of topic {state.topic!r} does not exist yet: run "
                        "`tiering table sync` first")
     table = cat.load_table(state.identifier)

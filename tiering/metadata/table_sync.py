@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable, Iterator, TypeVar
 
-from sqlalchemy import and_, func, literal, select, update
+from sqlalchemy import and_, delete, func, literal, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from tiering.errors import BadInput, ConditionalUpdateFailed
 from tiering.metadata.db import lock_taken, session_lock
 from tiering.metadata.subscriptions import topic_row
-from tiering.metadata.tables import ledger, topic, topic_table
+from tiering.metadata.tables import ICEBERG_CATALOG, iceberg_tables, ledger, topic, topic_table
 from tiering.model import Topic
 
 # Ledgers whose entries are final and readable: what a table takes. OPEN is not yet; DELETED never.
@@ -229,6 +229,61 @@ class TableRows:
             return list(conn.execute(select(c.ledger_id).where(and_(
                 c.topic_id == state.topic_id, c.ledger_id > after, c.ledger_id <= through,
                 c.state == "DELETED")).order_by(c.ledger_id)).scalars())
+
+
+    def catalog_locations(self, identifier: str, names: list[str]) -> dict[str, str | None]:
+        """The metadata location the product's catalog records for each table `NAMESPACE.name` of `names`
+        (the namespace is `identifier`'s), None for one it has no row of."""
+        namespace = identifier.partition(".")[0]
+        c = iceberg_tables.c
+        with self.engine.connect() as conn:
+            found = dict(conn.execute(select(c.table_name, c.metadata_location).where(
+                c.catalog_name == ICEBERG_CATALOG, c.table_namespace == namespace, c.table_name.in_(names))).all())
+        return {name: found.get(name) for name in names}
+
+    def first_retained(self, state: TableState) -> int | None:
+        """The first ledger of the topic that retention has not deleted (None: none): where a table made again
+        from the log starts."""
+        c = ledger.c
+        with self.engine.connect() as conn:
+            return conn.execute(select(func.min(c.ledger_id)).where(c.topic_id == state.topic_id,
+                                                                    c.state != "DELETED")).scalar_one()
+
+    def reset(self, state: TableState, catalog_rows: dict[str, str | None]) -> TableState:
+        """Forget the topic's table, in one transaction: the product's catalog rows of the tables named in
+        `catalog_rows` (in the namespace of `state.identifier`) deleted, each only if it still records the
+        metadata location the caller checked (None: that there is none), and the sync state back to
+        nothing, only if it is still `state`'s. Refused (ConditionalUpdateFailed, nothing changed) when any
+        of that moved, or while a sync or maintenance of the table runs (they hold its lock). The next sync
+        makes the table again from the retained log. The topic's row is held FOR SHARE: a deletion waits."""
+        namespace = state.identifier.partition(".")[0]
+        c, ic = topic_table.c, iceberg_tables.c
+        what = f"the table of topic {state.topic!r}"
+        with self.engine.begin() as conn:
+            topic_now = topic_row(conn, state.topic, lock="FOR SHARE")
+            cur = conn.execute(select(topic_table).where(c.topic_id == topic_now.topic_id)
+                               .with_for_update()).one_or_none()
+            if cur is None or (topic_now.topic_id, cur.identifier, cur.synced_through, cur.trimmed_through) != \
+                    (state.topic_id, state.identifier, state.synced_through, state.trimmed_through):
+                found = "none" if cur is None else f"table {cur.identifier!r} through {cur.synced_through}"
+                raise ConditionalUpdateFailed(what, f"table {state.identifier!r} through {state.synced_through}",
+                                              f"{found}: it changed meanwhile, run the rebuild again")
+            if not conn.execute(select(func.pg_try_advisory_xact_lock(literal(LOCK_CLASS),
+                                                                      literal(state.topic_id)))).scalar_one():
+                raise ConditionalUpdateFailed(what, "no sync running", "a sync or maintenance of it running: "
+                                              "rebuild it when that has ended")
+            for name, expected in catalog_rows.items():
+                where = and_(ic.catalog_name == ICEBERG_CATALOG, ic.table_namespace == namespace,
+                             ic.table_name == name)
+                now = conn.execute(select(ic.metadata_location).where(where).with_for_update()).one_or_none()
+                if (None if now is None else now.metadata_location) != expected:
+                    raise ConditionalUpdateFailed(f"the catalog row of table {namespace}.{name}",
+                                                  expected or "none", (now and now.metadata_location) or "none")
+                conn.execute(delete(iceberg_tables).where(where))
+            conn.execute(update(topic_table).where(c.topic_id == state.topic_id).values(
+                synced_through=-1, trimmed_through=-1, ledgers_committed=0, entries_committed=0, snapshot_id=None,
+                metadata_location=None, synced_at=None, updated_at=func.now(), version=c.version + 1))
+            return _state(conn.execute(_SELECT.where(c.topic_id == state.topic_id)).one())
 
 
 LOCK_CLASS = 0x74626c73  # "tbls": one sync of a topic's table at a time (two-key advisory locks)

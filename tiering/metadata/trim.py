@@ -100,7 +100,10 @@ class Trims:
             t = topic_row(conn, topic_name, "" if dry_run else "NO KEY UPDATE")
             subs = self.store.subs.of_topic(conn, t.topic_id, lock=not dry_run)
             last, doomed = self.store.planning.truncate_before(t.topic_id, t.name, before.ledger_id, conn=conn)
-            if (last is None or before.ledger_id > last) and not _at_sealed_end(self.store, conn, t, last, before):
+            # with no ledger left (all trimmed, or a topic made again under a deleted one's name), the ids
+            # below the next one are the topic's past: a position there has nothing before it to delete
+            end = last if last is not None else t.next_ledger_id - 1
+            if before.ledger_id > end and not _at_sealed_end(self.store, conn, t, last, before):
                 raise BadInput(f"position {before} is beyond the end of the topic")
             _check_entry(self.store, conn, t.name, before, open_entries)
             if not force:

@@ -8,8 +8,10 @@ Secrets (the database URL, the S3 keys) go into the catalog's properties only: n
 exception this module raises."""
 from __future__ import annotations
 
+from functools import cache
+
 from tiering.config import Settings, aws_sdk_checksums_when_required
-from tiering.errors import BadInput
+from tiering.errors import BadInput, TableUnreadable
 from tiering.metadata.tables import ICEBERG_CATALOG
 from tiering.model import tables_prefix
 from tiering.tables.naming import DLQ_SUFFIX, PARTITION_FIELD, PROP_TOPIC, PROP_TOPIC_ID, parse_identifier
@@ -46,13 +48,40 @@ def io_properties(settings: Settings) -> dict[str, str]:
 
 def catalog(settings: Settings):
     """The SQL catalog (creates its two tables on first use, as the JDBC catalog does)."""
-    from pyiceberg.catalog.sql import SqlCatalog
-
     aws_sdk_checksums_when_required()  # RGW 16 refuses aws-chunked uploads (config.py)
     url = settings.database_url
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg2://" + url[len("postgresql://"):]
-    return SqlCatalog(CATALOG_NAME, uri=url, warehouse=warehouse(settings), **io_properties(settings))
+    return _catalog_class()(CATALOG_NAME, uri=url, warehouse=warehouse(settings), **io_properties(settings))
+
+
+@cache
+def _catalog_class():
+    """pyiceberg's SQL catalog, whose `load_table` raises TableUnreadable when the table's current metadata
+    file is gone or is not Iceberg metadata (pyiceberg raises the filesystem's FileNotFoundError or a
+    pydantic error): every command then says what happened and what to do, whichever path loads it."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.exceptions import ValidationError
+
+    class Catalog(SqlCatalog):
+        def table_exists(self, identifier) -> bool:
+            try:  # (pyiceberg's loads the table to find out)
+                return super().table_exists(identifier)
+            except TableUnreadable:  # its catalog row is there: it exists, and loading it says what is wrong
+                return True
+
+        def load_table(self, identifier):
+            try:
+                return super().load_table(identifier)
+            except (FileNotFoundError, ValidationError) as exc:
+                name = identifier if isinstance(identifier, str) else ".".join(identifier)
+                detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise TableUnreadable(f"table {name!r} cannot be read: its current metadata file is "
+                                      f"{'gone' if isinstance(exc, FileNotFoundError) else 'not Iceberg metadata'}"
+                                      f" ({detail[:300]}); `tiering table rebuild` of its topic makes it again "
+                                      "from the retained log") from None
+
+    return Catalog
 
 
 def _iceberg_type(kind: str):
@@ -105,7 +134,8 @@ def owner_problem(table, topic: str, topic_id: int | None) -> str | None:
         return f"belongs to {whose}, not to topic {topic!r}"
     if topic_id is not None and owner_id is not None and owner_id != str(topic_id):
         return (f"belongs to an earlier topic {topic!r} (id {owner_id}), deleted since; this topic is id "
-                f"{topic_id}: drop that table or give this topic another")
+                f"{topic_id}: `tiering table rebuild {topic}` drops it and makes this topic's from the retained "
+                "log, or give this topic another table")
     return None
 
 

@@ -172,7 +172,7 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
     bring the row's metadata location up to date. A topic whose table does not exist yet is left alone."""
     from tiering.metadata.table_sync import turn
     from tiering.tables.catalog import owner_problem
-    from tiering.tables.marks import check_marks
+    from tiering.tables.marks import check_marks, dropped
     from tiering.tables.sync import SUMMARY_DLQ_FILES
 
     report = MaintenanceReport(state.identifier)
@@ -184,9 +184,8 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
                                  "maintenance waits for it: nothing done; rerun when it has ended")
             return report
         if not sync.catalog.table_exists(state.identifier):
-            if state.synced_through >= 0 or state.trimmed_through >= 0:
-                report.errors.append(f"table {state.identifier!r} does not exist but the sync state says ledgers "
-                                     f"through {state.synced_through} are in it: it was dropped")
+            if dropped(state):
+                report.errors.append(dropped(state))
             return report
         try:
             table = sync.catalog.load_table(state.identifier)

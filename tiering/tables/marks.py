@@ -7,7 +7,7 @@ from __future__ import annotations
 from tiering.errors import BadInput, TieringError
 from tiering.metadata.table_sync import TableState
 from tiering.tables.catalog import owner_problem
-from tiering.tables.naming import PROP_SYNCED, PROP_TRIMMED, SUMMARY_LEDGERS, decode_ledgers
+from tiering.tables.naming import PROP_SYNCED, PROP_TRIMMED, SUMMARY_LEDGERS, decode_ledgers, rebuild_hint
 
 SUMMARY_THROUGH = "tiering.synced-through"
 
@@ -16,6 +16,16 @@ class TableBehind(TieringError):
     """The table holds less than its row says: it was dropped and made again, or rolled back by hand. The
     sync stops rather than guess (appending from the row's mark would skip ledgers, from the table's would
     need the row reset)."""
+
+
+def dropped(state: TableState) -> str | None:
+    """Why the sync state names rows that no table holds (the table was dropped behind the store's back, or
+    its catalog row deleted): sync, maintenance, status and verify refuse it alike. None when the row's marks
+    claim nothing; the caller knows the table does not exist."""
+    if state.synced_through < 0 and state.trimmed_through < 0:
+        return None
+    return (f"table {state.identifier!r} does not exist but the sync state says ledgers through "
+            f"{state.synced_through} are in it: it was dropped; {rebuild_hint(state.topic)}")
 
 
 def prop(table, key: str) -> int:
@@ -40,7 +50,8 @@ def check_marks(state: TableState, table) -> tuple[int, int]:
     synced, trimmed = marks(table)
     if synced < state.synced_through or trimmed < state.trimmed_through:
         raise TableBehind(f"table {state.identifier!r} holds ledgers through {synced} but the sync state says "
-                          f"{state.synced_through}: the table was replaced or rolled back")
+                          f"{state.synced_through}: the table was replaced or rolled back; "
+                          f"{rebuild_hint(state.topic)}")
     # a snapshot rollback (any Iceberg tool) keeps the table's properties, so its marks still claim the rows
     # of the snapshots it undid: the snapshot the row recorded is then still in the table but no longer an
     # ancestor of the current one. Unknown, not refused: that snapshot expired, or the current one's lineage
@@ -58,7 +69,8 @@ def check_marks(state: TableState, table) -> tuple[int, int]:
             if last is None or last.parent_snapshot_id is None:
                 raise TableBehind(f"table {state.identifier!r} was rolled back: its current snapshot does not "
                                   f"descend from snapshot {state.snapshot_id}, which the sync state recorded, so "
-                                  f"rows its marks claim (ledgers through {synced}) may be missing")
+                                  f"rows its marks claim (ledgers through {synced}) may be missing; "
+                                  f"{rebuild_hint(state.topic)}")
     return synced, trimmed
 
 

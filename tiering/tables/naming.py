@@ -24,6 +24,11 @@ PROP_TOPIC = "tiering.topic"
 PROP_TOPIC_ID = "tiering.topic-id"  # a topic deleted and made again has the same name, never the same id
 
 
+def rebuild_hint(topic: str) -> str:
+    """The way out of a table a sync cannot go on with (tiering/tables/rebuild.py)."""
+    return f"`tiering table rebuild {topic}` makes it again from the retained log"
+
+
 def parse_identifier(text: object) -> tuple[str, str]:
     """(namespace, table) of `NAMESPACE.TABLE`, else BadInput naming the expected form."""
     if not isinstance(text, str):

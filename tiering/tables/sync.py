@@ -30,7 +30,7 @@ from tiering.errors import TieringError
 from tiering.metadata.table_sync import TableRows, TableState, turn
 from tiering.model import MIB
 from tiering.tables.catalog import PARTITION_FIELD, ensure_table, table_dataset
-from tiering.tables.marks import SUMMARY_THROUGH, TableBehind, check_marks, has_rows, prop, uncounted
+from tiering.tables.marks import SUMMARY_THROUGH, TableBehind, check_marks, dropped, has_rows, prop, uncounted
 from tiering.tables.naming import (DLQ_SUFFIX, PROP_SYNCED, PROP_TRIMMED, SUMMARY_LEDGERS, SUMMARY_RUN, SUMMARY_TOPIC, batches,
                                    encode_ledgers)
 
@@ -147,11 +147,10 @@ class TableSync:
     def _sync_locked(self, topic: str, write: Writer, dry_run: bool, result: TopicResult) -> None:
         state = self.rows.get(topic)  # re-read under the lock
         exists = self.catalog.table_exists(state.identifier)
-        if not exists and (state.synced_through >= 0 or state.trimmed_through >= 0):
+        if not exists and dropped(state):
             # dropped behind the store's back (or its catalog row deleted): making an empty one would only
             # hide it, and a dry run would preview a sync that fails
-            raise TableBehind(f"table {state.identifier!r} does not exist but the sync state says ledgers "
-                              f"through {state.synced_through} are in it: the table was dropped")
+            raise TableBehind(dropped(state))
         if dry_run:  # plan from the table's own mark; create nothing, change nothing
             table = self.catalog.load_table(state.identifier) if exists else _Absent()
             if exists:  # what the real sync would refuse, the preview refuses; a row behind the table (a run

@@ -1,0 +1,168 @@
+"""`tiering table rebuild`: the way out of a table a sync cannot go on with (its metadata file gone or not
+Iceberg metadata, dropped, rolled back), on PostgreSQL's catalog and the S3 server."""
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import pytest
+from sqlalchemy import text
+
+from tests.integration.helpers import entries, produce
+from tests.integration.test_tables_cli import _read, _table, cli, synced_twice_then_rolled_back  # noqa: F401
+from tiering.errors import BadInput, ConditionalUpdateFailed
+from tiering.metadata.table_sync import TableRows, exclusive
+from tiering.tables.catalog import catalog
+
+
+def _synced(cli, deps, topic: str) -> None:
+    produce(deps, topic, [entries("a", 3, 10), entries("b", 2, 10)])
+    cli("topic", "set", topic, "--table", f"ns.{topic}").ok()
+    cli("table", "sync", "--topic", topic).ok()
+
+
+def _object(location: str) -> tuple[str, str]:
+    parts = urlsplit(location)
+    return parts.netloc, parts.path.lstrip("/")
+
+
+def _catalog_rows(deps) -> list[tuple]:
+    with deps.meta.engine.connect() as conn:
+        return conn.execute(text("SELECT table_namespace, table_name, metadata_location FROM iceberg_tables "
+                                 "ORDER BY 1, 2")).all()
+
+
+def _keys(deps, location: str) -> set[str]:
+    bucket, prefix = _object(location)
+    pages = deps.bucket.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return {o["Key"] for page in pages for o in page.get("Contents", [])}
+
+
+@pytest.mark.parametrize("damage", ["deleted", "garbage"])
+def test_a_table_whose_metadata_file_is_gone_or_garbage_is_rebuilt_from_the_log_every_entry_once(
+        cli, deps, settings, damage):
+    """Its metadata file deleted (maintenance of another database sharing the location, an import of an old
+    export, a hand) or overwritten: status, sync, verify and maintain said only pyiceberg's FileNotFoundError
+    or validation error, and nothing in the product could make the table again."""
+    _synced(cli, deps, "lost")
+    location = catalog(settings).load_table("ns.lost").metadata_location
+    bucket, key = _object(location)
+    old_files = _keys(deps, location.rsplit("/metadata/", 1)[0] + "/data/")
+    assert old_files
+    if damage == "deleted":
+        deps.bucket.s3.delete_object(Bucket=bucket, Key=key)
+    else:
+        deps.bucket.s3.put_object(Bucket=bucket, Key=key, Body=b"{not iceberg")
+    st = cli("table", "status", "lost", "--json").ok().json
+    assert "cannot be read" in st["problem"] and "tiering table rebuild" in st["problem"], st
+    for args in (("table", "sync", "--topic", "lost"), ("table", "verify", "lost"),
+                 ("table", "maintain", "--topic", "lost")):
+        line = cli(*args).one_line_error(1)
+        assert "cannot be read" in line and "tiering table rebuild" in line, (args, line)
+
+    before = _catalog_rows(deps)
+    dry = cli("table", "rebuild", "lost", "--dry-run", "--json").ok().json
+    assert dry["found"].startswith("unreadable") and dry["metadata_location"] == location, dry
+    assert (dry["synced_through"], dry["retained_from"], dry["dry_run"]) == (1, 0, True), dry
+    assert _catalog_rows(deps) == before and TableRows(deps.meta.engine).get("lost").synced_through == 1
+
+    cli("table", "rebuild", "lost").ok()
+    state = TableRows(deps.meta.engine).get("lost")
+    assert (state.synced_through, state.trimmed_through, state.ledgers_committed, state.metadata_location) == \
+        (-1, -1, 0, None)
+    assert all(r[1] != "lost" for r in _catalog_rows(deps))
+    again = cli("table", "rebuild", "lost", "--json").ok().json  # a rerun: nothing left to forget
+    assert again["found"] == "absent", again
+
+    assert cli("table", "sync", "--topic", "lost", "--json").ok().json["ledger_count"] == 2
+    assert _table(settings, "ns.lost") == _read(deps, "lost")  # every entry, once (_table checks)
+    cli("table", "verify", "lost").ok()
+    new_location = catalog(settings).load_table("ns.lost").metadata_location
+    assert new_location != location and new_location.rsplit("/metadata/", 1)[0] == location.rsplit("/metadata/", 1)[0]
+    # the old table's data files are orphans of the new one: maintenance deletes them after its grace, and
+    # only them
+    cli("table", "maintain", "--topic", "lost", "--orphan-grace-seconds", "0").ok()
+    assert not old_files & _keys(deps, location.rsplit("/metadata/", 1)[0] + "/data/")
+    assert _table(settings, "ns.lost") == _read(deps, "lost")
+
+
+def test_a_dropped_table_is_rebuilt_from_the_retained_log(cli, deps, settings):
+    """Dropped behind the store's back, the sync refused it for ever (its row's marks claim rows no table
+    holds) and a rename was refused too: the topic could never have a table again."""
+    _synced(cli, deps, "drop")
+    catalog(settings).drop_table("ns.drop")
+    assert "tiering table rebuild drop" in cli("table", "sync", "--topic", "drop").one_line_error(1)
+    cli("truncate", "drop", "1:0").ok()  # ledger 0 is no longer retained: the rebuilt table starts at 1
+    r = cli("table", "rebuild", "drop", "--json").ok().json
+    assert r["found"].startswith("dropped") and (r["retained_from"], r["metadata_location"]) == (1, None), r
+    cli("table", "sync", "--topic", "drop").ok()
+    assert _table(settings, "ns.drop") == _read(deps, "drop") and {k[0] for k in _read(deps, "drop")} == {1}
+
+
+def test_a_rolled_back_table_is_rebuilt(cli, deps, settings):
+    synced_twice_then_rolled_back(cli, deps, settings, "rolled")
+    assert "tiering table rebuild rolled" in cli("table", "sync", "--topic", "rolled").one_line_error(1)
+    r = cli("table", "rebuild", "rolled", "--json").ok().json
+    assert "rolled back" in r["found"], r
+    cli("table", "sync", "--topic", "rolled").ok()
+    assert _table(settings, "ns.rolled") == _read(deps, "rolled") and len(_read(deps, "rolled")) == 5
+
+
+def test_rebuild_refuses_a_table_another_tool_made_and_a_topic_without_a_table(cli, deps, settings):
+    produce(deps, "mine", [entries("a", 2, 10)])
+    cli("topic", "set", "mine", "--table", "ns.mine").ok()
+    from tiering.tables.catalog import table_schema
+
+    cat = catalog(settings)
+    cat.create_namespace_if_not_exists("ns")
+    cat.create_table("ns.mine", table_schema(), location=f"s3://{settings.bucket}/elsewhere/mine")
+    before = _catalog_rows(deps)
+    line = cli("table", "rebuild", "mine").one_line_error(2)
+    assert "not made by tiering" in line and "drops only a table" in line, line
+    assert _catalog_rows(deps) == before
+    produce(deps, "bare", [])
+    assert "has no table" in cli("table", "rebuild", "bare").one_line_error(2)
+    assert "does not exist" in cli("table", "rebuild", "nosuch").one_line_error(2)
+
+
+def test_rebuild_waits_for_no_one_and_changes_nothing_while_a_sync_runs(cli, deps, settings):
+    _synced(cli, deps, "busy")
+    rows = TableRows(deps.meta.engine)
+    before = _catalog_rows(deps), rows.get("busy")
+    with exclusive(deps.meta.engine, rows.get("busy").topic_id) as held:  # as a running sync holds it
+        assert held
+        assert "sync or maintenance of it running" in cli("table", "rebuild", "busy").one_line_error(1)
+    assert (_catalog_rows(deps), rows.get("busy")) == before
+
+
+def test_reset_is_a_compare_and_set_on_the_catalog_row_and_the_sync_state(cli, deps, settings):
+    """A table committed to, or a sync state moved, between the rebuild's checks and its transaction: it
+    refuses, and nothing is forgotten."""
+    _synced(cli, deps, "cas")
+    rows = TableRows(deps.meta.engine)
+    state = rows.get("cas")
+    location = catalog(settings).load_table("ns.cas").metadata_location
+    before = _catalog_rows(deps), rows.get("cas")
+    with pytest.raises(ConditionalUpdateFailed, match="catalog row of table ns.cas"):
+        rows.reset(state, {"cas": "s3://somewhere/else.metadata.json", "cas__dlq": None})
+    with pytest.raises(ConditionalUpdateFailed, match="changed meanwhile"):
+        from dataclasses import replace
+
+        rows.reset(replace(state, synced_through=0), {"cas": location, "cas__dlq": None})
+    assert (_catalog_rows(deps), rows.get("cas")) == before
+    with pytest.raises(BadInput):
+        rows.list("nosuch")
+
+
+def test_a_sync_holding_the_old_table_cannot_commit_into_it_after_a_rebuild(cli, deps, settings):
+    """A sync that lost its lock (its session gone) but runs on holds the forgotten table: the catalog's
+    compare-and-set on the metadata location finds no row, so nothing lands in a table no one reads."""
+    from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+
+    _synced(cli, deps, "zombie")
+    stale = catalog(settings).load_table("ns.zombie")
+    cli("table", "rebuild", "zombie").ok()
+    with pytest.raises((CommitFailedException, NoSuchTableError)):
+        stale.transaction().set_properties({"tiering.synced-through": "99"}).commit_transaction()
+    assert not catalog(settings).table_exists("ns.zombie")
+    cli("table", "sync", "--topic", "zombie").ok()
+    assert _table(settings, "ns.zombie") == _read(deps, "zombie")

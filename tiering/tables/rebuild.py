@@ -1,0 +1,82 @@
+"""Rebuild a topic's Iceberg table from the retained log: the way out when the table cannot be synced any
+more (its metadata file gone or corrupt, the table dropped or replaced behind the store's back, rolled back,
+or left by an earlier topic of the same name).
+
+The table is derived data: the log is the record. A rebuild forgets the table (its catalog rows and those of
+its dead-letter table, and the topic's sync state) in one transaction (metadata/table_sync.TableRows.reset),
+refused while a sync or maintenance of it runs and when the table or the sync state moved since they were
+checked. The next sync makes the table again at the same location, from the first retained ledger on,
+every entry once; the old table's files, which no snapshot of the new one names, are orphans that `tiering
+table maintain` deletes after its grace. A sync still running unlocked from before (its session lost) cannot
+commit into the forgotten table: the catalog's compare-and-set finds no row.
+
+A table of the same name that another tool (or another topic) made is never dropped: only a table this topic
+made, one an earlier topic of its name made, or one that cannot be read at all."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tiering.errors import BadInput, TableUnreadable
+from tiering.metadata.table_sync import TableRows
+from tiering.tables.catalog import owner_problem
+from tiering.tables.marks import TableBehind, check_marks
+from tiering.tables.naming import DLQ_SUFFIX, PROP_TOPIC
+
+
+@dataclass
+class RebuildReport:
+    topic: str
+    table: str
+    found: str  # why it is rebuilt: the table's state as found
+    metadata_location: str | None  # the forgotten table's, when the catalog had one
+    synced_through: int  # the sync state's mark before
+    retained_from: int | None  # the first ledger the log still holds: where the new table starts
+    dry_run: bool
+
+
+def rebuild_table(rows: TableRows, cat, topic: str, dry_run: bool = False) -> RebuildReport:
+    [state] = rows.list(topic)  # BadInput when the topic has no table
+    namespace, name = state.identifier.split(".")
+    names = [name, name + DLQ_SUFFIX]
+    locations = rows.catalog_locations(state.identifier, names)
+    found = _found(cat, state, namespace, names, locations)
+    report = RebuildReport(state.topic, state.identifier, found, locations[name], state.synced_through,
+                           rows.first_retained(state), dry_run)
+    if not dry_run:
+        rows.reset(state, locations)
+    return report
+
+
+def _found(cat, state, namespace: str, names: list[str], locations: dict[str, str | None]) -> str:
+    """The table's state, in words; BadInput when a table of its names is not the topic's to drop."""
+    if locations[names[0]] is None:
+        return "absent" if state.synced_through < 0 and state.trimmed_through < 0 else \
+            f"dropped (the sync state says ledgers through {state.synced_through} are in it)"
+    found = None
+    for name in names:
+        if locations[name] is None:
+            continue
+        try:
+            table = cat.load_table(f"{namespace}.{name}")
+        except TableUnreadable as exc:
+            found = found or f"unreadable: {exc}"
+            continue
+        owner = table.properties.get(PROP_TOPIC)
+        if owner != state.topic:  # made by another tool, or another topic's: not ours to drop
+            problem = owner_problem(table, state.topic, None)
+            raise BadInput(f"table {namespace + '.' + name!r} {problem}: a rebuild drops only a table topic "
+                           f"{state.topic!r} made; drop it with an Iceberg tool, or give the topic another table")
+        if name == names[0] and found is None:
+            found = _problem(table, state) or "readable"
+    return found or "readable"
+
+
+def _problem(table, state) -> str | None:
+    problem = owner_problem(table, state.topic, state.topic_id)  # an earlier topic's of this name
+    if problem is not None:
+        return problem
+    try:
+        check_marks(state, table)
+    except TableBehind as exc:
+        return str(exc)
+    return None
