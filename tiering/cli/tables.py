@@ -127,7 +127,10 @@ def _sync(ctx: Context, args, out: Output) -> int:
     for r in results:
         what = (f"would commit {len(r.planned)} ledger(s)" if args.dry_run else
                 f"{r.status}: {len(r.ledgers)} ledger(s), {r.entries} entries in {r.rounds} commit(s)"
-                + (f", {len(r.deleted)} deleted ledger(s) removed" if r.deleted else ""))
+                + (f", {len(r.deleted)} deleted ledger(s) removed" if r.deleted else "")
+                # a run killed after its commit: its rows were in, this run recorded them (and its dead letters)
+                + (", the sync state caught up with the table's commits of a run that stopped" if r.reconciled
+                   else ""))
         lines.append(f"{r.topic} -> {r.table}: {what}" + (f": {r.error}" if r.error else ""))
     out.result(obj, "\n".join(lines) or "no topic has a table")
     return exit_failed(failed, "table(s)")

@@ -25,12 +25,14 @@ POLICY_FLAGS = (
      "delete whole ledgers sealed longer ago than this, measured from each ledger's seal (e.g. 7d; -1: keep; "
      "default -1)"),
     ("--retention-size", "retention_bytes", a.policy_size, "SIZE",
-     "delete the oldest ledgers while the topic's live ledgers exceed this: every ledger not deleted, in tier 1 "
-     "or tier 2, each counted once (e.g. 10GB; -1: keep; default -1)"),
+     "delete the oldest ledgers while the topic's live ledgers without them still hold at least this (Pulsar's "
+     "rule: it keeps at least this, less than this plus one ledger): every ledger not deleted, in tier 1 or "
+     "tier 2, each counted once (e.g. 10GB; -1: keep; default -1)"),
     ("--max-retention-time", "max_retention_seconds", a.policy_seconds, "DURATION",
      "ceiling: delete ledgers sealed longer ago than this even when unread (-1: none; default -1)"),
     ("--max-retention-size", "max_retention_bytes", a.policy_size, "SIZE",
-     "ceiling: delete the oldest ledgers while the topic exceeds this, even unread (-1: none; default -1)"),
+     "ceiling: delete the oldest ledgers, even unread, while the topic without them still holds at least this "
+     "(it keeps less than this plus one ledger: --rollover-bytes bounds a ledger) (-1: none; default -1)"),
     ("--subscription-expiry", "subscription_expiry_seconds", a.expiry_seconds, "DURATION",
      "a subscription with no ack for this long is EXPIRED and holds nothing back (e.g. 7d; -1: never; "
      "default -1)"),
