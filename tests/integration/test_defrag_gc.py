@@ -138,7 +138,7 @@ def _nothing_changed_nothing_leaked(deps, db, expected, topic):
 def test_merged_objects_collected_before_the_commit_fail_the_group_not_a_lost_race(
         deps, db, collected_before_commit):
     expected = small_topic(deps)
-    report = merge_groups(deps, plan_defrag(deps, "t", small_bytes=MIB, max_merged_bytes=64 * MIB))
+    report = merge_groups(deps, plan_defrag(deps, "t", small_bytes=MIB, max_merged_bytes=64 * MIB), MIB, 64 * MIB)
     assert (report.groups, report.lost_races, len(report.errors), len(report.failures)) == (0, 0, 1, 1)
     message = report.errors[0]
     assert "TIERING_OFFLOAD_TIMEOUT_SECONDS" in message and "collected" in message and "rerun" in message
@@ -146,7 +146,7 @@ def test_merged_objects_collected_before_the_commit_fail_the_group_not_a_lost_ra
     # the Spark job's item fails too (a lost race would be a skipped item)
     [group] = plan_defrag(deps, "t", small_bytes=MIB, max_merged_bytes=64 * MIB)
     with pytest.raises(TieringError, match="TIERING_OFFLOAD_TIMEOUT_SECONDS"):
-        defrag_job.work(deps, {"group": group})
+        defrag_job.work(deps, {"group": group, "small_bytes": MIB, "max_merged_bytes": 64 * MIB})
     _nothing_changed_nothing_leaked(deps, db, expected, "t")
 
 
@@ -280,3 +280,42 @@ def test_a_dry_run_reports_the_bytes_its_run_moves(deps, settings, bucket, tier1
     assert dry["bytes_downloaded"] > 0 and dry["bytes_copied_server_side"] == 0
     assert (dry["bytes_downloaded"], dry["bytes_copied_server_side"]) == (run["bytes_downloaded"],
                                                                           run["bytes_copied_server_side"])
+
+
+def test_a_group_a_truncate_took_part_of_meanwhile_is_planned_again_and_the_rest_merged(slow_deps, db):
+    """A truncate took the group's first ledger between its merge and its commit: the commit lost, and the
+    run reported no group merged, no failure and exit 0, although nobody merged the two ledgers left."""
+    from tiering.model import Position
+    from tiering.ops.defrag import DefragReport, merge_replanning
+    from tiering.ops.retention import truncate
+
+    deps = slow_deps
+    expected = small_topic(deps)
+    [group] = plan_defrag(deps, "t")
+    trims = []
+
+    def trim_once(step):
+        if step == "merged" and not trims:
+            trims.append(truncate(deps, "t", Position(1, 0)))
+    report = DefragReport()
+    assert merge_replanning(deps, group, report, 8 * MIB, 256 * MIB, hook=trim_once) is True
+    assert (report.lost_races, report.groups, report.ledgers) == (1, 1, 2)
+    left = [deps.meta.get_chunk(deps.meta.get_ledger("t", i)) for i in (1, 2)]
+    assert left[0].data_key == left[1].data_key  # merged into one object
+    assert read(deps, "t") == {k: v for k, v in expected.items() if k[0] != 0}
+    assert plan_defrag(deps, "t") == []
+    time.sleep(TIMEOUT.total_seconds())
+    run_gc(deps)
+    assert bucket_keys(deps) == referenced(db)
+
+
+def test_a_group_losing_every_replan_fails_saying_so(slow_deps, monkeypatch):
+    """Lost again and again (other workers moving its ledgers each time): not merged, a failure, not done."""
+    from tiering.ops.defrag import DefragReport, merge_replanning
+
+    deps = slow_deps
+    small_topic(deps)
+    [group] = plan_defrag(deps, "t")
+    monkeypatch.setattr(defrag_ops, "merge_group", lambda deps, g, report, hook=None: False)
+    with pytest.raises(TieringError, match="changed them 5 times"):
+        merge_replanning(deps, group, DefragReport(), 8 * MIB, 256 * MIB)

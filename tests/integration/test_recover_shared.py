@@ -32,7 +32,7 @@ def shared(deps, topic: str, how: str) -> dict:
     else:
         for led in sealed:
             offload_ledger(deps, led)
-        assert not merge_groups(deps, plan_defrag(deps, topic=topic, small_bytes=MIB)).errors
+        assert not merge_groups(deps, plan_defrag(deps, topic=topic, small_bytes=MIB), small_bytes=MIB).errors
     chunks = deps.meta.chunks(topic).values()
     assert len({c.data_key for c in chunks}) == 1
     for key in bucket_keys(deps) - {k for c in chunks for k in (c.data_key, c.index_key)}:

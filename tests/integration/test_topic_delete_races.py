@@ -56,7 +56,7 @@ def test_delete_lagged_goes_on_when_a_planned_topic_is_deleted(deps, monkeypatch
 def test_defrag_goes_on_when_a_planned_topic_is_deleted(deps, monkeypatch):
     two_topics(deps)
     delete_after(deps, monkeypatch, defrag_ops, "plan_defrag")
-    report = defrag_ops.merge_groups(deps, defrag_ops.plan_defrag(deps, small_bytes=2**20))
+    report = defrag_ops.merge_groups(deps, defrag_ops.plan_defrag(deps, small_bytes=2**20), small_bytes=2**20)
     assert report.errors == []
     chunks = deps.meta.chunks("b")
     assert len({c.data_key for c in chunks.values()}) == 1  # b's three objects merged into one

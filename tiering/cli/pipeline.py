@@ -255,7 +255,8 @@ def cmd_defrag(ctx: Context, args, out: Output) -> int:
                               bytes_copied_server_side=copied, bytes_downloaded=downloaded)
     else:
         bar = progress_bar("defrag", sum(g.data_bytes for g in groups), "B")
-        report = merge_groups(ctx.deps, groups, on_group=lambda g: bar.update(g.data_bytes))
+        report = merge_groups(ctx.deps, groups, args.small_bytes, args.max_merged_bytes,
+                              on_group=lambda g: bar.update(g.data_bytes))
         bar.close()
     result = document("defrag", args.topic, **_preview(args), planned_group_count=len(groups),
                       ledgers=ledger_refs(led for g in groups for led in g.ledgers),

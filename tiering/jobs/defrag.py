@@ -8,7 +8,7 @@ from tiering.jobs.runner import run, topic_arg
 from tiering.jobs.spec import size_arg
 from tiering.model import INT64_MAX
 from tiering.model import MIB
-from tiering.ops.defrag import DefragReport, merge_group, plan_defrag
+from tiering.ops.defrag import DefragReport, merge_replanning, plan_defrag
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,12 +20,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def plan(deps, args) -> list[dict]:
-    return [{"group": g} for g in plan_defrag(deps, args.topic, args.small_bytes, args.max_merged_bytes)]
+    return [{"group": g, "small_bytes": args.small_bytes, "max_merged_bytes": args.max_merged_bytes}
+            for g in plan_defrag(deps, args.topic, args.small_bytes, args.max_merged_bytes)]
 
 
 def work(deps, item) -> tuple[int, bool]:
+    """Skipped only when another worker merged the group's ledgers or they went (merge_replanning)."""
     group = item["group"]
-    merged = merge_group(deps, group, DefragReport())
+    merged = merge_replanning(deps, group, DefragReport(), item["small_bytes"], item["max_merged_bytes"])
     return (group.data_bytes, False) if merged else (0, True)
 
 

@@ -8,8 +8,11 @@ must be; tier2/multipart.py cuts them, and a merge under 5 MiB is one PUT). The 
 concatenated too (page indexes included: their offsets are ledger-relative), so each ledger's chunk row says
 where in the merged objects its bytes and its index lie; readers need nothing else. The merged keys are queued for GC before the upload; one transaction
 switches every chunk row conditionally (version and key compare) and dequeues them; the old objects go to
-GC with a delay so readers holding old metadata finish. Losing a race with retention or another defrag
-aborts the merge whole: nothing is lost, the merged objects are deleted.
+GC with a delay so readers holding old metadata finish. Losing a race with retention, repair or another
+defrag aborts the merge whole: nothing is lost, the merged objects are deleted. What is left of the group is
+then planned again from the current rows and merged (merge_replanning, up to REPLANS times): a run ends
+with its groups merged, by it or by another worker, or gone (trimmed), never with a lost race taken for
+work done.
 
 The merged keys are queued under the attempt, whose advisory lock (metadata/attempt_locks.py) the process
 holds until it committed or discarded them: GC leaves them alone meanwhile however long the merge takes,
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tiering import policy
-from tiering.errors import BadInput, ConditionalUpdateFailed, CorruptObjectError, TieringError
+from tiering.errors import BadInput, ConditionalUpdateFailed, CorruptObjectError, TieringError, TopicNotFound
 from tiering.format.index import OffloadIndex, check_ledger_pages, decode_index
 from tiering.format.keys import data_key, index_key
 from tiering.format.metadata import user_metadata
@@ -124,6 +127,34 @@ def _merge_group(deps: Deps, group: policy.DefragGroup, report: DefragReport, ho
     report.objects_before += 2 * len(group.ledgers)
     report.objects_after += 2
     return True
+
+
+REPLANS = 5
+
+
+def merge_replanning(deps: Deps, group: policy.DefragGroup, report: DefragReport, small_bytes: int,
+                     max_merged_bytes: int, hook: StepHook = None) -> bool:
+    """Merge one group as planned; when it loses a race, plan its topic again and merge the groups that
+    hold any of its ledgers still, up to REPLANS rounds (TieringError after that: the work is not done).
+    True when this worker merged something; False when the group's ledgers were all merged by another
+    worker, trimmed or no longer small meanwhile (no group holds any of them any more)."""
+    merged_before, pending = report.groups, [group]
+    topic = group.ledgers[0].topic
+    for _ in range(REPLANS):
+        lost = [g for g in pending if not merge_group(deps, g, report, hook)]
+        if not lost:
+            return report.groups > merged_before
+        ids = {led.ledger_id for g in lost for led in g.ledgers}
+        try:
+            replanned = plan_defrag(deps, topic, small_bytes, max_merged_bytes)
+        except TopicNotFound:  # deleted meanwhile: its ledgers need no merge
+            return report.groups > merged_before
+        pending = [g for g in replanned if any(led.ledger_id in ids for led in g.ledgers)]
+        if not pending:
+            return report.groups > merged_before
+    first, last = group.ledgers[0].ledger_id, group.ledgers[-1].ledger_id
+    raise TieringError(f"topic {topic!r} ledgers {first}..{last}: other workers changed them {REPLANS} times "
+                       "while this defrag merged them (planned again each time): not merged, rerun defrag")
 
 
 def _moved(deps: Deps, group: policy.DefragGroup) -> bool:
@@ -243,17 +274,19 @@ def defrag(deps: Deps, topic: str | None = None, small_bytes: int = 8 * MIB, max
            hook: StepHook = None) -> DefragReport:
     report = DefragReport()
     for group in plan_defrag(deps, topic, small_bytes, max_merged_bytes):
-        merge_group(deps, group, report, hook)
+        merge_replanning(deps, group, report, small_bytes, max_merged_bytes, hook)
     return report
 
 
-def merge_groups(deps: Deps, groups: list[policy.DefragGroup],
+def merge_groups(deps: Deps, groups: list[policy.DefragGroup], small_bytes: int = 8 * MIB,
+                 max_merged_bytes: int = 256 * MIB,
                  on_group: Callable[[policy.DefragGroup], None] | None = None) -> DefragReport:
-    """As defrag, but a failing group does not stop the others: its error goes to `report.errors`."""
+    """As defrag, but a failing group does not stop the others: its error goes to `report.errors`. The
+    thresholds are those the groups were planned with (a lost race plans again with them)."""
     report = DefragReport()
     for group in groups:
         try:
-            merge_group(deps, group, report)
+            merge_replanning(deps, group, report, small_bytes, max_merged_bytes)
         except TieringError as exc:
             first, last = group.ledgers[0], group.ledgers[-1]
             report.errors.append(f"topic {first.topic!r} ledgers {first.ledger_id}..{last.ledger_id}: {exc}")
