@@ -11,7 +11,15 @@ from tests.integration.helpers import entries, produce
 from tests.integration.test_tables_cli import _read, _table, cli, synced_twice_then_rolled_back  # noqa: F401
 from tiering.errors import BadInput, ConditionalUpdateFailed
 from tiering.metadata.table_sync import TableRows, exclusive
-from tiering.tables.catalog import catalog
+from tiering.tables.catalog import catalog, table_schema
+
+
+def _other_tool(settings):
+    """pyiceberg's own SQL catalog on the product's catalog tables, as another tool would use them."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    ours = catalog(settings)
+    return SqlCatalog(ours.name, **ours.properties)
 
 
 def _synced(cli, deps, topic: str) -> None:
@@ -108,20 +116,49 @@ def test_a_rolled_back_table_is_rebuilt(cli, deps, settings):
 
 
 def test_rebuild_refuses_a_table_another_tool_made_and_a_topic_without_a_table(cli, deps, settings):
-    produce(deps, "mine", [entries("a", 2, 10)])
-    cli("topic", "set", "mine", "--table", "ns.mine").ok()
-    from tiering.tables.catalog import table_schema
-
-    cat = catalog(settings)
+    """Another tool's table of the topic's name: in the warehouse (readable, its owner says so), elsewhere in
+    the bucket, or on a store this host cannot read (its metadata looked gone, and its catalog row was
+    deleted): never dropped."""
+    cat = _other_tool(settings)
     cat.create_namespace_if_not_exists("ns")
-    cat.create_table("ns.mine", table_schema(), location=f"s3://{settings.bucket}/elsewhere/mine")
+    for topic, location in (("mine", None), ("there", f"s3://{settings.bucket}/elsewhere/there"),
+                            ("far", None)):
+        produce(deps, topic, [entries("a", 2, 10)])
+        cli("topic", "set", topic, "--table", f"ns.{topic}").ok()
+        cat.create_table(f"ns.{topic}", table_schema(), **({"location": location} if location else {}))
+    with deps.meta.engine.begin() as conn:  # as if it lived on another host's disk
+        conn.execute(text("UPDATE iceberg_tables SET metadata_location = 'file:///nonexistent/far/m.json' "
+                          "WHERE table_name = 'far'"))
     before = _catalog_rows(deps)
     line = cli("table", "rebuild", "mine").one_line_error(2)
     assert "not made by tiering" in line and "drops only a table" in line, line
+    for topic in ("there", "far"):
+        for args in (("table", "rebuild", topic), ("table", "rebuild", topic, "--dry-run")):
+            assert "not a table tiering made" in cli(*args).one_line_error(2)
     assert _catalog_rows(deps) == before
     produce(deps, "bare", [])
     assert "has no table" in cli("table", "rebuild", "bare").one_line_error(2)
     assert "does not exist" in cli("table", "rebuild", "nosuch").one_line_error(2)
+
+
+def test_a_table_on_a_store_this_host_cannot_read_fails_its_topic_at_once_and_the_others_sync(cli, deps, settings):
+    """A row of the shared catalog naming gs:// metadata (another engine's table) held the hourly sync of
+    every topic for as long as pyarrow's GCS client waited."""
+    for topic in ("gcs", "fine"):
+        produce(deps, topic, [entries("a", 2, 10)])
+        cli("topic", "set", topic, "--table", f"ns.{topic}").ok()
+    cat = _other_tool(settings)
+    cat.create_namespace_if_not_exists("ns")
+    cat.create_table("ns.gcs", table_schema())
+    with deps.meta.engine.begin() as conn:
+        conn.execute(text("UPDATE iceberg_tables SET metadata_location = 'gs://other/wh/ns/gcs/m.json' "
+                          "WHERE table_name = 'gcs'"))
+    res = cli("table", "sync", "--json")
+    assert res.returncode == 1, res.stderr
+    assert [f["topic"] for f in res.json["failed"]] == ["gcs"], res.json
+    assert "not a table tiering made" in res.json["failed"][0]["error"]
+    assert _table(settings, "ns.fine") == _read(deps, "fine")
+    assert "not a table tiering made" in cli("table", "status", "gcs").one_line_error(2)
 
 
 def test_rebuild_waits_for_no_one_and_changes_nothing_while_a_sync_runs(cli, deps, settings):

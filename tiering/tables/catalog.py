@@ -64,6 +64,20 @@ def _catalog_class():
     from pyiceberg.exceptions import ValidationError
 
     class Catalog(SqlCatalog):
+        def _convert_orm_to_iceberg(self, orm_table):
+            # The product makes its tables under its warehouse only. A row of this catalog naming metadata
+            # elsewhere (another tool's table in the shared catalog tables, on another store or host) is not
+            # the product's: refused before any read, which on another scheme (gs://, a file of another host)
+            # could wait for ever or fail as if the product's own table had lost its metadata file.
+            location = orm_table.metadata_location or ""
+            own = self.properties["warehouse"].rstrip("/") + "/"
+            if not location.startswith(own):
+                name = f"{orm_table.table_namespace}.{orm_table.table_name}"
+                raise BadInput(f"table {name!r} has its metadata at {location[:200]!r}, outside this store's "
+                               f"warehouse {own!r}: not a table tiering made (drop it, or give the topic "
+                               "another table)")
+            return super()._convert_orm_to_iceberg(orm_table)
+
         def table_exists(self, identifier) -> bool:
             try:  # (pyiceberg's loads the table to find out)
                 return super().table_exists(identifier)
