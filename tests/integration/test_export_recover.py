@@ -3,6 +3,7 @@ and loopback S3. Every restore goes into a database of its own, created empty an
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import datetime as dt
 import secrets
 import time
@@ -388,6 +389,46 @@ def test_import_refuses_parts_that_are_not_this_exports_before_locking_anything(
     (tmp_path / "a" / "manifest.json").write_text(json.dumps(manifest))
     import_metadata(target, fs, first)
     assert snapshot(target)["ledger"]
+
+
+def test_import_refuses_a_part_changed_since_its_export_though_it_is_parquet_with_its_rows(
+        deps, db, new_database, tmp_path, s3fs):
+    """A part edited (or a bit flipped in a value) since the export, still Parquet with its row count, of this
+    table and this export: imported as the store's metadata (a ledger of 1,050 entries where it had 50)."""
+    import json
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    populate(deps, db, defrag_too=False)
+    target = new_database()
+    empty = snapshot(target)
+    for fs, base in (filesystem_for(str(tmp_path / "a")), s3fs("edited")):
+        m = export_metadata(db, fs, base)
+        for table in m.tables.values():  # each part's digest is that of the bytes the export left
+            for part in table.files:
+                with fs.open_input_stream(f"{base}/{part.path}") as f:
+                    assert hashlib.sha256(f.read()).hexdigest() == part.sha256
+        rel = m.tables["ledger"].files[0].path
+        with fs.open_input_file(f"{base}/{rel}") as f:
+            data = pq.read_table(f)
+        edited = data.set_column(data.schema.get_field_index("entry_count"), "entry_count",
+                                 pc.add(data["entry_count"], 1000))
+        with fs.open_output_stream(f"{base}/{rel}") as out:  # the footer's metadata (table, export id) kept
+            pq.write_table(edited.replace_schema_metadata(data.schema.metadata), out, compression="zstd")
+        with pytest.raises(BadInput, match=f"{rel} is not the file its export wrote"):
+            import_metadata(target, fs, base)
+        assert snapshot(target) == empty
+    # an export written before parts had digests is still imported (its parts are checked as before)
+    fs, base = filesystem_for(str(tmp_path / "old"))
+    m = export_metadata(db, fs, base)
+    manifest = json.loads((tmp_path / "old" / "manifest.json").read_text())
+    for table in manifest["tables"].values():
+        for part in table["files"]:
+            del part["sha256"]
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps(manifest))
+    import_metadata(target, fs, base)
+    assert snapshot(target) == snapshot(db)
 
 
 def test_rows_from_jdbc_or_spark_give_the_same_files(deps, db, tmp_path):

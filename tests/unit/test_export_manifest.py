@@ -87,3 +87,12 @@ def test_a_part_outside_its_tables_directory_is_refused(path):
     assert Manifest.from_json(data.replace(path, "topic/p.parquet"), "x/manifest.json").tables["topic"].files[0].path \
         == "topic/p.parquet"
 
+
+
+@pytest.mark.parametrize("digest", ['"abc"', '"' + "A" * 64 + '"', "7", '"' + "0" * 63 + 'g"'])
+def test_a_parts_digest_must_be_64_lower_case_hex_digits(digest):
+    data = _manifest("1").replace('"files": []', f'"files": [{{"path": "topic/p.parquet", "rows": 1, "sha256": {digest}}}]')
+    with pytest.raises(BadInput, match="sha256 must be 64 lower-case hex digits"):
+        Manifest.from_json(data, "x/manifest.json")
+    ok = Manifest.from_json(data.replace(digest, '"' + "0a" * 32 + '"'), "x/manifest.json")
+    assert ok.tables["topic"].files[0].sha256 == "0a" * 32

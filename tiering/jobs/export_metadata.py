@@ -52,20 +52,22 @@ def _write_partitions(settings: Settings, dest: str, table: str, export_id: str)
         try:
             check_shared(fs, base, export_id, socket.gethostname())
         except ExportNotShared as exc:  # reported to the driver, which fails the run with this sentence
-            yield pa.RecordBatch.from_pylist([{"path": None, "rows": -1, "error": str(exc)}], schema=_result_schema())
+            yield pa.RecordBatch.from_pylist([{"path": None, "rows": -1, "sha256": None, "error": str(exc)}],
+                                             schema=_result_schema())
             return
         batches = list(batches)  # one partition of a metadata table: bounded by Spark's partitioning
         data = pa.Table.from_batches(batches) if batches else ex.arrow_schema(table).empty_table()
         part_no = TaskContext.get().partitionId()
         part = ex.write_part(fs, base, table, part_no, data, export_id)
-        yield pa.RecordBatch.from_pylist([{"path": part.path, "rows": part.rows, "error": None}], schema=_result_schema())
+        yield pa.RecordBatch.from_pylist([{"path": part.path, "rows": part.rows, "sha256": part.sha256, "error": None}],
+                                         schema=_result_schema())
     return write
 
 
 def _result_schema():
     import pyarrow as pa
 
-    return pa.schema([("path", pa.string()), ("rows", pa.int64()), ("error", pa.string())])
+    return pa.schema([("path", pa.string()), ("rows", pa.int64()), ("sha256", pa.string()), ("error", pa.string())])
 
 
 def main(argv=None) -> int:
@@ -126,11 +128,12 @@ def _write(spark, settings: Settings, engine, fs, base: str, dest: str, export_i
             df = (spark.read.format("jdbc").options(**opts).option("query", ex.jdbc_query(table))
                   .option("sessionInitStatement", init).load())
             written = df.mapInArrow(_write_partitions(settings, dest, table, export_id),
-                                    "path string, rows long, error string").collect()
+                                    "path string, rows long, sha256 string, error string").collect()
             refused = sorted({r["error"] for r in written if r["error"]})
             if refused:
                 raise TieringError(refused[0])
-            parts[table] = sorted((ex.PartFile(r["path"], r["rows"]) for r in written), key=lambda f: f.path)
+            parts[table] = sorted((ex.PartFile(r["path"], r["rows"], r["sha256"]) for r in written),
+                                  key=lambda f: f.path)
             outcome.items_done += sum(f.rows for f in parts[table])
         manifest = ex.build_manifest(snap_conn, parts, export_id=export_id)
         outcome.details["schemas"] = ex.schemas(snap_conn)  # where each table is, for lineage

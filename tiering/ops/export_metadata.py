@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
+import hashlib
 import json
 import uuid as _uuid
 from dataclasses import asdict, dataclass, field
@@ -233,6 +234,9 @@ def check_local_location(url: str) -> str | None:
 class PartFile:
     path: str  # relative to the base path
     rows: int
+    # SHA-256 of the file's bytes as its writer wrote them (None: an export written before parts had digests):
+    # an import checks it, so a part damaged or edited since, still Parquet with its row count, is refused
+    sha256: str | None = None
 
 
 @dataclass
@@ -268,7 +272,8 @@ class Manifest:
             if type(version) is not int or version != FORMAT_VERSION:  # JSON's true is Python's 1
                 raise BadInput(f"{where}: export format version {version!r}, this version reads {FORMAT_VERSION}")
             tables = {name: TableManifest(_count(t["rows"], f"{name}'s rows", where), [
-                PartFile(_part_path(name, f["path"], where), _count(f["rows"], f"{name}'s part rows", where))
+                PartFile(_part_path(name, f["path"], where), _count(f["rows"], f"{name}'s part rows", where),
+                         _digest(f.get("sha256"), where))
                 for f in t["files"]]) for name, t in d["tables"].items()}
             return cls(FORMAT_VERSION, _timestamp(d["exported_at"], where),
                        [{"name": str(m["name"]), "checksum": str(m["checksum"])} for m in d["migrations"]],
@@ -288,6 +293,16 @@ def _count(value: object, what: str, where: str) -> int:
     if type(value) is not int or not 0 <= value <= INT64_MAX:
         shown = repr(value)
         raise BadInput(f"{where} is malformed: {what} must be a whole number from 0 to {INT64_MAX}, got "
+                       f"{shown[:40]}{'...' if len(shown) > 40 else ''}")
+    return value
+
+
+def _digest(value: object, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) != 64 or value.strip("0123456789abcdef"):
+        shown = repr(value)
+        raise BadInput(f"{where} is malformed: a part's sha256 must be 64 lower-case hex digits, got "
                        f"{shown[:40]}{'...' if len(shown) > 40 else ''}")
     return value
 
@@ -410,20 +425,49 @@ def write_part(fs: pafs.FileSystem, base_path: str, table: str, part_no: int, da
     rel = part_name(table, part_no, export_id)
     with _PartWriter(fs, base_path, table, rel, schema) as w:
         w.write(data)
-    return PartFile(rel, data.num_rows)
+    return w.part
+
+
+class _Digesting:
+    """A write-only file for ParquetWriter: each write goes to `sink` and into a SHA-256 of the file."""
+
+    def __init__(self, sink):
+        self.sink, self.sha, self.at, self.closed = sink, hashlib.sha256(), 0, False
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        self.sink.write(data)
+        self.at += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.at
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True  # the sink is closed by its owner
 
 
 class _PartWriter:
     def __init__(self, fs: pafs.FileSystem, base_path: str, table: str, rel: str, schema: pa.Schema):
         if _is_local(fs):
             fs.create_dir(_join(base_path, table), recursive=True)
+        self.rel = rel
         self.sink = fs.open_output_stream(_join(base_path, rel))
-        self.writer = pq.ParquetWriter(self.sink, schema, compression="zstd")
+        self.digest = _Digesting(self.sink)
+        self.writer = pq.ParquetWriter(self.digest, schema, compression="zstd")
         self.rows = 0
 
     def write(self, data: pa.Table) -> None:
         self.writer.write_table(data)
         self.rows += data.num_rows
+
+    @property
+    def part(self) -> PartFile:
+        """The part as written (after the writer closed: the digest covers the footer)."""
+        return PartFile(self.rel, self.rows, self.digest.sha.hexdigest())
 
     def __enter__(self) -> "_PartWriter":
         return self
@@ -475,13 +519,13 @@ def _export_table(snap: R.Snapshot, fs: pafs.FileSystem, base_path: str, table: 
                 writer.write(rows_to_table(table, take))
                 if writer.rows >= rows_per_part:
                     writer.__exit__(None, None, None)
-                    parts.append(PartFile(part_name(table, len(parts), export_id), writer.rows))
+                    parts.append(writer.part)
                     writer = None
         if writer is None and not parts:  # an empty table still has one (empty) part with its schema
             writer = _PartWriter(fs, base_path, table, part_name(table, 0, export_id), schema)
         if writer is not None:
             writer.__exit__(None, None, None)
-            parts.append(PartFile(part_name(table, len(parts), export_id), writer.rows))
+            parts.append(writer.part)
             writer = None
     finally:
         if writer is not None:

@@ -6,6 +6,7 @@ The rows are written by `tiering.metadata.import_rows.restore`; this module read
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
@@ -35,7 +36,7 @@ def import_metadata(engine, fs: pafs.FileSystem, base_path: str, batch_rows: int
                        f"(taken at migrations up to {last!r}: import it into a database migrated to that version)")
     for t in table_names():  # before anything is locked: a refusal here takes no lock and writes nothing
         for p in manifest.tables[t].files:
-            _check_part(fs, base_path, t, p.path, manifest.export_id)
+            _check_part(fs, base_path, t, p.path, manifest.export_id, p.sha256)
 
     def load(table: str, insert) -> int:
         return _load_table(fs, base_path, table, manifest.tables[table], batch_rows, insert)
@@ -45,10 +46,13 @@ def import_metadata(engine, fs: pafs.FileSystem, base_path: str, batch_rows: int
     return ImportReport(rows, manifest.exported_at, sequences)
 
 
-def _check_part(fs: pafs.FileSystem, base_path: str, table: str, rel: str, export_id: str | None) -> None:
+def _check_part(fs: pafs.FileSystem, base_path: str, table: str, rel: str, export_id: str | None,
+                sha256: str | None) -> None:
     """A part the manifest names is a regular file (a fifo would block the import forever, holding every
     table's lock), a Parquet file, of this table and of this export (its footer says so, as export's
-    check_parts wrote it): a part of another export at the same path, even with the same row count, is not."""
+    check_parts wrote it): a part of another export at the same path, even with the same row count, is not.
+    With the manifest's digest, its bytes are those its writer wrote: a part damaged or edited since, still
+    Parquet with its row count (a flipped bit in a value), would be imported as the store's metadata."""
     path = _join(base_path, rel)
     kind = fs.get_file_info(path).type
     if kind == pafs.FileType.NotFound:
@@ -65,6 +69,17 @@ def _check_part(fs: pafs.FileSystem, base_path: str, table: str, rel: str, expor
     if export_id is not None and footer.export_id != export_id:
         raise BadInput(f"export at {base_path!r}: {rel} belongs to export {(footer.export_id or 'unknown')[:40]!r}, "
                        f"not to this one ({export_id})")
+    if sha256 is not None and _sha256(fs, path) != sha256:
+        raise BadInput(f"export at {base_path!r}: {rel} is not the file its export wrote (its SHA-256 differs "
+                       "from the manifest's): damaged or changed since; nothing was imported")
+
+
+def _sha256(fs: pafs.FileSystem, path: str) -> str:
+    digest = hashlib.sha256()
+    with fs.open_input_stream(path) as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _load_table(fs: pafs.FileSystem, base_path: str, table: str, tm: TableManifest, batch_rows: int,
