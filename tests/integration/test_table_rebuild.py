@@ -167,7 +167,7 @@ def test_rebuild_waits_for_no_one_and_changes_nothing_while_a_sync_runs(cli, dep
     before = _catalog_rows(deps), rows.get("busy")
     with exclusive(deps.meta.engine, rows.get("busy").topic_id) as held:  # as a running sync holds it
         assert held
-        assert "sync or maintenance of it running" in cli("table", "rebuild", "busy").one_line_error(1)
+        assert "sync or maintenance of it running" in cli("table", "rebuild", "busy", "--force").one_line_error(1)
     assert (_catalog_rows(deps), rows.get("busy")) == before
 
 
@@ -197,7 +197,11 @@ def test_a_sync_holding_the_old_table_cannot_commit_into_it_after_a_rebuild(cli,
 
     _synced(cli, deps, "zombie")
     stale = catalog(settings).load_table("ns.zombie")
-    cli("table", "rebuild", "zombie").ok()
+    cli("truncate", "zombie", "1:0").ok()
+    # in step with its sync state: refused unless forced, naming what would not come back
+    line = cli("table", "rebuild", "zombie").one_line_error(2)
+    assert "nothing to rebuild" in line and "ledgers before 1" in line, line
+    cli("table", "rebuild", "zombie", "--force").ok()
     with pytest.raises((CommitFailedException, NoSuchTableError)):
         stale.transaction().set_properties({"tiering.synced-through": "99"}).commit_transaction()
     assert not catalog(settings).table_exists("ns.zombie")

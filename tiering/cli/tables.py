@@ -37,6 +37,8 @@ def register(sub) -> None:
                                "dropped, rolled back) so the next sync makes it again from the retained log")
     a.name(rebuild)
     rebuild.add_argument("--dry-run", action="store_true", help="say what the rebuild would forget; change nothing")
+    rebuild.add_argument("--force", action="store_true", help="rebuild a table that is readable and in step "
+                         "with its sync state too (rows of ledgers no longer retained do not come back)")
     a.json_flag(rebuild)
     verify = t_sub.add_parser("verify", help="compare the table with `tiering read` (exit 1 on a difference)")
     a.name(verify)
@@ -53,7 +55,7 @@ def _rebuild(ctx: Context, args, out: Output) -> int:
     from tiering.tables.catalog import catalog
     from tiering.tables.rebuild import rebuild_table
 
-    r = rebuild_table(TableRows(ctx.engine), catalog(ctx.settings), args.name, args.dry_run)
+    r = rebuild_table(TableRows(ctx.engine), catalog(ctx.settings), args.name, args.dry_run, args.force)
     obj = document("table rebuild", r.topic, dry_run=r.dry_run, identifier=r.table, found=r.found,
                    metadata_location=r.metadata_location, synced_through=r.synced_through,
                    retained_from=r.retained_from)

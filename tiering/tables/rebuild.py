@@ -34,14 +34,22 @@ class RebuildReport:
     dry_run: bool
 
 
-def rebuild_table(rows: TableRows, cat, topic: str, dry_run: bool = False) -> RebuildReport:
+def rebuild_table(rows: TableRows, cat, topic: str, dry_run: bool = False, force: bool = False) -> RebuildReport:
+    """Forget the topic's table so the next sync makes it again; a table in step with its sync state only
+    with `force` (its rows of ledgers the log no longer retains would not come back)."""
     [state] = rows.list(topic)  # BadInput when the topic has no table
     namespace, name = state.identifier.split(".")
     names = [name, name + DLQ_SUFFIX]
     locations = rows.catalog_locations(state.identifier, names)
     found = _found(cat, state, namespace, names, locations)
+    retained_from = rows.first_retained(state)
+    if found == "readable" and not force:
+        lost = "" if retained_from is None or retained_from <= 0 else \
+            f"; its rows of ledgers before {retained_from}, which the log no longer retains, would not come back"
+        raise BadInput(f"table {state.identifier!r} of topic {state.topic!r} is readable and in step with its "
+                       f"sync state: nothing to rebuild (--force rebuilds it all the same{lost})")
     report = RebuildReport(state.topic, state.identifier, found, locations[name], state.synced_through,
-                           rows.first_retained(state), dry_run)
+                           retained_from, dry_run)
     if not dry_run:
         rows.reset(state, locations)
     return report
