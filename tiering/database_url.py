@@ -80,7 +80,7 @@ def _query_params(database_url: str, names: tuple[str, ...]) -> dict[str, str]:
 # libpq's whole-number parameters: psycopg2 passes them on unchecked, and a word in one failed each command
 # with a ValueError at its first connection instead of naming the setting
 INTEGER_PARAMS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
-                  "tcp_user_timeout", "port")
+                  "tcp_user_timeout")
 _UNKNOWN_PARAM = re.compile(r'invalid URI query parameter: "([A-Za-z0-9_.-]{1,64})"')
 
 
@@ -102,6 +102,9 @@ def _check_libpq(url: str, scheme: str) -> None:
            if k in INTEGER_PARAMS and not re.fullmatch(r"\s*-?\d{1,9}\s*", v)]
     if bad:
         raise ConfigError(f"TIERING_DATABASE_URL's {bad[0]} must be a whole number")
+    ports = [v for k, v in parse_qsl(urlsplit(url).query, keep_blank_values=True) if k == "port"]
+    if any(not p.isdigit() or not 0 < int(p) <= 65535 for v in ports for p in v.split(",")):
+        raise ConfigError("TIERING_DATABASE_URL's port must be a whole number from 1 to 65535 (a list: one each)")
 
 
 def checked_database_url(url: str) -> str:

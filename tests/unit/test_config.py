@@ -171,6 +171,8 @@ def test_an_sse_c_key_file_that_is_not_a_regular_file_is_refused_at_once(tmp_pat
     ({"TIERING_DATABASE_URL": "postgresql://u:s3cret@db/t?connect_timeout=abc"}, "connect_timeout must be a whole"),
     ({"TIERING_DATABASE_URL": "postgresql://u:s3cret@db/t?keepalives_idle=1.5"}, "keepalives_idle must be a whole"),
     ({"TIERING_DATABASE_URL": "postgresql://u:s3cret@db/t?foo=bar"}, "a parameter libpq does not know: foo"),
+    ({"TIERING_DATABASE_URL": "postgresql://u:s3cret@db/t?port=99999"}, "port must be a whole number from 1"),
+    ({"TIERING_DATABASE_URL": "postgresql://u:s3cret@db/t?host=a,b&port=5432,x"}, "port must be a whole number"),
     ({"TIERING_DATABASE_URL": "postgresql://u:s3cret%00x@db/t"}, "not a URL libpq accepts"),
     ({"TIERING_DATABASE_URL": "postgresql://u@db/t?password=s3cret%00"}, "not a URL libpq accepts"),
     ({"TIERING_DATABASE_URL": "postgresql://u@db/t?sslmode=%zzs3cret"}, "not a URL libpq accepts"),

@@ -60,8 +60,9 @@ def _rebuild(ctx: Context, args, out: Output) -> int:
                    metadata_location=r.metadata_location, synced_through=r.synced_through,
                    retained_from=r.retained_from)
     start = "no retained ledger yet" if r.retained_from is None else f"ledger {r.retained_from} on"
-    out.result(obj, f"{r.topic} -> {r.table} ({r.found}): " + ("would be forgotten" if r.dry_run else "forgotten")
-               + f"; the next `tiering table sync` makes it again from the retained log ({start})")
+    done = "nothing to forget" if r.found == "absent" else "would be forgotten" if r.dry_run else "forgotten"
+    out.result(obj, f"{r.topic} -> {r.table} ({r.found}): {done}; the next `tiering table sync` makes it "
+                    f"{'' if r.found == 'absent' else 'again '}from the retained log ({start})")
     return 0
 
 
@@ -143,9 +144,10 @@ def _status(ctx: Context, args, out: Output) -> int:
 
     from tiering.metadata.table_sync import TableRows
     from tiering.tables.catalog import catalog, owner_problem
-    from tiering.errors import TableUnreadable
+    from tiering.errors import BadInput, TableUnreadable
+    from tiering.tables.catalog import check_current_files
     from tiering.tables.marks import TableBehind, check_marks, dropped, uncounted
-    from tiering.tables.naming import PROP_SYNCED, PROP_TRIMMED
+    from tiering.tables.naming import DLQ_SUFFIX, PROP_SYNCED, PROP_TRIMMED
 
     rows = TableRows(ctx.engine)
     [state] = rows.list(args.name)
@@ -153,17 +155,21 @@ def _status(ctx: Context, args, out: Output) -> int:
     location = problem = None
     snapshot_id = state.snapshot_id
     row_count = 0
-    exists = cat.table_exists(state.identifier)
-    if not exists:
-        problem = dropped(state)  # what sync, verify and maintain refuse: the row's marks name rows no table holds
     table = None
-    if exists:
-        try:
+    try:
+        if not cat.table_exists(state.identifier):
+            problem = dropped(state)  # what sync, verify and maintain refuse: the row's marks name rows no table holds
+        else:
             table = cat.load_table(state.identifier)
-        except TableUnreadable as exc:  # its metadata file gone or corrupt: said, as the other problems
-            problem = str(exc)
+            problem = owner_problem(table, state.topic, state.topic_id)  # e.g. an earlier topic's of this name
+            if problem is None:
+                check_current_files(table)
+        dlq = state.identifier + DLQ_SUFFIX
+        if problem is None and cat.table_exists(dlq):  # the dead letters' table fails a sync as much
+            check_current_files(cat.load_table(dlq))
+    except (TableUnreadable, BadInput) as exc:  # a file gone or corrupt; metadata outside the warehouse
+        table, problem = None, str(exc)
     if table is not None:
-        problem = owner_problem(table, state.topic, state.topic_id)  # e.g. an earlier topic's of this name
         location = None if problem else table.metadata_location
         if problem is None:
             # what the table holds now (none of this topic's when it is another's): the counts below are
@@ -198,7 +204,7 @@ def _status(ctx: Context, args, out: Output) -> int:
 def _verify(ctx: Context, args, out: Output) -> int:
     from tiering.errors import BadInput, TieringError
     from tiering.metadata.table_sync import TableRows
-    from tiering.tables.catalog import catalog, owner_problem
+    from tiering.tables.catalog import catalog, check_current_files, owner_problem
     from tiering.tables.marks import dropped
     from tiering.tables.verify import verify_table
 
@@ -213,6 +219,7 @@ def _verify(ctx: Context, args, out: Output) -> int:
     problem = owner_problem(table, state.topic, state.topic_id)
     if problem:  # its rows are not this topic's: comparing them would only list every ledger as a difference
         raise TieringError(f"table {state.identifier!r} {problem}")
+    check_current_files(table)  # its snapshot's files gone: said so, not as a scan's FileNotFoundError
     r = verify_table(ctx.read_handle(), ctx.meta, table, state.topic)
     diffs = failures((r.topic, d["ledger"], d["reason"]) for d in r.differences)
     obj = document("table verify", r.topic, identifier=r.table, synced_through=r.synced_through,

@@ -8,7 +8,9 @@ Secrets (the database URL, the S3 keys) go into the catalog's properties only: n
 exception this module raises."""
 from __future__ import annotations
 
+import zlib
 from functools import cache
+from gzip import BadGzipFile
 
 from tiering.config import Settings, aws_sdk_checksums_when_required
 from tiering.errors import BadInput, TableUnreadable
@@ -87,9 +89,10 @@ def _catalog_class():
         def load_table(self, identifier):
             try:
                 return super().load_table(identifier)
-            except (FileNotFoundError, ValidationError) as exc:
+            except (FileNotFoundError, ValidationError, UnicodeDecodeError, EOFError, BadGzipFile,
+                    zlib.error) as exc:  # missing; not JSON, not UTF-8, a cut or false gzip (.gz.metadata.json)
                 name = identifier if isinstance(identifier, str) else ".".join(identifier)
-                detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                detail = (str(exc).splitlines() or [""])[0] or type(exc).__name__
                 raise TableUnreadable(f"table {name!r} cannot be read: its current metadata file is "
                                       f"{'gone' if isinstance(exc, FileNotFoundError) else 'not Iceberg metadata'}"
                                       f" ({detail[:300]}); `tiering table rebuild` of its topic makes it again "
@@ -137,6 +140,22 @@ def arrow_schema(decoder: dict | None = None, dlq: bool = False):
     import pyarrow as pa
 
     return pa.schema([(name, _arrow_type(kind)) for name, kind in columns(decoder, dlq)])
+
+
+def check_current_files(table) -> None:
+    """TableUnreadable when the current snapshot's manifest list is gone (its snapshot expired and its files
+    were deleted, as after an import of an export older than that): one GET. The table's metadata read,
+    but no scan or append of it would."""
+    snap = table.current_snapshot()
+    if snap is None:
+        return
+    try:
+        snap.manifests(table.io)
+    except FileNotFoundError as exc:
+        detail = (str(exc).splitlines() or [""])[0][:300]
+        raise TableUnreadable(f"table {'.'.join(table.name())!r} cannot be read: its current snapshot's manifest "
+                              f"list is gone ({detail}); `tiering table rebuild` of its topic makes it again "
+                              "from the retained log") from None
 
 
 def owner_problem(table, topic: str, topic_id: int | None) -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from tiering.errors import BadInput
+from tiering.errors import BadInput, TieringError
 from tiering.model import MIB
 from tiering.tables.naming import DLQ_SUFFIX, encode_ledgers
 
@@ -172,7 +172,7 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
     bring the row's metadata location up to date. A topic whose table does not exist yet is left alone."""
     from tiering.metadata.table_sync import turn
     from tiering.tables.catalog import owner_problem
-    from tiering.tables.marks import check_marks, dropped
+    from tiering.tables.marks import check_marks, dropped, gone_file
     from tiering.tables.sync import SUMMARY_DLQ_FILES
 
     report = MaintenanceReport(state.identifier)
@@ -183,11 +183,11 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
             report.errors.append(f"a sync of this topic ran on past the {sync.limits.wait_seconds:g} s a "
                                  "maintenance waits for it: nothing done; rerun when it has ended")
             return report
-        if not sync.catalog.table_exists(state.identifier):
-            if dropped(state):
-                report.errors.append(dropped(state))
-            return report
         try:
+            if not sync.catalog.table_exists(state.identifier):
+                if dropped(state):
+                    report.errors.append(dropped(state))
+                return report
             table = sync.catalog.load_table(state.identifier)
             # nothing is compacted, expired or deleted in a table that is not this topic's (made by another
             # tool under the name: its snapshots and unreferenced files are its own) or that holds less than
@@ -219,6 +219,9 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
                 expire_snapshots(sync.catalog.load_table(dlq), expire_after, report=report)
                 remove_orphans(sync.catalog.load_table(dlq), sync.settings, orphan_grace, report=report)
             sync.reconcile(sync.rows.get(state.topic), sync.catalog.load_table(state.identifier))
+        except TieringError as exc:  # its own sentence (a table not the product's, one that cannot be read)
+            report.errors.append(str(exc))
         except Exception as exc:  # noqa: BLE001 - this table failed; the others go on
-            report.errors.append(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
+            report.errors.append(gone_file(exc, state.topic) or
+                                 f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
     return report

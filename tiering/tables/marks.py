@@ -28,6 +28,15 @@ def dropped(state: TableState) -> str | None:
             f"{state.synced_through} are in it: it was dropped; {rebuild_hint(state.topic)}")
 
 
+def gone_file(exc: BaseException, topic: str) -> str | None:
+    """A table's file missing under a read (a snapshot's manifest list or a manifest, deleted by hand or by
+    another database's maintenance sharing the location): the sentence naming the way out, else None."""
+    if not isinstance(exc, FileNotFoundError):
+        return None
+    detail = (str(exc).splitlines() or [""])[0][:300]
+    return f"a file of the table is gone ({detail}); {rebuild_hint(topic)}"
+
+
 def prop(table, key: str) -> int:
     return int(table.properties.get(key, "-1"))
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from tiering.errors import BadInput, TableUnreadable
 from tiering.metadata.table_sync import TableRows
-from tiering.tables.catalog import owner_problem
-from tiering.tables.marks import TableBehind, check_marks
+from tiering.tables.catalog import check_current_files, owner_problem
+from tiering.tables.marks import TableBehind, check_marks, dropped
 from tiering.tables.naming import DLQ_SUFFIX, PROP_TOPIC
 
 
@@ -56,27 +56,31 @@ def rebuild_table(rows: TableRows, cat, topic: str, dry_run: bool = False, force
 
 
 def _found(cat, state, namespace: str, names: list[str], locations: dict[str, str | None]) -> str:
-    """The table's state, in words; BadInput when a table of its names is not the topic's to drop."""
-    if locations[names[0]] is None:
-        return "absent" if state.synced_through < 0 and state.trimmed_through < 0 else \
-            f"dropped (the sync state says ledgers through {state.synced_through} are in it)"
-    found = None
+    """The state of the table and of its dead-letter table, in words ("absent", "readable", or what is
+    wrong with either); BadInput when a table of their names is not the topic's to drop (another tool's or
+    another topic's, or with its metadata outside the store's warehouse: the catalog refuses to read it)."""
+    problems = []
+    if locations[names[0]] is None and dropped(state):
+        problems.append(f"dropped (the sync state says ledgers through {state.synced_through} are in it)")
     for name in names:
         if locations[name] is None:
             continue
         try:
             table = cat.load_table(f"{namespace}.{name}")
+            if table.properties.get(PROP_TOPIC) != state.topic:  # made by another tool, or another topic's
+                problem = owner_problem(table, state.topic, None)
+                raise BadInput(f"table {namespace + '.' + name!r} {problem}: a rebuild drops only a table topic "
+                               f"{state.topic!r} made; drop it with an Iceberg tool, or give the topic another "
+                               "table")
+            check_current_files(table)
         except TableUnreadable as exc:
-            found = found or f"unreadable: {exc}"
+            problems.append(f"unreadable: {exc}")
             continue
-        owner = table.properties.get(PROP_TOPIC)
-        if owner != state.topic:  # made by another tool, or another topic's: not ours to drop
-            problem = owner_problem(table, state.topic, None)
-            raise BadInput(f"table {namespace + '.' + name!r} {problem}: a rebuild drops only a table topic "
-                           f"{state.topic!r} made; drop it with an Iceberg tool, or give the topic another table")
-        if name == names[0] and found is None:
-            found = _problem(table, state) or "readable"
-    return found or "readable"
+        if name == names[0]:
+            problems.append(_problem(table, state) or "")
+    if any(problems):
+        return "; ".join(p for p in problems if p)
+    return "readable" if any(locations.values()) else "absent"
 
 
 def _problem(table, state) -> str | None:

@@ -30,7 +30,8 @@ from tiering.errors import TieringError
 from tiering.metadata.table_sync import TableRows, TableState, turn
 from tiering.model import MIB
 from tiering.tables.catalog import PARTITION_FIELD, ensure_table, table_dataset
-from tiering.tables.marks import SUMMARY_THROUGH, TableBehind, check_marks, dropped, has_rows, prop, uncounted
+from tiering.tables.marks import (SUMMARY_THROUGH, TableBehind, check_marks, dropped, gone_file, has_rows, prop,
+                                  uncounted)
 from tiering.tables.naming import (DLQ_SUFFIX, PROP_SYNCED, PROP_TRIMMED, SUMMARY_LEDGERS, SUMMARY_RUN, SUMMARY_TOPIC, batches,
                                    encode_ledgers)
 
@@ -142,7 +143,8 @@ class TableSync:
         except TieringError as exc:
             result.status, result.error = "failed", str(exc)
         except Exception as exc:  # noqa: BLE001 - S3 or the catalog: this topic failed, the others go on
-            result.status, result.error = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            result.status, result.error = "failed", gone_file(exc, topic) or \
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
     def _sync_locked(self, topic: str, write: Writer, dry_run: bool, result: TopicResult) -> None:
         state = self.rows.get(topic)  # re-read under the lock
