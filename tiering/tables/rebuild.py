@@ -11,7 +11,8 @@ table maintain` deletes after its grace. A sync still running unlocked from befo
 commit into the forgotten table: the catalog's compare-and-set finds no row.
 
 A table of the same name that another tool (or another topic) made is never dropped: only a table this topic
-made, one an earlier topic of its name made, or one that cannot be read at all."""
+made, one an earlier topic of its name made, or one under the store's warehouse whose metadata cannot be
+read (the catalog refuses to read a row whose metadata lies elsewhere: tiering/tables/catalog.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
