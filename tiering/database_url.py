@@ -84,7 +84,7 @@ INTEGER_PARAMS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalive
 _UNKNOWN_PARAM = re.compile(r'invalid URI query parameter: "([A-Za-z0-9_.-]{1,64})"')
 
 
-def _check_libpq(url: str, scheme: str) -> None:
+def _check_libpq(url: str, scheme: str, params: list[tuple[str, str]]) -> None:
     """The URL as libpq parses it (its own parser, no connection): an unknown parameter or a malformed or NUL
     percent-encoding is a ConfigError naming the setting, never libpq's text, which quotes the value (a
     password's too)."""
@@ -98,11 +98,10 @@ def _check_libpq(url: str, scheme: str) -> None:
         raise ConfigError(f"TIERING_DATABASE_URL has a parameter libpq does not know: {unknown.group(1)}"
                           if unknown else "TIERING_DATABASE_URL is not a URL libpq accepts (a malformed or "
                           "NUL %-encoding, or a malformed host or port?)") from None
-    bad = [k for k, v in parse_qsl(urlsplit(url).query, keep_blank_values=True)
-           if k in INTEGER_PARAMS and not re.fullmatch(r"\s*-?\d{1,9}\s*", v)]
+    bad = [k for k, v in params if k in INTEGER_PARAMS and not re.fullmatch(r"\s*-?\d{1,9}\s*", v)]
     if bad:
         raise ConfigError(f"TIERING_DATABASE_URL's {bad[0]} must be a whole number")
-    ports = [v for k, v in parse_qsl(urlsplit(url).query, keep_blank_values=True) if k == "port"]
+    ports = [v for k, v in params if k == "port"]
     if any(not p.isdigit() or not 0 < int(p) <= 65535 for v in ports for p in v.split(",")):
         raise ConfigError("TIERING_DATABASE_URL's port must be a whole number from 1 to 65535 (a list: one each)")
 
@@ -119,7 +118,8 @@ def checked_database_url(url: str) -> str:
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError:
         raise ConfigError("TIERING_DATABASE_URL's port must be a whole number from 0 to 65535") from None
-    names = [k for k, _ in parse_qsl(parts.query, keep_blank_values=True)]
+    params = parse_qsl(parts.query, keep_blank_values=True)
+    names = [k for k, _ in params]
     repeated = sorted({k for k in names if names.count(k) > 1})
     if repeated:
         # libpq takes the last of a repeated parameter, SQLAlchemy and pyiceberg's catalog a tuple of all: one
@@ -127,7 +127,7 @@ def checked_database_url(url: str) -> str:
         raise ConfigError(f"TIERING_DATABASE_URL gives {', '.join(repeated)} more than once: give each "
                           "parameter once (several server settings go in one options value: "
                           "options=-c%20a%3D1%20-c%20b%3D2)")
-    _check_libpq(url, parts.scheme)
+    _check_libpq(url, parts.scheme, params)
     sslmode = database_ssl_params(url).get("sslmode")
     if sslmode is not None and sslmode not in PG_SSLMODES:
         raise ConfigError(f"TIERING_DATABASE_URL's sslmode must be one of {', '.join(PG_SSLMODES)}")
