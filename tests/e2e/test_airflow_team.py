@@ -8,7 +8,8 @@ test_airflow_up.py: .ci/airflow_up.sh with a metastore database, a home and a po
 - `.ci/stop.sh` while scheduled runs are running, then `.ci/airflow_up.sh`: no run is left FAILED and no
   task failed for want of the API server ("Connection refused").
 - the whole session killed (a crash) while an offload's Spark task runs, then `.ci/airflow_up.sh`: the
-  task runs again at once (not after Airflow's 300 s orphan check) and the run succeeds, each ledger offloaded.
+  task is reset by the new scheduler's first loop (not after Airflow's 300 s orphan check) and the run
+  succeeds, each ledger offloaded once (a further retry, transient on a loaded machine, is reported).
 - the scheduler alone killed: `.ci/airflow_up.sh` restarts Airflow instead of reporting it up.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import signal
 import subprocess
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -196,13 +198,24 @@ def test_killed_with_a_spark_task_running_then_up_offloads_once(up, engine, s3_c
         assert time.monotonic() < deadline, "a process of the killed Airflow lives on"
         time.sleep(0.2)
     log_at = len((up.home / "standalone.log").read_text())
+    scheduler_at = len((up.home / "scheduler.log").read_text(errors="replace"))
     again = up.script("airflow_up.sh")
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     token = _token(up)
     state = _final_state(up, token, dag, run, 240)  # well inside the 300 s of Airflow's own orphan check
     tis = [(t["task_id"], t["state"], t["try_number"]) for t in _http(tis_url, token=token)[1]["task_instances"]]
     assert state == "success", (state, tis, (up.home / "standalone.log").read_text()[-3000:])
-    assert ("offload", "success", 2) in tis, tis  # the killed try, then one more
+    tries = [n for task, st, n in tis if task == "offload" and st == "success"]
+    assert tries and tries[0] >= 2, tis  # the killed try, then at least one more
+    # reset by the new scheduler's first loop (what ending the dead scheduler's job buys), not its orphan check
+    restarted = (up.home / "scheduler.log").read_text(errors="replace")[scheduler_at:]
+    assert "Reset the following 1 orphaned TaskInstances" in restarted, restarted[-3000:]
+    if tries[0] > 2:
+        # a retry after the reset: transient under load (a Spark start on a busy machine), which is what the
+        # DAGs' retries are for; its log is kept in the report so a failure that is not transient is seen
+        logs = sorted(up.home.glob(f"logs/dag_id={dag}/run_id={run['dag_run_id']}/task_id=offload/attempt=*.log"))
+        warnings.warn(f"the offload succeeded at try {tries[0]}; the tries' log tails: " + " | ".join(
+            f"{p.name}: {p.read_text(errors='replace')[-1500:]}" for p in logs[1:-1]))
     assert "ended 1 scheduler job(s) a killed scheduler left running" in \
         (up.home / "standalone.log").read_text()[log_at:]  # this restart's, not an earlier one's
     ledgers = deps.meta.list_ledgers("crash")  # (a killed try's open multipart upload is GC's to abort)
