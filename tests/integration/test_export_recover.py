@@ -431,6 +431,36 @@ def test_import_refuses_a_part_changed_since_its_export_though_it_is_parquet_wit
     assert snapshot(target) == snapshot(db)
 
 
+def test_import_loads_the_bytes_it_checked_when_a_part_is_replaced_after_the_check(
+        deps, db, new_database, tmp_path, monkeypatch):
+    """A part replaced between the checks (before any lock) and the load: the import parses the copy it read
+    and checked then, never the file read a second time; the replaced part fails its digest, nothing written."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from tiering.ops import import_metadata as importer
+
+    populate(deps, db, defrag_too=False)
+    target = new_database()
+    empty = snapshot(target)
+    fs, base = filesystem_for(str(tmp_path / "a"))
+    m = export_metadata(db, fs, base)
+    rel = m.tables["ledger"].files[0].path
+    data = pq.read_table(tmp_path / "a" / rel)
+    edited = data.set_column(data.schema.get_field_index("entry_count"), "entry_count",
+                             pc.add(data["entry_count"], 1000)).replace_schema_metadata(data.schema.metadata)
+    restore = importer.import_rows.restore
+
+    def replaced_then_restore(*args, **kwargs):  # the checks passed: the part changes before the load
+        pq.write_table(edited, tmp_path / "a" / rel, compression="zstd")
+        return restore(*args, **kwargs)
+
+    monkeypatch.setattr(importer.import_rows, "restore", replaced_then_restore)
+    with pytest.raises(BadInput, match=f"{rel} is not the file its export wrote"):
+        import_metadata(target, fs, base)
+    assert snapshot(target) == empty
+
+
 def test_rows_from_jdbc_or_spark_give_the_same_files(deps, db, tmp_path):
     """What the Spark job does: rows as JDBC hands them (strings for uuid/enum/jsonb, naive local timestamps)
     -> rows_to_table -> the same Arrow table export_metadata wrote."""

@@ -7,7 +7,10 @@ The rows are written by `tiering.metadata.import_rows.restore`; this module read
 from __future__ import annotations
 
 import hashlib
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import IO, Iterator
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -69,17 +72,31 @@ def _check_part(fs: pafs.FileSystem, base_path: str, table: str, rel: str, expor
     if export_id is not None and footer.export_id != export_id:
         raise BadInput(f"export at {base_path!r}: {rel} belongs to export {(footer.export_id or 'unknown')[:40]!r}, "
                        f"not to this one ({export_id})")
-    if sha256 is not None and _sha256(fs, path) != sha256:
-        raise BadInput(f"export at {base_path!r}: {rel} is not the file its export wrote (its SHA-256 differs "
-                       "from the manifest's): damaged or changed since; nothing was imported")
+    if sha256 is not None:
+        with _verified_copy(fs, base_path, rel, sha256):
+            pass
 
 
-def _sha256(fs: pafs.FileSystem, path: str) -> str:
+# a part up to this size is held in memory while it loads; a larger one is spooled to a temporary file
+_SPOOL_BYTES = 64 << 20
+
+
+@contextmanager
+def _verified_copy(fs: pafs.FileSystem, base_path: str, rel: str, sha256: str | None) -> Iterator[IO[bytes]]:
+    """The part's bytes, read once from the export and checked against the manifest's digest, as a seekable
+    local copy: what is parsed is what was checked. Reading the export's file twice (a digest, then the load)
+    would load a part replaced between the two reads."""
     digest = hashlib.sha256()
-    with fs.open_input_stream(path) as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as copy:
+        with fs.open_input_stream(_join(base_path, rel)) as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+                copy.write(chunk)
+        if sha256 is not None and digest.hexdigest() != sha256:
+            raise BadInput(f"export at {base_path!r}: {rel} is not the file its export wrote (its SHA-256 "
+                           "differs from the manifest's): damaged or changed since; nothing was imported")
+        copy.seek(0)
+        yield copy
 
 
 def _load_table(fs: pafs.FileSystem, base_path: str, table: str, tm: TableManifest, batch_rows: int,
@@ -87,8 +104,7 @@ def _load_table(fs: pafs.FileSystem, base_path: str, table: str, tm: TableManife
     schema = arrow_schema(table)
     total = 0
     for part in tm.files:
-        path = _join(base_path, part.path)
-        with fs.open_input_file(path) as f:
+        with _verified_copy(fs, base_path, part.path, part.sha256) as f:
             pf = pq.ParquetFile(f)
             got = pf.schema_arrow
             if got.names != schema.names or not all(a.type.equals(b.type) for a, b in zip(got, schema)):
