@@ -16,7 +16,7 @@ from tiering.model import LedgerState as S, TopicPolicy
 from tiering.ops import defrag as defrag_ops
 from tiering.ops.defrag import defrag, merge_groups, plan_defrag
 from tiering.ops.gc import run_gc
-from tiering.ops.offload import offload_many
+from tiering.ops.offload import offload_ledger, offload_many
 from tiering.read import Entry, ReadHandle
 from tiering.tier2.reader import tier2_opener
 
@@ -106,6 +106,24 @@ def test_gc_aborts_no_upload_of_a_live_attempt_however_old(deps, db):
         assert report.uploads_aborted == 1 and uploads() == set(kept)
     # their holders are gone (the block ended, as a dead process's connection does)
     assert run_gc(deps, orphan_grace=timedelta(0)).uploads_aborted == 2 and uploads() == set()
+
+
+def test_gc_with_no_grace_aborts_no_upload_of_a_live_offload(deps, db):
+    """`gc --orphan-grace-seconds 0` run while an offload uploads: the upload is the live attempt's (its worker
+    holds the attempt lock), so it is left and the offload commits (aborted, its completion would fail)."""
+    s3, name, prefix = deps.bucket.s3, deps.bucket.name, deps.bucket.prefix
+    expected = produce(deps, "up", [entries("u", 120, 100 * 1024)])  # 12 MiB: a multipart upload
+    [led] = deps.meta.list_ledgers("up", [S.SEALED])
+    seen = []
+
+    def gc_meanwhile(step):
+        if step == "initiated":  # the upload exists and the claim committed
+            seen.append(run_gc(deps, orphan_grace=timedelta(0)).uploads_aborted)
+
+    done = offload_ledger(deps, led, hook=gc_meanwhile)
+    assert seen == [0] and done.state == S.OFFLOADED
+    assert s3.list_multipart_uploads(Bucket=name, Prefix=prefix).get("Uploads", []) == []
+    assert read(deps, "up") == expected
 
 
 @pytest.fixture

@@ -37,8 +37,13 @@ DEFRAG_CLASS = 0x64667267  # "dfrg"
 DEFRAG_REASON = "defrag attempt"  # the reason of a defrag attempt's queued keys: those GC checks the lock of
 REPAIR_CLASS = 0x72707172  # "rpqr": a repair's new copy, protected as a defrag's merged objects are
 REPAIR_REASON = "repair attempt"
+OFFLOAD_REASON = "offload attempt"
 # the queue reasons whose rows GC leaves alone while the attempt's worker holds the lock of their class
 LIVE_ATTEMPT_CLASSES = {DEFRAG_REASON: DEFRAG_CLASS, REPAIR_REASON: REPAIR_CLASS}
+# the queue reasons whose keys' multipart uploads GC leaves alone while the worker holds the lock: an offload's
+# too (its upload is created once its claim committed, the lock held from before), though its queued keys are
+# collected past the offload timeout as before (a worker that slow loses its commit)
+UPLOADING_ATTEMPT_CLASSES = {OFFLOAD_REASON: OFFLOAD_CLASS, **LIVE_ATTEMPT_CLASSES}
 _DRAWS = 8
 
 

@@ -17,16 +17,16 @@ from typing import Iterable, Iterator
 from sqlalchemy import and_, case, delete, func, not_, or_, select, true, union, update
 from sqlalchemy.engine import Connection, Engine
 
-from tiering.metadata.attempt_locks import LIVE_ATTEMPT_CLASSES, holder_gone_sql
+from tiering.metadata.attempt_locks import LIVE_ATTEMPT_CLASSES, UPLOADING_ATTEMPT_CLASSES, holder_gone_sql
 from tiering.metadata.tables import chunk, gc_task
 
 
-def _collectable():
-    """Due rows may go unless they are a live defrag or repair attempt's (CASE: only those rows take a lock
-    check, held to the end of the caller's transaction)."""
+def _collectable(classes=LIVE_ATTEMPT_CLASSES):
+    """Due rows may go unless they are a live attempt's of `classes` (reason -> lock class; CASE: only those
+    rows take a lock check, held to the end of the caller's transaction)."""
     return case(*[(and_(gc_task.c.owner_uuid.isnot(None), gc_task.c.reason == reason),
                    holder_gone_sql(gc_task.c.owner_uuid, lock_class))
-                  for reason, lock_class in LIVE_ATTEMPT_CLASSES.items()], else_=true())
+                  for reason, lock_class in classes.items()], else_=true())
 
 
 @dataclass(frozen=True)
@@ -94,15 +94,16 @@ def referenced(conn: Connection, keys: Iterable[str]) -> set[str]:
 
 
 def live_attempt_keys(engine: Engine, keys: Iterable[str]) -> set[str]:
-    """The keys among `keys` that a live defrag or repair attempt queued (its worker holds the lock of its
-    class): GC aborts no multipart upload of such a key however old, as it leaves the key's row alone, since a
-    merge or a repair upload may outlast any grace period on a slow link."""
+    """The keys among `keys` that a live offload, defrag or repair attempt queued (its worker holds the lock
+    of its class): GC aborts no multipart upload of such a key however old, since an upload may outlast any
+    grace period on a slow link (or `gc --orphan-grace-seconds 0` is run beside it)."""
     keys = sorted(set(keys))
     if not keys:
         return set()
     with engine.begin() as conn:  # the lock checks hold xact locks of dead attempts only, to the block's end
         return set(conn.execute(select(gc_task.c.key).distinct().where(
-            gc_task.c.key.in_(keys), gc_task.c.state == "PENDING", not_(_collectable()))).scalars())
+            gc_task.c.key.in_(keys), gc_task.c.state == "PENDING",
+            not_(_collectable(UPLOADING_ATTEMPT_CLASSES)))).scalars())
 
 
 def queued(conn: Connection, keys: Iterable[str]) -> set[str]:

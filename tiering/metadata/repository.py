@@ -290,7 +290,7 @@ class MetadataStore:
                 allowed.add(S.OFFLOADING)
             out = self._cas_many(conn, leds, sorted(allowed, key=lambda x: x.value), state=S.OFFLOADING.value,
                                  offload_uuid=attempt, offload_started_at=func.now())
-            self._enqueue(conn, keys, reason="offload attempt", owner=attempt, delay=gc_delay)
+            self._enqueue(conn, keys, reason=attempt_locks.OFFLOAD_REASON, owner=attempt, delay=gc_delay)
             return out
 
     def complete_offload(self, led: Ledger, attempt: str, ch: Chunk) -> Ledger:
