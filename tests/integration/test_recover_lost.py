@@ -158,7 +158,10 @@ def test_a_copy_back_in_the_bucket_turns_a_recorded_lost_ledger_into_an_ordinary
 def test_a_stray_key_naming_a_far_ledger_id_records_no_lost_rows_and_fails_saying_so(cli, deps, db):  # noqa: F811
     """Every unknown id below the largest a key names became a lost-ledger row: one stray object naming ledger
     10**12 had recovery build and insert a row for each id below it, in one transaction. One naming
-    2**63 - 1, an id after which no next_ledger_id fits a bigint, failed the whole recovery (every topic)."""
+    2**63 - 1, an id after which no next_ledger_id fits a bigint, failed the whole recovery (every topic).
+    A stray whose content is not a ledger's (no block header of entry 0 at its start) names nothing: it is
+    reported ignored and the topic recovers whole; one that starts as a ledger does (a ledger's data
+    copied under a far id) is a ledger that existed, and the topic fails saying why."""
     import uuid
 
     from tiering.format.keys import data_key
@@ -170,8 +173,21 @@ def test_a_stray_key_naming_a_far_ledger_id_records_no_lost_rows_and_fails_sayin
     assert len(offload_many(deps, deps.meta.list_ledgers("near", [S.SEALED])).offloaded) == 1
     far = 10**12
     s3, name, prefix = deps.bucket.s3, deps.bucket.name, deps.bucket.prefix
-    s3.put_object(Bucket=name, Key=data_key(prefix, "far", str(uuid.uuid4()), far), Body=b"not a ledger")
-    s3.put_object(Bucket=name, Key=f"{data_key(prefix, 'near', str(uuid.uuid4()), 0)[:-1]}{2**63 - 1}", Body=b"x")
+    junk = [data_key(prefix, "far", str(uuid.uuid4()), far), data_key(prefix, "far", str(uuid.uuid4()), far + 1),
+            f"{data_key(prefix, 'near', str(uuid.uuid4()), 0)[:-1]}{2**63 - 1}"]
+    for key, body in zip(junk, (b"not a ledger", b"\xfb" * 4096, b"x")):
+        s3.put_object(Bucket=name, Key=key, Body=body)
+    lose_metadata(cli, db)
+    rec = cli("recover-from-bucket", "--json").ok().json
+    assert rec["lost_recorded"] == [] and rec["unknown"] == {} and rec["errors"] == [], rec
+    assert rec["ledgers_recovered_count"] == 2, rec
+    assert rec["ignored_count"] >= 2, rec  # the two under "far" (the third's id is past any ledger id)
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT name, next_ledger_id FROM tiering.topic ORDER BY name")).all() == \
+            [("far", 1), ("near", 1)]
+
+    ledger_data = s3.get_object(Bucket=name, Key=deps.meta.get_chunk(deps.meta.get_ledger("far", 0)).data_key)
+    s3.put_object(Bucket=name, Key=junk[0], Body=ledger_data["Body"].read())  # a ledger's start, at id 10**12
     lose_metadata(cli, db)
     for _ in range(2):  # a rerun does the same: nothing half-written by the first
         res = cli("recover-from-bucket", "--json")

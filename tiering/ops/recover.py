@@ -4,7 +4,8 @@ Each index object holds its ledger's metadata (topic, ledger id, entry count, pa
 offload uuid, data object length), so listing the prefix and reading the index objects is enough:
 
 1. List the objects under the prefix (or under one topic's prefix); keys that `parse_key` does not
-   recognise are not ours and are skipped. S3 lists keys in order, so each topic's keys arrive together.
+   recognise are not ours and are skipped (and a key in our form that no index backs counts only when its
+   data starts as a ledger's does: _keys_with_ledger_data). S3 lists keys in order, so each topic's keys arrive together.
    Topics are recovered concurrently (`topic_concurrency`), their index objects read by one shared pool
    (`concurrency`); the Spark job (tiering/jobs/recover.py) instead lists the topic segments on the
    driver and recovers each topic on an executor with `recover_topic`, the same code.
@@ -49,6 +50,7 @@ from datetime import datetime, timezone
 from typing import Iterable, Iterator
 
 from tiering.errors import CorruptObjectError, DataLossError, TieringError
+from tiering.format.block import HEADER_LEN, parse_block_header
 from tiering.format.index import INDEX_HEADER_LEN, OffloadIndex
 from tiering.format.keys import INDEX_SUFFIX, ParsedKey, encode_topic, is_trim_marker, parse_key
 from tiering.format.merged import split_indexes
@@ -318,8 +320,9 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
     # A key names the ledger it holds (the first, for a shared object; its index object lists them all)
     # whether or not its copy is valid: a ledger whose only copy is corrupt or incomplete existed all the
     # same. Its id must not be handed out again to a new ledger, and it is reported unknown rather than left
-    # out unsaid.
-    named_top = max([p.ledger_id for p, _ in objects.values()] + [lid for g in groups for lid in g.named],
+    # out unsaid. A key no index object backs counts only when its data object starts as a ledger's does.
+    by_index = [lid for g in groups for lid in g.named]
+    named_top = max(by_index + _keys_with_ledger_data(b, objects, max(by_index, default=-1), report),
                     default=-1)
     named_top = named_top if named_top >= trimmed_before else -1
     if chosen or scan.ledgers or scan.top >= 0 or named_top >= 0:
@@ -329,6 +332,34 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
                       lost_ledger(name, [(i, c.sealed_at) for i, c in chosen.items()] + [
                           (i, f.sealed_at) for i, f in scan.ledgers.items()],
                           {i: d for g in groups for i, d in g.described.items()}))
+
+
+def _keys_with_ledger_data(b: Bucket, objects: dict, above: int, report: RecoverReport) -> list[int]:
+    """The highest ledger id above `above` that only keys name (no index object that decodes lists it), if
+    one of its data objects starts with a block header of entry 0, as every ledger's data does: a stray
+    object named in the product's form, its content anything else, would otherwise have recovery record
+    every id up to it as a lost ledger. A corrupt index's data object still counts. One ranged GET per data
+    object looked at, from the highest id down to the first that holds a ledger's start."""
+    keys: dict[int, list] = {}
+    for p, obj in objects.values():
+        if p.ledger_id > above:
+            keys.setdefault(p.ledger_id, []).append(obj)
+    for lid in sorted(keys, reverse=True):
+        why = "no data object of it is there"
+        for obj in sorted((o for o in keys[lid] if not o.key.endswith(INDEX_SUFFIX)), key=lambda o: o.key):
+            try:
+                start = get_range(b, obj.key, 0, HEADER_LEN) if obj.size >= HEADER_LEN else b""
+                first = parse_block_header(start, obj.key).first_entry_id
+            except CorruptObjectError as exc:
+                why = f"its data does not start with a block header ({exc})"
+                continue
+            if first == 0:
+                return [lid]
+            why = f"its data's first block starts at entry {first}, not 0"
+        said = {key for key, _ in report.ignored}  # (a data object alone is already named a dead attempt's)
+        report.ignored += [(o.key, f"names ledger {lid}, but no index object lists it and {why}: not taken as "
+                                   "a ledger's") for o in sorted(keys[lid], key=lambda o: o.key) if o.key not in said]
+    return []
 
 
 def _scan_tier1(engine, tier1: Tier1Store | None, name: str, chosen: dict[int, _Copy], trimmed_before: int,
