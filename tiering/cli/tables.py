@@ -211,8 +211,8 @@ def _verify(ctx: Context, args, out: Output) -> int:
     [state] = TableRows(ctx.engine).list(args.name)
     cat = catalog(ctx.settings)
     if not cat.table_exists(state.identifier):
-        if dropped(state):  # a sync would not make it again
-            raise TieringError(dropped(state))
+        if why := dropped(state):  # a sync would not make it again
+            raise TieringError(why)
         raise BadInput(f"table {state.identifier!r} of topic {state.topic!r} does not exist yet: run "
                        "`tiering table sync` first")
     table = cat.load_table(state.identifier)

@@ -185,8 +185,8 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
             return report
         try:
             if not sync.catalog.table_exists(state.identifier):
-                if dropped(state):
-                    report.errors.append(dropped(state))
+                if why := dropped(state):
+                    report.errors.append(why)
                 return report
             table = sync.catalog.load_table(state.identifier)
             # nothing is compacted, expired or deleted in a table that is not this topic's (made by another

@@ -149,10 +149,10 @@ class TableSync:
     def _sync_locked(self, topic: str, write: Writer, dry_run: bool, result: TopicResult) -> None:
         state = self.rows.get(topic)  # re-read under the lock
         exists = self.catalog.table_exists(state.identifier)
-        if not exists and dropped(state):
+        if not exists and (why := dropped(state)):
             # dropped behind the store's back (or its catalog row deleted): making an empty one would only
             # hide it, and a dry run would preview a sync that fails
-            raise TableBehind(dropped(state))
+            raise TableBehind(why)
         if dry_run:  # plan from the table's own mark; create nothing, change nothing
             table = self.catalog.load_table(state.identifier) if exists else _Absent()
             if exists:  # what the real sync would refuse, the preview refuses; a row behind the table (a run
