@@ -201,6 +201,22 @@ def test_a_stray_key_naming_a_far_ledger_id_records_no_lost_rows_and_fails_sayin
             [("far", far + 1), ("near", 1)]
 
 
+def test_the_top_ledger_whose_index_is_left_without_its_data_is_recorded_lost(cli, deps, db):  # noqa: F811
+    """The last ledger's data object gone, its index object still there and whole: the index names the
+    ledger, so it is recorded lost (its size as the index says) and its id is never handed out again."""
+    produce(deps, "top", [entries(f"t{i}", 3, 100) for i in range(4)])
+    assert len(offload_many(deps, deps.meta.list_ledgers("top", [S.SEALED])).offloaded) == 4
+    for led in deps.meta.list_ledgers("top"):
+        deps.tier1.delete("top", led.ledger_id)
+    deps.bucket.s3.delete_object(Bucket=deps.bucket.name, Key=deps.meta.chunks("top")[3].data_key)
+    lose_metadata(cli, db)
+    rec = cli("recover-from-bucket", "--json").ok().json
+    assert rec["lost_recorded"] == [{"topic": "top", "ledger": 3}] and rec["unknown"] == {"top": [[3, 3]]}, rec
+    assert _rows(db)[3] == (3, "OFFLOADED", 3, 300, True, 0, False)
+    with db.connect() as conn:
+        assert conn.execute(text("SELECT next_ledger_id FROM tiering.topic WHERE name = 'top'")).scalar() == 4
+
+
 def test_subscriptions_may_name_any_entry_of_a_lost_ledger_of_unknown_size(cli, deps, db):  # noqa: F811
     """Subscriptions are not in the bucket: after a recovery the operator makes them again from the
     positions their readers had. One inside a lost ledger whose entry count nobody knows is taken (its

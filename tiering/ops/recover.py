@@ -399,9 +399,6 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
     g = _Group(index)
     data = objects.get(index.key[:-len(INDEX_SUFFIX)])
     try:
-        if data is None:
-            g.problem = "no data object (an incomplete or dead attempt)"
-            return g
         if index.size < INDEX_HEADER_LEN:
             g.problem = f"index object of {index.size} bytes is too short"
             return g
@@ -414,6 +411,9 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
         g.named = [ix.metadata.ledger_id for _, _, ix in parts]
         g.described = {ix.metadata.ledger_id: (ix.metadata.entry_count, ix.metadata.length, _sealed_at(ix.metadata))
                        for _, _, ix in parts}
+        if data is None:  # read all the same: the ledgers it names existed (they are lost, not unknown)
+            g.problem = "no data object (an incomplete or dead attempt)"
+            return g
         total = sum(ix.data_object_len for _, _, ix in parts)
         if data.size != total:
             g.problem = (f"data object {data.key} is {data.size} bytes, the index says {total} "
