@@ -108,6 +108,21 @@ def test_gc_aborts_no_upload_of_a_live_attempt_however_old(deps, db):
     assert run_gc(deps, orphan_grace=timedelta(0)).uploads_aborted == 2 and uploads() == set()
 
 
+def test_an_upload_gone_since_the_listing_counts_as_aborted_work_not_a_failure(deps, db, monkeypatch):
+    """Two GC runs at once (the hourly DAG and one by hand) list the same stale uploads: the one that comes
+    second to an upload gets NoSuchUpload, which is the work done, not a failure (it exited 1 and stopped)."""
+    from tiering.ops import gc as gc_ops
+
+    s3, name, prefix = deps.bucket.s3, deps.bucket.name, deps.bucket.prefix
+    ups = [s3.create_multipart_upload(Bucket=name, Key=f"{prefix}t/stale/{i}")["UploadId"] for i in range(3)]
+    listed = gc_ops.stale_uploads(deps, timedelta(0))
+    assert sorted(u["UploadId"] for u in listed) == sorted(ups)
+    s3.abort_multipart_upload(Bucket=name, Key=f"{prefix}t/stale/1", UploadId=ups[1])  # the other run's
+    monkeypatch.setattr(gc_ops, "stale_uploads", lambda *a: listed)  # this run listed before it
+    assert run_gc(deps, orphan_grace=timedelta(0)).uploads_aborted == 2
+    assert s3.list_multipart_uploads(Bucket=name, Prefix=prefix).get("Uploads", []) == []
+
+
 def test_gc_with_no_grace_aborts_no_upload_of_a_live_offload(deps, db):
     """`gc --orphan-grace-seconds 0` run while an offload uploads: the upload is the live attempt's (its worker
     holds the attempt lock), so it is left and the offload commits (aborted, its completion would fail)."""

@@ -129,8 +129,7 @@ def run_gc(deps: Deps, batch: int = 500, max_attempts: int = 5, backoff: timedel
         pass
     if uploads:
         for up in stale_uploads(deps, grace_of(deps, orphan_grace)):
-            abort_upload(deps.bucket, up["Key"], up["UploadId"])
-            report.uploads_aborted += 1
+            report.uploads_aborted += abort_upload(deps.bucket, up["Key"], up["UploadId"])
     return report
 
 

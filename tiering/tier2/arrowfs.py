@@ -71,9 +71,7 @@ def abort_uploads_under(fs: pafs.FileSystem, path: str, keep=lambda key: True) -
         stale = [up for up in list_uploads(b, prefix + "/") if keep(up["Key"])]
     except (ClientError, BotoCoreError) as exc:
         raise tier2_error("list uploads", prefix, exc) from None
-    for up in stale:
-        abort_upload(b, up["Key"], up["UploadId"])
-    return len(stale)
+    return sum(abort_upload(b, up["Key"], up["UploadId"]) for up in stale)
 
 
 def _client_of(fs: pafs.FileSystem):

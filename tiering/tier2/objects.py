@@ -297,9 +297,15 @@ def put_bytes(b: Bucket, key: str, body: bytes, metadata: dict[str, str], conten
         raise tier2_error("PUT", key, exc) from None
 
 
-def abort_upload(b: Bucket, key: str, upload_id: str) -> None:
-    """Abort a multipart upload (GC's sweep of stale ones)."""
+def abort_upload(b: Bucket, key: str, upload_id: str) -> bool:
+    """Abort a multipart upload (GC's sweep of stale ones); False when it was gone already (completed, or
+    aborted by another GC run since it was listed): the work is done either way."""
     try:
         b.s3.abort_multipart_upload(Bucket=b.name, Key=key, UploadId=upload_id)
-    except (ClientError, BotoCoreError) as exc:
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "NoSuchUpload":
+            return False
         raise tier2_error("abort upload", key, exc) from None
+    except BotoCoreError as exc:
+        raise tier2_error("abort upload", key, exc) from None
+    return True
