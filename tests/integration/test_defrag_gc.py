@@ -123,20 +123,36 @@ def test_an_upload_gone_since_the_listing_counts_as_aborted_work_not_a_failure(d
     assert s3.list_multipart_uploads(Bucket=name, Prefix=prefix).get("Uploads", []) == []
 
 
-def test_gc_with_no_grace_aborts_no_upload_of_a_live_offload(deps, db):
+@pytest.mark.parametrize("claim", ["committed", "blocked"])
+def test_gc_with_no_grace_aborts_no_upload_of_a_live_offload(deps, db, claim):
     """`gc --orphan-grace-seconds 0` run while an offload uploads: the upload is the live attempt's (its worker
-    holds the attempt lock), so it is left and the offload commits (aborted, its completion would fail)."""
+    holds the attempt lock, taken before the upload is created), so it is left and the offload commits
+    (aborted, its completion would fail). Also while the claim's transaction still waits (`blocked`: another
+    transaction holds the ledger's row), when no key of the attempt is queued yet."""
     s3, name, prefix = deps.bucket.s3, deps.bucket.name, deps.bucket.prefix
     expected = produce(deps, "up", [entries("u", 120, 100 * 1024)])  # 12 MiB: a multipart upload
     [led] = deps.meta.list_ledgers("up", [S.SEALED])
     seen = []
+    blocker = db.connect()
+    tx = blocker.begin()
+    if claim == "blocked":
+        blocker.execute(text("SELECT 1 FROM tiering.ledger l JOIN tiering.topic t USING (topic_id) "
+                             "WHERE t.name = 'up' FOR UPDATE OF l"))
 
     def gc_meanwhile(step):
-        if step == "initiated":  # the upload exists and the claim committed
-            seen.append(run_gc(deps, orphan_grace=timedelta(0)).uploads_aborted)
+        if step == "initiated":  # the upload exists
+            with db.connect() as conn:
+                queued = conn.execute(text("SELECT count(*) FROM tiering.gc_task")).scalar()
+            seen.append((queued > 0, run_gc(deps, orphan_grace=timedelta(0)).uploads_aborted))
+            tx.commit()  # the claim goes on
 
-    done = offload_ledger(deps, led, hook=gc_meanwhile)
-    assert seen == [0] and done.state == S.OFFLOADED
+    try:
+        done = offload_ledger(deps, led, hook=gc_meanwhile)
+    finally:
+        blocker.close()
+    assert seen[0][1] == 0 and done.state == S.OFFLOADED, seen
+    if claim == "blocked":
+        assert seen == [(False, 0)]  # nothing queued yet: the lock alone kept the upload
     assert s3.list_multipart_uploads(Bucket=name, Prefix=prefix).get("Uploads", []) == []
     assert read(deps, "up") == expected
 
@@ -352,3 +368,30 @@ def test_a_group_losing_every_replan_fails_saying_so(slow_deps, monkeypatch):
     monkeypatch.setattr(defrag_ops, "merge_group", lambda deps, g, report, hook=None: False)
     with pytest.raises(TieringError, match="changed them 5 times"):
         merge_replanning(deps, group, DefragReport(), 8 * MIB, 256 * MIB)
+
+
+def test_held_reads_whose_attempt_locks_live_sessions_hold_and_takes_none(deps, db):
+    """`held` (what GC asks of an upload's attempt) names exactly the attempts whose lock a live session
+    holds, of the class asked, for uuids hashing to negative and positive keys alike, and takes no lock: a
+    takeover's try-lock at once after it still gets a dead attempt's lock."""
+    import uuid
+
+    from tiering.metadata.attempt_locks import DEFRAG_CLASS, OFFLOAD_CLASS, AttemptLock, held, holder_gone
+
+    locks = [AttemptLock(db) for _ in range(16)]
+    for lock in locks[:8]:
+        assert lock.take()
+    try:
+        attempts = [lock.attempt for lock in locks] + [str(uuid.uuid4()).upper()]
+        with db.connect() as conn:
+            assert held(conn, OFFLOAD_CLASS, attempts) == {lock.attempt for lock in locks[:8]}
+            assert held(conn, DEFRAG_CLASS, attempts) == set()
+            signs = set(conn.execute(text("SELECT DISTINCT sign(hashtext(a)) FROM unnest(CAST(:a AS text[])) a"),
+                                     {"a": [lock.attempt for lock in locks]}).scalars())
+        if len(signs) < 2:  # one chance in 32,768
+            pytest.skip("the 16 uuids all hashed to keys of one sign")
+        with db.begin() as conn:
+            assert all(holder_gone(conn, lock.attempt) for lock in locks[8:])
+    finally:
+        for lock in locks:
+            lock.release()

@@ -200,8 +200,12 @@ def test_offloader_records_payload_bytes_from_its_runs(stubbed):
 class Gate:
     """A caller's claim: `fails` from the start, or opening when asked to wait."""
 
-    def __init__(self, fails: bool = False):
-        self.fails, self.waits = fails, 0
+    def __init__(self, fails: bool = False, unowned: bool = False):
+        self.fails, self.waits, self.unowned = fails, 0, unowned
+
+    def owned(self):  # the caller's lock is held (its claim may still fail), unless `unowned`
+        if self.unowned:
+            raise RuntimeError("lock not taken")
 
     def check(self):
         if self.fails:
@@ -269,3 +273,14 @@ def test_an_object_too_large_for_s3s_parts_at_the_configured_size_gets_larger_bl
         # whole MiB, and even at half full (the worst that cutting at entries leaves) within S3's parts
         assert size % mib == 0 and 2 * -(-expected // size) <= MAX_PARTS and size - mib < -(-expected // 4999)
     assert part_size_for(8 * mib, 2**60) == 2**31 - 1  # the index's int32 caps it
+
+
+def test_no_upload_is_created_before_the_caller_owns_it(stubbed):
+    """GC leaves the upload of a live attempt alone by its lock: an upload created before the lock is held
+    could be aborted under a live offload, so a gate that cannot be owned creates nothing (no call queued)."""
+    b, stub = stubbed
+    with pytest.raises(RuntimeError, match="lock not taken"):
+        with MultipartUpload(b, key=KEY, metadata={"m": "1"}, op="upload", part_size=PART,
+                             gate=Gate(unowned=True)) as up:
+            up.start()
+            up.write(b"a" * PART)

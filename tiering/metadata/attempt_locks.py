@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import uuid
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterable, Iterator
 
-from sqlalchemy import Text, cast, func, literal, select
-from sqlalchemy.dialects.postgresql import UUID
+from sqlalchemy import Text, bindparam, cast, func, literal, select, text
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.engine import Connection, Engine
 
 OFFLOAD_CLASS = 0x6f66666c  # "offl"
@@ -114,3 +114,23 @@ def holder_gone(conn: Connection, attempt: str) -> bool:
 def holder_gone_sql(attempt_column, lock_class: int = OFFLOAD_CLASS):
     """holder_gone as an SQL condition on a row's attempt column (evaluate it inside a transaction)."""
     return func.pg_try_advisory_xact_lock(literal(lock_class), _key(attempt_column))
+
+
+_HELD = text("""
+    SELECT a::text FROM unnest(:attempts) AS a
+    WHERE EXISTS (SELECT 1 FROM pg_locks l
+                  WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+                    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    AND l.classid::bigint = :lock_class
+                    AND l.objid::bigint = (hashtext(a::text)::bigint & 4294967295))
+""").bindparams(bindparam("attempts", type_=ARRAY(UUID(as_uuid=False))))
+
+
+def held(conn: Connection, lock_class: int, attempts: Iterable[str]) -> set[str]:
+    """The attempts (canonical uuid text) whose lock of `lock_class` a live session holds now, as pg_locks
+    shows it (a two-key advisory lock: classid, objid as unsigned 32-bit, objsubid 2). Takes no lock: a
+    takeover's own try-lock at the same moment is not refused because of this look (holder_gone's would)."""
+    attempts = sorted({str(uuid.UUID(a)) for a in attempts})
+    if not attempts:
+        return set()
+    return set(conn.execute(_HELD, {"attempts": attempts, "lock_class": lock_class}).scalars())

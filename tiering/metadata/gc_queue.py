@@ -14,19 +14,20 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Iterable, Iterator
 
-from sqlalchemy import and_, case, delete, func, not_, or_, select, true, union, update
+from sqlalchemy import and_, case, delete, func, or_, select, true, union, update
 from sqlalchemy.engine import Connection, Engine
 
-from tiering.metadata.attempt_locks import LIVE_ATTEMPT_CLASSES, UPLOADING_ATTEMPT_CLASSES, holder_gone_sql
+from tiering.metadata.attempt_locks import (LIVE_ATTEMPT_CLASSES, OFFLOAD_CLASS, UPLOADING_ATTEMPT_CLASSES, held,
+                                            holder_gone_sql)
 from tiering.metadata.tables import chunk, gc_task
 
 
-def _collectable(classes=LIVE_ATTEMPT_CLASSES):
-    """Due rows may go unless they are a live attempt's of `classes` (reason -> lock class; CASE: only those
-    rows take a lock check, held to the end of the caller's transaction)."""
+def _collectable():
+    """Due rows may go unless they are a live defrag or repair attempt's (CASE: only those rows take a lock
+    check, held to the end of the caller's transaction)."""
     return case(*[(and_(gc_task.c.owner_uuid.isnot(None), gc_task.c.reason == reason),
                    holder_gone_sql(gc_task.c.owner_uuid, lock_class))
-                  for reason, lock_class in classes.items()], else_=true())
+                  for reason, lock_class in LIVE_ATTEMPT_CLASSES.items()], else_=true())
 
 
 @dataclass(frozen=True)
@@ -93,17 +94,26 @@ def referenced(conn: Connection, keys: Iterable[str]) -> set[str]:
     return {k for r in rows for k in r if k in wanted}
 
 
-def live_attempt_keys(engine: Engine, keys: Iterable[str]) -> set[str]:
-    """The keys among `keys` that a live offload, defrag or repair attempt queued (its worker holds the lock
-    of its class): GC aborts no multipart upload of such a key however old, since an upload may outlast any
-    grace period on a slow link (or `gc --orphan-grace-seconds 0` is run beside it)."""
+def live_attempt_keys(engine: Engine, keys: Iterable[str], offload_attempts: dict[str, str] | None = None) -> set[str]:
+    """The keys among `keys` whose attempt's worker is alive (holds the lock of its class): those an offload,
+    defrag or repair attempt queued, and those of `offload_attempts` ({key: the offload attempt uuid its name
+    carries}: an offload creates its upload once it holds its lock, before its keys are queued). GC aborts no
+    multipart upload of such a key however old, since an upload may outlast any grace period on a slow link
+    (or `gc --orphan-grace-seconds 0` is run beside it). Read from pg_locks: no lock is taken, so an offload
+    taking a dead attempt over at the same moment is not refused."""
     keys = sorted(set(keys))
     if not keys:
         return set()
-    with engine.begin() as conn:  # the lock checks hold xact locks of dead attempts only, to the block's end
-        return set(conn.execute(select(gc_task.c.key).distinct().where(
-            gc_task.c.key.in_(keys), gc_task.c.state == "PENDING",
-            not_(_collectable(UPLOADING_ATTEMPT_CLASSES)))).scalars())
+    owners: dict[int, dict[str, set[str]]] = {}  # lock class -> attempt -> its keys
+    for key, attempt in (offload_attempts or {}).items():
+        owners.setdefault(OFFLOAD_CLASS, {}).setdefault(attempt, set()).add(key)
+    with engine.connect() as conn:
+        for key, reason, owner in conn.execute(select(gc_task.c.key, gc_task.c.reason, gc_task.c.owner_uuid).where(
+                gc_task.c.key.in_(keys), gc_task.c.state == "PENDING", gc_task.c.owner_uuid.isnot(None),
+                gc_task.c.reason.in_(sorted(UPLOADING_ATTEMPT_CLASSES)))):
+            owners.setdefault(UPLOADING_ATTEMPT_CLASSES[reason], {}).setdefault(str(owner), set()).add(key)
+        return {key for lock_class, by_attempt in owners.items()
+                for attempt in held(conn, lock_class, by_attempt) for key in by_attempt[attempt]}
 
 
 def queued(conn: Connection, keys: Iterable[str]) -> set[str]:

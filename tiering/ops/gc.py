@@ -69,8 +69,10 @@ version) only after its page was decided and its orphans deleted, so a kill in b
 """
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from typing import Iterable
 
 from tiering.errors import BadInput, ConditionalUpdateFailed, CorruptObjectError, DataLossError, TieringError
 from tiering.format.keys import INDEX_SUFFIX, is_trim_marker, parse_key
@@ -219,8 +221,23 @@ def stale_uploads(deps: Deps, grace: timedelta) -> list[dict]:
     prefixes = [b.prefix] if not b.prefix else [b.prefix, default_export_prefix(b.prefix),
                                                 tables_prefix(b.prefix)]  # "" lists all
     stale = [up for p in prefixes for up in list_uploads(b, p) if up["Initiated"] <= cutoff]
-    live = gc_queue.live_attempt_keys(deps.meta.engine, (up["Key"] for up in stale)) if stale else set()
+    live = gc_queue.live_attempt_keys(deps.meta.engine, (up["Key"] for up in stale),
+                                      offload_attempts(b.prefix, (up["Key"] for up in stale))) if stale else set()
     return [up for up in stale if up["Key"] not in live]
+
+
+def offload_attempts(prefix: str, keys: Iterable[str]) -> dict[str, str]:
+    """{key: the attempt uuid its name carries} for the keys named as an offload names its objects (a data
+    key; the index object is a single PUT): the attempt whose lock tells whether the upload is live."""
+    found = {}
+    for key in keys:
+        parsed = parse_key(prefix, key)
+        if parsed is not None and not parsed.is_index:
+            try:
+                found[key] = str(uuid.UUID(parsed.uuid))
+            except ValueError:  # not a uuid: no attempt of ours named it
+                continue
+    return found
 
 
 def sweep_orphans(deps: Deps, orphan_grace: timedelta | None = None, max_pages: int = SWEEP_MAX_PAGES,

@@ -19,6 +19,7 @@ worker: metadata/attempt_locks.py), or after the offload timeout when the worker
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence, TypeVar
 
@@ -121,10 +122,18 @@ class _Claim:
     def __init__(self, begin: Callable[[], list[Ledger]], before: Callable[[], None] | None = None,
                  lock: Callable[[], None] | None = None):
         self._began = False
+        self._locked = threading.Event()  # the lock taken, or its taking failed: owned() returns
+        self._lock_error: BaseException | None = None
 
         def run() -> list[Ledger]:
-            if lock is not None:
-                lock()  # beside the bucket's HEAD still in flight
+            try:
+                if lock is not None:
+                    lock()  # beside the bucket's HEAD still in flight
+            except BaseException as exc:
+                self._lock_error = exc
+                raise
+            finally:
+                self._locked.set()
             if before is not None:
                 before()
             self._began = True
@@ -134,6 +143,11 @@ class _Claim:
     def check(self) -> None:
         if self._future.done() and self._future.exception() is not None:
             raise self._future.exception()
+
+    def owned(self) -> None:
+        self._locked.wait()
+        if self._lock_error is not None:  # no lock: no upload
+            raise self._lock_error
 
     def wait(self) -> None:
         self._future.result()

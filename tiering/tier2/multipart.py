@@ -36,7 +36,9 @@ Limiter (tiering/tier2/throttle.py): each uploaded part, and the single PUT, fir
 times are paced; the request then goes at link speed).
 
 Gate: a caller whose right to write the key is still being decided (offload's begin transaction, run beside
-the packing of the first part) passes a `Gate`. Nothing becomes visible before it opens: `wait()` comes
+the packing of the first part) passes a `Gate`. The upload is created only once `owned()` returned (GC
+aborts no upload of a live attempt: the lock must be held before the upload exists). Nothing becomes
+visible before the gate opens: `wait()` comes
 before the completion, the single PUT and every part but the first; the first part only asks `check()`
 (fails at once if the claim already failed, never blocks). An upload in progress is not an object: a
 listing does not show it, and if the process dies before the completion GC's sweep of stale uploads aborts
@@ -91,6 +93,10 @@ class Gate(Protocol):
 
     def wait(self) -> None:
         """Block until the claim landed; raise if it failed."""
+
+    def owned(self) -> None:
+        """Block until the upload may exist: the caller holds what shows GC the upload is a live worker's (an
+        offload's attempt lock), or its claim failed (raises). Comes before the upload's creation."""
 
 
 class MultipartUpload:
@@ -231,6 +237,8 @@ class MultipartUpload:
 
     def _create(self) -> None:
         if self.upload_id is None:
+            if self._gate is not None:
+                self._gate.owned()  # (the lock's round trip overlaps the packing of the first part)
             resp = self.b.s3.create_multipart_upload(Bucket=self.b.name, Key=self.key, Metadata=self.metadata,
                                                      ChecksumAlgorithm="CRC32C")
             self.upload_id = resp["UploadId"]  # from here on, any failure aborts it
