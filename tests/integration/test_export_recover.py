@@ -435,6 +435,8 @@ def test_import_loads_the_bytes_it_checked_when_a_part_is_replaced_after_the_che
         deps, db, new_database, tmp_path, monkeypatch):
     """A part replaced between the checks (before any lock) and the load: the import parses the copy it read
     and checked then, never the file read a second time; the replaced part fails its digest, nothing written."""
+    import os
+
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -446,6 +448,7 @@ def test_import_loads_the_bytes_it_checked_when_a_part_is_replaced_after_the_che
     fs, base = filesystem_for(str(tmp_path / "a"))
     m = export_metadata(db, fs, base)
     rel = m.tables["ledger"].files[0].path
+    original = (tmp_path / "a" / rel).read_bytes()
     data = pq.read_table(tmp_path / "a" / rel)
     edited = data.set_column(data.schema.get_field_index("entry_count"), "entry_count",
                              pc.add(data["entry_count"], 1000)).replace_schema_metadata(data.schema.metadata)
@@ -459,6 +462,20 @@ def test_import_loads_the_bytes_it_checked_when_a_part_is_replaced_after_the_che
     with pytest.raises(BadInput, match=f"{rel} is not the file its export wrote"):
         import_metadata(target, fs, base)
     assert snapshot(target) == empty
+    # replaced by a fifo (its open would block the import, holding every lock), or deleted: said, not hung
+    part = tmp_path / "a" / rel
+    for change, said in ((lambda: (part.unlink(), os.mkfifo(part)), "is not a regular file"),
+                         (lambda: part.unlink(), "is missing")):
+        def changed_then_restore(*args, change=change, **kwargs):
+            change()
+            return restore(*args, **kwargs)
+
+        part.unlink()
+        part.write_bytes(original)  # the export's bytes back, for the checks to pass
+        monkeypatch.setattr(importer.import_rows, "restore", changed_then_restore)
+        with pytest.raises(BadInput, match=f"{rel} {said}"):
+            import_metadata(target, fs, base)
+        assert snapshot(target) == empty
 
 
 def test_rows_from_jdbc_or_spark_give_the_same_files(deps, db, tmp_path):

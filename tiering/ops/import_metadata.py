@@ -87,11 +87,22 @@ def _verified_copy(fs: pafs.FileSystem, base_path: str, rel: str, sha256: str | 
     local copy: what is parsed is what was checked. Reading the export's file twice (a digest, then the load)
     would load a part replaced between the two reads."""
     digest = hashlib.sha256()
+    path = _join(base_path, rel)
     with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as copy:
-        with fs.open_input_stream(_join(base_path, rel)) as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-                copy.write(chunk)
+        # looked at again: replaced by a fifo since the checks, its open would block the import for good
+        # (holding every table's lock); gone since, it is the export's fault, not an I/O error of ours
+        if (kind := fs.get_file_info(path).type) != pafs.FileType.File:
+            what = "is missing" if kind == pafs.FileType.NotFound else "is not a regular file"
+            raise BadInput(f"export at {base_path!r}: {rel} {what} (changed since the import began; nothing "
+                           "was imported)")
+        try:
+            with fs.open_input_stream(path) as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+                    copy.write(chunk)
+        except FileNotFoundError:
+            raise BadInput(f"export at {base_path!r}: {rel} is missing (deleted since the import began; "
+                           "nothing was imported)") from None
         if sha256 is not None and digest.hexdigest() != sha256:
             raise BadInput(f"export at {base_path!r}: {rel} is not the file its export wrote (its SHA-256 "
                            "differs from the manifest's): damaged or changed since; nothing was imported")
