@@ -13,7 +13,8 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Engine
 
-from tiering.metadata.tables import chunk as chunk_t, ledger as ledger_t, topic as topic_t
+from tiering.metadata.attempt_locks import holder_gone
+from tiering.metadata.tables import chunk as chunk_t, chunk_values, ledger as ledger_t, topic as topic_t
 from tiering.model import Chunk, LedgerState, TopicPolicy
 
 _POLICY_FIELDS = tuple(TopicPolicy.__dataclass_fields__)
@@ -84,7 +85,7 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
                   adopted: Mapping[int, AdoptedLedger] | None = None, top: int = -1,
                   tier1_has: Callable[[int], bool] | None = None, root_holds_topic: bool = False,
                   lost: Callable[[int], LostLedger] | None = None, lost_from: int = 0,
-                  lost_to: int = -1) -> RestoredTopic:
+                  lost_to: int = -1, gone: Callable[[str], bool] | None = None) -> RestoredTopic:
     """Create topic `name` if missing (with `policy`), insert each offloaded ledger it does not have as
     OFFLOADED with its chunk row (`tier1_present` as given), each adopted tier-1 ledger as SEALED with
     `tier1_present`, and move `next_ledger_id` past the largest id given and past `top` (the largest
@@ -97,7 +98,14 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
     The ids from `lost_from` (the trim point) that no row, copy or adopted file holds, up to the largest of
     those or `lost_to` (the largest a key names) (`unknown_ids`), are inserted as `lost(id)` describes them,
     marked lost without a chunk row; such a row (an earlier recovery's) whose copy the bucket now holds
-    (restored from a backup) becomes an ordinary OFFLOADED ledger with that chunk, its mark cleared."""
+    (restored from a backup) becomes an ordinary OFFLOADED ledger with that chunk, its mark cleared.
+
+    Metadata older than the bucket (an import of an earlier export) also has: an OFFLOADING row whose
+    attempt's worker is gone (the export caught the offload in flight) and whose copy the bucket holds,
+    which becomes OFFLOADED with it as a SEALED one does; and an OFFLOADED row (marked lost or not) whose
+    chunk names objects `gone` says are not there (called under the row's lock: a defrag cannot move it
+    meanwhile, and GC never deletes what a row references) while the bucket holds another whole copy (a
+    defrag's merged object, newer than the export): its chunk moves to that copy and a lost mark is cleared."""
     adopted = adopted or {}
     with engine.begin() as conn:
         created = conn.execute(
@@ -107,7 +115,7 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
                            .where(topic_t.c.name == name).with_for_update()).one()
         have = {r.ledger_id: r for r in conn.execute(
             select(ledger_t.c.ledger_id, ledger_t.c.state, ledger_t.c.entry_count, ledger_t.c.size_bytes,
-                   ledger_t.c.tier1_present, ledger_t.c.lost_at)
+                   ledger_t.c.tier1_present, ledger_t.c.lost_at, ledger_t.c.offload_uuid)
             .where(ledger_t.c.topic_id == row.topic_id).with_for_update())}
         existing = set(have)
         now = conn.execute(select(func.now())).scalar_one()
@@ -119,17 +127,24 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
                                  offload_uuid=c.offload_uuid, offload_started_at=c.offload_started_at,
                                  offloaded_at=c.offloaded_at, lost_at=None, lost_reason=None,
                                  version=ledger_t.c.version + 1))
-        upgraded = [ledgers[i] for i in sorted(ledgers) if i in have and _state(have[i]) == LedgerState.SEALED.value
+        upgraded = [ledgers[i] for i in sorted(ledgers) if i in have and _upgradable(conn, have[i])
                     and (have[i].entry_count, have[i].size_bytes) == (ledgers[i].entry_count, ledgers[i].size_bytes)]
         for c in upgraded:
             kept = have[c.ledger_id].tier1_present and (tier1_has is None or tier1_has(c.ledger_id))
             conn.execute(update(ledger_t).where(ledger_t.c.topic_id == row.topic_id,
                                                 ledger_t.c.ledger_id == c.ledger_id,
-                                                ledger_t.c.state == LedgerState.SEALED.value)
+                                                ledger_t.c.state == _state(have[c.ledger_id]))
                          .values(state=LedgerState.OFFLOADED.value, tier1_present=kept,
                                  tier1_deleted_at=None if kept else now, offload_uuid=c.offload_uuid,
                                  offload_started_at=c.offload_started_at, offloaded_at=c.offloaded_at,
                                  version=ledger_t.c.version + 1))
+        moved = _moved_away(conn, row.topic_id, have, ledgers, gone) if gone is not None else []
+        for c in moved:
+            conn.execute(update(chunk_t).where(chunk_t.c.topic_id == row.topic_id, chunk_t.c.ledger_id == c.ledger_id)
+                         .values(version=chunk_t.c.version + 1, **chunk_values(c.chunk)))
+            conn.execute(update(ledger_t).where(ledger_t.c.topic_id == row.topic_id,
+                                                ledger_t.c.ledger_id == c.ledger_id)
+                         .values(lost_at=None, lost_reason=None, version=ledger_t.c.version + 1))
         gone = sorted(i for i, r in have.items() if root_holds_topic and tier1_has is not None and r.tier1_present
                       and _state(r) == LedgerState.OFFLOADED.value and not tier1_has(i))
         for i in gone:
@@ -164,19 +179,14 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
         if rows:
             conn.execute(insert(ledger_t), rows)
         if new or upgraded or found:
-            conn.execute(insert(chunk_t), [{
-                "topic_id": row.topic_id, "ledger_id": c.ledger_id, "data_key": c.chunk.data_key,
-                "data_offset": c.chunk.data_offset, "data_length": c.chunk.data_length,
-                "index_key": c.chunk.index_key, "index_offset": c.chunk.index_offset,
-                "index_length": c.chunk.index_length, "first_entry_id": c.chunk.first_entry_id,
-                "last_entry_id": c.chunk.last_entry_id, "data_etag": c.chunk.data_etag,
-                "index_etag": c.chunk.index_etag, "created_at": now, "version": 0} for c in new + upgraded + found])
+            conn.execute(insert(chunk_t), [{"topic_id": row.topic_id, "ledger_id": c.ledger_id, "created_at": now,
+                                            "version": 0, **chunk_values(c.chunk)} for c in new + upgraded + found])
         top = max([top, *ledgers, *adopted, *(x.ledger_id for x in marked)])
         if row.next_ledger_id <= top:
             conn.execute(update(topic_t).where(topic_t.c.topic_id == row.topic_id)
                          .values(next_ledger_id=top + 1))
-    return RestoredTopic(created is not None, existing - {c.ledger_id for c in upgraded + found},
-                         sorted(c.ledger_id for c in new + upgraded + found), [a.ledger_id for a in sealed], gone,
+    return RestoredTopic(created is not None, existing - {c.ledger_id for c in upgraded + found + moved},
+                         sorted(c.ledger_id for c in new + upgraded + found + moved), [a.ledger_id for a in sealed], gone,
                          [x.ledger_id for x in marked], unrecorded)
 
 
@@ -231,6 +241,30 @@ def _found_again(conn, topic_id: int, have: Mapping, ledgers: Mapping[int, Recov
     chunked = set(conn.execute(select(chunk_t.c.ledger_id).where(chunk_t.c.topic_id == topic_id,
                                                                  chunk_t.c.ledger_id.in_(lost))).scalars())
     return [ledgers[i] for i in lost if i not in chunked]
+
+
+def _upgradable(conn, r) -> bool:
+    """SEALED, or OFFLOADING by an attempt whose worker is gone (its lock, taken here, is held to the end of
+    the transaction: the attempt cannot come back meanwhile)."""
+    state = _state(r)
+    return state == LedgerState.SEALED.value or state == LedgerState.OFFLOADING.value and (
+        r.offload_uuid is None or holder_gone(conn, str(r.offload_uuid)))
+
+
+def _moved_away(conn, topic_id: int, have: Mapping, ledgers: Mapping[int, RecoveredLedger],
+                gone: Callable[[str], bool]) -> list[RecoveredLedger]:
+    """The recovered copies of OFFLOADED ledgers whose chunk row (locked here) names objects that are gone,
+    the copy found being another one of the same entries and bytes (restore_topic's docstring)."""
+    offloaded = [i for i in sorted(ledgers) if i in have and _state(have[i]) == LedgerState.OFFLOADED.value
+                 and (have[i].entry_count, have[i].size_bytes) == (ledgers[i].entry_count, ledgers[i].size_bytes)]
+    if not offloaded:
+        return []
+    rows = conn.execute(select(chunk_t.c.ledger_id, chunk_t.c.data_key, chunk_t.c.index_key).where(
+        chunk_t.c.topic_id == topic_id, chunk_t.c.ledger_id.in_(offloaded)).with_for_update()).all()
+    return [ledgers[r.ledger_id] for r in rows
+            if (r.data_key, r.index_key) != (ledgers[r.ledger_id].chunk.data_key, ledgers[r.ledger_id].chunk.index_key)
+            and (gone(r.data_key) or gone(r.index_key))]
+
 
 
 def _state(r) -> str:

@@ -15,7 +15,7 @@ from sqlalchemy import and_, delete, func, select, update
 from sqlalchemy.engine import Connection
 
 from tiering.errors import ConditionalUpdateFailed
-from tiering.metadata.tables import chunk, gc_task, ledger, topic
+from tiering.metadata.tables import chunk, chunk_values, gc_task, ledger, topic
 from tiering.model import Chunk, Ledger, LedgerState
 
 if TYPE_CHECKING:  # the store is passed in; importing it here would be circular
@@ -35,7 +35,7 @@ class Repairs:
         until now), the new keys dequeued and the old ones queued, the ledger's row bumped with the new
         attempt (`recover`: a lost ledger, its mark cleared; `tier1_present`: recorded so, for a tier-1 file
         put back that the repair read at this row's version): all or nothing. Returns the ledger's new row."""
-        from tiering.metadata.repository import AttemptKeysCollected, _chunk_values
+        from tiering.metadata.repository import AttemptKeysCollected
 
         with self.engine.begin() as conn:
             self._lock(conn, led)
@@ -43,7 +43,7 @@ class Repairs:
             res = conn.execute(
                 update(chunk).where(chunk.c.topic_id == led.topic_id, chunk.c.ledger_id == led.ledger_id,
                                     chunk.c.version == old.version, chunk.c.data_key == old.data_key)
-                .values(version=chunk.c.version + 1, **_chunk_values(new)))
+                .values(version=chunk.c.version + 1, **chunk_values(new)))
             assert res.rowcount == 1  # the chunk row is locked and was just compared
             values = {"lost_at": None, "lost_reason": None} if recover else {}
             if tier1_present is not None:

@@ -235,3 +235,11 @@ iceberg_tables = Table(
     Column("previous_metadata_location", String(1000)),
     Column("iceberg_type", String(5)),
 )
+
+
+def chunk_values(ch) -> dict:
+    """A tiering.model.Chunk's values as a chunk row's columns (its key and version aside)."""
+    return {"data_key": ch.data_key, "data_offset": ch.data_offset, "data_length": ch.data_length,
+            "index_key": ch.index_key, "index_offset": ch.index_offset, "index_length": ch.index_length,
+            "first_entry_id": ch.first_entry_id, "last_entry_id": ch.last_entry_id, "data_etag": ch.data_etag,
+            "index_etag": ch.index_etag}

@@ -63,7 +63,7 @@ from tiering.ops.recover_tier1 import Tier1Scan, scan_topic, topic_dirs, topic_o
 from tiering.tier1 import Tier1Store, topic_dir_name
 from tiering.tier2.listing import segment_objects
 from tiering.tier2.markers import read_trim_marker
-from tiering.tier2.objects import Bucket, get_range, list_objects
+from tiering.tier2.objects import Bucket, get_range, list_objects, object_head
 from tiering.tier2.reader import check_stored_pages
 
 # offload uuids that are not UUIDs (keys allow [0-9A-Za-z_-]) get a stable name-based one
@@ -331,7 +331,10 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
                       tier1 is not None and tier1.has_topic(name), named_top, max(trimmed_before, 0),
                       lost_ledger(name, [(i, c.sealed_at) for i, c in chosen.items()] + [
                           (i, f.sealed_at) for i, f in scan.ledgers.items()],
-                          {i: d for g in groups for i, d in g.described.items()}))
+                          {i: d for g in groups for i, d in g.described.items()}),
+                      # a key a row names: not listed, and not there now either (the listing may be older than
+                      # the row; a HEAD that fails stops the topic, as any read error does)
+                      lambda key: key not in objects and object_head(b, key) is None)
 
 
 def _keys_with_ledger_data(b: Bucket, objects: dict, above: int, report: RecoverReport) -> list[int]:
@@ -488,13 +491,13 @@ def _as_uuid(value: str, key: str) -> str:
 
 def _commit_topic(engine, name: str, chosen: dict[int, _Copy], scan: Tier1Scan, policy: TopicPolicy,
                   report: RecoverReport, tier1_has=None, root_holds_topic: bool = False,
-                  named_top: int = -1, trim_point: int = 0, lost=None) -> None:
+                  named_top: int = -1, trim_point: int = 0, lost=None, gone=None) -> None:
     restored = restore_topic(engine, name, policy, {i: RecoveredLedger(
         c.ledger_id, c.entry_count, c.length, c.sealed_at, _as_uuid(c.offload_uuid, c.chunk.index_key),
         c.started_at, c.finished_at, c.chunk, tier1_present=i in scan.copies) for i, c in chosen.items()},
         {i: AdoptedLedger(f.ledger_id, f.entry_count, f.size_bytes, f.sealed_at) for i, f in scan.ledgers.items()},
         top=max(scan.top, named_top), tier1_has=tier1_has, root_holds_topic=root_holds_topic,
-        lost=lost, lost_from=trim_point, lost_to=named_top)
+        lost=lost, lost_from=trim_point, lost_to=named_top, gone=gone)
     existing = restored.existing
     if restored.created:
         report.topics_created.append(name)
