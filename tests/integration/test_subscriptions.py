@@ -143,6 +143,30 @@ def test_truncate_refuses_to_cut_past_an_active_reader_unless_forced(cli, deps):
     assert got["unread_deleted"][0]["entry_count"] == 10 and "--force" in got["unread_deleted"][0]["reason"]
 
 
+def test_topic_set_with_an_expected_version_never_writes_back_a_policy_read_before_another_change(
+        cli, deps, monkeypatch):
+    """`topic set --expect-version 1` reading the policy at version 0, then another operator's change (to
+    --retain-unread) moving it to 1: the compare-and-set on 1 passed and wrote the policy read at 0 back,
+    undoing the other change with both at exit 0 (retention then deleted unread data). It is refused."""
+    from tiering.errors import ConditionalUpdateFailed
+    from tiering.ops.topics import set_policy
+
+    cli("topic", "create", "v").ok()
+    read = deps.meta.get_topic
+
+    def read_then_another_change(name, *args, **kwargs):
+        got = read(name, *args, **kwargs)
+        cli("topic", "set", "v", "--retain-unread").ok()
+        return got
+
+    monkeypatch.setattr(deps.meta, "get_topic", read_then_another_change)
+    with pytest.raises(ConditionalUpdateFailed, match="version 1"):
+        set_policy(deps, "v", {"retention_seconds": 3600}, expected_version=1)
+    monkeypatch.undo()
+    shown = cli("topic", "show", "v", "--json").ok().json
+    assert shown["retain_unread"] is True and shown["version"] == 1 and shown["retention_seconds"] != 3600, shown
+
+
 def test_topic_set_is_a_compare_and_set(cli, deps):
     cli("topic", "create", "p").ok()
     changed = cli("topic", "set", "p", "--retention-size", "1000", "--json").ok().json

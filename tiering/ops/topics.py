@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from tiering.errors import BadInput, TieringError, TopicNotFound, TopicReplaced
+from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError, TopicNotFound, TopicReplaced
 from tiering.model import Ledger, LedgerState, Topic, TopicPolicy
 from tiering.ops.context import Deps
 from tiering.ops.delete_lagged import delete_deleted_copies, leftover_copies, sweep_tombstones
@@ -38,8 +38,11 @@ def set_policy(deps: Deps, name: str, changes: dict, expected_version: int | Non
         raise BadInput(f"unknown policy field(s): {', '.join(unknown)}")
     if not changes and then is None:
         raise BadInput("nothing to change: give at least one policy option")
-    version = current.version if expected_version is None else expected_version
-    return deps.meta.set_policy(name, version, replace(current.policy, **changes), then, current.topic_id)
+    if expected_version is not None and current.version != expected_version:
+        # the policy written is the one read, changed: it must be the one at the version the caller expects
+        # (a compare-and-set on `expected_version` alone wrote back the policy read before another change)
+        raise ConditionalUpdateFailed(f"topic {name!r}", f"version {expected_version}", f"version {current.version}")
+    return deps.meta.set_policy(name, current.version, replace(current.policy, **changes), then, current.topic_id)
 
 
 @dataclass
