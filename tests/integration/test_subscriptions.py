@@ -389,3 +389,25 @@ def test_a_subscription_from_latest_racing_retention_is_created_after_the_trim(d
     assert sub.position is None and sub.last_loss_reason is None
     [listed] = ops.list_subscriptions(deps, "lr")
     assert listed.backlog_entries == 0
+
+
+def test_an_open_ledger_without_its_file_fails_subscription_commands_instead_of_counting_it_empty(cli, deps):
+    """The open ledger's file not where the row says (a wrong TIERING_TIER1_ROOT, a lost file): an ack inside
+    it was refused as past its end (exit 2), `--from latest` started before its entries, `subscription list`
+    left them out of every backlog and truncate refused a position inside it; each is exit 1 naming the file
+    now, as `read` is, and nothing changes."""
+    produce(deps, "a", [entries("s", 10, 10)], open_tail=[b"o"] * 7)
+    cli("subscription", "create", "a", "s1", "--from", "1:2").ok()
+    path = deps.tier1.path("a", 1)
+    moved = path.with_name(path.name + ".away")
+    path.rename(moved)
+    try:
+        before = snapshot(deps)
+        for args in (("subscription", "ack", "a", "s1", "1:2"), ("subscription", "create", "a", "q", "--from", "latest"),
+                     ("subscription", "list", "a"), ("truncate", "a", "1:3")):
+            assert "has no file" in cli(*args).one_line_error(1), args
+        assert snapshot(deps) == before
+    finally:
+        moved.rename(path)
+    assert cli("subscription", "ack", "a", "s1", "1:2", "--json").ok().json["position"] == "1:2"
+    assert subs(cli, "a")["s1"]["backlog_entry_count"] == 4  # 1:3 to 1:6, in the open ledger

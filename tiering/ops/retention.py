@@ -28,6 +28,7 @@ from tiering.metadata.trim import TrimResult
 from tiering.model import ACTIVE, EXPIRED, Ledger, Position
 from tiering.ops.context import Deps
 from tiering.ops.delete_lagged import delete_deleted_copies, leftover_copies, sweep_tombstones
+from tiering.read import ledger_extent
 from tiering.tier2.markers import record_trim
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ def truncate(deps: Deps, topic: str, position: Position, force: bool = False,
     deps.meta.get_topic(topic)  # an unknown topic fails here
     # the open ledger's length is in its tier-1 file only: a position past it is refused as past any end
     trim = deps.meta.trims.truncate(topic, position, force, deps.knobs.gc_delay, dry_run=dry_run,
-                                    open_entries=lambda led: deps.tier1.extent(led)[0])
+                                    open_entries=lambda led: ledger_extent(deps.meta, deps.tier1, led)[1])
     if dry_run:
         report = _report(topic, trim)
         report.files_removed = sum(1 for led in trim.deleted if led.tier1_present) + leftover_copies(deps, topic)

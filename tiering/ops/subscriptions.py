@@ -18,13 +18,18 @@ from tiering.metadata.subscriptions import Backlog
 from tiering.model import UNKNOWN_ENTRY_COUNT, Ledger, LedgerState, Position, Subscription
 from tiering.ops.context import Deps
 from tiering.policy import check_within_ledger
+from tiering.read import ledger_extent, open_ledger_now
 
 S = LedgerState
 CAS_ATTEMPTS = 5  # an ack that keeps losing its compare-and-set to other acks or trims gives up, saying so
 
 
 def open_entries(deps: Deps, led: Ledger) -> int:
-    """Entries of the ledger: an open ledger's from its tier-1 file (metadata learns the count at seal)."""
+    """Entries of the ledger: an open ledger's from its tier-1 file (metadata learns the count at seal). An
+    open ledger without its file (a wrong TIERING_TIER1_ROOT, a lost file) is LedgerFileMissing, as for
+    `read`: counted empty, an ack or a bound inside it would be refused as past its end."""
+    if led.state == S.OPEN:
+        return ledger_extent(deps.meta, deps.tier1, led)[1]
     return deps.tier1.extent(led)[0]
 
 
@@ -188,7 +193,12 @@ def _open_part(deps: Deps, sub: Subscription, b: Backlog, cache) -> tuple[int, i
     key = (sub.topic, b.open_ledger_id)
     if key not in cache:
         # the ledger's created_at came with the backlog: no statement per topic
-        cache[key] = (*deps.tier1.written(sub.topic, b.open_ledger_id), b.open_created_at)
+        if deps.tier1.exists(sub.topic, b.open_ledger_id):
+            counts = deps.tier1.written(sub.topic, b.open_ledger_id)
+        else:  # sealed since (its row counts), or still open without its file: LedgerFileMissing, not empty
+            now = open_ledger_now(deps.meta, deps.tier1, deps.meta.get_ledger(sub.topic, b.open_ledger_id))
+            counts = (now.entry_count, now.size_bytes)
+        cache[key] = (*counts, b.open_created_at)
     count, size, created = cache[key]
     pos = sub.position
     read = 0 if pos is None or pos.ledger_id < b.open_ledger_id else (
