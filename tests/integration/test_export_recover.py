@@ -233,7 +233,8 @@ def test_export_local_and_s3_then_import_gives_identical_tables(deps, db, settin
 def test_gc_aborts_uploads_that_failed_exports_leave_at_the_default_location(deps):
     """A killed or refused export (pyarrow writes every Parquet part as a multipart upload) leaves uploads
     under `<prefix>-metadata/`, a killed table sync or maintenance under the tables' `<prefix>-tables/`; GC
-    aborts them once older than the grace period, and nothing elsewhere."""
+    aborts them once older than the grace period, and nothing elsewhere; none under a prefix while an export
+    or a table sync or maintenance runs (their uploads carry no attempt to tell whose they are)."""
     s3, name = deps.bucket.s3, deps.bucket.name
     ours = ["t-metadata/20260101T000000Z/ledger/part-00000.parquet", "t-tables/ns/orders/data/00000-0-x.parquet",
             "t-tables/ns/orders/metadata/00001-x.metadata.json"]
@@ -241,7 +242,14 @@ def test_gc_aborts_uploads_that_failed_exports_leave_at_the_default_location(dep
     for key in [*ours, *foreign]:
         s3.create_multipart_upload(Bucket=name, Key=key)
     assert run_gc(deps, orphan_grace=dt.timedelta(hours=1)).uploads_aborted == 0  # a running export is left
-    assert run_gc(deps, orphan_grace=dt.timedelta(0)).uploads_aborted == len(ours)
+    # an export (of any location) or a table sync running: the uploads under its prefix may be its own
+    from tiering.metadata import export_lock, table_sync
+    with export_lock.writing(deps.meta.engine, "s3://b/t-metadata/now") as held:
+        assert held and run_gc(deps, orphan_grace=dt.timedelta(0)).uploads_aborted == 2  # the tables' two
+        with table_sync.exclusive(deps.meta.engine, 12345) as syncing:
+            s3.create_multipart_upload(Bucket=name, Key=ours[1])
+            assert syncing and run_gc(deps, orphan_grace=dt.timedelta(0)).uploads_aborted == 0
+    assert run_gc(deps, orphan_grace=dt.timedelta(0)).uploads_aborted == 2  # theirs, once they ended
     assert sorted(u["Key"] for u in open_uploads(deps)) == sorted(foreign)
 
 

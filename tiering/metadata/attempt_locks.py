@@ -28,7 +28,7 @@ import uuid
 from contextlib import contextmanager
 from typing import Iterable, Iterator
 
-from sqlalchemy import Text, bindparam, cast, func, literal, select, text
+from sqlalchemy import BigInteger, Text, bindparam, cast, func, literal, select, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.engine import Connection, Engine
 
@@ -134,3 +134,21 @@ def held(conn: Connection, lock_class: int, attempts: Iterable[str]) -> set[str]
     if not attempts:
         return set()
     return set(conn.execute(_HELD, {"attempts": attempts, "lock_class": lock_class}).scalars())
+
+
+_CLASSES_HELD = text("""
+    SELECT DISTINCT l.classid::bigint FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid::bigint = ANY(:classes)
+""").bindparams(bindparam("classes", type_=ARRAY(BigInteger)))
+
+
+def classes_held(engine: Engine, classes: Iterable[int]) -> set[int]:
+    """Which of the two-key advisory lock `classes` some live session holds a lock of now (any key), from
+    pg_locks: no lock is taken."""
+    classes = sorted(set(classes))
+    if not classes:
+        return set()
+    with engine.connect() as conn:
+        return set(conn.execute(_CLASSES_HELD, {"classes": classes}).scalars())

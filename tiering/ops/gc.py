@@ -77,7 +77,8 @@ from typing import Iterable
 from tiering.errors import BadInput, ConditionalUpdateFailed, CorruptObjectError, DataLossError, TieringError
 from tiering.format.keys import INDEX_SUFFIX, is_trim_marker, parse_key
 from tiering.format.merged import split_indexes
-from tiering.metadata import gc_queue, gc_sweep
+from tiering.metadata import export_lock, gc_queue, gc_sweep, table_sync
+from tiering.metadata.attempt_locks import classes_held
 from tiering.model import LedgerState, tables_prefix
 from tiering.ops.context import Deps
 from tiering.ops.export_metadata import default_export_prefix
@@ -221,9 +222,15 @@ def stale_uploads(deps: Deps, grace: timedelta) -> list[dict]:
     prefixes = [b.prefix] if not b.prefix else [b.prefix, default_export_prefix(b.prefix),
                                                 tables_prefix(b.prefix)]  # "" lists all
     stale = [up for p in prefixes for up in list_uploads(b, p) if up["Initiated"] <= cutoff]
+    if not stale:
+        return []
     live = gc_queue.live_attempt_keys(deps.meta.engine, (up["Key"] for up in stale),
-                                      offload_attempts(b.prefix, (up["Key"] for up in stale))) if stale else set()
-    return [up for up in stale if up["Key"] not in live]
+                                      offload_attempts(b.prefix, (up["Key"] for up in stale)))
+    # An export's or a table writer's uploads carry no attempt: while any export (its lock on its location)
+    # or any table sync or maintenance runs, those under its prefix wait for a later run
+    writers = {export_lock.LOCK_CLASS: default_export_prefix(b.prefix), table_sync.LOCK_CLASS: tables_prefix(b.prefix)}
+    busy = tuple(writers[c] for c in classes_held(deps.meta.engine, writers)) if b.prefix else ()
+    return [up for up in stale if up["Key"] not in live and not up["Key"].startswith(busy)]
 
 
 def offload_attempts(prefix: str, keys: Iterable[str]) -> dict[str, str]:
