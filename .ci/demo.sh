@@ -66,7 +66,8 @@ sql "select reason, count(*), min(not_before) as first_due from tiering.gc_queue
 step "5/6 read ranges across tiers and verify byte for byte"
 python .ci/demo_verify.py "$T_SMALL" "$T_SMALL" 512 100 0:0 14:99
 python .ci/demo_verify.py "$T_LARGE" "$T_LARGE" 65536 96 0:0 3:71
-tiering read "$T_RET" --to 4:0 --json | head -2
+# the first two lines: tiering exits 141 when head stops reading before its end (as any writer SIGPIPE ends)
+{ tiering read "$T_RET" --to 4:0 --json || [ $? -eq 141 ]; } | head -2
 
 step "6/6 where to look next"
 cat <<MSG

@@ -66,9 +66,11 @@ def test_a_reader_holds_retention_until_it_has_read(cli, deps):
     # a reader whose output goes away mid-way (more than a pipe holds) acknowledges nothing: it re-reads
     produce(deps, "big", [entries("b", 20, 100_000)], TopicPolicy(**TEN))
     cli("subscription", "create", "big", "w").ok()
-    pipe = subprocess.run(f"{sys.executable} -m tiering read big --subscription w --ack | head -c 1000",
-                          shell=True, env=cli.env, cwd=cli.cwd, capture_output=True, timeout=60)
-    assert len(pipe.stdout) == 1000
+    pipe = subprocess.run(["bash", "-o", "pipefail", "-c",
+                           f"{sys.executable} -m tiering read big --subscription w --ack | head -c 1000"],
+                          env=cli.env, cwd=cli.cwd, capture_output=True, timeout=60)
+    assert len(pipe.stdout) == 1000 and pipe.stderr == b""
+    assert pipe.returncode == 141  # not a success (128 + SIGPIPE, as a process the signal ended), no traceback
     assert subs(cli, "big")["w"]["position"] is None
     # deleting the reader releases what it held
     cli("subscription", "delete", "t", "slow").ok()

@@ -46,9 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("tiering: interrupted\n")
         return 130
-    except BrokenPipeError:
-        _silence_stdout()
-        return 0
+    except BrokenPipeError:  # the reader of our output went away: the work is not done (an --ack acked
+        _silence_stdout()     # nothing), so not a success; 128 + SIGPIPE, as a process SIGPIPE ended
+        return 141
     except Exception as exc:  # services down and the like: one line, no traceback, no secrets
         error(describe_failure(exc))
         return 1
