@@ -39,7 +39,7 @@ def test_an_offload_the_export_caught_in_flight_is_recovered_not_collected(deps,
     """The export ran while an offload's objects were written and its claim held the ledger OFFLOADING (its
     keys queued for GC); the offload then committed and delete-lagged removed the tier-1 copy. Imported,
     the ledger was OFFLOADING with its keys due for GC, and `gc` deleted the only copy. Recovery now makes
-    it OFFLOADED with that copy (its attempt's worker is gone), so GC keeps the keys."""
+    it OFFLOADED with that copy (its attempt's worker is gone) and takes its keys out of GC's queue."""
     expected = produce(deps, "r", [entries("r", 120, 100 * 1024)])
     [led] = deps.meta.list_ledgers("r", [S.SEALED])
 
@@ -54,8 +54,8 @@ def test_an_offload_the_export_caught_in_flight_is_recovered_not_collected(deps,
     report = recover_from_bucket(after.meta.engine, after.bucket, "r")
     assert report.ok and report.ledgers_recovered == [("r", 0)], report
     assert after.meta.get_ledger("r", 0).state == S.OFFLOADED
-    with after.meta.engine.begin() as conn:  # the attempt's queued keys fall due
-        assert conn.execute(text("UPDATE tiering.gc_task SET not_before = now()")).rowcount == 2
+    with after.meta.engine.begin() as conn:  # the keys it now references left GC's queue with the recovery
+        assert conn.execute(text("SELECT count(*) FROM tiering.gc_task")).scalar() == 0
     assert run_gc(after).deleted == []
     assert _read(after, "r") == expected
 
@@ -86,3 +86,54 @@ def test_a_defrag_after_the_export_moves_the_imported_chunks_to_the_merged_copy(
     assert _read(after, "q") == expected
     again = recover_from_bucket(after.meta.engine, after.bucket, "q")  # a rerun changes nothing
     assert again.ok and again.ledgers_recovered == [], again
+
+
+def test_a_copy_gc_deletes_while_recovery_chooses_it_fails_the_topic_not_the_data(deps, db):
+    """A defrag's merged object lost from the bucket (repair marked its ledgers lost) while the copies it
+    merged away wait in GC's queue: recovery moves the chunks to them, but a GC run that claimed those keys
+    deletes them meanwhile. Recovery made the ledgers look whole on deleted objects (both at exit 0). Its
+    transaction now takes the keys out of the queue (waiting behind GC's claim) and asks the bucket after:
+    the topic fails, nothing committed, the ledgers stay lost; with no GC beside it the keys leave the queue."""
+    import threading
+
+    from tiering.ops import gc as gc_ops
+
+    produce(deps, "m", [entries(f"m{i}", 5, 100) for i in range(2)], TopicPolicy(
+        rollover_entries=10**9, rollover_bytes=2**40, deletion_lag_seconds=0))
+    assert len(offload_many(deps, deps.meta.list_ledgers("m", [S.SEALED])).offloaded) == 2
+    assert len(delete_lagged(deps, "m").deleted) == 2
+    old = {k for ch in deps.meta.chunks("m").values() for k in (ch.data_key, ch.index_key)}
+    assert defrag(deps, "m", small_bytes=2**20, max_merged_bytes=2**26).ledgers == 2  # the old keys queued, due
+    merged = {k for ch in deps.meta.chunks("m").values() for k in (ch.data_key, ch.index_key)}
+    for key in merged:
+        deps.bucket.s3.delete_object(Bucket=deps.bucket.name, Key=key)
+    assert sorted(repair(deps, "m").lost) == [("m", 0), ("m", 1)]
+
+    paused, go, delete_keys = threading.Event(), threading.Event(), gc_ops.delete_keys
+
+    def paused_delete(*args, **kwargs):  # GC claimed the keys and found nothing referencing them
+        paused.set()
+        go.wait(60)
+        return delete_keys(*args, **kwargs)
+
+    gc_ops.delete_keys = paused_delete
+    try:
+        collector = threading.Thread(target=lambda: run_gc(deps))
+        collector.start()
+        assert paused.wait(60)
+        results = []
+        recovering = threading.Thread(target=lambda: results.append(recover_from_bucket(db, deps.bucket, "m")))
+        recovering.start()
+        recovering.join(2)  # it waits behind GC's claim of the keys it chose
+        assert recovering.is_alive()
+        go.set()
+        collector.join(60)
+        recovering.join(60)
+    finally:
+        gc_ops.delete_keys = delete_keys
+        go.set()
+    [report] = results
+    assert [e for e in report.errors if "deleted by GC while recovery chose it" in e], report.errors
+    assert [led.lost_at is not None for led in deps.meta.list_ledgers("m")] == [True, True]
+    assert {k for ch in deps.meta.chunks("m").values() for k in (ch.data_key, ch.index_key)} == merged
+    assert not old & {o["Key"] for o in deps.bucket.s3.list_objects_v2(Bucket=deps.bucket.name).get("Contents", [])}

@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable, Mapping
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Engine
 
 from tiering.metadata.attempt_locks import holder_gone
-from tiering.metadata.tables import chunk as chunk_t, chunk_values, ledger as ledger_t, topic as topic_t
+from tiering.errors import TieringError
+from tiering.metadata.tables import chunk as chunk_t, chunk_values, gc_task, ledger as ledger_t, topic as topic_t
 from tiering.model import Chunk, LedgerState, TopicPolicy
 
 _POLICY_FIELDS = tuple(TopicPolicy.__dataclass_fields__)
@@ -85,7 +86,8 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
                   adopted: Mapping[int, AdoptedLedger] | None = None, top: int = -1,
                   tier1_has: Callable[[int], bool] | None = None, root_holds_topic: bool = False,
                   lost: Callable[[int], LostLedger] | None = None, lost_from: int = 0,
-                  lost_to: int = -1, gone: Callable[[str], bool] | None = None) -> RestoredTopic:
+                  lost_to: int = -1, gone: Callable[[str], bool] | None = None,
+                  present: Callable[[str], bool] | None = None) -> RestoredTopic:
     """Create topic `name` if missing (with `policy`), insert each offloaded ledger it does not have as
     OFFLOADED with its chunk row (`tier1_present` as given), each adopted tier-1 ledger as SEALED with
     `tier1_present`, and move `next_ledger_id` past the largest id given and past `top` (the largest
@@ -105,7 +107,13 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
     which becomes OFFLOADED with it as a SEALED one does; and an OFFLOADED row (marked lost or not) whose
     chunk names objects `gone` says are not there (called under the row's lock: a defrag cannot move it
     meanwhile, and GC never deletes what a row references) while the bucket holds another whole copy (a
-    defrag's merged object, newer than the export): its chunk moves to that copy and a lost mark is cleared."""
+    defrag's merged object, newer than the export): its chunk moves to that copy and a lost mark is cleared
+    (the objects it named are queued for GC, which deletes what nothing references).
+
+    Every key a recovered chunk names leaves GC's queue in this transaction, as an offload's commit takes
+    its keys out (tiering/ops/gc.py, W2): the delete waits behind a GC run that claimed the key, and a key
+    that was queued is then asked of the bucket (`present`); one GC deleted meanwhile fails the topic
+    (TieringError, nothing committed: a rerun lists the bucket again)."""
     adopted = adopted or {}
     with engine.begin() as conn:
         created = conn.execute(
@@ -138,7 +146,8 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
                                  tier1_deleted_at=None if kept else now, offload_uuid=c.offload_uuid,
                                  offload_started_at=c.offload_started_at, offloaded_at=c.offloaded_at,
                                  version=ledger_t.c.version + 1))
-        moved = _moved_away(conn, row.topic_id, have, ledgers, gone) if gone is not None else []
+        moved_from = _moved_away(conn, row.topic_id, have, ledgers, gone) if gone is not None else {}
+        moved = [ledgers[i] for i in sorted(moved_from)]
         for c in moved:
             conn.execute(update(chunk_t).where(chunk_t.c.topic_id == row.topic_id, chunk_t.c.ledger_id == c.ledger_id)
                          .values(version=chunk_t.c.version + 1, **chunk_values(c.chunk)))
@@ -178,6 +187,10 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
             "version": 0, "lost_at": now, "lost_reason": x.reason[:1000]} for x in marked]
         if rows:
             conn.execute(insert(ledger_t), rows)
+        _take_out_of_queue(conn, [c.chunk for c in new + upgraded + found + moved], present)
+        if moved:  # the objects the moved chunks named: GC deletes whatever of them nothing references
+            conn.execute(insert(gc_task), [{"key": k, "reason": "recovery: moved away", "not_before": now}
+                                           for k in sorted({k for c in moved for k in moved_from[c.ledger_id]})])
         if new or upgraded or found:
             conn.execute(insert(chunk_t), [{"topic_id": row.topic_id, "ledger_id": c.ledger_id, "created_at": now,
                                             "version": 0, **chunk_values(c.chunk)} for c in new + upgraded + found])
@@ -252,19 +265,33 @@ def _upgradable(conn, r) -> bool:
 
 
 def _moved_away(conn, topic_id: int, have: Mapping, ledgers: Mapping[int, RecoveredLedger],
-                gone: Callable[[str], bool]) -> list[RecoveredLedger]:
-    """The recovered copies of OFFLOADED ledgers whose chunk row (locked here) names objects that are gone,
-    the copy found being another one of the same entries and bytes (restore_topic's docstring)."""
+                gone: Callable[[str], bool]) -> dict[int, tuple[str, str]]:
+    """{ledger id: the (data, index) keys its chunk row names} of the OFFLOADED ledgers whose chunk row
+    (locked here) names objects that are gone while the copy found is another one of the same entries and
+    bytes (restore_topic's docstring)."""
     offloaded = [i for i in sorted(ledgers) if i in have and _state(have[i]) == LedgerState.OFFLOADED.value
                  and (have[i].entry_count, have[i].size_bytes) == (ledgers[i].entry_count, ledgers[i].size_bytes)]
     if not offloaded:
-        return []
+        return {}
     rows = conn.execute(select(chunk_t.c.ledger_id, chunk_t.c.data_key, chunk_t.c.index_key).where(
         chunk_t.c.topic_id == topic_id, chunk_t.c.ledger_id.in_(offloaded)).with_for_update()).all()
-    return [ledgers[r.ledger_id] for r in rows
+    return {r.ledger_id: (r.data_key, r.index_key) for r in rows
             if (r.data_key, r.index_key) != (ledgers[r.ledger_id].chunk.data_key, ledgers[r.ledger_id].chunk.index_key)
-            and (gone(r.data_key) or gone(r.index_key))]
+            and (gone(r.data_key) or gone(r.index_key))}
 
+
+def _take_out_of_queue(conn, chunks: list[Chunk], present: Callable[[str], bool] | None) -> None:
+    """The keys `chunks` name out of GC's queue (restore_topic's docstring); TieringError when one that was
+    queued is not in the bucket any more."""
+    keys = sorted({k for c in chunks for k in (c.data_key, c.index_key)})
+    if not keys:
+        return
+    queued = set(conn.execute(select(gc_task.c.key).where(gc_task.c.key.in_(keys))).scalars())
+    taken = set(conn.execute(delete(gc_task).where(gc_task.c.key.in_(keys)).returning(gc_task.c.key)).scalars())
+    for key in sorted(queued | taken):
+        if present is not None and not present(key):
+            raise TieringError(f"object {key!r} was deleted by GC while recovery chose it as a ledger's copy: "
+                               "nothing of this topic was recovered; run recover-from-bucket again")
 
 
 def _state(r) -> str:

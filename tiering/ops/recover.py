@@ -334,7 +334,8 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
                           {i: d for g in groups for i, d in g.described.items()}),
                       # a key a row names: not listed, and not there now either (the listing may be older than
                       # the row; a HEAD that fails stops the topic, as any read error does)
-                      lambda key: key not in objects and object_head(b, key) is None)
+                      lambda key: key not in objects and object_head(b, key) is None,
+                      lambda key: object_head(b, key) is not None)
 
 
 def _keys_with_ledger_data(b: Bucket, objects: dict, above: int, report: RecoverReport) -> list[int]:
@@ -491,13 +492,13 @@ def _as_uuid(value: str, key: str) -> str:
 
 def _commit_topic(engine, name: str, chosen: dict[int, _Copy], scan: Tier1Scan, policy: TopicPolicy,
                   report: RecoverReport, tier1_has=None, root_holds_topic: bool = False,
-                  named_top: int = -1, trim_point: int = 0, lost=None, gone=None) -> None:
+                  named_top: int = -1, trim_point: int = 0, lost=None, gone=None, present=None) -> None:
     restored = restore_topic(engine, name, policy, {i: RecoveredLedger(
         c.ledger_id, c.entry_count, c.length, c.sealed_at, _as_uuid(c.offload_uuid, c.chunk.index_key),
         c.started_at, c.finished_at, c.chunk, tier1_present=i in scan.copies) for i, c in chosen.items()},
         {i: AdoptedLedger(f.ledger_id, f.entry_count, f.size_bytes, f.sealed_at) for i, f in scan.ledgers.items()},
         top=max(scan.top, named_top), tier1_has=tier1_has, root_holds_topic=root_holds_topic,
-        lost=lost, lost_from=trim_point, lost_to=named_top, gone=gone)
+        lost=lost, lost_from=trim_point, lost_to=named_top, gone=gone, present=present)
     existing = restored.existing
     if restored.created:
         report.topics_created.append(name)
