@@ -357,6 +357,9 @@ def _keys_with_ledger_data(b: Bucket, objects: dict, above: int, report: Recover
             except CorruptObjectError as exc:
                 why = f"its data does not start with a block header ({exc})"
                 continue
+            except DataLossError:  # deleted since the listing (GC, a stray's owner): nothing to count
+                why = "its data object vanished while recovery read it"
+                continue
             if first == 0:
                 return [lid]
             why = f"its data's first block starts at entry {first}, not 0"
