@@ -409,6 +409,7 @@ def test_an_open_ledger_without_its_file_fails_subscription_commands_instead_of_
                      ("subscription", "list", "a"), ("truncate", "a", "1:3")):
             assert "has no file" in cli(*args).one_line_error(1), args
         assert snapshot(deps) == before
+        assert cli("truncate", "a", "1:0", "--json").ok().json["deleted"][0]["ledger"] == 0  # no length needed
     finally:
         moved.rename(path)
     assert cli("subscription", "ack", "a", "s1", "1:2", "--json").ok().json["position"] == "1:2"

@@ -137,8 +137,10 @@ def truncate(deps: Deps, topic: str, position: Position, force: bool = False,
     `dry_run`: the same decision and refusals, reporting what it would delete; nothing is written."""
     deps.meta.get_topic(topic)  # an unknown topic fails here
     # the open ledger's length is in its tier-1 file only: a position past it is refused as past any end
+    # (its first entry needs no length: the ledgers before it go whatever the file holds)
     trim = deps.meta.trims.truncate(topic, position, force, deps.knobs.gc_delay, dry_run=dry_run,
-                                    open_entries=lambda led: ledger_extent(deps.meta, deps.tier1, led)[1])
+                                    open_entries=lambda led: 0 if position == Position(led.ledger_id, 0)
+                                    else ledger_extent(deps.meta, deps.tier1, led)[1])
     if dry_run:
         report = _report(topic, trim)
         report.files_removed = sum(1 for led in trim.deleted if led.tier1_present) + leftover_copies(deps, topic)
