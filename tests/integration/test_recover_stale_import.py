@@ -80,6 +80,7 @@ def test_a_defrag_after_the_export_moves_the_imported_chunks_to_the_merged_copy(
     assert sorted(first.lost) == [("q", 0), ("q", 1), ("q", 2)], first
     report = recover_from_bucket(after.meta.engine, after.bucket, "q")
     assert report.ok and sorted(report.ledgers_recovered) == [("q", 0), ("q", 1), ("q", 2)], report
+    assert sorted(report.chunks_moved) == [("q", 0), ("q", 1), ("q", 2)], report
     assert [led.lost_at for led in after.meta.list_ledgers("q")] == [None, None, None]
     merged = {ch.data_key for ch in deps.meta.chunks("q").values()}
     assert {ch.data_key for ch in after.meta.chunks("q").values()} == merged

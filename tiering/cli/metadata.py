@@ -98,6 +98,7 @@ def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
                       unnamed_tier1_dirs=report.unnamed_tier1_dirs,
                       unknown={t: [list(r) for r in rs] for t, rs in report.unknown.items()},
                       lost_recorded=ledger_refs(report.lost_recorded), lost_recorded_count=len(report.lost_recorded),
+                      chunks_moved=ledger_refs(report.chunks_moved), chunks_moved_count=len(report.chunks_moved),
                       errors=report.errors,
                       not_recovered=NOT_RECOVERED)
     out.result(result, f"recovered {len(report.ledgers_recovered)} offloaded ledger(s) from the bucket and "
@@ -105,6 +106,7 @@ def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
                        f"sealed now), {len(report.tier1_copies_recorded)} tier-1 copie(s) recorded, "
                        f"{len(report.tier1_copies_gone)} recorded gone, "
                        f"{len(report.lost_recorded)} ledger(s) with no copy left recorded lost, "
+                       f"{len(report.chunks_moved)} moved off objects gone to another copy, "
                        f"{len(report.topics_created)} new topic(s); {len(report.already_known)} already known, "
                        f"{len(report.ignored)} object(s) and {len(report.tier1_ignored)} tier-1 file(s) ignored, "
                        f"{len(report.errors)} error(s); pages "

@@ -88,7 +88,7 @@ def _summary(report: RecoverReport, done: int, failed: int) -> dict:
     return {"done": done, "failed": failed, "topics": report.topics, "errors": report.errors[:SHOWN],
             "counts": {k: len(getattr(report, k)) for k in (
                 "topics_created", "ledgers_recovered", "already_known", "ignored", "tier1_adopted",
-                "tier1_sealed", "tier1_copies_recorded", "tier1_ignored", "lost_recorded")}
+                "tier1_sealed", "tier1_copies_recorded", "tier1_ignored", "lost_recorded", "chunks_moved")}
             | {"objects_listed": report.objects_listed, "without_page_index": report.without_page_index},
             "ignored": [f"{k}: {why}" for k, why in report.ignored[:SHOWN]],
             "tier1_ignored": [f"{k}: {why}" for k, why in report.tier1_ignored[:SHOWN]],

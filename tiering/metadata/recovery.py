@@ -70,6 +70,7 @@ class RestoredTopic:
     tier1_gone: list[int] = field(default_factory=list)  # OFFLOADED ledgers whose missing tier-1 copy is recorded
     lost: list[int] = field(default_factory=list)  # ids recorded as lost ledgers (no copy), ascending
     lost_unrecorded: int = 0  # unknown ids not recorded: more than MAX_LOST_ROWS (unknown_ids)
+    moved: list[int] = field(default_factory=list)  # ledgers whose chunk moved off objects gone (also in restored)
 
 
 def known_ledgers(engine: Engine, name: str) -> dict[int, tuple[str, bool]]:
@@ -200,7 +201,7 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
                          .values(next_ledger_id=top + 1))
     return RestoredTopic(created is not None, existing - {c.ledger_id for c in upgraded + found + moved},
                          sorted(c.ledger_id for c in new + upgraded + found + moved), [a.ledger_id for a in sealed], gone,
-                         [x.ledger_id for x in marked], unrecorded)
+                         [x.ledger_id for x in marked], unrecorded, [c.ledger_id for c in moved])
 
 
 def lost_ledger(name: str, seals: list[tuple[int, datetime]], described: Mapping[int, tuple]):

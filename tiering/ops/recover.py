@@ -70,7 +70,7 @@ from tiering.tier2.reader import check_stored_pages
 _UUID_NS = _uuid.UUID("6f1d3c2e-8a43-4f0e-9d7c-2b6a5e1f0c11")
 _LIST_FIELDS = ("topics_created", "topics", "ledgers_recovered", "already_known", "ignored", "errors",
                 "tier1_adopted", "tier1_sealed", "tier1_copies_recorded", "tier1_ignored", "unnamed_tier1_dirs",
-                "tier1_copies_gone", "lost_recorded")
+                "tier1_copies_gone", "lost_recorded", "chunks_moved")
 
 
 @dataclass
@@ -84,6 +84,9 @@ class RecoverReport:
     unknown: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     # the unknown ids at or above the topic's trim point, recorded now as ledgers marked lost (no chunk row)
     lost_recorded: list[tuple[str, int]] = field(default_factory=list)
+    # ledgers the database had whose chunk named objects gone, moved to the bucket's other whole copy (their
+    # lost mark cleared); also in ledgers_recovered
+    chunks_moved: list[tuple[str, int]] = field(default_factory=list)
     ignored: list[tuple[str, str]] = field(default_factory=list)  # (key, why) objects not used
     errors: list[str] = field(default_factory=list)  # failures: rerun to finish (recovery is idempotent)
     objects_listed: int = 0
@@ -509,6 +512,7 @@ def _commit_topic(engine, name: str, chosen: dict[int, _Copy], scan: Tier1Scan, 
     report.tier1_copies_recorded += [(name, i) for i in restored.restored if i in scan.copies]
     report.tier1_copies_gone += [(name, i) for i in restored.tier1_gone]
     report.lost_recorded += [(name, i) for i in restored.lost]
+    report.chunks_moved += [(name, i) for i in restored.moved]
     if restored.lost_unrecorded:
         report.errors.append(
             f"topic {name!r}: {restored.lost_unrecorded} ledger ids from its trim point up to {named_top} (the "
