@@ -31,6 +31,8 @@ from tiering.metadata.tables import chunk, gc_sweep, ledger, topic
 # Two-key advisory locks (class, object) live apart from job_run's one-key locks (metadata/job_runs.py).
 LOCK_CLASS = 0x67637377  # "gcsw"
 RECOVERY_CLASS = 0x72637672  # "rcvr": held by recovery beside the sweep's lock, so a sweep can tell who has it
+# "gcqu": GC runs of the queue hold it shared, recovery exclusive (collecting, see `collecting`)
+QUEUE_CLASS = 0x67637175
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,25 @@ def excluding_sweep(engine: Engine, bucket: str, prefix: str) -> Iterator[None]:
         if not held:
             raise TieringError(f"an orphan sweep of {bucket}/{prefix} is running (tiering gc --sweep, DAG "
                                "tiering_gc_sweep): recovery must not run beside it; rerun when it has ended")
+        # Nor a GC run of the queue: between recovery's listing and its commit one could delete a queued copy
+        # recovery then points a ledger at. It waits for the runs under way (they end); later ones refuse.
+        with session_lock(engine, QUEUE_CLASS, _key(bucket, prefix), wait=True):
+            yield
+
+
+@contextmanager
+def collecting(engine: Engine, bucket: str, prefix: str) -> Iterator[None]:
+    """Held (shared: GC runs may overlap) by a GC run of the queue for its deletes; TieringError, nothing
+    done, while a recovery from the bucket runs (excluding_sweep)."""
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        if not conn.execute(select(func.pg_try_advisory_lock_shared(literal(QUEUE_CLASS),
+                                                                    _key(bucket, prefix)))).scalar_one():
+            raise TieringError(f"GC of the queue did not run: recovery from the bucket {bucket}/{prefix} is "
+                               "running; the next run collects")
         yield
+    finally:
+        conn.close()  # (the lock goes with the session)
 
 
 @dataclass(frozen=True)

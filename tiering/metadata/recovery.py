@@ -120,13 +120,19 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
         created = conn.execute(
             pg_insert(topic_t).values(name=name, **{f: getattr(policy, f) for f in _POLICY_FIELDS})
             .on_conflict_do_nothing(index_elements=[topic_t.c.name]).returning(topic_t.c.topic_id)).scalar()
+        # NO KEY UPDATE, as retention takes it: a ledger writer holding its rows waits for the topic's totals
+        # row only with FOR KEY SHARE (the counter trigger), which FOR UPDATE would block: a deadlock
         row = conn.execute(select(topic_t.c.topic_id, topic_t.c.next_ledger_id)
-                           .where(topic_t.c.name == name).with_for_update()).one()
+                           .where(topic_t.c.name == name).with_for_update(key_share=True)).one()
         have = {r.ledger_id: r for r in conn.execute(
             select(ledger_t.c.ledger_id, ledger_t.c.state, ledger_t.c.entry_count, ledger_t.c.size_bytes,
                    ledger_t.c.tier1_present, ledger_t.c.lost_at, ledger_t.c.offload_uuid)
-            .where(ledger_t.c.topic_id == row.topic_id).with_for_update())}
+            .where(ledger_t.c.topic_id == row.topic_id)
+            .order_by(ledger_t.c.ledger_id).with_for_update())}  # in id order, as every ledger writer locks
         existing = set(have)
+        # chunk rows locked before any write takes the totals row (the order every ledger writer keeps)
+        moved_from = _moved_away(conn, row.topic_id, have, ledgers, gone) if gone is not None else {}
+        moved = [ledgers[i] for i in sorted(moved_from)]
         now = conn.execute(select(func.now())).scalar_one()
         found = _found_again(conn, row.topic_id, have, ledgers)
         for c in found:
@@ -147,8 +153,6 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
                                  tier1_deleted_at=None if kept else now, offload_uuid=c.offload_uuid,
                                  offload_started_at=c.offload_started_at, offloaded_at=c.offloaded_at,
                                  version=ledger_t.c.version + 1))
-        moved_from = _moved_away(conn, row.topic_id, have, ledgers, gone) if gone is not None else {}
-        moved = [ledgers[i] for i in sorted(moved_from)]
         for c in moved:
             conn.execute(update(chunk_t).where(chunk_t.c.topic_id == row.topic_id, chunk_t.c.ledger_id == c.ledger_id)
                          .values(version=chunk_t.c.version + 1, **chunk_values(c.chunk)))

@@ -126,10 +126,11 @@ def run_gc(deps: Deps, batch: int = 500, max_attempts: int = 5, backoff: timedel
     failed their deletes is mended; nothing else ever takes them up again)."""
     report = GcReport()
     check_bucket(deps.bucket)  # tier 2 down: fail once, without counting a failed attempt on every task
-    if retry_failed:
-        report.requeued = requeue_failed(deps)
-    while _gc_batch(deps, batch, max_attempts, backoff, report):
-        pass
+    with gc_sweep.collecting(deps.meta.engine, deps.bucket.name, deps.bucket.prefix):
+        if retry_failed:
+            report.requeued = requeue_failed(deps)
+        while _gc_batch(deps, batch, max_attempts, backoff, report):
+            pass
     if uploads:
         for up in stale_uploads(deps, grace_of(deps, orphan_grace)):
             report.uploads_aborted += abort_upload(deps.bucket, up["Key"], up["UploadId"])
