@@ -147,3 +147,32 @@ def test_recovery_waits_for_a_gc_run_under_way_and_gc_does_not_run_beside_it(dep
         with pytest.raises(TieringError, match="recovery from the bucket .* is running; the next run collects"):
             run_gc(deps)
     run_gc(deps)  # once it has ended
+
+
+def test_a_copy_a_live_defrag_still_writes_is_not_taken_from_it(deps, db):
+    """The copy recovery would move a ledger to is one a live defrag attempt queued (its merged object, not
+    committed): taking its keys out of the queue would let that attempt's own discard delete what recovery
+    points at. The topic fails, nothing committed; once the attempt has ended recovery moves the ledger."""
+    import uuid
+
+    from tiering.format.keys import data_key, index_key
+    from tiering.metadata.attempt_locks import DEFRAG_CLASS, DEFRAG_REASON
+
+    produce(deps, "d", [entries("d", 5, 100)])
+    assert len(offload_many(deps, deps.meta.list_ledgers("d", [S.SEALED])).offloaded) == 1
+    s3, name, prefix = deps.bucket.s3, deps.bucket.name, deps.bucket.prefix
+    [ch] = deps.meta.chunks("d").values()
+    with deps.meta.new_attempt(DEFRAG_CLASS) as attempt:
+        new = str(uuid.uuid4())
+        copy = (data_key(prefix, "d", new, 0), index_key(prefix, "d", new, 0))
+        for src, dst in zip((ch.data_key, ch.index_key), copy):
+            s3.copy_object(Bucket=name, Key=dst, CopySource={"Bucket": name, "Key": src})
+        deps.meta.enqueue_gc(list(copy), DEFRAG_REASON, owner=attempt, delay=timedelta(hours=1))
+        for key in (ch.data_key, ch.index_key):  # the ledger's own objects lost
+            s3.delete_object(Bucket=name, Key=key)
+        report = recover_from_bucket(db, deps.bucket, "d")
+        assert [e for e in report.errors if "being written by a live attempt" in e], report
+        assert deps.meta.chunks("d")[0].data_key == ch.data_key
+    report = recover_from_bucket(db, deps.bucket, "d")  # the attempt ended (its worker gone)
+    assert report.ok and report.chunks_moved == [("d", 0)], report
+    assert deps.meta.chunks("d")[0].data_key == copy[0]

@@ -13,7 +13,7 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Engine
 
-from tiering.metadata.attempt_locks import holder_gone
+from tiering.metadata.attempt_locks import LIVE_ATTEMPT_CLASSES, held, holder_gone
 from tiering.errors import TieringError
 from tiering.metadata.tables import chunk as chunk_t, chunk_values, gc_task, ledger as ledger_t, topic as topic_t
 from tiering.model import Chunk, LedgerState, TopicPolicy
@@ -291,7 +291,14 @@ def _take_out_of_queue(conn, chunks: list[Chunk], present: Callable[[str], bool]
     keys = sorted({k for c in chunks for k in (c.data_key, c.index_key)})
     if not keys:
         return
-    queued = set(conn.execute(select(gc_task.c.key).where(gc_task.c.key.in_(keys))).scalars())
+    rows = conn.execute(select(gc_task.c.key, gc_task.c.reason, gc_task.c.owner_uuid).where(gc_task.c.key.in_(keys))).all()
+    queued = {r.key for r in rows}
+    for lock_class in set(LIVE_ATTEMPT_CLASSES.values()):
+        owners = {str(r.owner_uuid) for r in rows if r.owner_uuid is not None and LIVE_ATTEMPT_CLASSES.get(r.reason) == lock_class}
+        if live := held(conn, lock_class, owners):
+            # a defrag or repair still writing it: its own discard would delete what recovery points at
+            raise TieringError(f"a copy recovery chose is being written by a live attempt ({sorted(live)[0]}): "
+                               "nothing of this topic was recovered; run recover-from-bucket again once it ended")
     taken = set(conn.execute(delete(gc_task).where(gc_task.c.key.in_(keys)).returning(gc_task.c.key)).scalars())
     for key in sorted(queued | taken):
         if present is not None and not present(key):
