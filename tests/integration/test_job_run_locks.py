@@ -105,3 +105,41 @@ def test_transaction_locks_leave_no_release_to_do(eng):
     assert _lock_holders(eng, LOCK_BASE + 10) == 0
     with eng.connect() as conn:
         assert not conn.info.get(db._HOLDS_SESSION_LOCKS)  # the release cleared the mark
+
+
+def test_a_waiter_killed_while_it_waits_for_a_session_lock_leaves_no_waiter_behind(eng, database_url):
+    """A recovery waiting for GC's runs (session_lock(wait=True)) killed meanwhile: a backend blocked in
+    pg_advisory_lock does not notice its client is gone, and stayed queued for the lock, so every GC run's
+    shared try-lock failed until the GC run under way ended. Waiting is polling now: nothing is left queued."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from sqlalchemy import literal
+
+    lock_class, key = 0x74657374, 4242
+    waiting = ("import sys, time\n"
+               "from sqlalchemy import literal\n"
+               "from tiering.metadata import db, make_engine\n"
+               f"with db.session_lock(make_engine(sys.argv[1]), {lock_class}, literal({key}), wait=True):\n"
+               "    pass\n")
+
+    def waiters() -> int:
+        with eng.connect() as conn:
+            return conn.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                                     "AND classid::bigint = :c AND objid::bigint = :k"),
+                                {"c": lock_class, "k": key}).scalar_one()
+
+    with db.session_lock(eng, lock_class, literal(key)) as held:
+        assert held
+        child = subprocess.Popen([sys.executable, "-c", waiting, database_url], cwd=os.getcwd())
+        time.sleep(3)  # it is waiting (the lock is ours)
+        assert child.poll() is None
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+        time.sleep(0.5)
+        assert waiters() == 0
+    with eng.connect() as conn:  # and a shared taker gets it at once
+        assert conn.execute(select(func.pg_try_advisory_lock_shared(literal(lock_class), literal(key)))).scalar_one()

@@ -13,6 +13,7 @@ import sys
 
 from tiering.jobs.runner import ItemFailed, run
 from tiering.jobs.spec import int_arg
+from tiering.metadata import gc_sweep
 from tiering.ops.gc import plan_gc, requeue_failed, run_gc
 
 BATCH = 500  # queue rows one worker claims at a time
@@ -44,8 +45,9 @@ def work(deps, item) -> tuple[int, bool]:
 
 def requeue(deps, args, items: list[dict], _parallelism: int) -> list[dict]:
     """On the driver once Spark is up, before the items run: `--retry-failed` makes FAILED rows due again."""
-    if args.retry_failed:
-        args.requeued = requeue_failed(deps)
+    if args.retry_failed:  # not during a recovery from the bucket (as the CLI's run refuses whole)
+        with gc_sweep.collecting(deps.meta.engine, deps.bucket.name, deps.bucket.prefix):
+            args.requeued = requeue_failed(deps)
     return items
 
 

@@ -162,14 +162,18 @@ def session_lock(engine: Engine, lock_class: int, key, also: int | None = None, 
     session holds it instead (then always True)."""
     conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
     try:
-        if wait:
-            conn.execute(select(func.pg_advisory_lock(literal(lock_class), key)))
-        held = wait or _try_lock(conn, lock_class, key)
+        # waiting is polling: a backend blocked in pg_advisory_lock does not notice its client died, and
+        # would stay queued for the lock (refusing every shared taker) until the holder let go
+        while not (held := _try_lock(conn, lock_class, key)) and wait:
+            time.sleep(_WAIT_POLL_SECONDS)
         if held and also is not None:
             _try_lock(conn, also, key)
         yield held
     finally:
         conn.close()
+
+
+_WAIT_POLL_SECONDS = 0.2
 
 
 def lock_taken(engine: Engine, lock_class: int, key) -> bool:

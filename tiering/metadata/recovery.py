@@ -278,11 +278,18 @@ def _moved_away(conn, topic_id: int, have: Mapping, ledgers: Mapping[int, Recove
                  and (have[i].entry_count, have[i].size_bytes) == (ledgers[i].entry_count, ledgers[i].size_bytes)]
     if not offloaded:
         return {}
-    rows = conn.execute(select(chunk_t.c.ledger_id, chunk_t.c.data_key, chunk_t.c.index_key).where(
-        chunk_t.c.topic_id == topic_id, chunk_t.c.ledger_id.in_(offloaded)).with_for_update()).all()
-    return {r.ledger_id: (r.data_key, r.index_key) for r in rows
-            if (r.data_key, r.index_key) != (ledgers[r.ledger_id].chunk.data_key, ledgers[r.ledger_id].chunk.index_key)
-            and (gone(r.data_key) or gone(r.index_key))}
+    def differ(r) -> bool:
+        return (r.data_key, r.index_key) != (ledgers[r.ledger_id].chunk.data_key, ledgers[r.ledger_id].chunk.index_key)
+
+    query = select(chunk_t.c.ledger_id, chunk_t.c.data_key, chunk_t.c.index_key).where(chunk_t.c.topic_id == topic_id)
+    # only the rows naming other objects than the copy found are locked, in (topic, ledger) order as every
+    # chunk writer locks them (heap order deadlocked with a defrag's commit), then looked at again
+    wanted = [r.ledger_id for r in conn.execute(query.where(chunk_t.c.ledger_id.in_(offloaded))) if differ(r)]
+    if not wanted:
+        return {}
+    rows = conn.execute(query.where(chunk_t.c.ledger_id.in_(wanted)).order_by(chunk_t.c.topic_id, chunk_t.c.ledger_id)
+                        .with_for_update()).all()
+    return {r.ledger_id: (r.data_key, r.index_key) for r in rows if differ(r) and (gone(r.data_key) or gone(r.index_key))}
 
 
 def _take_out_of_queue(conn, chunks: list[Chunk], present: Callable[[str], bool] | None) -> None:
