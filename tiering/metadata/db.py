@@ -170,7 +170,31 @@ def session_lock(engine: Engine, lock_class: int, key, also: int | None = None, 
             _try_lock(conn, also, key)
         yield held
     finally:
+        _close(conn)
+
+
+@contextmanager
+def shared_session_lock(engine: Engine, lock_class: int, key) -> Iterator[bool]:
+    """session_lock's shared form (several holders; an exclusive taker is refused while any holds it)."""
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        yield bool(conn.execute(select(func.pg_try_advisory_lock_shared(literal(lock_class), key))).scalar_one())
+    finally:
+        _close(conn)
+
+
+def _close(conn: Connection) -> None:
+    """Give a lock's connection back. Its backend may be gone (terminated, the server restarted): the lock
+    went with it, and the failure of the check-in (resetting the isolation level) must not replace what the
+    block raised, nor fail a block that ended well (its connection is discarded instead)."""
+    try:
         conn.close()
+    except Exception:  # noqa: BLE001 - see above
+        log.warning("discarding a lock's connection whose backend is gone")
+        try:
+            conn.invalidate()
+        except Exception:  # noqa: BLE001 - already invalidated or closed: nothing left to release
+            pass
 
 
 _WAIT_POLL_SECONDS = 0.2

@@ -25,7 +25,7 @@ from sqlalchemy.engine import Engine
 from tiering.errors import ConditionalUpdateFailed, TieringError
 from tiering.format.keys import ParsedKey, encode_topic
 from tiering.metadata import gc_queue
-from tiering.metadata.db import lock_taken, session_lock
+from tiering.metadata.db import lock_taken, session_lock, shared_session_lock
 from tiering.metadata.tables import chunk, gc_sweep, ledger, topic
 
 # Two-key advisory locks (class, object) live apart from job_run's one-key locks (metadata/job_runs.py).
@@ -85,15 +85,11 @@ def excluding_sweep(engine: Engine, bucket: str, prefix: str) -> Iterator[None]:
 def collecting(engine: Engine, bucket: str, prefix: str) -> Iterator[None]:
     """Held (shared: GC runs may overlap) by a GC run of the queue for its deletes; TieringError, nothing
     done, while a recovery from the bucket runs (excluding_sweep)."""
-    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        if not conn.execute(select(func.pg_try_advisory_lock_shared(literal(QUEUE_CLASS),
-                                                                    _key(bucket, prefix)))).scalar_one():
+    with shared_session_lock(engine, QUEUE_CLASS, _key(bucket, prefix)) as held:
+        if not held:
             raise TieringError(f"GC of the queue did not run: recovery from the bucket {bucket}/{prefix} is "
                                "running; the next run collects")
         yield
-    finally:
-        conn.close()  # (the lock goes with the session)
 
 
 @dataclass(frozen=True)
