@@ -41,8 +41,8 @@ OFFLOAD_REASON = "offload attempt"
 # the queue reasons whose rows GC leaves alone while the attempt's worker holds the lock of their class
 LIVE_ATTEMPT_CLASSES = {DEFRAG_REASON: DEFRAG_CLASS, REPAIR_REASON: REPAIR_CLASS}
 # the queue reasons whose keys' multipart uploads GC leaves alone while the worker holds the lock: an offload's
-# too (its upload is created once its claim committed, the lock held from before), though its queued keys are
-# collected past the offload timeout as before (a worker that slow loses its commit)
+# too (its upload is created only once it holds its lock: tiering/tier2/multipart.py, Gate.owned), though its
+# queued keys are collected past the offload timeout as before (a worker that slow loses its commit)
 UPLOADING_ATTEMPT_CLASSES = {OFFLOAD_REASON: OFFLOAD_CLASS, **LIVE_ATTEMPT_CLASSES}
 _DRAWS = 8
 
@@ -116,31 +116,30 @@ def holder_gone_sql(attempt_column, lock_class: int = OFFLOAD_CLASS):
     return func.pg_try_advisory_xact_lock(literal(lock_class), _key(attempt_column))
 
 
-_HELD = text("""
+# a granted two-key advisory lock (classid, objid as unsigned 32-bit, objsubid 2) in this database, as
+# pg_locks shows it: reading it takes no lock
+_GRANTED_TWO_KEY = """l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"""
+
+_HELD = text(f"""
     SELECT a::text FROM unnest(:attempts) AS a
-    WHERE EXISTS (SELECT 1 FROM pg_locks l
-                  WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-                    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                    AND l.classid::bigint = :lock_class
-                    AND l.objid::bigint = (hashtext(a::text)::bigint & 4294967295))
+    WHERE EXISTS (SELECT 1 FROM pg_locks l WHERE {_GRANTED_TWO_KEY}
+                  AND l.classid::bigint = :lock_class AND l.objid::bigint = (hashtext(a::text)::bigint & 4294967295))
 """).bindparams(bindparam("attempts", type_=ARRAY(UUID(as_uuid=False))))
 
 
 def held(conn: Connection, lock_class: int, attempts: Iterable[str]) -> set[str]:
-    """The attempts (canonical uuid text) whose lock of `lock_class` a live session holds now, as pg_locks
-    shows it (a two-key advisory lock: classid, objid as unsigned 32-bit, objsubid 2). Takes no lock: a
-    takeover's own try-lock at the same moment is not refused because of this look (holder_gone's would)."""
+    """The attempts (canonical uuid text) whose lock of `lock_class` a live session holds now, from pg_locks.
+    Takes no lock: a takeover's own try-lock at the same moment is not refused because of this look
+    (holder_gone's would)."""
     attempts = sorted({str(uuid.UUID(a)) for a in attempts})
     if not attempts:
         return set()
     return set(conn.execute(_HELD, {"attempts": attempts, "lock_class": lock_class}).scalars())
 
 
-_CLASSES_HELD = text("""
-    SELECT DISTINCT l.classid::bigint FROM pg_locks l
-    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND l.classid::bigint = ANY(:classes)
+_CLASSES_HELD = text(f"""
+    SELECT DISTINCT l.classid::bigint FROM pg_locks l WHERE {_GRANTED_TWO_KEY} AND l.classid::bigint = ANY(:classes)
 """).bindparams(bindparam("classes", type_=ARRAY(BigInteger)))
 
 

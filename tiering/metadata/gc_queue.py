@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Iterable, Iterator
 
-from sqlalchemy import and_, case, delete, func, or_, select, true, union, update
+from sqlalchemy import and_, case, delete, func, insert, or_, select, true, union, update
 from sqlalchemy.engine import Connection, Engine
 
-from tiering.metadata.attempt_locks import (LIVE_ATTEMPT_CLASSES, OFFLOAD_CLASS, UPLOADING_ATTEMPT_CLASSES, held,
+from tiering.metadata.attempt_locks import (LIVE_ATTEMPT_CLASSES, OFFLOAD_REASON, UPLOADING_ATTEMPT_CLASSES, held,
                                             holder_gone_sql)
 from tiering.metadata.tables import chunk, gc_task
 
@@ -99,21 +99,35 @@ def live_attempt_keys(engine: Engine, keys: Iterable[str], offload_attempts: dic
     defrag or repair attempt queued, and those of `offload_attempts` ({key: the offload attempt uuid its name
     carries}: an offload creates its upload once it holds its lock, before its keys are queued). GC aborts no
     multipart upload of such a key however old, since an upload may outlast any grace period on a slow link
-    (or `gc --orphan-grace-seconds 0` is run beside it). Read from pg_locks: no lock is taken, so an offload
-    taking a dead attempt over at the same moment is not refused."""
+    (or `gc --orphan-grace-seconds 0` is run beside it)."""
     keys = sorted(set(keys))
     if not keys:
         return set()
-    owners: dict[int, dict[str, set[str]]] = {}  # lock class -> attempt -> its keys
-    for key, attempt in (offload_attempts or {}).items():
-        owners.setdefault(OFFLOAD_CLASS, {}).setdefault(attempt, set()).add(key)
     with engine.connect() as conn:
-        for key, reason, owner in conn.execute(select(gc_task.c.key, gc_task.c.reason, gc_task.c.owner_uuid).where(
-                gc_task.c.key.in_(keys), gc_task.c.state == "PENDING", gc_task.c.owner_uuid.isnot(None),
-                gc_task.c.reason.in_(sorted(UPLOADING_ATTEMPT_CLASSES)))):
-            owners.setdefault(UPLOADING_ATTEMPT_CLASSES[reason], {}).setdefault(str(owner), set()).add(key)
-        return {key for lock_class, by_attempt in owners.items()
-                for attempt in held(conn, lock_class, by_attempt) for key in by_attempt[attempt]}
+        rows = conn.execute(select(gc_task.c.key, gc_task.c.reason, gc_task.c.owner_uuid).where(
+            gc_task.c.key.in_(keys), gc_task.c.state == "PENDING")).all()
+        rows += [(key, OFFLOAD_REASON, attempt) for key, attempt in (offload_attempts or {}).items()]
+        return live_owned(conn, rows, UPLOADING_ATTEMPT_CLASSES)
+
+
+def live_owned(conn: Connection, rows: Iterable[tuple], classes: dict[str, int]) -> set[str]:
+    """The keys of queue `rows` ((key, reason, owner uuid)) whose owner, an attempt of a reason in `classes`
+    (reason -> lock class), has a live worker. Read from pg_locks: no lock is taken, so an offload taking a
+    dead attempt over at the same moment is not refused."""
+    owners: dict[int, dict[str, set[str]]] = {}  # lock class -> attempt -> its keys
+    for key, reason, owner in rows:
+        if owner is not None and reason in classes:
+            owners.setdefault(classes[reason], {}).setdefault(str(owner), set()).add(key)
+    return {key for lock_class, by_attempt in owners.items()
+            for attempt in held(conn, lock_class, by_attempt) for key in by_attempt[attempt]}
+
+
+def enqueue(conn: Connection, keys: Iterable[str], reason: str, owner: str | None = None,
+            delay: timedelta = timedelta(0)) -> None:
+    """Queue `keys` for GC, due `delay` after the transaction's time, in the caller's transaction."""
+    rows = [{"key": k, "reason": reason, "owner_uuid": owner, "not_before": func.now() + delay} for k in keys]
+    if rows:  # one multi-row INSERT (SQL expressions render inline in a VALUES list)
+        conn.execute(insert(gc_task).values(rows))
 
 
 def queued(conn: Connection, keys: Iterable[str]) -> set[str]:

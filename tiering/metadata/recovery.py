@@ -13,8 +13,9 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Engine
 
-from tiering.metadata.attempt_locks import LIVE_ATTEMPT_CLASSES, held, holder_gone
 from tiering.errors import TieringError
+from tiering.metadata import gc_queue
+from tiering.metadata.attempt_locks import LIVE_ATTEMPT_CLASSES, holder_gone
 from tiering.metadata.tables import chunk as chunk_t, chunk_values, gc_task, ledger as ledger_t, topic as topic_t
 from tiering.model import Chunk, LedgerState, TopicPolicy
 
@@ -193,9 +194,8 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
         if rows:
             conn.execute(insert(ledger_t), rows)
         _take_out_of_queue(conn, [c.chunk for c in new + upgraded + found + moved], present)
-        if moved:  # the objects the moved chunks named: GC deletes whatever of them nothing references
-            conn.execute(insert(gc_task), [{"key": k, "reason": "recovery: moved away", "not_before": now}
-                                           for k in sorted({k for c in moved for k in moved_from[c.ledger_id]})])
+        # the objects the moved chunks named: GC deletes whatever of them nothing references
+        gc_queue.enqueue(conn, sorted({k for c in moved for k in moved_from[c.ledger_id]}), "recovery: moved away")
         if new or upgraded or found:
             conn.execute(insert(chunk_t), [{"topic_id": row.topic_id, "ledger_id": c.ledger_id, "created_at": now,
                                             "version": 0, **chunk_values(c.chunk)} for c in new + upgraded + found])
@@ -278,6 +278,7 @@ def _moved_away(conn, topic_id: int, have: Mapping, ledgers: Mapping[int, Recove
                  and (have[i].entry_count, have[i].size_bytes) == (ledgers[i].entry_count, ledgers[i].size_bytes)]
     if not offloaded:
         return {}
+
     def differ(r) -> bool:
         return (r.data_key, r.index_key) != (ledgers[r.ledger_id].chunk.data_key, ledgers[r.ledger_id].chunk.index_key)
 
@@ -300,12 +301,10 @@ def _take_out_of_queue(conn, chunks: list[Chunk], present: Callable[[str], bool]
         return
     rows = conn.execute(select(gc_task.c.key, gc_task.c.reason, gc_task.c.owner_uuid).where(gc_task.c.key.in_(keys))).all()
     queued = {r.key for r in rows}
-    for lock_class in set(LIVE_ATTEMPT_CLASSES.values()):
-        owners = {str(r.owner_uuid) for r in rows if r.owner_uuid is not None and LIVE_ATTEMPT_CLASSES.get(r.reason) == lock_class}
-        if live := held(conn, lock_class, owners):
-            # a defrag or repair still writing it: its own discard would delete what recovery points at
-            raise TieringError(f"a copy recovery chose is being written by a live attempt ({sorted(live)[0]}): "
-                               "nothing of this topic was recovered; run recover-from-bucket again once it ended")
+    if live := gc_queue.live_owned(conn, rows, LIVE_ATTEMPT_CLASSES):
+        # a defrag or repair still writing it: its own discard would delete what recovery points at
+        raise TieringError(f"a copy recovery chose is being written by a live attempt ({sorted(live)[0]}): "
+                           "nothing of this topic was recovered; run recover-from-bucket again once it ended")
     taken = set(conn.execute(delete(gc_task).where(gc_task.c.key.in_(keys)).returning(gc_task.c.key)).scalars())
     for key in sorted(queued | taken):
         if present is not None and not present(key):

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from tiering.errors import (ConditionalUpdateFailed, LedgerNotFound, TieringError, TopicExists, TopicNotFound,
                             TopicReplaced)
-from tiering.metadata import attempt_locks
+from tiering.metadata import attempt_locks, gc_queue
 from tiering.metadata.planning import Planning
 from tiering.metadata.repair import Repairs
 from tiering.metadata.subscriptions import Subscriptions
@@ -437,10 +437,7 @@ class MetadataStore:
 
     def _enqueue(self, conn: Connection, keys: Iterable[str], reason: str, owner: str | None,
                  delay: timedelta) -> None:
-        rows = [{"key": k, "reason": reason, "owner_uuid": owner,
-                 "not_before": func.now() + delay} for k in keys]
-        if rows:  # one multi-row INSERT (SQL expressions render inline in a VALUES list)
-            conn.execute(insert(gc_task).values(rows))
+        gc_queue.enqueue(conn, keys, reason, owner, delay)
 
     def _cas(self, conn: Connection, led: Ledger, from_states: Sequence[LedgerState],
              attempt: str | None = None, **values) -> Ledger:

@@ -72,9 +72,8 @@ def _check_part(fs: pafs.FileSystem, base_path: str, table: str, rel: str, expor
     if export_id is not None and footer.export_id != export_id:
         raise BadInput(f"export at {base_path!r}: {rel} belongs to export {(footer.export_id or 'unknown')[:40]!r}, "
                        f"not to this one ({export_id})")
-    if sha256 is not None:
-        with _verified_copy(fs, base_path, rel, sha256):
-            pass
+    if sha256 is not None:  # hashed only: the load reads the part again into the copy it parses
+        _read_checked(fs, base_path, rel, sha256, sink=None)
 
 
 # a part up to this size is held in memory while it loads; a larger one is spooled to a temporary file
@@ -86,28 +85,34 @@ def _verified_copy(fs: pafs.FileSystem, base_path: str, rel: str, sha256: str | 
     """The part's bytes, read once from the export and checked against the manifest's digest, as a seekable
     local copy: what is parsed is what was checked. Reading the export's file twice (a digest, then the load)
     would load a part replaced between the two reads."""
-    digest = hashlib.sha256()
-    path = _join(base_path, rel)
     with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as copy:
-        # looked at again: replaced by a fifo since the checks, its open would block the import for good
-        # (holding every table's lock); gone since, it is the export's fault, not an I/O error of ours
-        if (kind := fs.get_file_info(path).type) != pafs.FileType.File:
-            what = "is missing" if kind == pafs.FileType.NotFound else "is not a regular file"
-            raise BadInput(f"export at {base_path!r}: {rel} {what} (changed since the import began; nothing "
-                           "was imported)")
-        try:
-            with fs.open_input_stream(path) as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
-                    copy.write(chunk)
-        except FileNotFoundError:
-            raise BadInput(f"export at {base_path!r}: {rel} is missing (deleted since the import began; "
-                           "nothing was imported)") from None
-        if sha256 is not None and digest.hexdigest() != sha256:
-            raise BadInput(f"export at {base_path!r}: {rel} is not the file its export wrote (its SHA-256 "
-                           "differs from the manifest's): damaged or changed since; nothing was imported")
+        _read_checked(fs, base_path, rel, sha256, sink=copy)
         copy.seek(0)
         yield copy
+
+
+def _read_checked(fs: pafs.FileSystem, base_path: str, rel: str, sha256: str | None, sink: IO[bytes] | None) -> None:
+    """Read the part whole (into `sink` when given) and check its SHA-256 against the manifest's."""
+    digest = hashlib.sha256()
+    path = _join(base_path, rel)
+    # looked at again: replaced by a fifo since the checks, its open would block the import for good
+    # (holding every table's lock); gone since, it is the export's fault, not an I/O error of ours
+    if (kind := fs.get_file_info(path).type) != pafs.FileType.File:
+        what = "is missing" if kind == pafs.FileType.NotFound else "is not a regular file"
+        raise BadInput(f"export at {base_path!r}: {rel} {what} (changed since the import began; nothing "
+                       "was imported)")
+    try:
+        with fs.open_input_stream(path) as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+                if sink is not None:
+                    sink.write(chunk)
+    except FileNotFoundError:
+        raise BadInput(f"export at {base_path!r}: {rel} is missing (deleted since the import began; "
+                       "nothing was imported)") from None
+    if sha256 is not None and digest.hexdigest() != sha256:
+        raise BadInput(f"export at {base_path!r}: {rel} is not the file its export wrote (its SHA-256 "
+                       "differs from the manifest's): damaged or changed since; nothing was imported")
 
 
 def _load_table(fs: pafs.FileSystem, base_path: str, table: str, tm: TableManifest, batch_rows: int,
