@@ -120,6 +120,11 @@ class Tier2Error(TieringError):
     """The object store failed; the message has the operation and key, never credentials."""
 
 
+class RecoveryRunning(TieringError):
+    """A GC run of the queue refused because a recovery from the bucket runs on its bucket and prefix (or
+    waits to): nothing was done, and trying again at once meets the same recovery, so it is not retried."""
+
+
 class Tier2CopyMissing(TieringError):
     """An offloaded ledger's tier-2 object is missing or shorter than its chunk row says: the tier-1 copy
     must be kept (delete-lagged refuses to delete it)."""

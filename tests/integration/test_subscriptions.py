@@ -397,17 +397,29 @@ def test_an_open_ledger_without_its_file_fails_subscription_commands_instead_of_
     """The open ledger's file not where the row says (a wrong TIERING_TIER1_ROOT, a lost file): an ack inside
     it was refused as past its end (exit 2), `--from latest` started before its entries, `subscription list`
     left them out of every backlog and truncate refused a position inside it; each is exit 1 naming the file
-    now, as `read` is, and nothing changes."""
+    now, as `read` is, and nothing changes. `subscription list` still lists the other topics' subscriptions
+    (and this one's, its backlog unknown) before it exits 1."""
     produce(deps, "a", [entries("s", 10, 10)], open_tail=[b"o"] * 7)
+    produce(deps, "b", [entries("b", 4, 10)])
     cli("subscription", "create", "a", "s1", "--from", "1:2").ok()
+    cli("subscription", "create", "b", "s2").ok()
     path = deps.tier1.path("a", 1)
     moved = path.with_name(path.name + ".away")
     path.rename(moved)
     try:
         before = snapshot(deps)
         for args in (("subscription", "ack", "a", "s1", "1:2"), ("subscription", "create", "a", "q", "--from", "latest"),
-                     ("subscription", "list", "a"), ("truncate", "a", "1:3")):
+                     ("truncate", "a", "1:3")):
             assert "has no file" in cli(*args).one_line_error(1), args
+        for args in (("subscription", "list", "a"), ("subscription", "list")):
+            listed = cli(*args, "--json")
+            assert "has no file" in listed.one_line_error(1), args
+            rows = {r["subscription"]: r for r in json.loads(listed.stdout)["subscriptions"]}
+            assert rows["s1"]["backlog_entry_count"] is None and "has no file" in rows["s1"]["error"]
+            if args[-1] == "list":  # every topic: b's subscription listed as usual
+                assert rows["s2"]["backlog_entry_count"] == 4 and "error" not in rows["s2"]
+        text_rows = cli("subscription", "list")
+        assert text_rows.returncode == 1 and [ln.split()[4] for ln in text_rows.stdout.splitlines()[1:]] == ["?", "4"]
         assert snapshot(deps) == before
         assert cli("truncate", "a", "1:0", "--json").ok().json["deleted"][0]["ledger"] == 0  # no length needed
     finally:

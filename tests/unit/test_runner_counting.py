@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tiering.config import Settings
-from tiering.errors import ConditionalUpdateFailed, TieringError
+from tiering.errors import ConditionalUpdateFailed, RecoveryRunning, TieringError
 from tiering.jobs import runner
 
 SETTINGS = Settings(database_url="postgresql://u@127.0.0.1:9/d", bucket="bkt", tier1_root=Path("/nonexistent"),
@@ -81,3 +81,9 @@ def test_a_gc_run_whose_deletes_s3_refused_fails_as_the_cli_does(monkeypatch):
     outcome = JobOutcome()
     gc.finish(None, argparse.Namespace(), outcome)
     assert outcome.errors == []
+
+
+def test_a_gc_item_refused_during_a_recovery_is_failed_at_once():
+    # the recovery outlasts the item's backoff: a retry meets it again, and the run is not done either way
+    assert run_items([RecoveryRunning("GC of the queue did not run"), (1, False)]) == \
+        {"done": 0, "skipped": 0, "failed": 1}

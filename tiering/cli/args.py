@@ -183,6 +183,22 @@ def json_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def dry_run_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan a real run would execute now, as its output with \"dry_run\": true; "
+                        "change nothing (no row, no object, no file)")
+
+
+def preview_fields(args) -> dict:
+    """What a command's JSON document adds on a preview (`--dry-run`)."""
+    return {"dry_run": True} if getattr(args, "dry_run", False) else {}
+
+
+def would(args, text: str) -> str:
+    """A command's one-line text, marked as a preview's on `--dry-run`."""
+    return f"[dry run] {text}" if getattr(args, "dry_run", False) else text
+
+
 def topic_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", type=topic_name, metavar="NAME", help="limit to one topic")
 

@@ -34,6 +34,7 @@ def register(sub) -> None:
     rec.add_argument("--skip-page-check", action="store_true", help=argparse.SUPPRESS)  # the old default's opt-out
     rec.add_argument("--concurrency", type=_concurrency, default=16, metavar="N",
                      help="index objects read at once, 1 to 256 (default 16)")
+    a.dry_run_flag(rec)
     a.json_flag(rec)
 
 
@@ -86,7 +87,7 @@ def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
     if args.check_pages and args.skip_page_check:
         raise BadInput("--check-pages and --skip-page-check contradict each other")
     report = recover_from_bucket(ctx.engine, ctx.bucket, args.topic, check_pages=args.check_pages,
-                                 tier1=ctx.tier1, concurrency=args.concurrency)
+                                 tier1=ctx.tier1, concurrency=args.concurrency, dry_run=args.dry_run)
     result = document("recover-from-bucket", args.topic, topics_created=report.topics_created,
                       ledgers_recovered_count=len(report.ledgers_recovered), pages_checked=report.pages_checked,
                       without_page_index_count=report.without_page_index,
@@ -100,8 +101,8 @@ def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
                       lost_recorded=ledger_refs(report.lost_recorded), lost_recorded_count=len(report.lost_recorded),
                       chunks_moved=ledger_refs(report.chunks_moved), chunks_moved_count=len(report.chunks_moved),
                       errors=report.errors,
-                      not_recovered=NOT_RECOVERED)
-    out.result(result, f"recovered {len(report.ledgers_recovered)} offloaded ledger(s) from the bucket and "
+                      not_recovered=NOT_RECOVERED, **a.preview_fields(args))
+    out.result(result, a.would(args, f"recovered {len(report.ledgers_recovered)} offloaded ledger(s) from the bucket and "
                        f"{len(report.tier1_adopted)} sealed ledger(s) from tier 1 ({len(report.tier1_sealed)} "
                        f"sealed now), {len(report.tier1_copies_recorded)} tier-1 copie(s) recorded, "
                        f"{len(report.tier1_copies_gone)} recorded gone, "
@@ -115,7 +116,7 @@ def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
                           else "not checked (--check-pages)")
                        + (f"; tier-1 directories of unnamed topics: {', '.join(report.unnamed_tier1_dirs)}"
                           if report.unnamed_tier1_dirs else "")
-               + f"; not recoverable from the bucket: {NOT_RECOVERED}")
+               + f"; not recoverable from the bucket: {NOT_RECOVERED}"))
     if report.errors:
         error(f"{len(report.errors)} error(s); first: {report.errors[0]} (rerun to finish)")
         return 1

@@ -15,12 +15,6 @@ from tiering.errors import BadInput
 from tiering.model import MIB
 
 
-def _dry_run_flag(p) -> None:
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the plan a real run would execute now, as its output with \"dry_run\": true; "
-                        "change nothing (no row, no object, no file)")
-
-
 def register(sub) -> None:
     op = sub.add_parser("offload-prefix", help="offload every sealed ledger wholly before L:E (Pulsar's offloadPrefix)")
     op.set_defaults(handler=cmd_offload_prefix)
@@ -29,7 +23,7 @@ def register(sub) -> None:
                     help="the first position kept in tier 1 only; the end of the topic is one past the last "
                          "sealed entry (L:<its entry count>) or, after a seal, the next ledger's N:0")
     op.add_argument("--all-sealed", action="store_true", help="instead of L:E: every sealed ledger")
-    _dry_run_flag(op)
+    a.dry_run_flag(op)
     a.json_flag(op)
     ost = sub.add_parser("offload-status", help="per ledger: state, attempt, offloaded time, keys")
     ost.set_defaults(handler=cmd_offload_status)
@@ -41,12 +35,12 @@ def register(sub) -> None:
         ob = sub.add_parser(f"offload-by-{by}", help=f"offload the sealed ledgers the topics' {knob} selects")
         ob.set_defaults(handler=cmd_offload_by)
         a.topic_flag(ob)
-        _dry_run_flag(ob)
+        a.dry_run_flag(ob)
         a.json_flag(ob)
     dl = sub.add_parser("delete-lagged", help="delete tier-1 copies offloaded longer ago than the deletion lag")
     dl.set_defaults(handler=cmd_delete_lagged)
     a.topic_flag(dl)
-    _dry_run_flag(dl)
+    a.dry_run_flag(dl)
     a.json_flag(dl)
     ret = sub.add_parser("retention", help="truncate topic heads by retention time and size, bounded by readers")
     ret.set_defaults(handler=cmd_retention)
@@ -61,7 +55,7 @@ def register(sub) -> None:
     tr.add_argument("position", type=a.position, metavar="L:E")
     tr.add_argument("--force", action="store_true",
                     help="delete even entries an ACTIVE subscription has not read (the loss is recorded)")
-    _dry_run_flag(tr)
+    a.dry_run_flag(tr)
     a.json_flag(tr)
     dfr = sub.add_parser("defrag", help="merge runs of small tier-2 objects")
     dfr.set_defaults(handler=cmd_defrag)
@@ -70,7 +64,7 @@ def register(sub) -> None:
                      help="a data object below this is small (bytes or e.g. 8MiB; default 8MiB)")
     dfr.add_argument("--max-merged-bytes", type=a.size, default=256 * MIB, metavar="SIZE",
                      help="a merged object stays within this (bytes or e.g. 256MiB; default 256MiB)")
-    _dry_run_flag(dfr)
+    a.dry_run_flag(dfr)
     a.json_flag(dfr)
     gc = sub.add_parser("gc", help="delete due queued tier-2 objects and stale uploads; --sweep: orphans")
     gc.set_defaults(handler=cmd_gc)
@@ -84,16 +78,8 @@ def register(sub) -> None:
     gc.add_argument("--retry-failed", action="store_true",
                     help="first make the queued objects FAILED after their last attempt due again (once what "
                          "failed their deletes is mended)")
-    _dry_run_flag(gc)
+    a.dry_run_flag(gc)
     a.json_flag(gc)
-
-
-def _preview(args) -> dict:
-    return {"dry_run": True} if getattr(args, "dry_run", False) else {}
-
-
-def _would(args, text: str) -> str:
-    return f"[dry run] {text}" if getattr(args, "dry_run", False) else text
 
 
 # ------------------------------------------------------------------------------------------------ offload
@@ -115,14 +101,14 @@ def cmd_offload_prefix(ctx: Context, args, out: Output) -> int:
                                        on_done=lambda led: bar.update(led.size_bytes), planned=planned)
         bar.close()
         offloaded, skipped, failed, size = report.offloaded, report.skipped, report.failed, report.bytes
-    result = document("offload-prefix", args.name, **_preview(args), position=str(position),
+    result = document("offload-prefix", args.name, **a.preview_fields(args), position=str(position),
                       offloaded=ledger_refs((args.name, i) for i in offloaded),
                       skipped=ledger_refs((args.name, i) for i in skipped),
                       failed=failures((args.name, i, e) for i, e in failed.items()),
                       offloaded_count=len(offloaded), bytes=size,
                       first_not_offloaded=None if first is None else str(first))
     where = "none (the topic was deleted meanwhile)" if first is None else first
-    out.result(result, _would(args, f"offloaded {len(offloaded)} ledger(s) ({size} bytes), skipped {len(skipped)}, "
+    out.result(result, a.would(args, f"offloaded {len(offloaded)} ledger(s) ({size} bytes), skipped {len(skipped)}, "
                                     f"failed {len(failed)}; first position not offloaded: {where}"))
     return exit_failed(result["failed"], "ledger(s)")
 
@@ -140,10 +126,10 @@ def cmd_offload_by(ctx: Context, args, out: Output) -> int:
         bar = progress_bar(f"offload by {by}", sum(led.size_bytes for led in ledgers), "B")
         report = offload_by_topic(ctx.deps, ledgers, on_done=lambda done: bar.update(done.size_bytes))
         bar.close()
-    result = document(args.command, args.topic, **_preview(args), planned_count=report.planned,
+    result = document(args.command, args.topic, **a.preview_fields(args), planned_count=report.planned,
                       offloaded=ledger_refs(report.offloaded), skipped=ledger_refs(report.skipped),
                       failed=failures(report.failed), offloaded_count=len(report.offloaded), bytes=report.bytes)
-    out.result(result, _would(args, f"offload by {by}: {report.planned} planned; offloaded {len(report.offloaded)} "
+    out.result(result, a.would(args, f"offload by {by}: {report.planned} planned; offloaded {len(report.offloaded)} "
                                     f"ledger(s) ({report.bytes} bytes), skipped {len(report.skipped)}, failed "
                                     f"{len(report.failed)}"))
     return exit_failed(result["failed"], "ledger(s)")
@@ -175,17 +161,17 @@ def cmd_delete_lagged(ctx: Context, args, out: Output) -> int:
 
     ctx.check_topic(args.topic)
     report = preview(ctx.deps, args.topic) if args.dry_run else delete_lagged(ctx.deps, args.topic)
-    result = document("delete-lagged", args.topic, **_preview(args), deleted=ledger_refs(report.deleted),
+    result = document("delete-lagged", args.topic, **a.preview_fields(args), deleted=ledger_refs(report.deleted),
                       skipped=ledger_refs(report.skipped), failed=failures(report.failed),
                       deleted_count=len(report.deleted), bytes=report.bytes)
-    out.result(result, _would(args, f"deleted {len(report.deleted)} tier-1 cop(ies) ({report.bytes} bytes); skipped "
+    out.result(result, a.would(args, f"deleted {len(report.deleted)} tier-1 cop(ies) ({report.bytes} bytes); skipped "
                                     f"{len(report.skipped)} that changed meanwhile; kept {len(report.failed)} that "
                                     "failed"))
     return exit_failed(result["failed"], "ledger(s)")
 
 
 def _retention_result(args, report, topic: str | None) -> dict:
-    return document(args.command, topic, **_preview(args), deleted=ledger_refs(report.deleted),
+    return document(args.command, topic, **a.preview_fields(args), deleted=ledger_refs(report.deleted),
                     deleted_count=len(report.deleted), files_removed_count=report.files_removed, bytes=report.bytes,
                     reasons=dict(sorted(report.reasons.items())), unread_deleted=report.losses,
                     failed=failures(report.failed))
@@ -234,7 +220,7 @@ def cmd_truncate(ctx: Context, args, out: Output) -> int:
     # unknown topic, position past the end, unread entries of an ACTIVE subscription without --force: exit 2
     report = truncate(ctx.deps, args.name, args.position, args.force, dry_run=args.dry_run)
     result = {**_retention_result(args, report, args.name), "position": str(args.position)}
-    out.result(result, _would(args, f"truncated {args.name!r} before {args.position}: deleted {len(report.deleted)} "
+    out.result(result, a.would(args, f"truncated {args.name!r} before {args.position}: deleted {len(report.deleted)} "
                                     f"ledger(s) ({report.bytes} bytes), removed {report.files_removed} tier-1 "
                                     f"file(s); their tier-2 objects are queued for gc" + _losses(report)
                                     + (f"; {len(report.failed)} tier-1 cop(ies) not removed" if report.failed else "")))
@@ -258,7 +244,7 @@ def cmd_defrag(ctx: Context, args, out: Output) -> int:
         report = merge_groups(ctx.deps, groups, args.small_bytes, args.max_merged_bytes,
                               on_group=lambda g: bar.update(g.data_bytes))
         bar.close()
-    result = document("defrag", args.topic, **_preview(args), planned_group_count=len(groups),
+    result = document("defrag", args.topic, **a.preview_fields(args), planned_group_count=len(groups),
                       ledgers=ledger_refs(led for g in groups for led in g.ledgers),
                       group_count=report.groups, ledger_count=report.ledgers,
                       objects_before_count=report.objects_before, objects_after_count=report.objects_after,
@@ -266,7 +252,7 @@ def cmd_defrag(ctx: Context, args, out: Output) -> int:
                       bytes_copied_server_side=report.bytes_copied_server_side,
                       bytes_downloaded=report.bytes_downloaded, lost_race_count=report.lost_races,
                       failed=failures(report.failures))
-    out.result(result, _would(args, f"defrag: merged {report.groups} group(s) of {report.ledgers} ledger(s), "
+    out.result(result, a.would(args, f"defrag: merged {report.groups} group(s) of {report.ledgers} ledger(s), "
                                     f"{report.objects_before} object(s) -> {report.objects_after}; "
                                     f"{report.bytes_copied_server_side} bytes copied server-side, "
                                     f"{report.bytes_downloaded} downloaded; {report.lost_races} lost race(s), "
@@ -286,12 +272,12 @@ def cmd_gc(ctx: Context, args, out: Output) -> int:
         raise BadInput("--max-pages is for --sweep")
     run = preview_gc if args.dry_run else run_gc
     report = run(ctx.deps, orphan_grace=grace, retry_failed=args.retry_failed)
-    result = document("gc", None, **_preview(args), requeued_count=report.requeued, deleted_count=len(report.deleted),
+    result = document("gc", None, **a.preview_fields(args), requeued_count=report.requeued, deleted_count=len(report.deleted),
                       still_referenced_count=report.still_referenced, retried_count=report.retried,
                       failed_count=report.failed, failed=failures(report.failed_keys),
                       uploads_aborted_count=report.uploads_aborted)
     requeued = f"{report.requeued} FAILED made due again; " if args.retry_failed else ""
-    out.result(result, _would(args, f"gc: {requeued}deleted {len(report.deleted)} queued object(s), aborted "
+    out.result(result, a.would(args, f"gc: {requeued}deleted {len(report.deleted)} queued object(s), aborted "
                                     f"{report.uploads_aborted} stale upload(s); {report.still_referenced} still "
                                     f"referenced, {report.retried} to retry, {report.failed} failed for good"))
     if report.retried or report.failed:
@@ -306,7 +292,7 @@ def _gc_sweep(ctx: Context, args, out: Output, grace) -> int:
 
     sweep = preview_sweep if args.dry_run else sweep_orphans
     r = sweep(ctx.deps, orphan_grace=grace, max_pages=args.max_pages or SWEEP_MAX_PAGES)
-    result = document("gc", None, **_preview(args), sweep=True, taken=r.taken, page_count=r.pages,
+    result = document("gc", None, **a.preview_fields(args), sweep=True, taken=r.taken, page_count=r.pages,
                       objects_listed_count=r.objects_listed, orphans_deleted_count=len(r.orphans_deleted),
                       failed=[{"key": k, "error": "S3 delete failed"} for k in r.failed],
                       started_from=r.started_from, cursor=r.cursor, pass_complete=r.pass_complete,
@@ -317,7 +303,7 @@ def _gc_sweep(ctx: Context, args, out: Output, grace) -> int:
         out.result(result, "gc --sweep: taken by another worker; nothing done")
         return 0
     where = "pass complete, next run starts a new pass" if r.pass_complete else f"next run resumes after {r.cursor!r}"
-    out.result(result, _would(args, f"gc --sweep: listed {r.pages} page(s), {r.objects_listed} object(s); deleted "
+    out.result(result, a.would(args, f"gc --sweep: listed {r.pages} page(s), {r.objects_listed} object(s); deleted "
                                     f"{len(r.orphans_deleted)} orphan(s); {where}"
                                     + (" (stopped: taken by another worker)" if r.taken else "")))
     if r.failed:

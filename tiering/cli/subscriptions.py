@@ -5,7 +5,7 @@ import argparse
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output, document, iso, position_text
+from tiering.cli.output import Output, document, error, iso, position_text
 
 
 def _start(text: str) -> str:
@@ -53,16 +53,18 @@ def listed_dict(item, now) -> dict:
             "backlog_entry_count": item.backlog_entries, "backlog_bytes": item.backlog_bytes, "oldest_unread_age_seconds": round(age, 3),
             "last_ack_at": iso(s.last_ack_at), "created_at": iso(s.created_at), "state": s.state,
             "unread_deleted_entry_count": s.entries_deleted_unread, "unread_deleted_bytes": s.bytes_deleted_unread,
-            "last_loss_at": iso(s.last_loss_at), "last_loss_reason": s.last_loss_reason, "version": s.version}
+            "last_loss_at": iso(s.last_loss_at), "last_loss_reason": s.last_loss_reason, "version": s.version,
+            **({"error": item.error} if item.error else {})}
 
 
 def _table(rows: list[dict]):
     yield (f"{'topic':<20} {'name':<20} {'position':<14} {'state':<8} {'backlog':>9} {'bytes':>12} "
            f"{'age_s':>9} {'lost':>8}")
     for r in rows:
+        unknown = r["backlog_entry_count"] is None  # its open ledger file unreadable: said on stderr
         yield (f"{r['topic']:<20} {r['subscription']:<20} {r['position'] or '-':<14} {r['state']:<8} "
-               f"{r['backlog_entry_count']:>9} {r['backlog_bytes']:>12} {r['oldest_unread_age_seconds']:>9.0f} "
-               f"{r['unread_deleted_entry_count']:>8}")
+               f"{'?' if unknown else r['backlog_entry_count']:>9} {'?' if unknown else r['backlog_bytes']:>12} "
+               f"{r['oldest_unread_age_seconds']:>9.0f} {r['unread_deleted_entry_count']:>8}")
 
 
 def _one(s) -> dict:
@@ -87,8 +89,14 @@ def cmd_subscription(ctx: Context, args, out: Output) -> int:
         out.result(document("subscription ack", **_one(s)), f"subscription {s.name!r} of {s.topic!r} at {_at(s)}")
     elif cmd == "list":
         now = ctx.meta.now()
-        rows = [listed_dict(x, now) for x in ops.list_subscriptions(ctx.deps, args.name)]
-        out.listing(document("subscription list", args.name, subscriptions=rows), "subscriptions", _table)
+        listed = ops.list_subscriptions(ctx.deps, args.name)
+        out.listing(document("subscription list", args.name, subscriptions=[listed_dict(x, now) for x in listed]),
+                    "subscriptions", _table)
+        if failed := [x for x in listed if x.error]:
+            # the others are listed; these backlogs are not known, so the command did not do all it was asked
+            error(f"{len(failed)} subscription(s) listed without their backlog; first: "
+                  f"{failed[0].subscription.topic!r}: {failed[0].error}")
+            return 1
     elif args.dry_run:
         s = ops.delete(ctx.deps, args.name, args.subscription, dry_run=True)
         out.result(document("subscription delete", **_one(s), dry_run=True),

@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 from tiering import clients
 from tiering.config import Settings
-from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
+from tiering.errors import BadInput, ConditionalUpdateFailed, RecoveryRunning, TieringError
 from tiering.jobs.executors import executor_hosts, wait_on
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
 from tiering.ops.context import Deps
@@ -88,7 +88,7 @@ def _attempt(work: Work, deps: Deps, item: dict) -> tuple[str, int, str | None]:
         return ("skipped" if skipped else "done"), nbytes, None
     except ConditionalUpdateFailed:
         return "lost", 0, None
-    except (BadInput, ItemFailed) as exc:  # not transient, or retried already: no retry
+    except (BadInput, ItemFailed, RecoveryRunning) as exc:  # not transient, retried already, or refused: no retry
         return "bad", 0, f"{item}: {exc}"
     except Exception as exc:  # noqa: BLE001 - counted, reported, retried
         return "failed", 0, f"{item}: {type(exc).__name__}: {exc}"

@@ -28,7 +28,7 @@ import uuid
 from contextlib import contextmanager
 from typing import Iterable, Iterator
 
-from sqlalchemy import BigInteger, Text, bindparam, cast, func, literal, select, text
+from sqlalchemy import BigInteger, Text, bindparam, cast, exists, func, literal, literal_column, select, text
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.engine import Connection, Engine
 
@@ -136,6 +136,14 @@ def held(conn: Connection, lock_class: int, attempts: Iterable[str]) -> set[str]
     if not attempts:
         return set()
     return set(conn.execute(_HELD, {"attempts": attempts, "lock_class": lock_class}).scalars())
+
+
+def granted(lock_class: int, key):
+    """An SQL condition: a live session holds the two-key advisory lock (`lock_class`, `key`: an SQL int
+    expression) now, from pg_locks (asking takes no lock)."""
+    return exists(select(literal(1)).select_from(text("pg_locks l")).where(
+        text(_GRANTED_TWO_KEY), literal_column("l.classid::bigint") == lock_class,
+        literal_column("l.objid::bigint") == cast(key, BigInteger).op("&")(4294967295)))
 
 
 _CLASSES_HELD = text(f"""

@@ -174,11 +174,16 @@ def session_lock(engine: Engine, lock_class: int, key, also: int | None = None, 
 
 
 @contextmanager
-def shared_session_lock(engine: Engine, lock_class: int, key) -> Iterator[bool]:
-    """session_lock's shared form (several holders; an exclusive taker is refused while any holds it)."""
+def shared_session_lock(engine: Engine, lock_class: int, key, unless=None) -> Iterator[bool]:
+    """session_lock's shared form (several holders; an exclusive taker is refused while any holds it).
+    `unless`: an SQL condition asked in the same statement; while it holds the lock counts as not taken
+    (given back with the connection), so a waiting exclusive taker can announce itself and let the shared
+    holders drain instead of being starved by new ones."""
     conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
     try:
-        yield bool(conn.execute(select(func.pg_try_advisory_lock_shared(literal(lock_class), key))).scalar_one())
+        row = conn.execute(select(func.pg_try_advisory_lock_shared(literal(lock_class), key).label("held"),
+                                  (unless if unless is not None else literal(False)).label("refused"))).one()
+        yield bool(row.held) and not row.refused
     finally:
         _close(conn)
 

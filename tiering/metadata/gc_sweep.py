@@ -22,10 +22,11 @@ from sqlalchemy import func, literal, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Engine
 
-from tiering.errors import ConditionalUpdateFailed, TieringError
+from tiering.errors import ConditionalUpdateFailed, RecoveryRunning, TieringError
 from tiering.format.keys import ParsedKey, encode_topic
 from tiering.metadata import gc_queue
-from tiering.metadata.db import lock_taken, session_lock, shared_session_lock
+from tiering.metadata.attempt_locks import granted
+from tiering.metadata.db import session_lock, shared_session_lock
 from tiering.metadata.tables import chunk, gc_sweep, ledger, topic
 
 # Two-key advisory locks (class, object) live apart from job_run's one-key locks (metadata/job_runs.py).
@@ -58,8 +59,11 @@ def exclusive(engine: Engine, bucket: str, prefix: str, recovery: bool = False):
 
 
 def recovery_running(engine: Engine, bucket: str, prefix: str) -> bool:
-    """Whether a recovery holds the sweep's lock (rather than another sweep): its second lock is taken."""
-    return lock_taken(engine, RECOVERY_CLASS, _key(bucket, prefix))
+    """Whether a recovery holds the sweep's lock (rather than another sweep): its second lock is held. Asked
+    of pg_locks, which takes no lock: a try-lock here could make a recovery starting at that moment miss its
+    second lock."""
+    with engine.connect() as conn:
+        return bool(conn.execute(select(granted(RECOVERY_CLASS, _key(bucket, prefix)))).scalar_one())
 
 
 @contextmanager
@@ -83,12 +87,14 @@ def excluding_sweep(engine: Engine, bucket: str, prefix: str) -> Iterator[None]:
 
 @contextmanager
 def collecting(engine: Engine, bucket: str, prefix: str) -> Iterator[None]:
-    """Held (shared: GC runs may overlap) by a GC run of the queue for its deletes; TieringError, nothing
-    done, while a recovery from the bucket runs (excluding_sweep)."""
-    with shared_session_lock(engine, QUEUE_CLASS, _key(bucket, prefix)) as held:
+    """Held (shared: GC runs may overlap) by a GC run of the queue for its deletes; RecoveryRunning, nothing
+    done, while a recovery from the bucket runs or waits for the runs under way (excluding_sweep holds
+    recovery's own lock while it waits: new runs are refused, so runs that overlap cannot keep it waiting)."""
+    with shared_session_lock(engine, QUEUE_CLASS, _key(bucket, prefix),
+                             unless=granted(RECOVERY_CLASS, _key(bucket, prefix))) as held:
         if not held:
-            raise TieringError(f"GC of the queue did not run: recovery from the bucket {bucket}/{prefix} is "
-                               "running; the next run collects")
+            raise RecoveryRunning(f"GC of the queue did not run: recovery from the bucket {bucket}/{prefix} is "
+                                  "running; the next run collects")
         yield
 
 

@@ -89,7 +89,7 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
                   tier1_has: Callable[[int], bool] | None = None, root_holds_topic: bool = False,
                   lost: Callable[[int], LostLedger] | None = None, lost_from: int = 0,
                   lost_to: int = -1, gone: Callable[[str], bool] | None = None,
-                  present: Callable[[str], bool] | None = None) -> RestoredTopic:
+                  present: Callable[[str], bool] | None = None, dry_run: bool = False) -> RestoredTopic:
     """Create topic `name` if missing (with `policy`), insert each offloaded ledger it does not have as
     OFFLOADED with its chunk row (`tier1_present` as given), each adopted tier-1 ledger as SEALED with
     `tier1_present`, and move `next_ledger_id` past the largest id given and past `top` (the largest
@@ -115,9 +115,11 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
     Every key a recovered chunk names leaves GC's queue in this transaction, as an offload's commit takes
     its keys out (tiering/ops/gc.py, W2): the delete waits behind a GC run that claimed the key, and a key
     that was queued is then asked of the bucket (`present`); one GC deleted meanwhile fails the topic
-    (TieringError, nothing committed: a rerun lists the bucket again)."""
+    (TieringError, nothing committed: a rerun lists the bucket again).
+
+    `dry_run`: the same statements, taking the same locks, then rolled back: what a run would do now."""
     adopted = adopted or {}
-    with engine.begin() as conn:
+    with engine.connect() as conn, conn.begin() as trans:
         created = conn.execute(
             pg_insert(topic_t).values(name=name, **{f: getattr(policy, f) for f in _POLICY_FIELDS})
             .on_conflict_do_nothing(index_elements=[topic_t.c.name]).returning(topic_t.c.topic_id)).scalar()
@@ -203,6 +205,8 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
         if row.next_ledger_id <= top:
             conn.execute(update(topic_t).where(topic_t.c.topic_id == row.topic_id)
                          .values(next_ledger_id=top + 1))
+        if dry_run:
+            trans.rollback()
     return RestoredTopic(created is not None, existing - {c.ledger_id for c in upgraded + found + moved},
                          sorted(c.ledger_id for c in new + upgraded + found + moved), [a.ledger_id for a in sealed], gone,
                          [x.ledger_id for x in marked], unrecorded, [c.ledger_id for c in moved])

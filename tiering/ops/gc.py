@@ -74,7 +74,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Iterable
 
-from tiering.errors import BadInput, ConditionalUpdateFailed, CorruptObjectError, DataLossError, TieringError
+from tiering.errors import (BadInput, ConditionalUpdateFailed, CorruptObjectError, DataLossError, RecoveryRunning,
+                            TieringError)
 from tiering.format.keys import INDEX_SUFFIX, is_trim_marker, parse_key
 from tiering.format.merged import split_indexes
 from tiering.metadata import export_lock, gc_queue, gc_sweep, table_sync
@@ -157,6 +158,9 @@ def preview_gc(deps: Deps, orphan_grace: timedelta | None = None, retry_failed: 
     still referenced (read without claiming them), and the stale uploads it would abort; nothing written."""
     report = GcReport()
     check_bucket(deps.bucket)
+    if gc_sweep.recovery_running(deps.meta.engine, deps.bucket.name, deps.bucket.prefix):
+        raise RecoveryRunning(f"a GC run now would do nothing: recovery from the bucket {deps.bucket.name}/"
+                              f"{deps.bucket.prefix} is running")
     tasks, refs = gc_queue.due_tasks(deps.meta.engine, failed=retry_failed)
     report.requeued = gc_queue.failed_count(deps.meta.engine) if retry_failed else 0
     report.deleted = sorted({t.key for t in tasks if t.key not in refs})

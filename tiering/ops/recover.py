@@ -162,27 +162,35 @@ class _Listed:
 def recover_from_bucket(engine, bucket: Bucket, topic: str | None = None,
                         policy: TopicPolicy = TopicPolicy(), concurrency: int = 16,
                         check_pages: bool = False, tier1: Tier1Store | None = None,
-                        topic_concurrency: int = 4) -> RecoverReport:
+                        topic_concurrency: int = 4, dry_run: bool = False) -> RecoverReport:
     """Rebuild the rows of every ledger the bucket (and `tier1`, when given) holds, or only `topic`'s.
+
+    `dry_run`: what a run would do now, in the same report: each topic's transaction makes its decisions
+    and writes as a run's would, then rolls back; no open tier-1 file is sealed. It takes no lock against
+    GC (it deletes nothing a GC run relies on, and writes nothing), so a run afterwards may find more or
+    less than the preview if GC, an offload or a producer moved in between.
 
     `check_pages` downloads every page of every copy and checks its CRC32C, so a copy with a bad page is
     not recovered (nor preferred to a good older one). Off by default: it reads the whole bucket, while
     without it each data object's existence and length are still checked (from the listing), every index
     is decoded and checked, and a bad page is still caught by every read (and by `tiering verify`), never
     served. Turn it on when the bucket itself is suspect."""
+    if dry_run:
+        return _recover(engine, bucket, topic, policy, concurrency, check_pages, tier1, topic_concurrency, True)
     with gc_sweep.excluding_sweep(engine, bucket.name, bucket.prefix):
         return _recover(engine, bucket, topic, policy, concurrency, check_pages, tier1, topic_concurrency)
 
 
 def _recover(engine, bucket: Bucket, topic: str | None, policy: TopicPolicy, concurrency: int,
-             check_pages: bool, tier1: Tier1Store | None, topic_concurrency: int) -> RecoverReport:
+             check_pages: bool, tier1: Tier1Store | None, topic_concurrency: int,
+             dry_run: bool = False) -> RecoverReport:
     report = RecoverReport(pages_checked=check_pages)
     lock = threading.Lock()
     only = encode_topic(topic) if topic is not None else None
     prefix = bucket.prefix + (only + "/" if only is not None else "")
 
     def one(listed: _Listed, name: str | None = None) -> None:
-        part = recover_topic(engine, bucket, listed, policy, reads, check_pages, tier1, name)
+        part = recover_topic(engine, bucket, listed, policy, reads, check_pages, tier1, name, dry_run)
         with lock:
             report.merge(part)
 
@@ -264,21 +272,22 @@ def list_segment(b: Bucket, segment: str) -> tuple[_Listed, int, int]:
 
 def recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool: ThreadPoolExecutor,
                   check_pages: bool = False, tier1: Tier1Store | None = None,
-                  name: str | None = None) -> RecoverReport:
+                  name: str | None = None, dry_run: bool = False) -> RecoverReport:
     """Recover one topic (its listed objects, and its tier-1 files when `tier1` is given) in one
-    transaction. `name`: the topic's name when the caller knows it (a tier-1-only topic); otherwise it is
+    transaction (rolled back when `dry_run`). `name`: the topic's name when the caller knows it (a tier-1-only topic); otherwise it is
     read from the index metadata (a long topic's key segment is hashed) or the key. Failures are reported
     in the returned report's `errors`, naming the topic; nothing of that topic is committed then."""
     report = RecoverReport(pages_checked=check_pages)
     try:
-        _recover_topic(engine, b, listed, policy, pool, check_pages, tier1, name, report)
+        _recover_topic(engine, b, listed, policy, pool, check_pages, tier1, name, report, dry_run)
     except TieringError as exc:
         report.errors.append(f"topic {name or listed.segment!r}: {exc}")
     return report
 
 
 def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool: ThreadPoolExecutor,
-                   check_pages: bool, tier1: Tier1Store | None, name: str | None, report: RecoverReport) -> None:
+                   check_pages: bool, tier1: Tier1Store | None, name: str | None, report: RecoverReport,
+                   dry_run: bool = False) -> None:
     objects, segment = listed.objects, listed.segment
     sizes = {k: obj for k, (_, obj) in objects.items()}
     indexes = [(p, obj) for p, obj in objects.values() if p.is_index]
@@ -319,7 +328,7 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
     for lid in [lid for lid in chosen if lid < trimmed_before]:
         report.ignored.append((chosen.pop(lid).chunk.index_key,
                                f"ledger {lid} trimmed by retention (marker: before ledger {trimmed_before})"))
-    scan = _scan_tier1(engine, tier1, name, chosen, trimmed_before, report)
+    scan = _scan_tier1(engine, tier1, name, chosen, trimmed_before, report, seal=not dry_run)
     # A key names the ledger it holds (the first, for a shared object; its index object lists them all)
     # whether or not its copy is valid: a ledger whose only copy is corrupt or incomplete existed all the
     # same. Its id must not be handed out again to a new ledger, and it is reported unknown rather than left
@@ -338,7 +347,7 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
                       # a key a row names: not listed, and not there now either (the listing may be older than
                       # the row; a HEAD that fails stops the topic, as any read error does)
                       lambda key: key not in objects and object_head(b, key) is None,
-                      lambda key: object_head(b, key) is not None)
+                      lambda key: object_head(b, key) is not None, dry_run)
 
 
 def _keys_with_ledger_data(b: Bucket, objects: dict, above: int, report: RecoverReport) -> list[int]:
@@ -373,14 +382,14 @@ def _keys_with_ledger_data(b: Bucket, objects: dict, above: int, report: Recover
 
 
 def _scan_tier1(engine, tier1: Tier1Store | None, name: str, chosen: dict[int, _Copy], trimmed_before: int,
-                report: RecoverReport) -> Tier1Scan:
+                report: RecoverReport, seal: bool = True) -> Tier1Scan:
     """The topic's tier-1 files, sorted into: copies of chosen (offloaded) ledgers, ledgers to adopt, and
     reported ones. Only ledgers the database does not have are looked at (one SELECT, only when the topic
     has files)."""
     if tier1 is None or not (tier1.ledger_ids(name) or tier1.retired_ids(name)):
         return Tier1Scan()
     known = known_ledgers(engine, name)
-    scan = scan_topic(tier1, name, set(known))
+    scan = scan_topic(tier1, name, set(known), seal)
     for lid, why in scan.unreadable:
         report.tier1_ignored.append((f"{name}/{lid}", why))
     for lid, (state, present) in sorted(known.items()):
@@ -498,13 +507,14 @@ def _as_uuid(value: str, key: str) -> str:
 
 def _commit_topic(engine, name: str, chosen: dict[int, _Copy], scan: Tier1Scan, policy: TopicPolicy,
                   report: RecoverReport, tier1_has=None, root_holds_topic: bool = False,
-                  named_top: int = -1, trim_point: int = 0, lost=None, gone=None, present=None) -> None:
+                  named_top: int = -1, trim_point: int = 0, lost=None, gone=None, present=None,
+                  dry_run: bool = False) -> None:
     restored = restore_topic(engine, name, policy, {i: RecoveredLedger(
         c.ledger_id, c.entry_count, c.length, c.sealed_at, _as_uuid(c.offload_uuid, c.chunk.index_key),
         c.started_at, c.finished_at, c.chunk, tier1_present=i in scan.copies) for i, c in chosen.items()},
         {i: AdoptedLedger(f.ledger_id, f.entry_count, f.size_bytes, f.sealed_at) for i, f in scan.ledgers.items()},
         top=max(scan.top, named_top), tier1_has=tier1_has, root_holds_topic=root_holds_topic,
-        lost=lost, lost_from=trim_point, lost_to=named_top, gone=gone, present=present)
+        lost=lost, lost_from=trim_point, lost_to=named_top, gone=gone, present=present, dry_run=dry_run)
     existing = restored.existing
     if restored.created:
         report.topics_created.append(name)

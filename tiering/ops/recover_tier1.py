@@ -86,11 +86,12 @@ def topic_dirs(tier1: Tier1Store) -> list[str]:
         return []
 
 
-def scan_topic(tier1: Tier1Store, topic: str, known: set[int]) -> Tier1Scan:
+def scan_topic(tier1: Tier1Store, topic: str, known: set[int], seal: bool = True) -> Tier1Scan:
     """Read the topic's ledger files, except those of ledgers in `known` (the database has them: left
     alone), sealing open ones. An open file that cannot be sealed (a live writer holds it, an I/O error)
     raises LedgerStorageError: the topic must not be recovered while something writes to it. A file that
-    cannot be read is reported, not adopted."""
+    cannot be read is reported, not adopted. `seal` false (a preview): an open file is left as it is and
+    taken with the entries it holds now, as sealing it would keep them (a torn tail is not counted)."""
     scan = Tier1Scan()
     ids = tier1.ledger_ids(topic)
     scan.top = max(ids + tier1.retired_ids(topic), default=-1)
@@ -106,7 +107,7 @@ def scan_topic(tier1: Tier1Store, topic: str, known: set[int]) -> Tier1Scan:
         except (CorruptObjectError, LedgerStorageError) as exc:
             scan.unreadable.append((lid, str(exc)))
             continue
-        if not sealed:
+        if not sealed and seal:
             try:
                 with LedgerWriter(path, open_existing=True) as w:  # cuts a torn tail; fails if a writer holds it
                     info = w.seal()

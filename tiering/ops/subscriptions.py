@@ -12,8 +12,8 @@ again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from tiering.errors import (BadInput, BeforeHead, ConditionalUpdateFailed, LedgerNotFound, LedgerTrimmed,
-                            SubscriptionNotFound, TieringError, TopicNotFound)
+from tiering.errors import (BadInput, BeforeHead, ConditionalUpdateFailed, CorruptObjectError, LedgerNotFound,
+                            LedgerStorageError, LedgerTrimmed, SubscriptionNotFound, TieringError, TopicNotFound)
 from tiering.metadata.subscriptions import Backlog
 from tiering.model import UNKNOWN_ENTRY_COUNT, Ledger, LedgerState, Position, Subscription
 from tiering.ops.context import Deps
@@ -167,20 +167,27 @@ def _check_entry(deps: Deps, topic: str, position: Position) -> None:
 @dataclass(frozen=True)
 class Listed:
     subscription: Subscription
-    backlog_entries: int
-    backlog_bytes: int
+    backlog_entries: int | None  # None: not known (`error` says why)
+    backlog_bytes: int | None
     oldest_unread_at: object
+    error: str | None = None  # why the backlog is not known: the topic's open ledger file could not be read
 
 
 def list_subscriptions(deps: Deps, topic: str | None = None) -> list[Listed]:
     """Every subscription with its backlog; an open ledger's unread entries are counted from its tier-1 file
-    (their bytes too: the file's payload bytes, prorated past a position inside it)."""
+    (their bytes too: the file's payload bytes, prorated past a position inside it). A topic whose open
+    ledger file is missing or unreadable has its subscriptions listed with the backlog unknown and `error`
+    saying why (never counted as empty); the other topics' are listed as usual."""
     out = []
-    opened: dict[tuple[str, int], tuple[int, int, object]] = {}
+    opened: dict[tuple[str, int], tuple[int, int, object] | TieringError] = {}
     for sub, b in deps.meta.subs.with_backlog(topic):
         entries, size, oldest = b.entries, b.bytes, b.oldest_unread_at
         if b.open_ledger_id is not None:
-            extra, extra_bytes, created = _open_part(deps, sub, b, opened)
+            try:
+                extra, extra_bytes, created = _open_part(deps, sub, b, opened)
+            except (LedgerStorageError, CorruptObjectError) as exc:
+                out.append(Listed(sub, None, None, oldest, str(exc)))
+                continue
             entries += extra
             size += extra_bytes
             if extra and oldest is None:
@@ -192,13 +199,18 @@ def list_subscriptions(deps: Deps, topic: str | None = None) -> list[Listed]:
 def _open_part(deps: Deps, sub: Subscription, b: Backlog, cache) -> tuple[int, int, object]:
     key = (sub.topic, b.open_ledger_id)
     if key not in cache:
-        # the ledger's created_at came with the backlog: no statement per topic
-        if deps.tier1.exists(sub.topic, b.open_ledger_id):
-            counts = deps.tier1.written(sub.topic, b.open_ledger_id)
-        else:  # sealed since (its row counts), or still open without its file: LedgerFileMissing, not empty
-            now = open_ledger_now(deps.meta, deps.tier1, deps.meta.get_ledger(sub.topic, b.open_ledger_id))
-            counts = (now.entry_count, now.size_bytes)
-        cache[key] = (*counts, b.open_created_at)
+        try:
+            # the ledger's created_at came with the backlog: no statement per topic
+            if deps.tier1.exists(sub.topic, b.open_ledger_id):
+                counts = deps.tier1.written(sub.topic, b.open_ledger_id)
+            else:  # sealed since (its row counts), or still open without its file: LedgerFileMissing, not empty
+                now = open_ledger_now(deps.meta, deps.tier1, deps.meta.get_ledger(sub.topic, b.open_ledger_id))
+                counts = (now.entry_count, now.size_bytes)
+            cache[key] = (*counts, b.open_created_at)
+        except (LedgerStorageError, CorruptObjectError) as exc:
+            cache[key] = exc  # the topic's other subscriptions: the same error, the file not read again
+    if isinstance(cache[key], TieringError):
+        raise cache[key]
     count, size, created = cache[key]
     pos = sub.position
     read = 0 if pos is None or pos.ledger_id < b.open_ledger_id else (
