@@ -109,3 +109,33 @@ def test_a_waiting_recovery_refuses_new_gc_runs_and_starts_when_the_running_one_
     with db.connect() as conn:  # the refused run's shared lock went back with its connection
         assert conn.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = "
                                  f"{gc_sweep.QUEUE_CLASS}")).scalar_one() == 0
+
+
+def test_a_spark_recovery_topic_waits_for_gc_and_refuses_it_without_its_driver(deps, db):
+    """The Spark job's executors guard each topic themselves: with no driver holding recovery's lock (it
+    died), a topic waits for the GC run under way, and a GC run starting while a topic is recovered is
+    refused, so GC never deletes a queued copy between a topic's listing and its commit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tiering.format.keys import encode_topic
+    from tiering.jobs import recover as recover_job
+
+    produce(deps, "ex", [entries("ex", 3, 100)], BIG)
+    assert offload_many(deps, deps.meta.list_ledgers("ex", [S.SEALED])).failed == {}
+    empty_tables(db)
+    b, results = deps.bucket, []
+    with ThreadPoolExecutor(2) as reads:
+        item = {"segment": encode_topic("ex"), "topic": "ex"}
+        with gc_sweep.collecting(db, b.name, b.prefix):  # a GC run under way
+            worker = threading.Thread(target=lambda: results.append(recover_job._attempt(deps, item, reads, False)))
+            worker.start()
+            worker.join(2)
+            assert worker.is_alive() and _rows(db)["ledger"] == 0  # it waits, nothing listed or written yet
+            with pytest.raises(RecoveryRunning):
+                run_gc(deps)  # announced: a new run is refused
+        worker.join(60)
+    assert not worker.is_alive() and results[0].ok and results[0].ledgers_recovered == [("ex", 0)], results
+    with gc_sweep.recovering(db, b.name, b.prefix):  # a topic being recovered: GC refuses
+        with pytest.raises(RecoveryRunning):
+            run_gc(deps)
+    run_gc(deps)

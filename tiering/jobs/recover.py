@@ -72,9 +72,11 @@ def _one(deps, item: dict, reads, check_pages: bool) -> RecoverReport:
 
 def _attempt(deps, item: dict, reads, check_pages: bool) -> RecoverReport:
     try:
-        listed, n, foreign = list_segment(deps.bucket, item["segment"])
-        report = recover_topic(deps.meta.engine, deps.bucket, listed, TopicPolicy(), reads, check_pages,
-                               deps.tier1, item.get("topic"))
+        # guarded on its own: the driver's guard against GC goes with the driver, and this may outlive it
+        with gc_sweep.recovering(deps.meta.engine, deps.bucket.name, deps.bucket.prefix):
+            listed, n, foreign = list_segment(deps.bucket, item["segment"])
+            report = recover_topic(deps.meta.engine, deps.bucket, listed, TopicPolicy(), reads, check_pages,
+                                   deps.tier1, item.get("topic"))
         report.objects_listed, report.foreign_objects = n, foreign
         return report
     except TieringError as exc:

@@ -138,12 +138,13 @@ def held(conn: Connection, lock_class: int, attempts: Iterable[str]) -> set[str]
     return set(conn.execute(_HELD, {"attempts": attempts, "lock_class": lock_class}).scalars())
 
 
-def granted(lock_class: int, key):
+def granted(lock_class: int, key, shared_only: bool = False):
     """An SQL condition: a live session holds the two-key advisory lock (`lock_class`, `key`: an SQL int
-    expression) now, from pg_locks (asking takes no lock)."""
+    expression) now (`shared_only`: in its shared mode), from pg_locks (asking takes no lock)."""
     return exists(select(literal(1)).select_from(text("pg_locks l")).where(
         text(_GRANTED_TWO_KEY), literal_column("l.classid::bigint") == lock_class,
-        literal_column("l.objid::bigint") == cast(key, BigInteger).op("&")(4294967295)))
+        literal_column("l.objid::bigint") == cast(key, BigInteger).op("&")(4294967295),
+        *([literal_column("l.mode") == "ShareLock"] if shared_only else [])))
 
 
 _CLASSES_HELD = text(f"""

@@ -165,7 +165,7 @@ def session_lock(engine: Engine, lock_class: int, key, also: int | None = None, 
         # waiting is polling: a backend blocked in pg_advisory_lock does not notice its client died, and
         # would stay queued for the lock (refusing every shared taker) until the holder let go
         while not (held := _try_lock(conn, lock_class, key)) and wait:
-            time.sleep(_WAIT_POLL_SECONDS)
+            time.sleep(WAIT_POLL_SECONDS)
         if held and also is not None:
             _try_lock(conn, also, key)
         yield held
@@ -202,7 +202,7 @@ def _close(conn: Connection) -> None:
             pass
 
 
-_WAIT_POLL_SECONDS = 0.2
+WAIT_POLL_SECONDS = 0.2
 
 
 def lock_taken(engine: Engine, lock_class: int, key) -> bool:

@@ -12,6 +12,7 @@ The cursor says where the next listing starts, nothing more: ops/gc.py explains 
 """
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,7 +27,7 @@ from tiering.errors import ConditionalUpdateFailed, RecoveryRunning, TieringErro
 from tiering.format.keys import ParsedKey, encode_topic
 from tiering.metadata import gc_queue
 from tiering.metadata.attempt_locks import granted
-from tiering.metadata.db import session_lock, shared_session_lock
+from tiering.metadata.db import WAIT_POLL_SECONDS, session_lock, shared_session_lock
 from tiering.metadata.tables import chunk, gc_sweep, ledger, topic
 
 # Two-key advisory locks (class, object) live apart from job_run's one-key locks (metadata/job_runs.py).
@@ -34,6 +35,8 @@ LOCK_CLASS = 0x67637377  # "gcsw"
 RECOVERY_CLASS = 0x72637672  # "rcvr": held by recovery beside the sweep's lock, so a sweep can tell who has it
 # "gcqu": GC runs of the queue hold it shared, recovery exclusive (collecting, see `collecting`)
 QUEUE_CLASS = 0x67637175
+# "rctp": held shared by each worker of a recovery around one topic's listing and commit (`recovering`)
+RECOVERING_CLASS = 0x72637470
 
 
 @dataclass(frozen=True)
@@ -90,11 +93,28 @@ def collecting(engine: Engine, bucket: str, prefix: str) -> Iterator[None]:
     """Held (shared: GC runs may overlap) by a GC run of the queue for its deletes; RecoveryRunning, nothing
     done, while a recovery from the bucket runs or waits for the runs under way (excluding_sweep holds
     recovery's own lock while it waits: new runs are refused, so runs that overlap cannot keep it waiting)."""
-    with shared_session_lock(engine, QUEUE_CLASS, _key(bucket, prefix),
-                             unless=granted(RECOVERY_CLASS, _key(bucket, prefix))) as held:
+    key = _key(bucket, prefix)
+    with shared_session_lock(engine, QUEUE_CLASS, key,
+                             unless=granted(RECOVERY_CLASS, key) | granted(RECOVERING_CLASS, key)) as held:
         if not held:
             raise RecoveryRunning(f"GC of the queue did not run: recovery from the bucket {bucket}/{prefix} is "
                                   "running; the next run collects")
+        yield
+
+
+@contextmanager
+def recovering(engine: Engine, bucket: str, prefix: str) -> Iterator[None]:
+    """Held by a recovery's worker around one topic, from its listing to its commit (the Spark job's
+    executors; the driver's `excluding_sweep` alone would leave them unguarded once it died, and executors
+    already inside a topic then commit). Shared among the workers. It is announced first, then the worker
+    waits while a GC run collects: a GC run starting after the announcement sees it and refuses
+    (`collecting`), and one that started before is seen here, so the two never overlap."""
+    key = _key(bucket, prefix)
+    with shared_session_lock(engine, RECOVERING_CLASS, key):  # nobody takes it exclusive: always held
+        with engine.connect() as conn:
+            while conn.execute(select(granted(QUEUE_CLASS, key, shared_only=True))).scalar_one():
+                conn.rollback()  # a fresh snapshot of pg_locks each time
+                time.sleep(WAIT_POLL_SECONDS)
         yield
 
 
