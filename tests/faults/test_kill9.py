@@ -313,16 +313,21 @@ def test_a_killed_workers_attempt_is_taken_over_without_waiting_for_the_timeout(
         raise
     kill_at_point(worker, db)
     assert S.OFFLOADING in {led.state for led in deps.meta.list_ledgers("k")}
-    hour = replace(deps, knobs=replace(deps.knobs, offload_timeout=timedelta(hours=1)))
+    hour = replace(deps, knobs=replace(deps.knobs, offload_timeout=timedelta(hours=1),
+                                       gc_delay=timedelta(minutes=10)))
     report = run_op(hour, "offload", ["k"])
     assert report["failed"] == {} and report["skipped"] == []
     all_offloaded(deps)
-    # The dead attempt's objects (its index object lands beside the parts, so it may be complete) stay queued
-    # for GC until its hour is over: not before, since a request it sent may still land. The hour passes here.
-    with db.begin() as conn:
-        dead = conn.execute(text("UPDATE tiering.gc_task SET not_before = now() WHERE state = 'PENDING' "
-                                 "AND not_before > now() RETURNING key")).scalars().all()
-    assert all(key.startswith(f"{deps.bucket.prefix}k/") for key in dead)
+    # The dead attempt can never commit now: its objects (its index object lands beside the parts, so it may
+    # be complete) are due once the GC delay has passed (a request it sent may still land), not after the
+    # rest of its hour
+    with db.connect() as conn:
+        dead = conn.execute(text("SELECT key, not_before - now() FROM tiering.gc_task WHERE state = 'PENDING' "
+                                 "AND not_before > now()")).all()
+    assert dead and all(key.startswith(f"{deps.bucket.prefix}k/") and wait <= timedelta(minutes=10)
+                        for key, wait in dead), dead
+    with db.begin() as conn:  # the delay passes here
+        conn.execute(text("UPDATE tiering.gc_task SET not_before = now() WHERE state = 'PENDING'"))
     gc_all(deps)
     figures = check_invariants(deps, db, scene.expected)
     assert figures["leaked"] == 0 and figures["uploads"] == 0

@@ -130,6 +130,20 @@ def enqueue(conn: Connection, keys: Iterable[str], reason: str, owner: str | Non
         conn.execute(insert(gc_task).values(rows))
 
 
+def due_sooner(conn: Connection, attempts: Iterable[str], delay: timedelta) -> int:
+    """The queued keys of offload `attempts` that can never commit (their ledgers taken over by another
+    attempt: their compare-and-set is lost for good) made due `delay` from now (when later than that), in
+    the caller's transaction: no chunk row will ever name those objects, so the rest of the offload timeout
+    they were queued for only leaves them in the bucket. `delay` lets a request the dead worker had in
+    flight land first (one landing later is the orphan sweep's)."""
+    attempts = sorted(set(attempts))
+    if not attempts:
+        return 0
+    return conn.execute(update(gc_task).where(
+        gc_task.c.owner_uuid.in_(attempts), gc_task.c.reason == OFFLOAD_REASON, gc_task.c.state == "PENDING",
+        gc_task.c.not_before > func.now() + delay).values(not_before=func.now() + delay)).rowcount
+
+
 def queued(conn: Connection, keys: Iterable[str]) -> set[str]:
     keys = sorted(set(keys))
     if not keys:

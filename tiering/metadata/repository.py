@@ -268,9 +268,11 @@ class MetadataStore:
         return self.begin_offload_batch([led], attempt, keys, gc_delay, stale_after)[0]
 
     def begin_offload_batch(self, leds: Sequence[Ledger], attempt: str, keys: Sequence[str], gc_delay: timedelta,
-                            stale_after: timedelta | None = None) -> list[Ledger]:
+                            stale_after: timedelta | None = None,
+                            taken_over_delay: timedelta = timedelta(0)) -> list[Ledger]:
         """begin_offload for several ledgers sharing one attempt (one data and one index object): all of
-        them or none (a lost compare-and-set rolls the transaction back)."""
+        them or none (a lost compare-and-set rolls the transaction back). The queued keys of an attempt
+        taken over here become due `taken_over_delay` from now (gc_queue.due_sooner)."""
         with self.engine.begin() as conn:
             allowed = {S.SEALED}
             if any(led.state == S.OFFLOADING for led in leds) and stale_after is not None:
@@ -291,6 +293,10 @@ class MetadataStore:
             out = self._cas_many(conn, leds, sorted(allowed, key=lambda x: x.value), state=S.OFFLOADING.value,
                                  offload_uuid=attempt, offload_started_at=func.now())
             self._enqueue(conn, keys, reason=attempt_locks.OFFLOAD_REASON, owner=attempt, delay=gc_delay)
+            # the attempts taken over here lost their ledgers (a batch commits all of its ledgers or none)
+            gc_queue.due_sooner(conn, (led.offload_uuid for led in leds
+                                       if led.state == S.OFFLOADING and led.offload_uuid is not None),
+                                taken_over_delay)
             return out
 
     def complete_offload(self, led: Ledger, attempt: str, ch: Chunk) -> Ledger:

@@ -82,7 +82,8 @@ def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None,
         # The begin transaction runs beside the packing of the first part; the upload shows nothing before
         # it committed (the claim is its gate), so (W1) of tiering/ops/gc.py holds: keys queued first.
         claim = _Claim(lambda: deps.meta.begin_offload_batch(leds, attempt, keys, gc_delay=knobs.offload_timeout,
-                                                             stale_after=knobs.offload_timeout),
+                                                             stale_after=knobs.offload_timeout,
+                                                             taken_over_delay=knobs.gc_delay),
                        before_claim, take_lock)
         try:
             uploaded = upload_ledgers(b, topic=first.topic, attempt=attempt, data_key=keys[0], index_key=keys[1],
