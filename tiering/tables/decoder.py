@@ -109,8 +109,11 @@ def _value(kind: str, v):
             raise ValueError("expected a string, got one with a lone surrogate (not valid Unicode)") from None
         return v
     if kind == "int64":
-        if isinstance(v, bool) or not isinstance(v, int) or not -INT64 <= v < INT64:
+        if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"expected a 64-bit integer, got {type(v).__name__}")
+        if not -INT64 <= v < INT64:
+            raise ValueError(f"expected a 64-bit integer, got {v if abs(v) < 10**40 else 'an integer'} "
+                             "(out of the 64-bit range)")
         return v
     if kind == "double":
         if isinstance(v, bool) or not isinstance(v, (int, float)):
