@@ -66,7 +66,11 @@ def test_a_defrag_slower_than_the_offload_timeout_keeps_its_merged_objects_from_
     report = defrag(deps, "t", small_bytes=MIB, max_merged_bytes=64 * MIB, hook=gc_meanwhile)
     assert collected == [], "GC deleted the merged objects of a live defrag"
     assert (report.groups, report.ledgers, report.lost_races, report.errors) == (1, 3, 0, [])
-    assert len({c.data_key for c in deps.meta.chunks("t").values()}) == 1
+    merged = deps.meta.chunks("t")
+    assert len({c.data_key for c in merged.values()}) == 1
+    for key in (merged[0].data_key, merged[0].index_key):  # both name the largest ledger they hold, for recovery
+        assert deps.bucket.s3.head_object(Bucket=deps.bucket.name, Key=key)["Metadata"]["tiering-last-ledger"] == \
+            str(max(merged))
     assert read(deps, "t") == expected
     run_gc(deps)  # the merged-away objects (gc_delay 0)
     assert bucket_keys(deps) == referenced(db) and len(referenced(db)) == 2

@@ -166,3 +166,25 @@ def test_a_run_reports_its_ledgers_in_the_order_its_dry_run_lists_them(deps):
     groups, alone = batches(planned, 8 * MIB, deps.knobs.batch_max_bytes, deps.knobs.batch_max_ledgers)
     assert [x.ledger_id for x in alone] == [1, 3] and groups  # some go alone, the others in a batch
     assert offload_many(deps, planned).offloaded == [0, 1, 2, 3, 4]
+
+
+def test_a_batch_whose_index_object_is_corrupt_has_every_ledger_of_it_recorded_lost(deps, new_database):  # noqa: F811
+    """The database lost and the batch's index object corrupt (the topic's last object): its ledgers after the
+    first were in no report and their ids handed out again to new ledgers. The data object's user metadata
+    names the batch's last ledger, so recovery records each of them lost and moves the next id past them."""
+    from tiering.format.metadata import LAST_LEDGER_KEY
+    from tiering.metadata.repository import MetadataStore
+
+    produce(deps, "cb", [entries(f"c{i}", 4, 1000) for i in range(4)])
+    offload_batch(deps, deps.meta.list_ledgers("cb")[1:])  # ledgers 1-3 in one object pair
+    offload_many(deps, deps.meta.list_ledgers("cb", [S.SEALED]))  # ledger 0 alone
+    batch = deps.meta.chunks("cb")[1]
+    s3, name = deps.bucket.s3, deps.bucket.name
+    assert s3.head_object(Bucket=name, Key=batch.data_key)["Metadata"][LAST_LEDGER_KEY] == "3"
+    s3.put_object(Bucket=name, Key=batch.index_key, Body=b"\0" * 200)  # the index object corrupt
+    target = new_database()
+    report = recover_from_bucket(target, deps.bucket)
+    assert report.ok, report.errors
+    assert report.ledgers_recovered == [("cb", 0)]
+    assert sorted(report.lost_recorded) == [("cb", 1), ("cb", 2), ("cb", 3)]
+    assert MetadataStore(target).get_topic("cb").next_ledger_id == 4

@@ -22,6 +22,9 @@ FORMAT_VERSION = 1
 FORMAT_VERSION_KEY = "s3managedledgeroffloaderformatversion"
 TOPIC_KEY = "managedledgername"
 USER_METADATA = {FORMAT_VERSION_KEY: str(FORMAT_VERSION)}
+# on an object several ledgers share (a batch, a defrag's merge; named after its first): the largest id it
+# holds, so a recovery whose index object of it cannot be read still knows those ids existed (ours alone)
+LAST_LEDGER_KEY = "tiering-last-ledger"
 
 _INT64 = (-(2**63), 2**63 - 1)
 _INT32 = (-(2**31), 2**31 - 1)
@@ -123,9 +126,17 @@ def decode_metadata_and_crc(data: bytes, where: str = "index metadata") -> tuple
     return meta, msg.index_crc32c
 
 
-def user_metadata(topic: str) -> dict[str, str]:
-    """S3 user metadata for a data or index object. HTTP headers are ASCII, so the topic is percent-encoded."""
-    return {**USER_METADATA, TOPIC_KEY: quote(topic, safe="")}
+def user_metadata(topic: str, last_ledger: int | None = None) -> dict[str, str]:
+    """S3 user metadata for a data or index object. HTTP headers are ASCII, so the topic is percent-encoded.
+    `last_ledger`: the largest ledger id an object several ledgers share holds (LAST_LEDGER_KEY)."""
+    return {**USER_METADATA, TOPIC_KEY: quote(topic, safe=""),
+            **({LAST_LEDGER_KEY: str(last_ledger)} if last_ledger is not None else {})}
+
+
+def last_ledger_of(md: Mapping[str, str]) -> int | None:
+    """The LAST_LEDGER_KEY an object's user metadata carries, or None (absent, or not a ledger id)."""
+    value = {k.lower(): v for k, v in md.items()}.get(LAST_LEDGER_KEY, "")
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else None
 
 
 def check_user_metadata(md: Mapping[str, str], where: str) -> str:

@@ -183,7 +183,7 @@ def _discard(deps: Deps, attempt: str, *keys: str) -> None:
 def _merge_data(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes, OffloadIndex]], key: str,
                 report: DefragReport, step) -> tuple[list[int], str | None]:
     b = deps.bucket
-    with MultipartUpload(b, key=key, metadata=user_metadata(group.ledgers[0].topic), op="defrag upload",
+    with MultipartUpload(b, key=key, metadata=_metadata(group), op="defrag upload",
                          part_size=MIN_PART_SIZE, concurrency=deps.knobs.upload_concurrency, hook=step) as up:
         # Large sources first, each one server-side copied part; then the small ones written (cut into parts
         # of at least 5 MiB, the last may be smaller). Chunk rows carry offsets, so order is free.
@@ -261,13 +261,17 @@ def _unreplaced(b: Bucket, ch: Chunk) -> bool:
     return head is not None and head[1] == ch.data_etag
 
 
+def _metadata(group: policy.DefragGroup) -> dict[str, str]:
+    return user_metadata(group.ledgers[0].topic, max(led.ledger_id for led in group.ledgers))
+
+
 def _put_index(deps: Deps, group: policy.DefragGroup, indexes: list[tuple[bytes, OffloadIndex]],
                key: str) -> tuple[list[int], str | None]:
     body, offsets = bytearray(), []
     for data, _ in indexes:
         offsets.append(len(body))
         body += data
-    return offsets, put_bytes(deps.bucket, key, bytes(body), user_metadata(group.ledgers[0].topic))
+    return offsets, put_bytes(deps.bucket, key, bytes(body), _metadata(group))
 
 
 def defrag(deps: Deps, topic: str | None = None, small_bytes: int = 8 * MIB, max_merged_bytes: int = 256 * MIB,

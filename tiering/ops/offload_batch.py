@@ -91,7 +91,8 @@ def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None,
                                       page_size=knobs.page_size, concurrency=knobs.upload_concurrency, hook=hook,
                                       max_bytes_per_second=knobs.max_bytes_per_second, gate=claim,
                                       expected_bytes=sum(packed_bytes(led.size_bytes, led.entry_count)
-                                                         for led in leds))
+                                                         for led in leds),
+                                      last_ledger=max(led.ledger_id for led in leds) if len(leds) > 1 else None)
             started = claim.result()
             items = [(led, Chunk(keys[0], p.data_offset, p.data_length, keys[1], p.index_offset, p.index_length,
                                  0, led.entry_count - 1, data_etag=uploaded.data_etag, index_etag=uploaded.index_etag))

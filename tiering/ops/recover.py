@@ -54,6 +54,7 @@ from tiering.format.block import HEADER_LEN, parse_block_header
 from tiering.format.index import INDEX_HEADER_LEN, OffloadIndex
 from tiering.format.keys import INDEX_SUFFIX, ParsedKey, encode_topic, is_trim_marker, parse_key
 from tiering.format.merged import split_indexes
+from tiering.format.metadata import last_ledger_of
 from tiering.metadata import gc_sweep
 from tiering.metadata.recovery import (MAX_LOST_ROWS, AdoptedLedger, RecoveredLedger, gaps, known_ledgers, lost_ledger,
                                        restore_topic)
@@ -63,7 +64,7 @@ from tiering.ops.recover_tier1 import Tier1Scan, scan_topic, topic_dirs, topic_o
 from tiering.tier1 import Tier1Store, topic_dir_name
 from tiering.tier2.listing import segment_objects
 from tiering.tier2.markers import read_trim_marker
-from tiering.tier2.objects import Bucket, get_range, list_objects, object_head
+from tiering.tier2.objects import Bucket, get_range, list_objects, object_head, object_metadata
 from tiering.tier2.reader import check_stored_pages
 
 # offload uuids that are not UUIDs (keys allow [0-9A-Za-z_-]) get a stable name-based one
@@ -354,8 +355,9 @@ def _keys_with_ledger_data(b: Bucket, objects: dict, above: int, report: Recover
     """The highest ledger id above `above` that only keys name (no index object that decodes lists it), if
     one of its data objects starts with a block header of entry 0, as every ledger's data does: a stray
     object named in the product's form, its content anything else, would otherwise have recovery record
-    every id up to it as a lost ledger. A corrupt index's data object still counts. One ranged GET per data
-    object looked at, from the highest id down to the first that holds a ledger's start."""
+    every id up to it as a lost ledger. A corrupt index's data object still counts, up to the largest ledger
+    its user metadata says it holds when several share it (a batch's, a defrag's). One ranged GET per data
+    object looked at, from the highest id down to the first that holds a ledger's start, and a HEAD of it."""
     keys: dict[int, list] = {}
     for p, obj in objects.values():
         if p.ledger_id > above:
@@ -373,7 +375,10 @@ def _keys_with_ledger_data(b: Bucket, objects: dict, above: int, report: Recover
                 why = "its data object vanished while recovery read it"
                 continue
             if first == 0:
-                return [lid]
+                # an object several ledgers share names its first; its metadata, the largest (an index that
+                # cannot be read lists none of them, and their ids must not be handed out again)
+                last = last_ledger_of(object_metadata(b, obj.key) or {})
+                return [lid if last is None or last < lid else last]
             why = f"its data's first block starts at entry {first}, not 0"
         said = {key for key, _ in report.ignored}  # (a data object alone is already named a dead attempt's)
         report.ignored += [(o.key, f"names ledger {lid}, but no index object lists it and {why}: not taken as "

@@ -175,6 +175,17 @@ def object_head(b: Bucket, key: str) -> tuple[int, str | None] | None:
         raise error from None
 
 
+def object_metadata(b: Bucket, key: str) -> dict[str, str] | None:
+    """The object's user metadata by HEAD, or None when it does not exist."""
+    try:
+        return dict(b.s3.head_object(Bucket=b.name, Key=key).get("Metadata") or {})
+    except (ClientError, BotoCoreError) as exc:
+        error = tier2_error("HEAD", key, exc)
+        if isinstance(error, NotFound):
+            return None
+        raise error from None
+
+
 def delete_keys(b: Bucket, keys: Iterable[str], unanswered_raises: bool = False) -> list[str]:
     """Delete keys (missing ones count as deleted) and abort their multipart uploads.
     Returns the keys that could not be deleted. `unanswered_raises`: a request S3 never answered (the link

@@ -63,7 +63,7 @@ def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_
                    sources: Iterator[tuple[LedgerToUpload, Iterable[FramedRun]]], block_size: int,
                    concurrency: int, page_size: int = DEFAULT_PAGE_SIZE, part_size: int | None = None,
                    hook: StepHook = None, max_bytes_per_second: int = 0, gate: Gate | None = None,
-                   expected_bytes: int = 0) -> UploadedBatch:
+                   expected_bytes: int = 0, last_ledger: int | None = None) -> UploadedBatch:
     """Upload the ledgers `sources` yields, each with its entries as framed runs (tier 1's `iter_framed`, or
     `frame_entries` of (entry_id, payload) pairs), consumed before the next ledger is asked for.
     Steps for the hook: the upload's ("initiated", "part", "completed"), then "index". The data object's
@@ -71,9 +71,10 @@ def upload_ledgers(b: Bucket, *, topic: str, attempt: str, data_key: str, index_
     `gate`: the caller's claim on the keys, still being decided (tier2/multipart.py): neither object
     becomes visible before it opens. `expected_bytes` (the ledgers' bytes as packed, `packed_bytes`, a hint):
     at least a part creates the multipart upload at once, beside the packing of the first part; an object
-    that would need more than half of S3's parts gets larger blocks (`part_size_for`)."""
+    that would need more than half of S3's parts gets larger blocks (`part_size_for`). `last_ledger`: the
+    largest id of a batch's ledgers, carried by both objects (format/metadata.py LAST_LEDGER_KEY)."""
     step = hook or (lambda _name: None)
-    md = user_metadata(topic)
+    md = user_metadata(topic, last_ledger)
     index_body, placed = bytearray(), []
     block_size = part_size_for(block_size, expected_bytes)
     part_size = part_size or block_size
