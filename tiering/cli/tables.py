@@ -146,7 +146,7 @@ def _status(ctx: Context, args, out: Output) -> int:
     from tiering.tables.catalog import catalog, owner_problem
     from tiering.errors import BadInput, TableUnreadable
     from tiering.tables.catalog import check_current_files
-    from tiering.tables.marks import TableBehind, check_marks, dropped, uncounted
+    from tiering.tables.marks import dropped, table_problem, uncounted
     from tiering.tables.naming import DLQ_SUFFIX, PROP_SYNCED, PROP_TRIMMED
 
     rows = TableRows(ctx.engine)
@@ -176,10 +176,7 @@ def _status(ctx: Context, args, out: Output) -> int:
             # what syncs committed, rows deleted since included
             current = table.current_snapshot()
             row_count = int((current.summary or {}).get("total-records", "0")) if current else 0
-            try:  # dropped and made again, or rolled back: the marks claim rows the table does not hold
-                check_marks(state, table)
-            except TableBehind as exc:
-                problem = str(exc)
+            problem = table_problem(table, state)  # e.g. rolled back: the marks claim rows it does not hold
         if problem is None:
             # the table's own marks are the record (a sync killed after its commit left the row behind them
             # until the next sync): what it holds, as its metadata location says, and the lag from there

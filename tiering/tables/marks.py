@@ -94,6 +94,19 @@ def uncounted(state: TableState, table) -> tuple[int, int]:
     return ledgers, entries
 
 
+def table_problem(table, state: TableState) -> str | None:
+    """What stops a sync going on with `table`, the one the topic's row names, in words: another topic's or
+    another tool's table under the name, or one holding less than the row's marks say (dropped and made
+    again, rolled back). None: nothing. `table status` shows it; `table rebuild` is the remedy it names."""
+    problem = owner_problem(table, state.topic, state.topic_id)  # e.g. an earlier topic's of this name
+    if problem is None:
+        try:
+            check_marks(state, table)
+        except TableBehind as exc:
+            problem = str(exc)
+    return problem
+
+
 def check_renamable(cat, identifier: str, topic: str, topic_id: int) -> None:
     """BadInput when the table `identifier` holds this topic's ledgers by its own marks (a sync killed after
     its commit left the sync state behind them): renamed, the topic would be synced to a second table from

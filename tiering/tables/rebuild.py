@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from tiering.errors import BadInput, TableUnreadable
 from tiering.metadata.table_sync import TableRows
 from tiering.tables.catalog import check_current_files, owner_problem
-from tiering.tables.marks import TableBehind, check_marks, dropped
+from tiering.tables.marks import dropped, table_problem
 from tiering.tables.naming import DLQ_SUFFIX, PROP_TOPIC
 
 
@@ -78,18 +78,9 @@ def _found(cat, state, namespace: str, names: list[str], locations: dict[str, st
             problems.append(f"unreadable: {exc}")
             continue
         if name == names[0]:
-            problems.append(_problem(table, state) or "")
+            problems.append(table_problem(table, state) or "")
     if any(problems):
         return "; ".join(p for p in problems if p)
     return "readable" if any(locations.values()) else "absent"
 
 
-def _problem(table, state) -> str | None:
-    problem = owner_problem(table, state.topic, state.topic_id)  # an earlier topic's of this name
-    if problem is not None:
-        return problem
-    try:
-        check_marks(state, table)
-    except TableBehind as exc:
-        return str(exc)
-    return None
