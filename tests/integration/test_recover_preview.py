@@ -135,7 +135,28 @@ def test_a_spark_recovery_topic_waits_for_gc_and_refuses_it_without_its_driver(d
                 run_gc(deps)  # announced: a new run is refused
         worker.join(60)
     assert not worker.is_alive() and results[0].ok and results[0].ledgers_recovered == [("ex", 0)], results
-    with gc_sweep.recovering(db, b.name, b.prefix):  # a topic being recovered: GC refuses
+    with gc_sweep.recovering(db, b.name, b.prefix):  # a topic being recovered: GC refuses, its preview says so
         with pytest.raises(RecoveryRunning):
             run_gc(deps)
+        with pytest.raises(RecoveryRunning, match="would do nothing"):
+            preview_gc(deps)
     run_gc(deps)
+
+
+def test_a_dry_run_refuses_what_the_run_refuses_an_open_file_a_producer_still_writes(deps, db):
+    """The preview does not seal, but it asks what sealing asks: a producer holding the open file fails the
+    topic in the preview as in the run (both exit 1 naming it), nothing written by either."""
+    from tiering.tier1.ledger_file import LedgerWriter
+
+    produce(deps, "lw", [entries("lw", 3, 100)], BIG)
+    assert offload_many(deps, deps.meta.list_ledgers("lw", [S.SEALED])).failed == {}
+    with deps.tier1.create_ledger("lw", 1) as w:
+        w.append(b"open")
+    empty_tables(db)
+    with LedgerWriter(deps.tier1.path("lw", 1), open_existing=True):  # a producer still writing
+        for dry_run in (True, False):
+            report = recover_from_bucket(db, deps.bucket, tier1=deps.tier1, dry_run=dry_run)
+            assert [e for e in report.errors if "being written by another writer" in e], (dry_run, report.errors)
+            assert _rows(db)["ledger"] == 0
+    preview = recover_from_bucket(db, deps.bucket, tier1=deps.tier1, dry_run=True)  # the producer stopped
+    assert preview.ok and preview.tier1_sealed == [("lw", 1)]

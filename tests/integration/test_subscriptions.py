@@ -426,3 +426,39 @@ def test_an_open_ledger_without_its_file_fails_subscription_commands_instead_of_
         moved.rename(path)
     assert cli("subscription", "ack", "a", "s1", "1:2", "--json").ok().json["position"] == "1:2"
     assert subs(cli, "a")["s1"]["backlog_entry_count"] == 4  # 1:3 to 1:6, in the open ledger
+
+def test_an_open_ledger_file_that_cannot_be_opened_is_not_counted_empty(deps, monkeypatch):
+    """The open ledger's file is there but cannot be opened (permissions, an I/O error, a dead mount): its
+    backlog, `read` and `status` counted it empty at exit 0. Now the subscription's backlog is unknown
+    (the others listed) and a read of it fails naming the file; the offload planning still counts it 0."""
+    import errno
+    import os as _os
+
+    from tiering.errors import LedgerStorageError
+    from tiering.ops import subscriptions as ops
+    from tiering.read import ReadHandle
+    from tiering.tier2.reader import tier2_opener
+    from tiering.model import Position
+
+    produce(deps, "u", [entries("u", 3, 10)], open_tail=[b"o"] * 4)
+    produce(deps, "v", [entries("v", 2, 10)])
+    deps.meta.subs.create("u", "su", None)
+    deps.meta.subs.create("v", "sv", None)
+    path = str(deps.tier1.path("u", 1))
+    real_open = _os.open
+
+    def denied(p, *args, **kwargs):
+        if str(p) == path:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(p, *args, **kwargs)
+    monkeypatch.setattr(_os, "open", denied)
+    listed = {x.subscription.name: x for x in ops.list_subscriptions(deps)}
+    assert listed["su"].backlog_entries is None and "Permission denied" in listed["su"].error
+    assert listed["sv"].backlog_entries == 2 and listed["sv"].error is None
+    handle = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket))
+    with pytest.raises(LedgerStorageError, match="cannot be opened"):
+        list(handle.read("u", Position(0, 0), None))
+    from tiering.metadata.planning import SizeTopic
+    from tiering.ops.offload import _open_sizes
+    tid = deps.meta.get_topic("u").topic_id
+    assert _open_sizes(deps, [SizeTopic(tid, "u", 1)]) == {(tid, 1): 0}

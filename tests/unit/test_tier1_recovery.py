@@ -207,3 +207,41 @@ def test_a_long_damaged_stretch_with_intact_entries_after_it_is_not_cut_either(t
     with pytest.raises(CorruptObjectError, match="entry 10 is damaged and an intact later entry follows"):
         recover(path)
     assert path.read_bytes() == bytes(data)
+
+
+def test_would_recover_says_what_recover_leaves_and_changes_nothing(tmp_path):
+    """A recovery's preview (`recover-from-bucket --dry-run`) counts what sealing would keep: a torn tail or a
+    damaged last entry not counted, damage inside refused as recover refuses it, the file unchanged."""
+    from tiering.tier1.ledger_file import would_recover
+
+    payloads = [payload(i) for i in range(5)]
+    for extra, path in _torn_copies(tmp_path, payloads, b"L" * 40):
+        before = path.read_bytes()
+        assert would_recover(path) == RecoveryInfo(5, sum(map(len, payloads)), extra)
+        assert path.read_bytes() == before
+        assert recover(path) == RecoveryInfo(5, sum(map(len, payloads)), extra)
+    path = tmp_path / "damaged" / "l"
+    path.parent.mkdir()
+    write(path, [payload(i, 100) for i in range(4)], seal=False)
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0x01  # the last entry's payload: what a crash could leave, and cut
+    path.write_bytes(bytes(data))
+    assert would_recover(path) == RecoveryInfo(3, 300, 116) and path.read_bytes() == bytes(data)
+    frame1 = frames.HEADER_LEN[frames.VERSION] + (16 + 100)
+    data[frame1 + 60] ^= 0x01  # and one inside, intact entries after it: refused, nothing cut
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptObjectError, match="an intact later entry follows"):
+        would_recover(path)
+    assert path.read_bytes() == bytes(data)
+
+
+def test_would_recover_refuses_a_file_a_live_writer_holds(tmp_path):
+    from tiering.errors import LedgerStorageError
+    from tiering.tier1.ledger_file import would_recover
+
+    path = tmp_path / "l"
+    with LedgerWriter(path) as w:
+        w.append(b"x")
+        with pytest.raises(LedgerStorageError, match="being written by another writer"):
+            would_recover(path)
+    assert would_recover(path) == RecoveryInfo(1, 1, 0)  # the writer gone

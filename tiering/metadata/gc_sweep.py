@@ -94,12 +94,22 @@ def collecting(engine: Engine, bucket: str, prefix: str) -> Iterator[None]:
     done, while a recovery from the bucket runs or waits for the runs under way (excluding_sweep holds
     recovery's own lock while it waits: new runs are refused, so runs that overlap cannot keep it waiting)."""
     key = _key(bucket, prefix)
-    with shared_session_lock(engine, QUEUE_CLASS, key,
-                             unless=granted(RECOVERY_CLASS, key) | granted(RECOVERING_CLASS, key)) as held:
+    with shared_session_lock(engine, QUEUE_CLASS, key, unless=_recovering(key)) as held:
         if not held:
             raise RecoveryRunning(f"GC of the queue did not run: recovery from the bucket {bucket}/{prefix} is "
                                   "running; the next run collects")
         yield
+
+
+def _recovering(key):
+    """A recovery runs or waits (its lock), or a recovery's worker holds a topic (`recovering`)."""
+    return granted(RECOVERY_CLASS, key) | granted(RECOVERING_CLASS, key)
+
+
+def collecting_refused(engine: Engine, bucket: str, prefix: str) -> bool:
+    """Whether a GC run of the queue starting now would be refused (`collecting`), asked of pg_locks."""
+    with engine.connect() as conn:
+        return bool(conn.execute(select(_recovering(_key(bucket, prefix)))).scalar_one())
 
 
 @contextmanager

@@ -158,7 +158,7 @@ def preview_gc(deps: Deps, orphan_grace: timedelta | None = None, retry_failed: 
     still referenced (read without claiming them), and the stale uploads it would abort; nothing written."""
     report = GcReport()
     check_bucket(deps.bucket)
-    if gc_sweep.recovery_running(deps.meta.engine, deps.bucket.name, deps.bucket.prefix):
+    if gc_sweep.collecting_refused(deps.meta.engine, deps.bucket.name, deps.bucket.prefix):
         raise RecoveryRunning(f"a GC run now would do nothing: recovery from the bucket {deps.bucket.name}/"
                               f"{deps.bucket.prefix} is running")
     tasks, refs = gc_queue.due_tasks(deps.meta.engine, failed=retry_failed)

@@ -7,16 +7,20 @@ current row), or failed with its reason: a failure is never reported as skipped.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
 from tiering import policy
-from tiering.errors import BadInput, ConditionalUpdateFailed, Tier2Error, TieringError, TopicNotFound
+from tiering.errors import (BadInput, ConditionalUpdateFailed, CorruptObjectError, LedgerStorageError, Tier2Error,
+                            TieringError, TopicNotFound)
 from tiering.model import Ledger, LedgerState, Position
 from tiering.ops.context import Deps
 from tiering.ops.offload_batch import batches, in_background, offload_batch
 from tiering.tier2.multipart import StepHook
 from tiering.tier2.objects import check_bucket
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -247,10 +251,18 @@ def plan_offload(deps: Deps, by: str, topic: str | None = None) -> list[Ledger]:
 
 def _open_sizes(deps: Deps, topics) -> dict[tuple[int, int], int]:
     """The live size of each OPEN ledger from its tier-1 file (metadata records sizes at seal time). A file
-    that cannot be read counts 0, as it does for a reader (Tier1Store.written): one damaged open ledger does
-    not stop the planning of every topic."""
-    return {(t.topic_id, t.open_ledger_id): deps.tier1.written(t.name, t.open_ledger_id)[1]
-            for t in topics if t.open_ledger_id is not None and deps.tier1.exists(t.name, t.open_ledger_id)}
+    that cannot be read counts 0 here (logged): one damaged open ledger, which no offload takes anyway, does
+    not stop the planning of every topic (its readers are told: Tier1Store.written)."""
+    sizes = {}
+    for t in topics:
+        if t.open_ledger_id is not None and deps.tier1.exists(t.name, t.open_ledger_id):
+            try:
+                sizes[(t.topic_id, t.open_ledger_id)] = deps.tier1.written(t.name, t.open_ledger_id)[1]
+            except (LedgerStorageError, CorruptObjectError) as exc:
+                log.warning("open ledger %s of topic %r counted as 0 bytes in tier 1: %s", t.open_ledger_id,
+                            t.name, exc)
+                sizes[(t.topic_id, t.open_ledger_id)] = 0
+    return sizes
 
 
 @dataclass

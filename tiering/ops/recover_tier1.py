@@ -31,6 +31,7 @@ from urllib.parse import unquote
 
 from tiering.errors import CorruptObjectError, LedgerStorageError, TieringError
 from tiering.tier1 import LedgerFileMissing, LedgerReader, LedgerWriter, Tier1Store, topic_dir_name
+from tiering.tier1.ledger_file import would_recover
 
 _DIR_NAME = re.compile(r"^(?P<encoded>[A-Za-z0-9_%-]+)-[0-9a-f]{16}$")
 
@@ -91,7 +92,7 @@ def scan_topic(tier1: Tier1Store, topic: str, known: set[int], seal: bool = True
     alone), sealing open ones. An open file that cannot be sealed (a live writer holds it, an I/O error)
     raises LedgerStorageError: the topic must not be recovered while something writes to it. A file that
     cannot be read is reported, not adopted. `seal` false (a preview): an open file is left as it is and
-    taken with the entries it holds now, as sealing it would keep them (a torn tail is not counted)."""
+    taken with the entries sealing it would keep (a torn tail not counted), the same refusals raised."""
     scan = Tier1Scan()
     ids = tier1.ledger_ids(topic)
     scan.top = max(ids + tier1.retired_ids(topic), default=-1)
@@ -107,10 +108,14 @@ def scan_topic(tier1: Tier1Store, topic: str, known: set[int], seal: bool = True
         except (CorruptObjectError, LedgerStorageError) as exc:
             scan.unreadable.append((lid, str(exc)))
             continue
-        if not sealed and seal:
+        if not sealed:
             try:
-                with LedgerWriter(path, open_existing=True) as w:  # cuts a torn tail; fails if a writer holds it
-                    info = w.seal()
+                if seal:
+                    # cuts a torn tail; fails if a writer holds it
+                    with LedgerWriter(path, open_existing=True) as w:
+                        info = w.seal()
+                else:  # what sealing would keep, and whether a writer holds the file, the file left as it is
+                    info = would_recover(path)
             except CorruptObjectError as exc:  # damaged inside, intact entries after: not for a recovery to cut
                 scan.unreadable.append((lid, str(exc)))
                 continue

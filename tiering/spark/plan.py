@@ -89,7 +89,7 @@ def _entry_count(meta: MetadataStore, led: Ledger, tier1: Tier1Store, sees_tier1
         return UNKNOWN_ENTRY_COUNT  # a lost ledger nobody knows the size of: one part, read as its DATALOSS gap
     if led.state == S.OPEN and not sees_tier1:
         return 0  # an open ledger lives in tier 1 only: the driver must see it to fix its length
-    count = tier1.extent(led)[0]  # as ReadHandle counts it: a file gone or unreadable holds nothing yet
+    count = tier1.extent(led)[0]  # as ReadHandle counts it: a file gone holds nothing yet; an unreadable one fails
     if led.state == S.OPEN and count == 0 and not tier1.exists(led.topic, led.ledger_id):
         # sealed, offloaded and its copy deleted since the snapshot: its entries are counted in its row now
         # (an executor reads them from tier 2), not skipped as an empty file's

@@ -93,9 +93,9 @@ _NOT_CUT = (": not a torn tail, nothing cut (sealing the ledger before it discar
             "`tiering seal --discard-damaged`, an operator's decision)")
 
 
-def _lock(file: io.FileIO, path: Path) -> None:
+def _lock(file: io.FileIO, path: Path, shared: bool = False) -> None:
     try:
-        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(file.fileno(), (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         raise LedgerStorageError(f"ledger file {path} is being written by another writer") from None
 
@@ -112,16 +112,20 @@ class _State:
     version: int  # of the file's format: a resumed version 1 file stays one
 
 
-def _recover_fd(fd: int, path: Path, discard_damaged: bool = False, has_row: bool = False) -> _State:
+def _recover_fd(fd: int, path: Path, discard_damaged: bool = False, has_row: bool = False,
+                write: bool = True) -> _State:
+    """The state recovery leaves an open file in, cutting its torn tail (or writing the header a crash
+    left out); `write` false: the same state, the file left as it is (would_recover)."""
     length = os.fstat(fd).st_size
     head = F.header_state(fd, length, path)
     if head is None and has_row:
         raise F.corrupt(path, 0, HEADER_GONE)
     if head is None:
         # Crashed between creating the file and the header reaching the disk: an empty ledger.
-        os.ftruncate(fd, 0)
-        F.write_all(fd, [F.header_bytes(False, path)], 0)
-        os.fsync(fd)
+        if write:
+            os.ftruncate(fd, 0)
+            F.write_all(fd, [F.header_bytes(False, path)], 0)
+            os.fsync(fd)
         start = F.HEADER_LEN[F.VERSION]
         return _State(0, array("q"), 0, start, False, length, start, F.VERSION)
     if head.sealed:  # immutable: checked (every frame and the index), never changed
@@ -137,10 +141,22 @@ def _recover_fd(fd: int, path: Path, discard_damaged: bool = False, has_row: boo
         damage = None if discard_damaged else F.damage_inside(fd, length, scan, path, _NOT_CUT)
         if damage is not None:
             raise damage
-        os.ftruncate(fd, scan.end)
-        os.fsync(fd)
+        if write:
+            os.ftruncate(fd, scan.end)
+            os.fsync(fd)
     return _State(len(scan.offsets), scan.offsets, scan.size_bytes, scan.end, False, length - scan.end, scan.end,
                   head.version)
+
+
+def would_recover(path: Path | str) -> RecoveryInfo:
+    """What `recover` (and so a seal of the file) would leave of an open ledger's file, the file unchanged:
+    its entries before a torn tail, CorruptObjectError for damage it would refuse to cut, LedgerStorageError
+    when a live writer holds the file (found by taking its lock shared for the moment of the look)."""
+    path = Path(path)
+    with _open(path, os.O_RDONLY) as file:
+        _lock(file, path, shared=True)
+        st = _recover_fd(file.fileno(), path, write=False)
+    return RecoveryInfo(st.count, st.size_bytes, st.truncated)
 
 
 # A writer makes a ledger's file and fsyncs its header before the ledger's row exists (writer.py): a file

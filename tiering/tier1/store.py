@@ -110,12 +110,14 @@ class Tier1Store:
         return reader
 
     def written(self, topic: str, ledger_id: int) -> tuple[int, int]:
-        """Entries and payload bytes in the ledger's file so far; (0, 0) when there is no readable file yet
-        (an open ledger whose writer has not created it: nothing a reader could get)."""
+        """Entries and payload bytes in the ledger's file so far; (0, 0) when it has no file (gone since it
+        was sealed and its copy deleted: callers ask the row again, read.open_ledger_now). A file that is
+        there but cannot be opened (permissions, an I/O error, a dead mount) raises LedgerStorageError:
+        counted empty, the entries written to it would silently be missing from reads and backlogs."""
         try:
             with self._recorded_reader(topic, ledger_id) as r:  # only an open ledger's is asked: it has a row
                 return r.entry_count, r.size_bytes
-        except LedgerStorageError:
+        except LedgerFileMissing:
             return 0, 0
 
     def _recorded_reader(self, topic: str, ledger_id: int) -> LedgerReader:
