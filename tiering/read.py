@@ -16,8 +16,8 @@ from functools import partial
 from itertools import chain, count, repeat, starmap
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol
 
-from tiering.errors import (BadInput, CorruptObjectError, DataLossError, LedgerStorageError, TopicGone,
-                            TopicNotFound)
+from tiering.errors import (BadInput, CorruptObjectError, DataLossError, LedgerStorageError, TieringError,
+                            TopicGone, TopicNotFound)
 from tiering.metadata.repository import MetadataStore
 from tiering.model import INT64_MAX, UNKNOWN_ENTRY_COUNT, Chunk, Ledger, LedgerState, Position
 from tiering.tier1 import LedgerFileMissing, Tier1Store
@@ -442,23 +442,24 @@ def read_ledger_range(meta: MetadataStore, led: Ledger, first: int, last: int, t
 
 def _tier1_entries(reader, first: int, last: int, at: _At, spare_for: Ledger | None = None
                    ) -> Iterator[tuple[int, bytes]]:
-    """The tier-1 copy's entries; `spare_for`: the ledger, offloaded, whose copy failing its checks ends
-    the run at the entry it could not give (tier 2 goes on from there) instead of raising."""
+    """The tier-1 copy's entries; `spare_for`: the ledger, offloaded, whose copy failing its checks (or
+    failing to be read: an I/O error) ends the run at the entry it could not give (tier 2 goes on from
+    there) instead of raising."""
     # An open file descriptor keeps reading even if the copy is unlinked meanwhile.
     with reader:
         try:
             for entry_id, data in reader.iter_entries(first, last):
                 yield entry_id, data
                 at.next = entry_id + 1
-        except CorruptObjectError as exc:
+        except (CorruptObjectError, LedgerStorageError) as exc:
             if spare_for is None:
                 raise
             _tier1_failed(spare_for, at.next, exc)
 
 
-def _tier1_failed(led: Ledger, entry_id: int, exc: CorruptObjectError) -> None:
-    log.warning("ledger %s/%d: its tier-1 copy fails its checks (%s); reading it from tier 2 from entry %d",
-                led.topic, led.ledger_id, exc, entry_id)
+def _tier1_failed(led: Ledger, entry_id: int, exc: TieringError) -> None:
+    log.warning("ledger %s/%d: its tier-1 copy fails its checks or cannot be read (%s); reading it from tier 2 "
+                "from entry %d", led.topic, led.ledger_id, exc, entry_id)
 
 
 def _tier2_batches(meta: MetadataStore, led: Ledger, chunk: Chunk, last: int, open_tier2: Tier2Opener,

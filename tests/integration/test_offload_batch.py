@@ -188,3 +188,37 @@ def test_a_batch_whose_index_object_is_corrupt_has_every_ledger_of_it_recorded_l
     assert report.ledgers_recovered == [("cb", 0)]
     assert sorted(report.lost_recorded) == [("cb", 1), ("cb", 2), ("cb", 3)]
     assert MetadataStore(target).get_topic("cb").next_ledger_id == 4
+
+
+@pytest.mark.parametrize("leftover", ["data only", "data and index"])
+def test_a_corrupt_batch_counts_up_to_its_last_ledger_beside_another_attempts_copy_of_one_of_them(
+        deps, new_database, leftover):  # noqa: F811
+    """A dead attempt of one ledger of the batch left its objects: its data alone (a key naming ledger 3), or
+    its data and index (a decodable copy of ledger 3). Either made recovery stop at ledger 3, above the
+    batch's key, and hand ledger 4's id out again."""
+    import uuid
+
+    from tiering.format.keys import data_key, index_key
+    from tiering.metadata.repository import MetadataStore
+    from tiering.ops.offload_batch import tier1_source
+    from tiering.tier2.offloader import upload_ledgers
+
+    produce(deps, "cd", [entries(f"d{i}", 4, 1000) for i in range(5)])
+    leds = deps.meta.list_ledgers("cd")
+    attempt = str(uuid.uuid4())
+    keys = (data_key(deps.bucket.prefix, "cd", attempt, 3), index_key(deps.bucket.prefix, "cd", attempt, 3))
+    upload_ledgers(deps.bucket, topic="cd", attempt=attempt, data_key=keys[0], index_key=keys[1],
+                   sources=tier1_source(deps, leds[3]), block_size=5 * MIB, concurrency=2)
+    if leftover == "data only":
+        deps.bucket.s3.delete_object(Bucket=deps.bucket.name, Key=keys[1])
+    offload_batch(deps, leds[1:])  # ledgers 1-4 in one object pair
+    offload_many(deps, deps.meta.list_ledgers("cd", [S.SEALED]))  # ledger 0 alone
+    batch = deps.meta.chunks("cd")[1]
+    deps.bucket.s3.put_object(Bucket=deps.bucket.name, Key=batch.index_key, Body=b"\0" * 200)
+    target = new_database()
+    report = recover_from_bucket(target, deps.bucket)
+    assert report.ok, report.errors
+    recovered = [("cd", 0)] + ([("cd", 3)] if leftover == "data and index" else [])
+    assert sorted(report.ledgers_recovered) == recovered
+    assert sorted(report.lost_recorded) == [("cd", i) for i in (1, 2, 3, 4) if ("cd", i) not in recovered]
+    assert MetadataStore(target).get_topic("cd").next_ledger_id == 5

@@ -462,3 +462,42 @@ def test_an_open_ledger_file_that_cannot_be_opened_is_not_counted_empty(deps, mo
     from tiering.ops.offload import _open_sizes
     tid = deps.meta.get_topic("u").topic_id
     assert _open_sizes(deps, [SizeTopic(tid, "u", 1)]) == {(tid, 1): 0}
+
+
+def test_an_io_error_reading_a_tier1_file_is_said_not_raised_raw_and_an_offloaded_copy_goes_on(deps, monkeypatch):
+    """EIO while reading (not opening) a tier-1 file: a raw OSError failed `subscription list` whole and a
+    read of an offloaded ledger whose tier-1 copy it was. Now the listing names the file for that topic alone,
+    and the read goes on from the tier-2 copy."""
+    import errno
+    import os as _os
+
+    from tiering.model import Position
+    from tiering.ops import subscriptions as ops
+    from tiering.ops.offload import offload_many
+    from tiering.read import Entry, ReadHandle
+    from tiering.tier1 import frames
+    from tiering.tier2.reader import tier2_opener
+
+    written = produce(deps, "w", [entries("w", 30, 10)], open_tail=[b"o"] * 4)
+    produce(deps, "x", [entries("x", 2, 10)])
+    assert offload_many(deps, deps.meta.list_ledgers("w", [S.SEALED])).failed == {}
+    deps.meta.subs.create("w", "sw", None)
+    deps.meta.subs.create("x", "sx", None)
+    # the open ledger's frames; the offloaded ledger's frames (its header, trailer and index still read: the
+    # read starts from tier 1, and fails when it reads the entries)
+    frames_at = frames.HEADER_LEN[frames.VERSION]
+    bad = {str(deps.tier1.path("w", 1)): range(frames_at, 10**6),
+           str(deps.tier1.path("w", 0)): range(frames_at, 700)}
+    real = frames._pread
+
+    def failing(fd, n, offset):
+        if offset in bad.get(_os.readlink(f"/proc/self/fd/{fd}"), ()):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, n, offset)
+    monkeypatch.setattr(frames, "_pread", failing)
+    listed = {x.subscription.name: x for x in ops.list_subscriptions(deps)}
+    assert listed["sw"].backlog_entries is None and "Input/output error" in listed["sw"].error
+    assert listed["sx"].backlog_entries == 2
+    handle = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket))
+    got = [e for e in handle.read("w", Position(0, 0), Position(0, 29)) if isinstance(e, Entry)]
+    assert {(e.ledger_id, e.entry_id): e.data for e in got} == {k: v for k, v in written.items() if k[0] == 0}

@@ -335,7 +335,8 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
     # same. Its id must not be handed out again to a new ledger, and it is reported unknown rather than left
     # out unsaid. A key no index object backs counts only when its data object starts as a ledger's does.
     by_index = [lid for g in groups for lid in g.named]
-    named_top = max(by_index + _keys_with_ledger_data(b, objects, max(by_index, default=-1), report),
+    decoded = {g.index.key[:-len(INDEX_SUFFIX)] for g in groups if g.named}
+    named_top = max(by_index + _keys_with_ledger_data(b, objects, max(by_index, default=-1), report, decoded),
                     default=-1)
     named_top = named_top if named_top >= trimmed_before else -1
     if chosen or scan.ledgers or scan.top >= 0 or named_top >= 0:
@@ -351,39 +352,46 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
                       lambda key: object_head(b, key) is not None, dry_run)
 
 
-def _keys_with_ledger_data(b: Bucket, objects: dict, above: int, report: RecoverReport) -> list[int]:
-    """The highest ledger id above `above` that only keys name (no index object that decodes lists it), if
-    one of its data objects starts with a block header of entry 0, as every ledger's data does: a stray
-    object named in the product's form, its content anything else, would otherwise have recovery record
-    every id up to it as a lost ledger. A corrupt index's data object still counts, up to the largest ledger
-    its user metadata says it holds when several share it (a batch's, a defrag's). One ranged GET per data
-    object looked at, from the highest id down to the first that holds a ledger's start, and a HEAD of it."""
+def _keys_with_ledger_data(b: Bucket, objects: dict, above: int, report: RecoverReport,
+                           decoded: set[str] = frozenset()) -> list[int]:
+    """The highest ledger id above `above` that data objects no decoded index object describes (`decoded`:
+    the data keys of those that do) show existed, if any. Such an object counts only when it starts with a
+    block header of entry 0, as every ledger's data does: a stray object named in the product's form, its
+    content anything else, would otherwise have recovery record every id up to it as a lost ledger. It
+    shows the ledger its key names and, when several ledgers share it (a batch's, a defrag's: named after
+    the first), the largest its user metadata says it holds (at most MAX_LOST_ROWS past the first): its
+    index object may be corrupt, and their ids must not be handed out again. Every such object is looked
+    at, whatever its key's id (a shared one's last ledger may lie above every other): a ranged GET each, and
+    a HEAD of those that start as a ledger's."""
     keys: dict[int, list] = {}
     for p, obj in objects.values():
-        if p.ledger_id > above:
-            keys.setdefault(p.ledger_id, []).append(obj)
+        keys.setdefault(p.ledger_id, []).append(obj)
+    top = -1
     for lid in sorted(keys, reverse=True):
-        why = "no data object of it is there"
-        for obj in sorted((o for o in keys[lid] if not o.key.endswith(INDEX_SUFFIX)), key=lambda o: o.key):
+        why, shown = "no data object of it is there", False
+        for obj in sorted((o for o in keys[lid] if not o.key.endswith(INDEX_SUFFIX) and o.key not in decoded),
+                          key=lambda o: o.key):
             try:
                 start = get_range(b, obj.key, 0, HEADER_LEN) if obj.size >= HEADER_LEN else b""
                 first = parse_block_header(start, obj.key).first_entry_id
+                last = last_ledger_of(object_metadata(b, obj.key) or {}) if first == 0 else None
             except CorruptObjectError as exc:
                 why = f"its data does not start with a block header ({exc})"
                 continue
             except DataLossError:  # deleted since the listing (GC, a stray's owner): nothing to count
                 why = "its data object vanished while recovery read it"
                 continue
-            if first == 0:
-                # an object several ledgers share names its first; its metadata, the largest (an index that
-                # cannot be read lists none of them, and their ids must not be handed out again)
-                last = last_ledger_of(object_metadata(b, obj.key) or {})
-                return [lid if last is None or last < lid else last]
-            why = f"its data's first block starts at entry {first}, not 0"
-        said = {key for key, _ in report.ignored}  # (a data object alone is already named a dead attempt's)
-        report.ignored += [(o.key, f"names ledger {lid}, but no index object lists it and {why}: not taken as "
-                                   "a ledger's") for o in sorted(keys[lid], key=lambda o: o.key) if o.key not in said]
-    return []
+            if first != 0:
+                why = f"its data's first block starts at entry {first}, not 0"
+                continue
+            shown = True
+            top = max(top, last if last is not None and lid < last <= lid + MAX_LOST_ROWS else lid)
+        if not shown and lid > above:  # (no index object above `above` decoded)
+            said = {key for key, _ in report.ignored}  # (a data object alone is already named a dead attempt's)
+            report.ignored += [(o.key, f"names ledger {lid}, but no index object lists it and {why}: not taken "
+                                       "as a ledger's") for o in sorted(keys[lid], key=lambda o: o.key)
+                               if o.key not in said]
+    return [top] if top > above else []
 
 
 def _scan_tier1(engine, tier1: Tier1Store | None, name: str, chosen: dict[int, _Copy], trimmed_before: int,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 # entries (it uses the CPU's carry-less multiply), and every offloaded byte of tier 1 is checked with it
 from isal.isal_zlib import crc32
 
-from tiering.errors import CorruptObjectError
+from tiering.errors import CorruptObjectError, LedgerStorageError
 
 MAGIC = b"TLG1"
 VERSION = 2
@@ -100,7 +100,11 @@ def pread_exact(fd: int, n: int, offset: int, path) -> bytes:
     parts = []
     got = 0
     while got < n:
-        part = _pread(fd, n - got, offset + got)
+        try:
+            part = _pread(fd, n - got, offset + got)
+        except OSError as exc:  # an I/O error, a dead mount: the path and the reason, as opening says them
+            raise LedgerStorageError(f"ledger file {path} cannot be read at byte {offset + got}: "
+                                     f"{exc.strerror or exc}") from None
         if not part:
             raise corrupt(path, offset + got, f"file ends {n - got} bytes early (truncated?)")
         parts.append(part)
