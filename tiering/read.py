@@ -458,8 +458,9 @@ def _tier1_entries(reader, first: int, last: int, at: _At, spare_for: Ledger | N
 
 
 def _tier1_failed(led: Ledger, entry_id: int, exc: TieringError) -> None:
-    log.warning("ledger %s/%d: its tier-1 copy fails its checks or cannot be read (%s); reading it from tier 2 "
-                "from entry %d", led.topic, led.ledger_id, exc, entry_id)
+    log.warning("ledger %s/%d: its tier-1 copy %s (%s); reading it from tier 2 from entry %d", led.topic,
+                led.ledger_id, "fails its checks" if isinstance(exc, CorruptObjectError) else "cannot be read", exc,
+                entry_id)
 
 
 def _tier2_batches(meta: MetadataStore, led: Ledger, chunk: Chunk, last: int, open_tier2: Tier2Opener,
