@@ -151,10 +151,13 @@ def _recover_fd(fd: int, path: Path, discard_damaged: bool = False, has_row: boo
 def would_recover(path: Path | str) -> RecoveryInfo:
     """What `recover` (and so a seal of the file) would leave of an open ledger's file, the file unchanged:
     its entries before a torn tail, CorruptObjectError for damage it would refuse to cut, LedgerStorageError
-    when a live writer holds the file (found by taking its lock shared for the moment of the look)."""
+    when a live writer holds the file (found by taking its lock shared, and giving it back at once: held
+    for the scan, it would refuse a producer opening the file meanwhile; one appending during the scan
+    only adds a tail the scan does not count)."""
     path = Path(path)
     with _open(path, os.O_RDONLY) as file:
         _lock(file, path, shared=True)
+        fcntl.flock(file.fileno(), fcntl.LOCK_UN)
         st = _recover_fd(file.fileno(), path, write=False)
     return RecoveryInfo(st.count, st.size_bytes, st.truncated)
 
