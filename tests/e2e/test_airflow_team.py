@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.error
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -57,11 +58,21 @@ def _trigger_prefix(u, token, topic: str, position: str) -> tuple[str, dict]:
     return dag, run
 
 
+def _polled(url: str, token: str) -> dict | None:
+    """One status poll's body, or None when the API server did not answer in time: on a loaded machine a
+    poll can time out, and the loop polling asks again until its own deadline (what is under test)."""
+    try:
+        return _http(url, token=token)[1]
+    except (TimeoutError, urllib.error.URLError):
+        return None
+
+
 def _final_state(u, token, dag_id: str, run: dict, seconds: float) -> str | None:
     deadline = time.monotonic() + seconds
     state = None
     while time.monotonic() < deadline:
-        state = _http(f"{u.url}/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}", token=token)[1]["state"]
+        body = _polled(f"{u.url}/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}", token)
+        state = body["state"] if body is not None else state
         if state in FINAL:
             break
         time.sleep(2)
@@ -181,8 +192,10 @@ def test_killed_with_a_spark_task_running_then_up_offloads_once(up, engine, s3_c
     dag, run = _trigger_prefix(up, token, "crash", "2:0")
     tis_url = f"{up.url}/api/v2/dags/{dag}/dagRuns/{run['dag_run_id']}/taskInstances"
     deadline = time.monotonic() + 300
+    states = {}
     while time.monotonic() < deadline:
-        states = {t["task_id"]: t["state"] for t in _http(tis_url, token=token)[1]["task_instances"]}
+        body = _polled(tis_url, token)
+        states = {t["task_id"]: t["state"] for t in body["task_instances"]} if body is not None else states
         if states.get("offload") == "running":
             break
         assert "failed" not in states.values(), states
