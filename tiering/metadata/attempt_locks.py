@@ -42,7 +42,8 @@ OFFLOAD_REASON = "offload attempt"
 LIVE_ATTEMPT_CLASSES = {DEFRAG_REASON: DEFRAG_CLASS, REPAIR_REASON: REPAIR_CLASS}
 # the queue reasons whose keys' multipart uploads GC leaves alone while the worker holds the lock: an offload's
 # too (its upload is created only once it holds its lock: tiering/tier2/multipart.py, Gate.owned), though its
-# queued keys are collected past the offload timeout as before (a worker that slow loses its commit)
+# queued keys are collected past the offload timeout, or the GC delay after a takeover (a worker that slow, or
+# taken over, loses its commit)
 UPLOADING_ATTEMPT_CLASSES = {OFFLOAD_REASON: OFFLOAD_CLASS, **LIVE_ATTEMPT_CLASSES}
 _DRAWS = 8
 

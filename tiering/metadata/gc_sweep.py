@@ -65,8 +65,13 @@ def recovery_running(engine: Engine, bucket: str, prefix: str) -> bool:
     """Whether a recovery holds the sweep's lock (rather than another sweep): its second lock is held. Asked
     of pg_locks, which takes no lock: a try-lock here could make a recovery starting at that moment miss its
     second lock."""
+    return _asked(engine, granted(RECOVERY_CLASS, _key(bucket, prefix)))
+
+
+def _asked(engine: Engine, condition) -> bool:
+    """One SQL condition's value now (a look at pg_locks: no lock taken)."""
     with engine.connect() as conn:
-        return bool(conn.execute(select(granted(RECOVERY_CLASS, _key(bucket, prefix)))).scalar_one())
+        return bool(conn.execute(select(condition)).scalar_one())
 
 
 @contextmanager
@@ -108,8 +113,7 @@ def _recovering(key):
 
 def collecting_refused(engine: Engine, bucket: str, prefix: str) -> bool:
     """Whether a GC run of the queue starting now would be refused (`collecting`), asked of pg_locks."""
-    with engine.connect() as conn:
-        return bool(conn.execute(select(_recovering(_key(bucket, prefix)))).scalar_one())
+    return _asked(engine, _recovering(_key(bucket, prefix)))
 
 
 @contextmanager

@@ -45,6 +45,7 @@ import threading
 import uuid as _uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterable, Iterator
@@ -176,10 +177,8 @@ def recover_from_bucket(engine, bucket: Bucket, topic: str | None = None,
     without it each data object's existence and length are still checked (from the listing), every index
     is decoded and checked, and a bad page is still caught by every read (and by `tiering verify`), never
     served. Turn it on when the bucket itself is suspect."""
-    if dry_run:
-        return _recover(engine, bucket, topic, policy, concurrency, check_pages, tier1, topic_concurrency, True)
-    with gc_sweep.excluding_sweep(engine, bucket.name, bucket.prefix):
-        return _recover(engine, bucket, topic, policy, concurrency, check_pages, tier1, topic_concurrency)
+    with nullcontext() if dry_run else gc_sweep.excluding_sweep(engine, bucket.name, bucket.prefix):
+        return _recover(engine, bucket, topic, policy, concurrency, check_pages, tier1, topic_concurrency, dry_run)
 
 
 def _recover(engine, bucket: Bucket, topic: str | None, policy: TopicPolicy, concurrency: int,
@@ -275,9 +274,10 @@ def recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool:
                   check_pages: bool = False, tier1: Tier1Store | None = None,
                   name: str | None = None, dry_run: bool = False) -> RecoverReport:
     """Recover one topic (its listed objects, and its tier-1 files when `tier1` is given) in one
-    transaction (rolled back when `dry_run`). `name`: the topic's name when the caller knows it (a tier-1-only topic); otherwise it is
-    read from the index metadata (a long topic's key segment is hashed) or the key. Failures are reported
-    in the returned report's `errors`, naming the topic; nothing of that topic is committed then."""
+    transaction (rolled back when `dry_run`). `name`: the topic's name when the caller knows it (a
+    tier-1-only topic); otherwise it is read from the index metadata (a long topic's key segment is hashed)
+    or the key. Failures are reported in the returned report's `errors`, naming the topic; nothing of that
+    topic is committed then."""
     report = RecoverReport(pages_checked=check_pages)
     try:
         _recover_topic(engine, b, listed, policy, pool, check_pages, tier1, name, report, dry_run)
