@@ -112,10 +112,11 @@ def test_recover_is_manual_and_its_page_check_a_boolean_off_by_default(dagbag):
 
     dag = dagbag.dags["tiering_recover"]
     assert dag.schedule is None  # after losing the database, by hand only
-    assert set(dag.params.keys()) == {"topic", "check_pages"}
-    assert dag.params.validate() == {"topic": None, "check_pages": False}
+    assert set(dag.params.keys()) == {"topic", "check_pages", "dry_run"}
+    assert dag.params.validate() == {"topic": None, "check_pages": False, "dry_run": False}  # a run, unless asked
     assert _with(dag.params, {"check_pages": True}).validate()["check_pages"] is True
-    for bad in ({"check_pages": "yes"}, {"check_pages": 1}):
+    assert _with(dag.params, {"dry_run": True}).validate()["dry_run"] is True
+    for bad in ({"check_pages": "yes"}, {"check_pages": 1}, {"dry_run": "true"}, {"dry_run": 0}):
         with pytest.raises(ParamValidationError):
             _with(dag.params, bad).validate()
 

@@ -39,6 +39,23 @@ def test_recover_dag_rebuilds_offloaded_and_tier1_ledgers_with_the_page_check(ai
         conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
                           "tiering.attribute, tiering.job_run CASCADE"))
 
+    def tier1_files() -> dict:  # (the run's marker of the shared root aside: the first job writes it)
+        return {p: p.read_bytes() for p in airflow.tier1_root.rglob("*") if p.is_file() and p.name != MARKER}
+
+    tails = tier1_files()
+
+    # the preview first: the run's counts, every topic's transaction rolled back, the open files left open
+    done, out = dags_test(airflow, "tiering_recover", {"check_pages": True, "dry_run": True})
+    assert done.returncode == 0, out[-3000:]
+    assert "recover: SUCCEEDED: planned 3, done 3, skipped 0, failed 0" in out, out[-3000:]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM tiering.topic")).scalar() == 0
+        assert conn.execute(text("SELECT count(*) FROM tiering.ledger")).scalar() == 0
+        preview = conn.execute(text("SELECT details FROM tiering.job_run WHERE job = 'recover'")).scalar_one()
+    preview = preview if isinstance(preview, dict) else json.loads(preview)
+    assert preview["dry_run"] is True
+    assert tier1_files() == tails  # nothing sealed
+
     done, out = dags_test(airflow, "tiering_recover", {"check_pages": True})
     assert done.returncode == 0, out[-3000:]
     assert "recover: SUCCEEDED: planned 3, done 3, skipped 0, failed 0" in out, out[-3000:]
@@ -56,3 +73,6 @@ def test_recover_dag_rebuilds_offloaded_and_tier1_ledgers_with_the_page_check(ai
     assert (row.status, row.items_done, row.items_failed) == ("SUCCEEDED", 3, 0)
     assert details["pages_checked"] is True and details["ledgers_recovered"] == 2
     assert details["tier1_adopted"] == 5 and details["tier1_sealed"] == 2 and details["tier1_copies_recorded"] == 2
+    assert "dry_run" not in details
+    counted = ("ledgers_recovered", "tier1_adopted", "tier1_sealed", "tier1_copies_recorded", "topics_created")
+    assert {k: preview[k] for k in counted} == {k: details[k] for k in counted}  # the preview said what it did

@@ -49,7 +49,11 @@ def test_plan_and_partitions_recover_every_topic_and_report_the_unnamed_director
     assert sorted(unnamed) == sorted([topic_dir_name(LONG), topic_dir_name(LONG_T1)])
 
     token = root_token(settings.tier1_root)
-    [part] = list(job._partition(settings, iter(items), token, False, 4))
+    # the preview: the same counts, nothing committed
+    [preview] = list(job._partition(settings, iter(items), token, False, 4, True))
+    assert deps.meta.list_topics() == []
+    [part] = list(job._partition(settings, iter(items), token, False, 4, False))
+    assert preview["counts"] == part["counts"] and sorted(preview["topics"]) == sorted(part["topics"])
     assert (part["done"], part["failed"], part["errors"]) == (3, 0, [])
     assert part["counts"]["ledgers_recovered"] == 2 and part["counts"]["tier1_copies_recorded"] == 2
     assert part["counts"]["tier1_adopted"] == 5 and part["counts"]["tier1_sealed"] == 2  # a/1,2 LONG/1,2 b/0
@@ -61,7 +65,7 @@ def test_plan_and_partitions_recover_every_topic_and_report_the_unnamed_director
     assert {topic_dir_name(n) for n in part["topics"]} & set(unnamed) == {topic_dir_name(LONG)}
 
     # a rerun commits nothing new
-    [again] = list(job._partition(settings, iter(items), token, False, 4))
+    [again] = list(job._partition(settings, iter(items), token, False, 4, False))
     assert again["counts"]["ledgers_recovered"] == again["counts"]["tier1_adopted"] == 0
     assert again["counts"]["already_known"] == 2
 
@@ -74,7 +78,7 @@ def test_an_executor_on_another_tier1_root_fails_its_topics_with_the_marker_mess
     elsewhere = tmp_path / "not-the-shared-root"
     elsewhere.mkdir()
     [part] = list(job._partition(settings.with_(tier1_root=elsewhere), iter(items), root_token(settings.tier1_root),
-                                 False, 4))
+                                 False, 4, False))
     assert part["done"] == 0 and part["failed"] == len(items) == 1
     assert str(elsewhere / MARKER) in part["errors"][0] and "not the driver's" in part["errors"][0]
     assert deps.meta.list_topics() == []  # nothing recovered without tier 1

@@ -30,6 +30,9 @@ def test_every_dag_of_the_design_is_there():
     ("tiering_recover", {}, []),
     ("tiering_recover", {"check_pages": False}, []),
     ("tiering_recover", {"topic": "-x", "check_pages": True}, ["--topic=-x", "--check-pages"]),
+    ("tiering_recover", {"dry_run": True}, ["--dry-run"]),
+    ("tiering_recover", {"topic": "t", "check_pages": True, "dry_run": True}, ["--topic=t", "--check-pages", "--dry-run"]),
+    ("tiering_gc", {"dry_run": False}, []),
     ("tiering_gc", {"check_pages": False}, []),  # false is "not asked for", whatever the job
     # the scrub's repair step: off unless asked for
     ("tiering_scrub", {}, []),
@@ -126,7 +129,18 @@ def test_recover_parser_reads_back_what_the_builder_writes():
     args = build_parser().parse_args(spark_submit_args("tiering_recover", topic="--check-pages", check_pages=True))
     assert (args.topic, args.check_pages) == ("--check-pages", True)
     args = build_parser().parse_args(spark_submit_args("tiering_recover", check_pages=False))
-    assert (args.topic, args.check_pages) == (None, False)
+    assert (args.topic, args.check_pages, args.dry_run) == (None, False, False)
+    args = build_parser().parse_args(spark_submit_args("tiering_recover", topic="--dry-run", dry_run=True))
+    assert (args.topic, args.check_pages, args.dry_run) == ("--dry-run", False, True)
+
+
+def test_a_dry_run_is_the_recovery_s_alone_and_a_switch():
+    with pytest.raises(BadInput, match="tiering_gc takes no dry run"):
+        spark_submit_args("tiering_gc", dry_run=True)
+    with pytest.raises(BadInput, match="a switch is true or false"):
+        spark_submit_args("tiering_recover", dry_run="false")  # "false" would be true
+    with pytest.raises(TypeError, match="no run parameter named dryrun"):
+        spark_submit_args("tiering_recover", dryrun=True)  # a caller's typo is not silently "not given"
 
 
 def test_an_export_location_under_the_tier2_prefix_is_refused():

@@ -52,7 +52,7 @@ RETRY_POLICY = ExceptionRetryPolicy(rules=[RetryRule(exception=f"{__name__}.Refu
 
 
 _SWITCH_WORDS = {"check_pages": "check every page", "repair": "repair what it finds",
-                 "retry_failed": "retry FAILED keys"}
+                 "retry_failed": "retry FAILED keys", "dry_run": "dry run, nothing changed"}
 
 
 def _describe(dag_id: str, params: dict) -> str:
@@ -312,6 +312,12 @@ def _form_field(param: RunParam) -> Param:
                                  "times; nothing retries them otherwise), then delete them with the due ones: "
                                  "tiering gc --retry-failed; e.g. on once a bucket policy or permission that "
                                  "refused the deletes is mended. Off: the hourly run, FAILED keys left as they are.")
+    if param.name == "dry_run":
+        return Param(False, type="boolean", title="Dry run",
+                     description="Report what a recovery would do now and change nothing: each topic's rows are "
+                                 "decided and rolled back, open tier-1 files are not sealed (tiering "
+                                 "recover-from-bucket --dry-run); the counts are in the run's job_run row; "
+                                 "e.g. on first, to see what a recovery would bring back before running it.")
     if param.name == "max_bytes_per_second":
         return Param(None, type=["null", "integer", "string"], title="Upload limit (per second, optional)",
                      minimum=0, maximum=INT64_MAX, pattern=SIZE_PATTERN,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from tiering.errors import BadInput
 from tiering.jobs.runner import planned_ledgers
-from tiering.jobs.spec import JOBS, spark_submit_args
+from tiering.jobs.spec import CHECKS, JOBS, spark_submit_args
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
 from tiering.model import check_export_location, check_topic_name
 
@@ -40,10 +40,7 @@ def check_conf(dag_id: str, conf: dict | None, allowed: set[str]) -> None:
 
 def job_args(dag_id: str, params: dict) -> list[str]:
     """The job's arguments from the run's params (the plan task and the Spark task both build them here)."""
-    return spark_submit_args(dag_id, topic=params.get("topic") or None, position=params.get("position") or None,
-                             dest=params.get("dest") or None, check_pages=params.get("check_pages"),
-                             max_bytes_per_second=params.get("max_bytes_per_second"), repair=params.get("repair"),
-                             retry_failed=params.get("retry_failed"))
+    return spark_submit_args(dag_id, **{name: params.get(name) for name in CHECKS})
 
 
 def plan_count(dag_id: str, args: list[str], deps) -> tuple[int | None, int | None]:

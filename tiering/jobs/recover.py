@@ -4,7 +4,8 @@ The driver lists the prefix's topic segments only (S3 `Delimiter`: one LIST per 
 number of objects) and the tier-1 root's topic directories; each topic is one item. An executor lists its
 topic's objects, reads the index objects with a pool of threads, reads the topic's tier-1 files, and
 commits the topic in one transaction: the code `tiering recover-from-bucket` runs in one process
-(`tiering.ops.recover.recover_topic`). An item that fails (an S3 error, a file a writer holds) is retried,
+(`tiering.ops.recover.recover_topic`). With `--dry-run` each topic's transaction is rolled back instead and
+open tier-1 files are not sealed: the job_run row's counts are what a run would do now. An item that fails (an S3 error, a file a writer holds) is retried,
 then counted failed with its reason; nothing of that topic is committed, and a rerun finishes it (recovery
 is idempotent).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 
 from tiering.config import Settings
 from tiering.errors import TieringError
@@ -41,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tiering-recover")
     topic_arg(p)
     p.add_argument("--check-pages", action="store_true", help="download every data object and check its pages")
+    p.add_argument("--dry-run", action="store_true",
+                   help="what a run would do now: each topic's decisions made and rolled back, nothing sealed")
     p.add_argument("--concurrency", type=int_arg("--concurrency", 1, 256), default=16,
                    help="index objects an executor reads at once")
     return p
@@ -65,18 +69,21 @@ def plan(deps, args) -> list[dict]:
     return _plan(deps, args)[0]
 
 
-def _one(deps, item: dict, reads, check_pages: bool) -> RecoverReport:
+def _one(deps, item: dict, reads, check_pages: bool, dry_run: bool) -> RecoverReport:
     """One topic, retried while it reports errors (S3 or tier-1 failures, none of it committed)."""
-    return retried(lambda: _attempt(deps, item, reads, check_pages), lambda report: bool(report.errors))
+    return retried(lambda: _attempt(deps, item, reads, check_pages, dry_run), lambda report: bool(report.errors))
 
 
-def _attempt(deps, item: dict, reads, check_pages: bool) -> RecoverReport:
+def _attempt(deps, item: dict, reads, check_pages: bool, dry_run: bool) -> RecoverReport:
     try:
-        # guarded on its own: the driver's guard against GC goes with the driver, and this may outlive it
-        with gc_sweep.recovering(deps.meta.engine, deps.bucket.name, deps.bucket.prefix):
+        # guarded on its own: the driver's guard against GC goes with the driver, and this may outlive it;
+        # a dry run writes nothing, so it keeps GC out of nothing (as `recover-from-bucket --dry-run`)
+        guard = nullcontext() if dry_run else gc_sweep.recovering(deps.meta.engine, deps.bucket.name,
+                                                                  deps.bucket.prefix)
+        with guard:
             listed, n, foreign = list_segment(deps.bucket, item["segment"])
             report = recover_topic(deps.meta.engine, deps.bucket, listed, TopicPolicy(), reads, check_pages,
-                                   deps.tier1, item.get("topic"))
+                                   deps.tier1, item.get("topic"), dry_run)
         report.objects_listed, report.foreign_objects = n, foreign
         return report
     except TieringError as exc:
@@ -97,13 +104,14 @@ def _summary(report: RecoverReport, done: int, failed: int) -> dict:
             "unknown": {t: [list(r) for r in rs] for t, rs in list(report.unknown.items())[:SHOWN]}}
 
 
-def _partition(settings: Settings, items, token: str | None, check_pages: bool, concurrency: int):
+def _partition(settings: Settings, items, token: str | None, check_pages: bool, concurrency: int,
+               dry_run: bool):
     """Runs on an executor: its topics one after the other, each topic's index objects read concurrently."""
     def run_items(deps, items) -> dict:
         total, done, failed = RecoverReport(), 0, 0
         with ThreadPoolExecutor(concurrency, thread_name_prefix="recover-read") as reads:
             for item in items:
-                report = _one(deps, item, reads, check_pages)
+                report = _one(deps, item, reads, check_pages, dry_run)
                 done, failed = done + (not report.errors), failed + bool(report.errors)
                 total.merge(report)
         return _summary(total, done, failed)
@@ -130,8 +138,8 @@ def _run(deps, args, settings: Settings, outcome: JobOutcome) -> None:
     if items:
         sc = spark_context("tiering-recover", outcome)
         token = root_token(settings.tier1_root)
-        check, conc = args.check_pages, args.concurrency
-        for p in fan_out(sc, items, lambda it: _partition(settings, it, token, check, conc), outcome):
+        check, conc, dry = args.check_pages, args.concurrency, args.dry_run
+        for p in fan_out(sc, items, lambda it: _partition(settings, it, token, check, conc, dry), outcome):
             outcome.add(JobOutcome(p["done"], p["failed"], 0, p["errors"]))
             _add(outcome.details, p)
             names += p["topics"]
@@ -144,11 +152,14 @@ def main(argv=None) -> int:
 
     def body_of(settings, deps):
         def body(outcome: JobOutcome, _run_id: int) -> None:
-            with gc_sweep.excluding_sweep(deps.meta.engine, deps.bucket.name, deps.bucket.prefix):
+            guard = nullcontext() if args.dry_run else gc_sweep.excluding_sweep(deps.meta.engine, deps.bucket.name,
+                                                                                deps.bucket.prefix)
+            with guard:
                 _run(deps, args, settings, outcome)
         return body
 
-    return driver_job("recover", args.topic, body_of, JobOutcome(details={"pages_checked": args.check_pages}))
+    details = {"pages_checked": args.check_pages, **({"dry_run": True} if args.dry_run else {})}
+    return driver_job("recover", args.topic, body_of, JobOutcome(details=details))
 
 
 if __name__ == "__main__":

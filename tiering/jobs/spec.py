@@ -106,13 +106,14 @@ def _check_rate(value: object) -> str:
     return str(value)
 
 
-CHECKS = {"topic": check_topic_name, "position": _check_position, "dest": check_export_location,
+# every run parameter's check, in the order a parameter the job does not take is refused (position first)
+CHECKS = {"position": _check_position, "topic": check_topic_name, "dest": check_export_location,
           "check_pages": _check_switch, "max_bytes_per_second": _check_rate, "repair": _check_switch,
-          "retry_failed": _check_switch}
+          "retry_failed": _check_switch, "dry_run": _check_switch}
 NOUNS = {"topic": "topic", "position": "position", "dest": "destination",  # in "<dag> takes no <noun>"
          "check_pages": "page check", "max_bytes_per_second": "upload limit", "repair": "repair",
-         "retry_failed": "retry of FAILED GC keys"}
-SWITCHES = frozenset({"check_pages", "repair", "retry_failed"})
+         "retry_failed": "retry of FAILED GC keys", "dry_run": "dry run"}
+SWITCHES = frozenset({"check_pages", "repair", "retry_failed", "dry_run"})
 TOPIC = RunParam("topic", "--topic")
 DEST = RunParam("dest", "--dest")
 CHECK_PAGES = RunParam("check_pages", "--check-pages")
@@ -122,6 +123,8 @@ RATE = RunParam("max_bytes_per_second", "--max-bytes-per-second")
 REPAIR = RunParam("repair", "--repair")
 # GC's queue keys FAILED after their last refused delete made due again first (`tiering gc --retry-failed`)
 RETRY_FAILED = RunParam("retry_failed", "--retry-failed")
+# a recovery's preview: each topic's decisions made and rolled back (`tiering recover-from-bucket --dry-run`)
+DRY_RUN = RunParam("dry_run", "--dry-run")
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,7 @@ JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
     # manual: rebuild the metadata of a lost database from the bucket and tier 1 (tiering/jobs/recover.py)
     JobSpec("tiering_recover", None, "recover.py",
             "Recover the metadata from the bucket's index objects and tier 1 (manual, after losing the database).",
-            (), ("metadata", "manual"), params=(TOPIC, CHECK_PAGES), planned_before_spark=True),
+            (), ("metadata", "manual"), params=(TOPIC, CHECK_PAGES, DRY_RUN), planned_before_spark=True),
     # an export is always of every table: no topic
     JobSpec("tiering_metadata_export", "@daily", "export_metadata.py",
             "Parquet snapshot of the metadata tables (Spark over JDBC).", (), ("metadata",), needs_jdbc=True,
@@ -211,20 +214,20 @@ JOBS: dict[str, JobSpec] = {j.dag_id: j for j in [
 ]}
 
 
-def spark_submit_args(dag_id: str, topic: str | None = None, position: str | None = None,
-                      dest: str | None = None, check_pages: bool | None = None,
-                      max_bytes_per_second: int | None = None, repair: bool | None = None,
-                      retry_failed: bool | None = None) -> list[str]:
-    """`application_args` of a job: its fixed flags plus the run's parameters (those its spec takes),
-    validated. Required parameters are checked first, then a parameter the job does not take is refused."""
+def spark_submit_args(dag_id: str, **given) -> list[str]:
+    """`application_args` of a job: its fixed flags plus the run's parameters (those its spec takes, by their
+    names in CHECKS; None, "" and false are "not given"), validated. Required parameters are checked first,
+    then a parameter the job does not take is refused."""
     spec = JOBS.get(dag_id)
     if spec is None:
         raise BadInput(f"unknown job {dag_id!r}")
-    given = {"topic": topic, "position": position, "dest": dest, "check_pages": check_pages,
-             "max_bytes_per_second": max_bytes_per_second, "repair": repair, "retry_failed": retry_failed}
+    unknown = set(given) - set(CHECKS)
+    if unknown:  # a caller's mistake, not the user's: no run parameter has that name
+        raise TypeError(f"no run parameter named {', '.join(sorted(unknown))}")
+    given = {name: given.get(name) for name in CHECKS}
     if any(p.required and not given[p.name] for p in spec.params):
         raise BadInput(spec.missing or f"{dag_id} needs {' and '.join(p.name for p in spec.params if p.required)}")
-    for name in ("position", "topic", "dest", "check_pages", "max_bytes_per_second", "repair", "retry_failed"):
+    for name in CHECKS:
         if given[name] is not None and given[name] != "" and given[name] is not False \
                 and name not in spec.param_names():
             raise BadInput(f"{dag_id} takes no {NOUNS[name]}")
