@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tiering.errors import BadInput
+from tiering.argtypes import arg_type
 from tiering.model import (INT64_MAX, MAX_SECONDS, BadInt, Position, check_subscription_name, check_topic_name,
                            parse_int)
 from tiering.units import DURATION_HELP, SIZE_HELP, format_duration, format_size, parse_duration, parse_size
@@ -158,25 +158,9 @@ def size_at_least(lo: int):
     return parse
 
 
-def position(text: str) -> Position:
-    try:
-        return Position.parse(text)
-    except BadInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def topic_name(text: str) -> str:
-    try:
-        return check_topic_name(text)
-    except BadInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def subscription_name(text: str) -> str:
-    try:
-        return check_subscription_name(text)
-    except BadInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+position = arg_type(Position.parse)
+topic_name = arg_type(check_topic_name)
+subscription_name = arg_type(check_subscription_name)
 
 
 def json_flag(p: argparse.ArgumentParser) -> None:

@@ -5,10 +5,10 @@ No Airflow and no Spark imports here: the DAG files and the tests use the same t
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tiering.argtypes import arg_type
 from tiering.errors import BadInput
 from tiering.model import (CONTROL_CHARS, INT64_MAX, TOPIC_MAX, Position, check_export_location, check_topic_name,
                            parse_int)
@@ -27,40 +27,21 @@ TOPIC_PATTERN = rf"^[^{CONTROL_CHARS}]+$(?!\n)"
 
 def int_arg(what: str, lo: int, hi: int):
     """An argparse `type` for a job's integer argument: ASCII digits within [lo, hi], else exit 2."""
-    def parse(text: str) -> int:
-        try:
-            return parse_int(text, what, lo, hi)
-        except BadInput as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    return parse
+    return arg_type(parse_int, what, lo, hi)
 
 
 def size_arg(what: str, lo: int, hi: int):
     """An argparse `type` for a job's size argument: bytes, or a number with a unit (tiering/units.py)."""
-    def parse(text: str) -> int:
-        try:
-            return parse_size(text, what, lo, hi)
-        except BadInput as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    return parse
+    return arg_type(parse_size, what, lo, hi)
 
 
 def duration_arg(what: str, lo: int, hi: int):
     """An argparse `type` for a job's duration argument: seconds, or a number with a unit."""
-    def parse(text: str) -> int:
-        try:
-            return parse_duration(text, what, lo, hi)
-        except BadInput as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    return parse
+    return arg_type(parse_duration, what, lo, hi)
 
 
-def position_arg(text: str) -> Position:
-    """An argparse `type` for a job's `--position=L:E`."""
-    try:
-        return Position.parse(text)
-    except BadInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+# an argparse `type` for a job's `--position=L:E`
+position_arg = arg_type(Position.parse)
 
 
 def prefix_position_arg(text: str) -> Position | str:
