@@ -112,6 +112,9 @@ def test_an_offload_whose_worker_died_does_not_hold_retention_back(cli, deps):  
         with pytest.raises(ConditionalUpdateFailed):  # the running offload's commit: its ledger is gone
             deps.meta.complete_offload(live, running, chunk)
     assert [led.state for led in deps.meta.list_ledgers("d")] == [S.DELETED] * 3 + [S.SEALED]
-    with deps.meta.engine.connect() as conn:  # the attempts' objects stay queued for GC
-        queued = conn.execute(text("SELECT key FROM tiering.gc_task WHERE key LIKE 'k/%' ORDER BY key")).scalars().all()
-    assert queued == ["k/d1", "k/d1-index", "k/d2", "k/d2-index"]
+    # the attempts' objects stay queued for GC, due once the GC delay (600 s) has passed: neither attempt can
+    # commit any more, so the rest of their hour would only leave the objects in the bucket
+    with deps.meta.engine.connect() as conn:
+        queued = conn.execute(text("SELECT key, not_before - now() <= interval '600 seconds' FROM tiering.gc_task "
+                                   "WHERE key LIKE 'k/%' ORDER BY key")).all()
+    assert queued == [("k/d1", True), ("k/d1-index", True), ("k/d2", True), ("k/d2-index", True)]

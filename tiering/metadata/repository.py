@@ -365,7 +365,8 @@ class MetadataStore:
                           states: Sequence[LedgerState] = (S.SEALED, S.OFFLOADED)) -> list[Ledger]:
         """delete_ledgers inside the caller's transaction (retention's and topic deletion's, which hold the
         topic and its subscriptions locked). `states`: what a ledger may be in (topic deletion also takes an
-        OFFLOADING one: the attempt's commit then loses its compare-and-set and its objects are collected)."""
+        OFFLOADING one: the attempt's commit then loses its compare-and-set, and its queued objects become
+        due `gc_delay` from now, not when the rest of its offload timeout has passed)."""
         out = []
         self._lock_rows(conn, leds, chunks=True)
         for led in leds:
@@ -377,6 +378,10 @@ class MetadataStore:
                 self._enqueue(conn, [gone.data_key, gone.index_key], reason=reason, owner=None,
                               delay=gc_delay)
             out.append(self._cas(conn, led, list(states), state=S.DELETED.value, deleted_at=func.now()))
+        # (the compare-and-set held each row at the version read, so an OFFLOADING one was in that attempt;
+        # a batch commits all of its ledgers or none, so one ledger gone is the whole attempt lost)
+        gc_queue.due_sooner(conn, (led.offload_uuid for led in leds
+                                   if led.state == S.OFFLOADING and led.offload_uuid is not None), gc_delay)
         return out
 
     def replace_chunks(self, moves: Sequence[tuple[Ledger, Chunk, Chunk]], attempt: str,
