@@ -39,7 +39,7 @@ def test_recover_dag_rebuilds_offloaded_and_tier1_ledgers_with_the_page_check(ai
         conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
                           "tiering.attribute, tiering.job_run CASCADE"))
 
-    def tier1_files() -> dict:  # (the run's marker of the shared root aside: the first job writes it)
+    def tier1_files() -> dict:  # (the shared root's marker aside: the first job reading tier 1 writes it)
         return {p: p.read_bytes() for p in airflow.tier1_root.rglob("*") if p.is_file() and p.name != MARKER}
 
     tails = tier1_files()
@@ -47,11 +47,12 @@ def test_recover_dag_rebuilds_offloaded_and_tier1_ledgers_with_the_page_check(ai
     # the preview first: the run's counts, every topic's transaction rolled back, the open files left open
     done, out = dags_test(airflow, "tiering_recover", {"check_pages": True, "dry_run": True})
     assert done.returncode == 0, out[-3000:]
-    assert "recover: SUCCEEDED: planned 3, done 3, skipped 0, failed 0" in out, out[-3000:]
+    assert "recover_dry_run: SUCCEEDED: planned 3, done 3, skipped 0, failed 0" in out, out[-3000:]
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM tiering.topic")).scalar() == 0
         assert conn.execute(text("SELECT count(*) FROM tiering.ledger")).scalar() == 0
-        preview = conn.execute(text("SELECT details FROM tiering.job_run WHERE job = 'recover'")).scalar_one()
+        preview = conn.execute(text("SELECT details FROM tiering.job_run WHERE job = 'recover_dry_run'")).scalar_one()
+        assert conn.execute(text("SELECT count(*) FROM tiering.job_run WHERE job = 'recover'")).scalar() == 0
     preview = preview if isinstance(preview, dict) else json.loads(preview)
     assert preview["dry_run"] is True
     assert tier1_files() == tails  # nothing sealed

@@ -149,3 +149,13 @@ def test_retention_skips_spark_when_no_topic_is_due_and_runs_when_one_is(deps):
     assert [(r["kind"], r["details"]) for r in rows(deps)] == [("retention", {"planned": 0, "spark": "skipped"})]
     produce(deps, "trim", [entries(f"t{i}", 3, 10) for i in range(3)], TopicPolicy(retention_bytes=1, **BIG))
     assert go(deps, "tiering_retention", {}, {"topic"}, run="scheduled__2").planned == 1
+
+
+def test_a_recoverys_idle_preview_is_recorded_as_a_preview(deps):
+    """Nothing to recover: the plan task records the run as a preview's job, never the last recovery."""
+    result = go(deps, "tiering_recover", {"dry_run": True}, {"topic", "check_pages", "dry_run"})
+    assert result.planned == 0 and not result.run_spark and result.args == ["--dry-run"]
+    assert [(r["job"], r["kind"], r["status"], r["details"]) for r in rows(deps)] == [
+        ("recover_dry_run", "recover", "SUCCEEDED", {"planned": 0, "spark": "skipped", "dry_run": True})]
+    go(deps, "tiering_recover", {}, {"topic", "check_pages", "dry_run"})
+    assert [r["job"] for r in rows(deps)] == ["recover_dry_run", "recover"]

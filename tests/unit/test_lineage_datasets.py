@@ -93,3 +93,12 @@ def test_moved_ledgers_per_topic_from_ledger_and_batch_items():
         "b": {"ledgers": 1, "entries": 0, "first_ledger": 9, "last_ledger": 9}}
     assert len(asked) == 1  # one query for the run
     assert moved_ledgers([{"topic": "a"}], entry_counts) == {} and moved_ledgers([], entry_counts) == {}
+
+
+def test_a_recoverys_preview_reads_the_bucket_and_writes_nothing():
+    assert lineage.datasets("recover", SETTINGS, ["a"]) == ([("s3://bkt", "t/a")], [(TOPIC_NS, "a")])
+    assert lineage.datasets("recover", SETTINGS, ["a"], {"dry_run": True}) == ([("s3://bkt", "t/a")], [])
+    row = {"run_id": 9, "status": "SUCCEEDED", "items_done": 1, "items_failed": 0, "bytes": 0,
+           "details": {"dry_run": True, "planned": 1}}
+    assert lineage.run_summary(row)["dryRun"] is True
+    assert "dryRun" not in lineage.run_summary({**row, "details": {"planned": 1}})

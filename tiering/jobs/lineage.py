@@ -107,6 +107,8 @@ def datasets(kind: str, settings, topics: list[str], details: Mapping[str, Any] 
         raise ValueError(role)
 
     ins, outs = ROLES.get(kind, DEFAULT_ROLES)
+    if details.get("dry_run"):  # a preview reads what its run would and writes nothing
+        outs = ()
     named = details.get("lineage") or {}
     return ([d for r in ins for d in of(r)] + _named(named.get("inputs")),
             [d for r in outs for d in of(r)] + _named(named.get("outputs")))
@@ -146,6 +148,8 @@ def run_summary(row: Mapping[str, Any] | None) -> dict[str, Any]:
                            for t, m in sorted(moved.items())})
     elif "entries" in details:  # the scrub reads entries without moving ledgers
         out["entries"] = details["entries"]
+    if details.get("dry_run"):
+        out["dryRun"] = True
     if row.get("error"):
         out["error"] = str(row["error"])[:2000]
     return {k: v for k, v in out.items() if v is not None}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from tiering.errors import BadInput
 from tiering.jobs.runner import planned_ledgers
-from tiering.jobs.spec import CHECKS, JOBS, spark_submit_args
+from tiering.jobs.spec import CHECKS, JOBS, run_job_name, spark_submit_args
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
 from tiering.model import check_export_location, check_topic_name
 
@@ -68,7 +68,9 @@ def preflight(dag_id: str, conf: dict | None, params: dict, allowed: set[str], d
     (called once; its engine is disposed here); `settings` their settings (an export's S3 location is
     looked at with them). Raises `BadInput` (already recorded) on bad input."""
     topic = params.get("topic") or None
-    job = JOBS[dag_id].application.removesuffix(".py")
+    dry_run = params.get("dry_run") is True
+    job = run_job_name(JOBS[dag_id].application.removesuffix(".py"), dry_run)
+    marks = {"dry_run": True} if dry_run else {}
     deps = None
     try:
         deps = deps_factory()
@@ -89,10 +91,11 @@ def preflight(dag_id: str, conf: dict | None, params: dict, allowed: set[str], d
             planned, ledgers = plan_count(dag_id, args, deps)
         except BadInput as exc:
             JobRuns(deps.meta.engine).record(job, _storable(topic), ref, JobOutcome(errors=[f"bad input: {exc}"],
-                                                                                    details={"planned": 0}))
+                                                                                    details={"planned": 0, **marks}))
             raise
         if planned == 0:
-            JobRuns(deps.meta.engine).record(job, topic, ref, JobOutcome(details={"planned": 0, "spark": "skipped"}))
+            JobRuns(deps.meta.engine).record(job, topic, ref, JobOutcome(
+                details={"planned": 0, "spark": "skipped", **marks}))
         return Preflight(args, planned, ledgers)
     finally:
         if deps is not None:

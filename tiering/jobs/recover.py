@@ -26,7 +26,7 @@ from tiering.config import Settings
 from tiering.errors import TieringError
 from tiering.format.keys import encode_topic, parse_key
 from tiering.jobs.runner import driver_job, executor_partition, fan_out, retried, spark_context, topic_arg
-from tiering.jobs.spec import int_arg
+from tiering.jobs.spec import int_arg, run_job_name
 from tiering.metadata import gc_sweep
 from tiering.metadata.job_runs import JobOutcome
 from tiering.model import TopicPolicy
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
         return body
 
     details = {"pages_checked": args.check_pages, **({"dry_run": True} if args.dry_run else {})}
-    return driver_job("recover", args.topic, body_of, JobOutcome(details=details))
+    return driver_job(run_job_name("recover", args.dry_run), args.topic, body_of, JobOutcome(details=details))
 
 
 if __name__ == "__main__":

@@ -87,6 +87,12 @@ def _check_rate(value: object) -> str:
     return str(value)
 
 
+def run_job_name(job: str, dry_run: bool) -> str:
+    """A run's `job_run.job`: a preview is a job of its own ("recover_dry_run"), so it never stands as the
+    job's last run in `topic stats`, the metrics or a query for the last recovery."""
+    return f"{job}_dry_run" if dry_run else job
+
+
 # every run parameter's check, in the order a parameter the job does not take is refused (position first)
 CHECKS = {"position": _check_position, "topic": check_topic_name, "dest": check_export_location,
           "check_pages": _check_switch, "max_bytes_per_second": _check_rate, "repair": _check_switch,
