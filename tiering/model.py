@@ -125,7 +125,9 @@ def parse_int(text: object, what: str, lo: int, hi: int) -> int:
     return value
 
 
-_POSITION = re.compile(r"([0-9]{1,18}):([0-9]{1,18})")
+# a position's text: the one spelling of the rule (the trigger form's JSON-schema patterns are built from it)
+POSITION_REGEX = r"([0-9]{1,18}):([0-9]{1,18})"
+_POSITION = re.compile(POSITION_REGEX)
 
 
 @dataclass(frozen=True, order=True)

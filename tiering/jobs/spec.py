@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tiering.argtypes import arg_type
 from tiering.errors import BadInput
-from tiering.model import (CONTROL_CHARS, INT64_MAX, TOPIC_MAX, Position, check_export_location, check_topic_name,
+from tiering.model import (CONTROL_CHARS, INT64_MAX, POSITION_REGEX, TOPIC_MAX, Position, check_export_location, check_topic_name,
                            parse_int)
 from tiering.units import SIZE_HELP, parse_duration, parse_size
 
@@ -18,10 +18,10 @@ JOBS_DIR = Path(__file__).resolve().parent
 # Airflow's trigger form validates with these (JSON-schema patterns, which Airflow checks with Python's
 # re.search, where `$` also matches before a trailing newline: `(?!\n)` refuses that; in a browser's regex
 # `$` is the end already). Positions are ASCII digits; topic names have no control characters.
-POSITION_PATTERN = r"^[0-9]{1,18}:[0-9]{1,18}$(?!\n)"
+POSITION_PATTERN = rf"^{POSITION_REGEX}$(?!\n)"
 # offloadPrefix's position: L:E, or ALL_SEALED (every sealed ledger: the CLI's `offload-prefix --all-sealed`)
 ALL_SEALED = "all"
-PREFIX_POSITION_PATTERN = rf"^({ALL_SEALED}|[0-9]{{1,18}}:[0-9]{{1,18}})$(?!\n)"
+PREFIX_POSITION_PATTERN = rf"^({ALL_SEALED}|{POSITION_REGEX})$(?!\n)"
 TOPIC_PATTERN = rf"^[^{CONTROL_CHARS}]+$(?!\n)"
 
 
