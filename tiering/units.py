@@ -20,6 +20,16 @@ SIZE_UNITS = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4,
               "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
 DURATION_HELP = "seconds, or a number with a unit s, m, h, d, w (e.g. 90s, 15m, 4h, 7d)"
 SIZE_HELP = "bytes, or a number with a unit KiB, MiB, GiB, TiB (1024), KB, MB, GB, TB (1000) or K, M, G, T (1024)"
+
+
+def _any_case(unit: str) -> str:
+    return "".join(f"[{c.lower()}{c.upper()}]" for c in unit)
+
+
+# A size as a JSON-schema pattern (Airflow's trigger form; JSON schema has no case-insensitive flag): built
+# from SIZE_UNITS, so the form takes the units parse_size takes. parse_size still decides (bounds, fractions).
+SIZE_PATTERN = (r"^[0-9]+(\.[0-9]+)? ?(" + "|".join(_any_case(u) for u in sorted(SIZE_UNITS, key=len, reverse=True))
+                + r")?$(?!\n)")
 # ASCII only: int()/Decimal() would take other digits ("١٠", "５"); no '+', no '_', no exponent
 _VALUE = re.compile(r"(-?[0-9]+(?:\.[0-9]+)?)(?: ?([A-Za-z]+))?")
 

@@ -183,3 +183,21 @@ def test_an_export_location_that_would_be_written_elsewhere_is_refused(url):
     assert "s3cr3t" not in str(exc.value) and "\n" not in str(exc.value)
     with pytest.raises(BadInput):
         spark_submit_args("tiering_metadata_export", dest=url)
+
+
+def test_the_forms_size_pattern_takes_every_unit_parse_size_takes():
+    import re
+
+    from tiering.units import SIZE_PATTERN, SIZE_UNITS, parse_size
+
+    for unit in SIZE_UNITS:
+        for text in (f"8{unit}", f"8 {unit.upper()}", f"1.5{unit.title()}"):
+            matched = re.search(SIZE_PATTERN, text) is not None
+            try:
+                parse_size(text, "x", 0, 2**63 - 1)
+                parsed = True
+            except BadInput:
+                parsed = False
+            assert matched and (parsed or text.startswith("1.5")), text  # (1.5 B is no whole number of bytes)
+    for bad in ("8 P", "8PiB", "8\n", "-1", "1e6", "8 MiB "):
+        assert re.search(SIZE_PATTERN, bad) is None, bad

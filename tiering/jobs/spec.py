@@ -12,7 +12,7 @@ from tiering.argtypes import arg_type
 from tiering.errors import BadInput
 from tiering.model import (CONTROL_CHARS, INT64_MAX, POSITION_REGEX, TOPIC_MAX, Position, check_export_location, check_topic_name,
                            parse_int)
-from tiering.units import SIZE_HELP, parse_duration, parse_size
+from tiering.units import SIZE_HELP, SIZE_PATTERN, parse_duration, parse_size
 
 JOBS_DIR = Path(__file__).resolve().parent
 # Airflow's trigger form validates with these (JSON-schema patterns, which Airflow checks with Python's
@@ -68,10 +68,6 @@ def _check_switch(value: object) -> bool:
     if not isinstance(value, bool):  # "false" would be true: only a JSON boolean is a switch's value
         raise BadInput(f"a switch is true or false, got {value!r}")
     return value
-
-
-# the form's pattern of a size with a unit (the Param also takes a JSON integer); parse_size decides
-SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)? ?([KMGTkmgt]([iI]?[bB])?|[bB])?$(?!\n)"
 
 
 def _check_rate(value: object) -> str:
