@@ -166,3 +166,13 @@ def test_the_scrub_repairs_when_triggered_by_hand_or_asked(dagbag):
     assert resolved(DagRunType.SCHEDULED) is False and resolved(DagRunType.MANUAL) is True
     assert resolved(DagRunType.MANUAL, False) is False and resolved(DagRunType.SCHEDULED, True) is True
     assert resolved(DagRunType.ASSET_TRIGGERED) is False
+
+
+def test_the_plan_tasks_log_says_what_a_run_covers_as_the_form_names_it():
+    from tiering.jobs.airflow_dags import _describe
+
+    assert _describe("tiering_recover", {"dry_run": True}) == "every topic, dry run, nothing changed"
+    assert _describe("tiering_recover", {"topic": "a", "check_pages": True}) == "Topic 'a', check every page"
+    assert _describe("tiering_offload_prefix", {"topic": "q", "position": "0:0"}) == "Topic 'q', Position '0:0'"
+    assert _describe("tiering_offload_by_age", {}) == "every topic"
+    assert _describe("tiering_gc", {"retry_failed": True}) == "retry FAILED keys"  # GC takes no topic

@@ -63,8 +63,8 @@ def _describe(dag_id: str, params: dict) -> str:
         if value not in (None, "", False):
             parts.append(f"{_form_field(p).schema.get('title', p.name).split(' (')[0]} {value!r}"
                          if p.name not in _SWITCH_WORDS else _SWITCH_WORDS[p.name])
-    if not parts and "topic" in JOBS[dag_id].param_names():
-        return "every topic"
+    if not params.get("topic") and "topic" in JOBS[dag_id].param_names():
+        parts.insert(0, "every topic")  # a switch alone ("dry run") still says what it runs over
     return ", ".join(parts)
 
 
