@@ -12,12 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tiering.errors import BadInput, TopicReplaced
+from tiering.format.block import MAX_ENTRY_LEN
 from tiering.metadata.attributes import Attributes, AttributeUpdate, Verb
 from tiering.metadata.repository import MetadataStore
 from tiering.model import Ledger, LedgerState, Position
 from tiering.tier1 import LedgerFileExists, Tier1Store
 
-MAX_ENTRY_BYTES = 2**31 - 1 - 12  # the PIP-17 entry length is an int32
+MAX_ENTRY_BYTES = MAX_ENTRY_LEN  # the format's limit (tiering/format/block.py), one for every writer
 
 
 @dataclass(frozen=True)

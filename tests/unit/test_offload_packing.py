@@ -270,3 +270,18 @@ def test_a_frame_claiming_more_than_an_entry_may_hold_is_corruption(tmp_path, mo
         with pytest.raises(CorruptObjectError, match="entry 1 claims 200 bytes") as e:
             entries_of(r.iter_framed())
         assert str(path) in str(e.value)
+
+
+def test_one_entry_size_limit_for_the_writer_tier1_and_the_packer():
+    """The largest payload the producer takes is the largest tier 1 stores and the packer frames: a larger
+    limit anywhere would let an entry in that a later step refuses (a ledger that can never be offloaded)."""
+    from tiering import writer
+    from tiering.format import block, packing
+
+    assert writer.MAX_ENTRY_BYTES == frames.MAX_PAYLOAD == block.MAX_ENTRY_LEN == 2**31 - 1
+    import numpy as np
+
+    # a view of 2 GiB that holds one byte (stride 0): the packer refuses it on its length, before any copy
+    huge = memoryview(np.broadcast_to(np.zeros(1, np.uint8), (2**31,)))
+    with pytest.raises(BadInput, match=f"the format allows at most {2**31 - 1}"):
+        list(packing.frame_entries([(0, huge)]))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple
 
 from tiering.errors import BadInput
 from tiering.format.block import (DEFAULT_BLOCK_SIZE, DEFAULT_PAGE_SIZE, ENTRY_HEADER_LEN, HEADER_LEN,
-                                  MIN_PACK_BLOCK_SIZE, PAD_CHUNK, Block, Buffer, crc32c, encode_block_header)
+                                  MAX_ENTRY_LEN, MIN_PACK_BLOCK_SIZE, PAD_CHUNK, Block, Buffer, crc32c, encode_block_header)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -24,7 +24,6 @@ __all__ = ["FramedRun", "frame_entries", "pack_runs", "pack_blocks", "RUN_BYTES"
 
 _ENTRY = struct.Struct(">iq")
 _MAX_INT64 = 2**63 - 1
-MAX_ENTRY_LEN = 2**31 - 1  # the framing's int32 length
 RUN_BYTES = 1 << 20  # how much `frame_entries` gathers into one run (an oversized entry is a run of its own)
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from isal.isal_zlib import crc32
 
 from tiering.errors import CorruptObjectError, LedgerStorageError
+from tiering.format.block import MAX_ENTRY_LEN
 
 MAGIC = b"TLG1"
 VERSION = 2
@@ -47,7 +48,7 @@ FRAME = struct.Struct(">IqI")
 _LEN_ID = struct.Struct(">Iq")
 TRAILER = struct.Struct(">qq4s")
 OFFSET = struct.Struct(">q")
-MAX_PAYLOAD = 2**31 - 1  # PIP-17 (tier 2) stores an entry's length as int32
+MAX_PAYLOAD = MAX_ENTRY_LEN  # what tier 2 can hold (its entry length is an int32)
 CHUNK = 1 << 20  # streaming reads never hold more than about this much besides one payload
 INDEX_SLICE = 8192  # footer index entries read at once by a whole read (64 KiB)
 SKIP_AHEAD = 4096
