@@ -18,7 +18,10 @@ from tiering.metadata.repository import MetadataStore
 from tiering.model import Ledger, LedgerState, Position
 from tiering.tier1 import LedgerFileExists, Tier1Store
 
-MAX_ENTRY_BYTES = MAX_ENTRY_LEN  # the format's limit (tiering/format/block.py), one for every writer
+# The largest entry a producer may write: under the format's limit (what tier 1 and tier 2 can store and read
+# back) by an entry header, so that every payload is also one value of an Arrow binary array (at most 2^31 - 2
+# bytes), which read_batches, the Spark source and table sync build
+MAX_ENTRY_BYTES = MAX_ENTRY_LEN - 12
 
 
 @dataclass(frozen=True)

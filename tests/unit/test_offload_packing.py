@@ -272,13 +272,15 @@ def test_a_frame_claiming_more_than_an_entry_may_hold_is_corruption(tmp_path, mo
         assert str(path) in str(e.value)
 
 
-def test_one_entry_size_limit_for_the_writer_tier1_and_the_packer():
-    """The largest payload the producer takes is the largest tier 1 stores and the packer frames: a larger
-    limit anywhere would let an entry in that a later step refuses (a ledger that can never be offloaded)."""
+def test_one_entry_size_limit_for_tier1_and_the_packer_and_the_producer_under_it():
+    """Tier 1 stores and the packer frames the same largest payload; the producer takes less, so that an entry
+    it wrote is never one a later step refuses: a ledger that could not be offloaded, or a payload too large for
+    one value of an Arrow binary array (2^31 - 2 bytes), which read_batches, the Spark source and table sync build."""
     from tiering import writer
     from tiering.format import block, packing
 
-    assert writer.MAX_ENTRY_BYTES == frames.MAX_PAYLOAD == block.MAX_ENTRY_LEN == 2**31 - 1
+    assert frames.MAX_PAYLOAD == block.MAX_ENTRY_LEN == 2**31 - 1
+    assert writer.MAX_ENTRY_BYTES <= 2**31 - 2
     import numpy as np
 
     # a view of 2 GiB that holds one byte (stride 0): the packer refuses it on its length, before any copy

@@ -19,8 +19,8 @@ from tiering.errors import BadInput, CorruptObjectError
 BLOCK_MAGIC = 0xFBDBABCB
 HEADER_LEN = 128
 ENTRY_HEADER_LEN = 12
-# The largest entry payload, the one limit of every writer and reader (the writer, tier-1 frames, the packer):
-# an entry's length field is an int32 ([int32 length][int64 entry id][payload])
+# The largest entry payload the format stores, checked by tier-1 frames and the packer: an entry's length field is
+# an int32 ([int32 length][int64 entry id][payload]). The producer's own limit is lower (tiering/writer.py).
 MAX_ENTRY_LEN = 2**31 - 1
 PADDING = b"\xFE\xDC\xDE\xAD"
 # A block is one S3 part: 8 MiB blocks send a topic's default 64 MiB ledger as eight parts, four in flight, as
