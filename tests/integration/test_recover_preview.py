@@ -127,7 +127,8 @@ def test_a_spark_recovery_topic_waits_for_gc_and_refuses_it_without_its_driver(d
     with ThreadPoolExecutor(2) as reads:
         item = {"segment": encode_topic("ex"), "topic": "ex"}
         with gc_sweep.collecting(db, b.name, b.prefix):  # a GC run under way
-            worker = threading.Thread(target=lambda: results.append(recover_job._attempt(deps, item, reads, False, False)))
+            worker = threading.Thread(
+                target=lambda: results.append(recover_job._attempt(deps, item, reads, False, False)))
             worker.start()
             worker.join(2)
             assert worker.is_alive() and _rows(db)["ledger"] == 0  # it waits, nothing listed or written yet

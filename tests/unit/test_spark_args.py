@@ -31,7 +31,8 @@ def test_every_dag_of_the_design_is_there():
     ("tiering_recover", {"check_pages": False}, []),
     ("tiering_recover", {"topic": "-x", "check_pages": True}, ["--topic=-x", "--check-pages"]),
     ("tiering_recover", {"dry_run": True}, ["--dry-run"]),
-    ("tiering_recover", {"topic": "t", "check_pages": True, "dry_run": True}, ["--topic=t", "--check-pages", "--dry-run"]),
+    ("tiering_recover", {"topic": "t", "check_pages": True, "dry_run": True},
+     ["--topic=t", "--check-pages", "--dry-run"]),
     ("tiering_gc", {"dry_run": False}, []),
     ("tiering_gc", {"check_pages": False}, []),  # false is "not asked for", whatever the job
     # the scrub's repair step: off unless asked for

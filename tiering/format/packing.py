@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple
 
 from tiering.errors import BadInput
 from tiering.format.block import (DEFAULT_BLOCK_SIZE, DEFAULT_PAGE_SIZE, ENTRY_HEADER_LEN, HEADER_LEN,
-                                  MAX_ENTRY_LEN, MIN_PACK_BLOCK_SIZE, PAD_CHUNK, Block, Buffer, crc32c, encode_block_header)
+                                  MAX_ENTRY_LEN, MIN_PACK_BLOCK_SIZE, PAD_CHUNK, Block, Buffer, crc32c,
+                                  encode_block_header)
 
 if TYPE_CHECKING:
     import numpy as np

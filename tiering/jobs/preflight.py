@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from tiering.errors import BadInput
 from tiering.jobs.runner import planned_ledgers
-from tiering.jobs.spec import CHECKS, JOBS, run_job_name, spark_submit_args
+from tiering.jobs.spec import CHECKS, JOBS, preview_marks, run_job_name, spark_submit_args
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
 from tiering.model import check_export_location, check_topic_name
 
@@ -70,7 +70,7 @@ def preflight(dag_id: str, conf: dict | None, params: dict, allowed: set[str], d
     topic = params.get("topic") or None
     dry_run = params.get("dry_run") is True
     job = run_job_name(JOBS[dag_id].application.removesuffix(".py"), dry_run)
-    marks = {"dry_run": True} if dry_run else {}
+    marks = preview_marks(dry_run)
     deps = None
     try:
         deps = deps_factory()

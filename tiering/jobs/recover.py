@@ -5,9 +5,9 @@ number of objects) and the tier-1 root's topic directories; each topic is one it
 topic's objects, reads the index objects with a pool of threads, reads the topic's tier-1 files, and
 commits the topic in one transaction: the code `tiering recover-from-bucket` runs in one process
 (`tiering.ops.recover.recover_topic`). With `--dry-run` each topic's transaction is rolled back instead and
-open tier-1 files are not sealed: the job_run row's counts are what a run would do now. An item that fails (an S3 error, a file a writer holds) is retried,
-then counted failed with its reason; nothing of that topic is committed, and a rerun finishes it (recovery
-is idempotent).
+open tier-1 files are not sealed: the job_run row's counts are what a run would do now. An item that fails
+(an S3 error, a file a writer holds) is retried, then counted failed with its reason; nothing of that topic
+is committed, and a rerun finishes it (recovery is idempotent).
 
 Tier 1 is read on the executors: adopting a ledger file needs the file (sealing an open one takes its
 lock), so the driver ships its root's marker token and an executor that does not see the same root fails
@@ -26,11 +26,11 @@ from tiering.config import Settings
 from tiering.errors import TieringError
 from tiering.format.keys import encode_topic, parse_key
 from tiering.jobs.runner import driver_job, executor_partition, fan_out, retried, spark_context, topic_arg
-from tiering.jobs.spec import int_arg, run_job_name
+from tiering.jobs.spec import int_arg, preview_marks, run_job_name
 from tiering.metadata import gc_sweep
 from tiering.metadata.job_runs import JobOutcome
 from tiering.model import TopicPolicy
-from tiering.ops.recover import RecoverReport, list_segment, recover_topic, tier1_only_items
+from tiering.ops.recover import RecoverReport, list_segment, recover_topic, recovery_guard, tier1_only_items
 from tiering.ops.recover_tier1 import topic_dirs
 from tiering.tier1 import topic_dir_name
 from tiering.tier1.marker import root_token
@@ -152,13 +152,11 @@ def main(argv=None) -> int:
 
     def body_of(settings, deps):
         def body(outcome: JobOutcome, _run_id: int) -> None:
-            guard = nullcontext() if args.dry_run else gc_sweep.excluding_sweep(deps.meta.engine, deps.bucket.name,
-                                                                                deps.bucket.prefix)
-            with guard:
+            with recovery_guard(deps.meta.engine, deps.bucket, args.dry_run):
                 _run(deps, args, settings, outcome)
         return body
 
-    details = {"pages_checked": args.check_pages, **({"dry_run": True} if args.dry_run else {})}
+    details = {"pages_checked": args.check_pages, **preview_marks(args.dry_run)}
     return driver_job(run_job_name("recover", args.dry_run), args.topic, body_of, JobOutcome(details=details))
 
 

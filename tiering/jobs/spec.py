@@ -10,8 +10,8 @@ from pathlib import Path
 
 from tiering.argtypes import arg_type
 from tiering.errors import BadInput
-from tiering.model import (CONTROL_CHARS, INT64_MAX, POSITION_REGEX, TOPIC_MAX, Position, check_export_location, check_topic_name,
-                           parse_int)
+from tiering.model import (CONTROL_CHARS, INT64_MAX, POSITION_REGEX, TOPIC_MAX, Position, check_export_location,
+                           check_topic_name, parse_int)
 from tiering.units import SIZE_HELP, SIZE_PATTERN, parse_duration, parse_size
 
 JOBS_DIR = Path(__file__).resolve().parent
@@ -87,6 +87,11 @@ def run_job_name(job: str, dry_run: bool) -> str:
     """A run's `job_run.job`: a preview is a job of its own ("recover_dry_run"), so it never stands as the
     job's last run in `topic stats`, the metrics or a query for the last recovery."""
     return f"{job}_dry_run" if dry_run else job
+
+
+def preview_marks(dry_run: bool) -> dict:
+    """What a preview's `job_run.details` carry besides its counts ({"dry_run": true}); nothing for a run."""
+    return {"dry_run": True} if dry_run else {}
 
 
 # every run parameter's check, in the order a parameter the job does not take is refused (position first)

@@ -177,8 +177,14 @@ def recover_from_bucket(engine, bucket: Bucket, topic: str | None = None,
     without it each data object's existence and length are still checked (from the listing), every index
     is decoded and checked, and a bad page is still caught by every read (and by `tiering verify`), never
     served. Turn it on when the bucket itself is suspect."""
-    with nullcontext() if dry_run else gc_sweep.excluding_sweep(engine, bucket.name, bucket.prefix):
+    with recovery_guard(engine, bucket, dry_run):
         return _recover(engine, bucket, topic, policy, concurrency, check_pages, tier1, topic_concurrency, dry_run)
+
+
+def recovery_guard(engine, bucket: Bucket, dry_run: bool):
+    """What a recovery holds for its whole run: the sweep's lock, which also keeps GC runs of the queue out
+    (gc_sweep.excluding_sweep). A dry run writes nothing, so it keeps nothing out and holds nothing."""
+    return nullcontext() if dry_run else gc_sweep.excluding_sweep(engine, bucket.name, bucket.prefix)
 
 
 def _recover(engine, bucket: Bucket, topic: str | None, policy: TopicPolicy, concurrency: int,
