@@ -11,17 +11,24 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 ROW = re.compile(r"^\| `([A-Z0-9_]+)` \| ([^|]+) \|")
 
 
-def readme_table() -> dict[str, str]:
-    """variable -> its default cell, from the table under '## Configuration' (up to the next heading)."""
-    text = README.read_text(encoding="utf-8")
-    section = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+def readme_rows(heading: str, row: re.Pattern, table: str) -> dict[str, re.Match]:
+    """The rows `row` matches in the README's section under `heading` (e.g. "## Configuration", up to the next
+    heading of its level), by their first group, each once."""
+    level = heading.split(" ", 1)[0]
+    section = README.read_text(encoding="utf-8").split(f"\n{heading}\n", 1)[1].split(f"\n{level} ", 1)[0]
     rows = {}
     for line in section.splitlines():
-        m = ROW.match(line)
+        m = row.match(line)
         if m:
-            assert m.group(1) not in rows, f"{m.group(1)} is listed twice in the README's configuration table"
-            rows[m.group(1)] = m.group(2).strip().strip("`")
+            assert m.group(1) not in rows, f"{m.group(1)} is listed twice in the README's {table} table"
+            rows[m.group(1)] = m
     return rows
+
+
+def readme_table() -> dict[str, str]:
+    """variable -> its default cell, from the table under '## Configuration'."""
+    return {name: m.group(2).strip().strip("`")
+            for name, m in readme_rows("## Configuration", ROW, "configuration").items()}
 
 
 def test_every_variable_config_reads_is_in_the_readme_table_with_its_default():

@@ -4,6 +4,7 @@ every run parameter its trigger form takes; no other document repeats the table 
 import re
 from pathlib import Path
 
+from tests.unit.test_readme_config import readme_rows
 from tiering.jobs.spec import JOBS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -13,15 +14,8 @@ SCHEDULES = {"*/15 * * * *": "every 15 min", "@hourly": "hourly", "@daily": "dai
 
 
 def readme_dags() -> dict[str, tuple[str, str, str]]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n### The pipeline under Airflow\n", 1)[1].split("\n### ", 1)[0]
-    rows = {}
-    for line in section.splitlines():
-        m = ROW.match(line)
-        if m:
-            assert m.group(1) not in rows, f"{m.group(1)} is listed twice in the README's DAG table"
-            rows[m.group(1)] = (m.group(2).strip(), m.group(3).strip(), m.group(4))
-    return rows
+    return {dag_id: (m.group(2).strip(), m.group(3).strip(), m.group(4))
+            for dag_id, m in readme_rows("### The pipeline under Airflow", ROW, "DAG").items()}
 
 
 def test_the_readme_lists_every_dag_with_its_schedule_application_and_params():
