@@ -1,9 +1,14 @@
-"""A trim (retention, truncate, topic deletion) plans on ledger rows it has not locked yet: another writer
-committing a change to a planned row in between (a repair moving its chunk, delete-lagged dropping the
-tier-1 flag, an offload committing) makes the trim's compare-and-set lose. The trim then plans again and
-does its work; one that keeps losing fails with nothing changed. Real PostgreSQL, S3 and tier-1 root."""
+"""A trim (retention, truncate, topic deletion) makes its first plan on ledger rows it has not locked: another
+writer committing a change to a planned row in between (a repair moving its chunk, delete-lagged dropping
+the tier-1 flag, an offload claiming or committing) would make its compare-and-set lose. So the trim locks
+the rows its plan names and plans again under those locks: a writer changing a planned row after every plan
+(an offload running through the topic) waits for the trim instead of failing it. A trim whose
+compare-and-set still loses plans again, and one that keeps losing fails with nothing changed. Real
+PostgreSQL, S3 and tier-1 root."""
 from __future__ import annotations
 
+import threading
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -15,6 +20,7 @@ from tiering.metadata import trim
 from tiering.model import LedgerState as S, Position, TopicPolicy
 from tiering.ops.offload import offload_ledger
 from tiering.ops.retention import retention, truncate
+from tiering.ops.topics import delete_topic
 
 TEN = dict(rollover_entries=10, rollover_bytes=2**40)
 
@@ -27,11 +33,17 @@ def scene(deps, **policy) -> None:
 
 
 def bump(deps, ledger_id: int) -> None:
-    """Another writer's change to a ledger row, committed on a connection of its own."""
-    with deps.meta.engine.begin() as conn:
-        conn.execute(text("UPDATE tiering.ledger SET version = version + 1 "
-                          "WHERE ledger_id = :l AND topic_id = (SELECT topic_id FROM tiering.topic WHERE name = 't')"),
-                     {"l": ledger_id})
+    """Another writer's change to a ledger row, committed on a connection of its own; it gives up after
+    0.3 s waiting for the row (the trim's lock: waiting in this thread would wait for ever)."""
+    with deps.meta.engine.connect() as conn:
+        try:
+            with conn.begin():
+                conn.execute(text("SET LOCAL lock_timeout = '300ms'"))
+                conn.execute(text("UPDATE tiering.ledger SET version = version + 1 WHERE ledger_id = :l AND "
+                                  "topic_id = (SELECT topic_id FROM tiering.topic WHERE name = 't')"),
+                             {"l": ledger_id})
+        except Exception as exc:  # noqa: BLE001 - only the lock's timeout is expected
+            assert "lock timeout" in str(exc), exc
 
 
 def interleave(deps, monkeypatch, obj, name, times: int) -> list:
@@ -70,16 +82,21 @@ def test_retention_losing_to_delete_lagged_plans_again_and_deletes(deps, monkeyp
     assert [led.state for led in deps.meta.list_ledgers("t")] == [S.DELETED] * 3 + [S.OPEN]
 
 
-def test_truncate_losing_its_compare_and_set_plans_again(deps, monkeypatch):
+def test_truncate_plans_again_under_the_row_locks(deps, monkeypatch):
     scene(deps)
     calls = interleave(deps, monkeypatch, deps.meta.planning, "truncate_before", times=2)
     report = truncate(deps, "t", Position(2, 0))
-    assert sorted(report.deleted) == [("t", 0), ("t", 1)] and len(calls) == 3
+    # the first plan, then the one under the locks (the change tried after it waited for them, gave up)
+    assert sorted(report.deleted) == [("t", 0), ("t", 1)] and len(calls) == 2
+    assert deps.meta.get_ledger("t", 0).state == S.DELETED
 
 
 def test_a_trim_that_keeps_losing_fails_and_changes_nothing(deps, monkeypatch):
+    """The bound on planning again, with the plan under row locks taken away (so every compare-and-set
+    loses to the change committed after its plan)."""
     scene(deps, retention_seconds=0)
     before = [(led.state, led.version) for led in deps.meta.list_ledgers("t")]
+    monkeypatch.setattr(trim, "_under_row_locks", lambda store, conn, plan, ledgers_of=None: plan())
     calls = interleave(deps, monkeypatch, deps.meta.planning, "retention_plan", times=10**6)
     with pytest.raises(ConditionalUpdateFailed):
         deps.meta.trims.retention("t", timedelta(0))
@@ -88,3 +105,62 @@ def test_a_trim_that_keeps_losing_fails_and_changes_nothing(deps, monkeypatch):
     assert [led.state for led in after] == [s for s, _ in before]
     assert [led.version for led in after] == [v + trim.REPLANS * (i == 0) for i, (_, v) in enumerate(before)]
     assert deps.meta.chunks("t").keys() == {0, 1, 2}
+
+
+# ---------------------------------------------------------------- an offload claiming ledgers meanwhile
+
+def claim_after_each_plan(deps, monkeypatch, obj, name: str, in_trim) -> list[threading.Thread]:
+    """After each plan the trim makes in its transaction (`in_trim(kwargs)`), an offload's claim of the
+    next SEALED ledger (SEALED -> OFFLOADING, as an `offload-prefix` running through the topic makes every
+    few milliseconds) from a thread of its own, given 0.5 s to land: it lands at once unless the trim holds
+    the row, and then waits for the trim. Returns the threads (joined by the caller)."""
+    real, threads, next_id = getattr(obj, name), [], [0]
+
+    def claim(led) -> None:
+        try:
+            deps.meta.begin_offload(led, str(uuid.uuid4()), [], timedelta(hours=1))
+        except ConditionalUpdateFailed:
+            pass  # the trim took the ledger first: the offload skips it
+
+    def planned(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if in_trim(kwargs):
+            led = deps.meta.get_ledger("t", next_id[0])
+            next_id[0] += 1
+            th = threading.Thread(target=claim, args=(led,), daemon=True)
+            th.start()
+            th.join(0.5)
+            threads.append(th)
+        return out
+    monkeypatch.setattr(obj, name, planned)
+    return threads
+
+
+def sealed_scene(deps, **policy) -> None:
+    produce(deps, "t", [entries(f"l{i}", 10, 100) for i in range(trim.REPLANS + 2)],
+            TopicPolicy(**TEN, **policy))
+
+
+@pytest.mark.parametrize("trim_kind", ["retention", "truncate", "topic delete"])
+def test_an_offload_claiming_a_ledger_after_every_plan_does_not_fail_the_trim(deps, monkeypatch, trim_kind):
+    """Planning again after a lost compare-and-set lost every time here: each plan was followed by a claim."""
+    sealed_scene(deps, retention_seconds=0)
+    every = sorted(led.ledger_id for led in deps.meta.list_ledgers("t"))
+    with_conn = lambda kw: kw.get("conn") is not None  # noqa: E731 - the plan in the trim's transaction
+    if trim_kind == "retention":
+        threads = claim_after_each_plan(deps, monkeypatch, deps.meta.planning, "retention_plan", with_conn)
+        deleted = sorted(i for _, i in retention(deps, "t").deleted)
+    elif trim_kind == "truncate":
+        threads = claim_after_each_plan(deps, monkeypatch, deps.meta.planning, "truncate_before", with_conn)
+        deleted = sorted(i for _, i in truncate(deps, "t", Position(every[-1] + 1, 0)).deleted)
+    else:
+        threads = claim_after_each_plan(deps, monkeypatch, deps.meta, "list_ledgers", with_conn)
+        deleted = list(range(delete_topic(deps, "t", force=True).ledgers_deleted))
+    for th in threads:
+        th.join(10)
+        assert not th.is_alive()
+    assert deleted == every
+    # one claim landed before the locks (its OFFLOADING ledger deleted all the same), one waited for them
+    assert len(threads) == 2
+    if trim_kind != "topic delete":
+        assert [led.state for led in deps.meta.list_ledgers("t")] == [S.DELETED] * len(every)

@@ -130,8 +130,8 @@ class Repairs:
             return conn.execute(q).scalar_one()
 
     def _lock(self, conn: Connection, led: Ledger) -> None:
-        # every row first, in one order (repository._lock_rows: the topic_usage triggers' deadlock rule)
-        self.store._lock_rows(conn, [led], chunks=True)
+        # every row first, in one order (repository.lock_rows: the topic_usage triggers' deadlock rule)
+        self.store.lock_rows(conn, [led], chunks=True)
 
     def _check_chunk(self, conn: Connection, led: Ledger, expected: Chunk) -> None:
         expected.check_still(self.store.get_chunk(led, conn), led.topic, led.ledger_id)

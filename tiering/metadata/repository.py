@@ -337,7 +337,7 @@ class MetadataStore:
         """abort_offload for the ledgers of one attempt still holding it (others were taken over: left
         alone); returns how many went back to SEALED."""
         with self.engine.begin() as conn:
-            self._lock_rows(conn, leds)
+            self.lock_rows(conn, leds)
             back = 0
             for led in leds:
                 try:
@@ -368,7 +368,7 @@ class MetadataStore:
         OFFLOADING one: the attempt's commit then loses its compare-and-set, and its queued objects become
         due `gc_delay` from now, not when the rest of its offload timeout has passed)."""
         out = []
-        self._lock_rows(conn, leds, chunks=True)
+        self.lock_rows(conn, leds, chunks=True)
         for led in leds:
             # RETURNING: the keys of the chunk row as deleted, even if defrag switched it just before
             gone = conn.execute(delete(chunk).where(chunk.c.topic_id == led.topic_id,
@@ -391,7 +391,7 @@ class MetadataStore:
         A moved chunk row raises ConditionalUpdateFailed (a lost race); merged keys no longer queued raise
         AttemptKeysCollected (GC deleted the merged objects: committing would reference deleted objects)."""
         with self.engine.begin() as conn:
-            self._lock_rows(conn, [led for led, _, _ in moves], ledgers=False, chunks=True)
+            self.lock_rows(conn, [led for led, _, _ in moves], ledgers=False, chunks=True)
             old_keys = set()
             for led, old, new in moves:
                 res = conn.execute(
@@ -429,7 +429,7 @@ class MetadataStore:
                 (chunk.c.data_key == key) | (chunk.c.index_key == key))).scalar_one()
 
     # ---------------------------------------------------------------- helpers
-    def _lock_rows(self, conn: Connection, leds: Sequence[Ledger], ledgers: bool = True,
+    def lock_rows(self, conn: Connection, leds: Sequence[Ledger], ledgers: bool = True,
                    chunks: bool = False) -> None:
         """Lock every ledger (and chunk) row a multi-statement transaction is about to change, in ONE
         statement each, before its first change. The topic_usage triggers (migration 0003) lock the topic's

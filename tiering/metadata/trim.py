@@ -4,7 +4,9 @@ rows read in the same transaction, so what it deletes is what a consistent view 
 created, an ack landed or a policy changed before the locks is respected; one that comes after waits and
 sees the trim. Entries a subscription had not read are deleted only past a ceiling, by a forced truncate,
 from an EXPIRED subscription or without retain-unread, and every such loss is recorded with the deletion.
-A trim whose compare-and-set lost to another writer's change of a planned ledger plans again (REPLANS).
+Each plans once more after locking the rows its plan names, so that its compare-and-set is on versions no
+other writer can change before it commits (an offload running through the topic changes a row every few
+milliseconds); one that still lost, because the plan named new rows each time, plans again (REPLANS).
 """
 from __future__ import annotations
 
@@ -28,10 +30,11 @@ if TYPE_CHECKING:
 S = LedgerState
 R = TypeVar("R")
 
-# A trim plans on rows read before it locks them: a repair moving a chunk, delete-lagged dropping a tier-1
-# flag or an offload committing between the two changes a planned row's version, and the compare-and-set
-# loses. That writer made progress on one ledger, so planning again sees it; a bound keeps a trim that
-# keeps losing from spinning (it then fails, changing nothing).
+# A trim's first plan reads rows it has not locked: a repair moving a chunk, delete-lagged dropping a tier-1
+# flag or an offload claiming or committing between the plan and the locks changes a planned row's version.
+# So it locks the rows a plan names and plans again, until a plan names no row it has not locked (the plan
+# may grow: an offload's commit can let retention take more); a bound keeps a trim whose plan keeps growing,
+# or whose compare-and-set still lost, from spinning (it then fails, changing nothing).
 REPLANS = 5
 
 
@@ -67,7 +70,8 @@ class Trims:
         with self.engine.begin() as conn:
             t = topic_row(conn, topic_name, "NO KEY UPDATE")
             subs = self.store.subs.of_topic(conn, t.topic_id, lock=True)
-            plan = self.store.planning.retention_plan(topic_name, conn=conn).get(topic_name, [])
+            plan = _under_row_locks(self.store, conn, lambda: self.store.planning.retention_plan(
+                topic_name, conn=conn).get(topic_name, []), lambda p: [led for led, _ in p])
             if not plan:
                 return TrimResult()
             _check_holds(t, subs, plan)
@@ -99,7 +103,10 @@ class Trims:
         with self.engine.begin() as conn:
             t = topic_row(conn, topic_name, "" if dry_run else "NO KEY UPDATE")
             subs = self.store.subs.of_topic(conn, t.topic_id, lock=not dry_run)
-            last, doomed = self.store.planning.truncate_before(t.topic_id, t.name, before.ledger_id, conn=conn)
+            def plan() -> tuple[int | None, list[Ledger]]:
+                return self.store.planning.truncate_before(t.topic_id, t.name, before.ledger_id, conn=conn)
+            # (a dry run locks nothing: it answers from one read)
+            last, doomed = plan() if dry_run else _under_row_locks(self.store, conn, plan, lambda p: p[1])
             # with no ledger left (all trimmed, or a topic made again under a deleted one's name), the ids
             # below the next one are the topic's past: a position there has nothing before it to delete
             end = last if last is not None else t.next_ledger_id - 1
@@ -177,7 +184,8 @@ class Trims:
             # those rows (the commit wins, the compare-and-set below loses and the step plans again)
             t = _same_topic(topic_row(conn, topic_name, "NO KEY UPDATE"), topic_id)
             self._no_new_readers(conn, t, force, late)
-            live = [led for led in self.store.list_ledgers(topic_name, conn=conn) if led.state != S.DELETED]
+            live = _under_row_locks(self.store, conn, lambda: [
+                led for led in self.store.list_ledgers(topic_name, conn=conn) if led.state != S.DELETED])
             if any(led.state == S.OPEN for led in live):
                 raise TieringError(f"topic {topic_name!r} has an open ledger again (a producer is writing); stop it "
                                    "and run topic delete again")
@@ -218,6 +226,25 @@ def _same_topic(t: Topic, topic_id: int | None) -> Topic:
     if topic_id is not None and t.topic_id != topic_id:
         raise TopicReplaced(t.name)
     return t
+
+
+def _under_row_locks(store: "MetadataStore", conn: Connection, plan: Callable[[], R],
+                     ledgers_of: Callable[[R], Sequence[Ledger]] = lambda p: p) -> R:
+    """`plan()`, made again in `conn`'s transaction once every ledger and chunk row it names is locked (FOR
+    UPDATE, before the trim's first change: repository.lock_rows), until a plan names no row not yet locked.
+    The versions that plan read are then the rows' own until the transaction ends: no claim or commit of an
+    offload can land between them and the compare-and-set. Rows a plan no longer names stay locked
+    until the end of the transaction, changed by nothing."""
+    locked: set[tuple[int, int]] = set()
+    made = plan()
+    for _ in range(REPLANS):
+        new = [led for led in ledgers_of(made) if (led.topic_id, led.ledger_id) not in locked]
+        if not new:
+            break
+        store.lock_rows(conn, new, chunks=True)
+        locked.update((led.topic_id, led.ledger_id) for led in new)
+        made = plan()
+    return made
 
 
 def _replanning(attempt: Callable[[], R]) -> R:
