@@ -100,6 +100,28 @@ def test_a_table_whose_metadata_file_is_gone_or_garbage_is_rebuilt_from_the_log_
     assert _table(settings, "ns.lost") == _read(deps, "lost")
 
 
+def test_a_table_whose_data_file_is_gone_is_named_by_verify_and_rebuilt_without_force(cli, deps, settings):
+    """One data file of the current snapshot deleted by hand: maintain named `table rebuild`, which refused
+    ("readable and in step ... nothing to rebuild") without --force, and verify said only pyiceberg's
+    FileNotFoundError."""
+    _synced(cli, deps, "hole")
+    location = catalog(settings).load_table("ns.hole").metadata_location
+    data = sorted(_keys(deps, location.rsplit("/metadata/", 1)[0] + "/data/"))
+    bucket, _ = _object(location)
+    deps.bucket.s3.delete_object(Bucket=bucket, Key=data[0])
+    for args in (("table", "verify", "hole"), ("table", "maintain", "--topic", "hole")):
+        line = cli(*args).one_line_error(1)
+        assert "gone" in line and "tiering table rebuild hole" in line, (args, line)
+    assert "data file(s) of its current snapshot are gone" in cli("table", "verify", "hole").one_line_error(1)
+    r = cli("table", "rebuild", "hole", "--json").ok().json
+    assert r["found"].startswith("unreadable") and "data file(s)" in r["found"], r
+    assert cli("table", "sync", "--topic", "hole", "--json").ok().json["ledger_count"] == 2
+    assert _table(settings, "ns.hole") == _read(deps, "hole")
+    cli("table", "verify", "hole").ok()
+    # a readable table in step is still refused without --force
+    assert "nothing to rebuild" in cli("table", "rebuild", "hole").one_line_error(2)
+
+
 def test_a_dropped_table_is_rebuilt_from_the_retained_log(cli, deps, settings):
     """Dropped behind the store's back, the sync refused it for ever (its row's marks claim rows no table
     holds) and a rename was refused too: the topic could never have a table again."""

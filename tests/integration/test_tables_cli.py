@@ -136,7 +136,7 @@ def test_a_sync_meeting_a_maintenance_waits_for_it_and_then_syncs(cli, deps):
 
 def test_a_maintenance_meeting_a_sync_waits_for_it_or_fails_saying_so(cli, deps):
     """A maintenance finding a sync running failed at once; one finding another maintenance running did the
-    same, though that one does its work."""
+    same, though that one does its work (and then reported zero work done, as a run with nothing to do)."""
     from tiering.metadata.table_sync import TableRows
 
     produce(deps, "x", [entries("a", 2, 10)])
@@ -153,9 +153,14 @@ def test_a_maintenance_meeting_a_sync_waits_for_it_or_fails_saying_so(cli, deps)
     assert res.returncode == 1 and "sync of this topic ran on past the 1 s" in res.json["failed"][0]["error"]
     holder, done = _held_for(deps.meta.engine, topic_id, 60, maintenance=True)  # another maintenance: its work
     res = cli("table", "maintain", "--topic", "x", "--wait", "0s", "--json")
+    text = cli("table", "maintain", "--topic", "x", "--wait", "0s")
     done.set()
     holder.join()
     assert res.json["failed"] == [] and res.returncode == 0, res.stdout
+    assert res.json["skipped"] == [{"topic": "x", "ledger": None}], res.json
+    assert "another maintenance" in res.json["tables"][0]["skipped"], res.json
+    assert text.ok().stdout.strip() == ("x -> ns.x: skipped: another maintenance of this table is running: it does "
+                                        "the work")
 
 
 def test_status_after_a_sync_stopped_between_commit_and_row_says_what_the_table_holds(cli, deps, settings):

@@ -55,7 +55,8 @@ def _rebuild(ctx: Context, args, out: Output) -> int:
     from tiering.tables.catalog import catalog
     from tiering.tables.rebuild import rebuild_table
 
-    r = rebuild_table(TableRows(ctx.engine), catalog(ctx.settings), args.name, args.dry_run, args.force)
+    r = rebuild_table(TableRows(ctx.engine), catalog(ctx.settings), ctx.settings, args.name, args.dry_run,
+                      args.force)
     obj = document("table rebuild", r.topic, dry_run=r.dry_run, identifier=r.table, found=r.found,
                    metadata_location=r.metadata_location, synced_through=r.synced_through,
                    retained_from=r.retained_from)
@@ -83,14 +84,21 @@ def _maintain(ctx: Context, args, out: Output) -> int:
     obj = document("table maintain", args.topic, dry_run=args.dry_run,
                    tables=[{"topic": t, "table": r.table, "partitions_compacted_count": r.partitions_compacted,
                             "files_before_count": r.files_before, "files_after_count": r.files_after,
-                            "snapshots_expired_count": r.snapshots_expired, "orphans_deleted_count": r.orphans_deleted}
+                            "snapshots_expired_count": r.snapshots_expired, "orphans_deleted_count": r.orphans_deleted,
+                            "skipped": r.skipped}
                            for t, r in reports],
+                   # as every list named skipped: {topic, ledger} (the whole topic: ledger null, as in failed)
+                   skipped=[{"topic": t, "ledger": None} for t, r in reports if r.skipped],
                    failed=failed, failed_count=len(failed))
     would = "would have: " if args.dry_run else ""
-    out.result(obj, "\n".join(f"{t} -> {r.table}: {would}{r.files_before} small file(s) compacted into {r.files_after} "
-                              f"in {r.partitions_compacted} partition(s), {r.snapshots_expired} snapshot(s) expired, "
-                              f"{r.orphans_deleted} orphan file(s) deleted"
-                              + (f": {r.errors[0]}" if r.errors else "") for t, r in reports) or "no topic has a table")
+
+    def line(t: str, r) -> str:
+        if r.skipped:
+            return f"{t} -> {r.table}: skipped: {r.skipped}"
+        return (f"{t} -> {r.table}: {would}{r.files_before} small file(s) compacted into {r.files_after} in "
+                f"{r.partitions_compacted} partition(s), {r.snapshots_expired} snapshot(s) expired, "
+                f"{r.orphans_deleted} orphan file(s) deleted" + (f": {r.errors[0]}" if r.errors else ""))
+    out.result(obj, "\n".join(line(t, r) for t, r in reports) or "no topic has a table")
     return exit_failed(failed, "table(s)")
 
 
@@ -202,6 +210,7 @@ def _verify(ctx: Context, args, out: Output) -> int:
     from tiering.errors import BadInput, TieringError
     from tiering.metadata.table_sync import TableRows
     from tiering.tables.catalog import catalog, check_current_files, owner_problem
+    from tiering.tables.maintenance import check_data_files
     from tiering.tables.marks import dropped
     from tiering.tables.verify import verify_table
 
@@ -216,7 +225,9 @@ def _verify(ctx: Context, args, out: Output) -> int:
     problem = owner_problem(table, state.topic, state.topic_id)
     if problem:  # its rows are not this topic's: comparing them would only list every ledger as a difference
         raise TieringError(f"table {state.identifier!r} {problem}")
-    check_current_files(table)  # its snapshot's files gone: said so, not as a scan's FileNotFoundError
+    # its snapshot's files gone: said so with the way out, not as a scan's FileNotFoundError
+    check_current_files(table)
+    check_data_files(table, ctx.settings)
     r = verify_table(ctx.read_handle(), ctx.meta, table, state.topic)
     diffs = failures((r.topic, d["ledger"], d["reason"]) for d in r.differences)
     obj = document("table verify", r.topic, identifier=r.table, synced_through=r.synced_through,

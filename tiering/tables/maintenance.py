@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from tiering.errors import BadInput, TieringError
+from tiering.errors import BadInput, TableUnreadable, TieringError
 from tiering.model import MIB
-from tiering.tables.naming import DLQ_SUFFIX, encode_ledgers
+from tiering.tables.naming import DLQ_SUFFIX, PROP_TOPIC, encode_ledgers, rebuild_hint
 
 SUMMARY_COMPACTED = "tiering.compacted-ledgers"
 
@@ -29,6 +29,7 @@ class MaintenanceReport:
     snapshots_expired: int = 0
     orphans_deleted: int = 0
     errors: list[str] = field(default_factory=list)
+    skipped: str | None = None  # why nothing was done, when another worker does it
 
 
 def small_file_groups(table, small_bytes: int, min_files: int, max_bytes: int) -> list[list]:
@@ -117,6 +118,29 @@ def referenced_files(table) -> set[str]:
     return refs
 
 
+def check_data_files(table, settings) -> None:
+    """TableUnreadable when a data file the current snapshot reads is not under the table's location any
+    more (deleted by hand, or by a tool sharing the location): a scan of the table would fail on it. One
+    listing of the location (a request per 1,000 files) against the manifests' live entries."""
+    import pyarrow.fs as pafs
+
+    from tiering.tables.files import s3_filesystem_for
+
+    if table.current_snapshot() is None:
+        return
+    location = table.location().rstrip("/")
+    fs, base = s3_filesystem_for(settings)(location)
+    scheme = location.split("://", 1)[0]
+    present = {f"{scheme}://{info.path}" for info in
+               fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+               if info.type == pafs.FileType.File}
+    gone = sorted({task.file.file_path for task in table.scan().plan_files()} - present)
+    if gone:
+        topic = table.properties.get(PROP_TOPIC, "TOPIC")
+        raise TableUnreadable(f"table {'.'.join(table.name())!r} cannot be read: {len(gone)} data file(s) of its "
+                              f"current snapshot are gone (the first: {gone[0]}); {rebuild_hint(topic)}")
+
+
 def remove_orphans(table, settings, grace: timedelta, report: MaintenanceReport | None = None) -> MaintenanceReport:
     """Delete the files under the table's location that nothing references and that are older than
     `grace`."""
@@ -178,7 +202,8 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
     report = MaintenanceReport(state.identifier)
     with turn(sync.engine, state.topic_id, sync.limits.wait_seconds, maintenance=True) as got:
         if got == "taken":
-            return report  # another maintenance of the table is doing it
+            report.skipped = "another maintenance of this table is running: it does the work"
+            return report
         if got == "busy":
             report.errors.append(f"a sync of this topic ran on past the {sync.limits.wait_seconds:g} s a "
                                  "maintenance waits for it: nothing done; rerun when it has ended")
@@ -196,6 +221,7 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
             if problem is not None:
                 raise BadInput(f"table {state.identifier!r} {problem}")
             check_marks(sync.rows.get(state.topic), table)
+            check_data_files(table, sync.settings)  # a table with a hole is rebuilt, not maintained
             dlq = state.identifier + DLQ_SUFFIX
             if dry_run:  # the counts of what it would do; the dead letters a killed sync left count as kept
                 preview(table, sync.settings, expire_after, small_bytes, min_files, orphan_grace, report)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from tiering.errors import BadInput, TableUnreadable
 from tiering.metadata.table_sync import TableRows
 from tiering.tables.catalog import check_current_files, owner_problem
+from tiering.tables.maintenance import check_data_files
 from tiering.tables.marks import dropped, table_problem
 from tiering.tables.naming import DLQ_SUFFIX, PROP_TOPIC
 
@@ -35,14 +36,16 @@ class RebuildReport:
     dry_run: bool
 
 
-def rebuild_table(rows: TableRows, cat, topic: str, dry_run: bool = False, force: bool = False) -> RebuildReport:
-    """Forget the topic's table so the next sync makes it again; a table in step with its sync state only
-    with `force` (its rows of ledgers the log no longer retains would not come back)."""
+def rebuild_table(rows: TableRows, cat, settings, topic: str, dry_run: bool = False,
+                  force: bool = False) -> RebuildReport:
+    """Forget the topic's table so the next sync makes it again; a table in step with its sync state (its
+    metadata and every data file its current snapshot reads there) only with `force` (its rows of ledgers
+    the log no longer retains would not come back)."""
     [state] = rows.list(topic)  # BadInput when the topic has no table
     namespace, name = state.identifier.split(".")
     names = [name, name + DLQ_SUFFIX]
     locations = rows.catalog_locations(state.identifier, names)
-    found = _found(cat, state, namespace, names, locations)
+    found = _found(cat, settings, state, namespace, names, locations)
     retained_from = rows.first_retained(state)
     if found == "readable" and not force:
         lost = "" if retained_from is None or retained_from <= 0 else \
@@ -56,7 +59,7 @@ def rebuild_table(rows: TableRows, cat, topic: str, dry_run: bool = False, force
     return report
 
 
-def _found(cat, state, namespace: str, names: list[str], locations: dict[str, str | None]) -> str:
+def _found(cat, settings, state, namespace: str, names: list[str], locations: dict[str, str | None]) -> str:
     """The state of the table and of its dead-letter table, in words ("absent", "readable", or what is
     wrong with either); BadInput when a table of their names is not the topic's to drop (another tool's or
     another topic's, or with its metadata outside the store's warehouse: the catalog refuses to read it)."""
@@ -74,6 +77,7 @@ def _found(cat, state, namespace: str, names: list[str], locations: dict[str, st
                                f"{state.topic!r} made; drop it with an Iceberg tool, or give the topic another "
                                "table")
             check_current_files(table)
+            check_data_files(table, settings)
         except TableUnreadable as exc:
             problems.append(f"unreadable: {exc}")
             continue
