@@ -50,9 +50,11 @@ def test_each_bad_input_exits_2_with_one_line_and_writes_nothing(cli, deps, tmp_
         ("topic", "create", "new\nline"): "control characters",
         ("topic", "create", "esc\x1b[2Jape"): "control characters",
         ("status", "tab\there"): "control characters",
-        ("topic", "create", "or\u200bders"): "invisible or bidirectional",      # prints as "orders"
-        ("topic", "create", "cafe\u0301"): "NFC form",                         # "café" decomposed
-        ("subscription", "create", "t", "bil\u202eling"): "invisible or bidirectional",
+        # (named as the argument, as every other refused argument is)
+        ("topic", "create", "or\u200bders"): "argument TOPIC: a topic name may not contain invisible or bidi",
+        ("topic", "create", "cafe\u0301"): "argument TOPIC: a topic name must be in Unicode NFC form",
+        ("subscription", "create", "t", "bil\u202eling"): "argument NAME: a subscription name may not contain invisible",
+        ("subscription", "create", "t", " pad"): "argument NAME: a subscription name may not begin or end with white",
     }
     env_cases = {
         ("produce", "t", "--entries", "1", "--entry-size", "1"): [

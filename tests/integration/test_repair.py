@@ -237,6 +237,8 @@ def test_cli_repair_and_verify(deps, cli):
     assert "would be lost" in dry.one_line_error(1)
     assert (dry.json["problem_count"], dry.json["repairable_count"], dry.json["repaired_count"]) == (2, 1, 0)
     assert [chunk_of(deps, "t", i) for i in (0, 1)] == before and not deps.meta.get_ledger("t", 1).lost
+    # its text says the run would mark one lost (it said "lost 0 (after this run)" beside "1 would be lost")
+    assert "lost 0, would mark 1 lost," in cli("repair", "--topic", "t", "--dry-run").stdout
 
     run = cli("repair", "--topic", "t", "--json")
     assert "1 ledger(s) lost" in run.one_line_error(1)

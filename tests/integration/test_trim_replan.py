@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from tests.integration.helpers import entries, produce
+from tests.integration.test_cli import cli  # noqa: F401 - the fixture
 from tiering.errors import ConditionalUpdateFailed
 from tiering.metadata import trim
 from tiering.model import LedgerState as S, Position, TopicPolicy
@@ -164,3 +165,11 @@ def test_an_offload_claiming_a_ledger_after_every_plan_does_not_fail_the_trim(de
     assert len(threads) == 2
     if trim_kind != "topic delete":
         assert [led.state for led in deps.meta.list_ledgers("t")] == [S.DELETED] * len(every)
+
+
+def test_a_trim_that_deletes_nothing_does_not_say_objects_are_queued(cli, deps):  # noqa: F811
+    scene(deps)
+    assert cli("retention", "--topic", "t").ok().stdout.strip() == \
+        "retention: deleted 0 ledger(s) (0 bytes), removed 0 tier-1 file(s)"
+    said = cli("truncate", "t", "1:0").ok().stdout
+    assert "deleted 1 ledger(s)" in said and "their tier-2 objects are queued for gc" in said

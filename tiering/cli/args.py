@@ -161,6 +161,9 @@ def size_at_least(lo: int):
 position = arg_type(Position.parse)
 topic_name = arg_type(check_topic_name)
 subscription_name = arg_type(check_subscription_name)
+# the names a command creates: also refused there, as what prints like another name, with the argument named
+new_topic_name = arg_type(lambda text: check_topic_name(text, new=True))
+new_subscription_name = arg_type(lambda text: check_subscription_name(text, new=True))
 
 
 def json_flag(p: argparse.ArgumentParser) -> None:
@@ -187,8 +190,8 @@ def topic_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", type=topic_name, metavar="NAME", help="limit to one topic")
 
 
-def name(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", type=topic_name, metavar="TOPIC")
+def name(p: argparse.ArgumentParser, new: bool = False) -> None:
+    p.add_argument("name", type=new_topic_name if new else topic_name, metavar="TOPIC")
 
 
 # The names these types had in the old cli.py, which tests/unit/test_edge_numbers.py checks one by one.

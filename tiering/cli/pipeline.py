@@ -177,6 +177,11 @@ def _retention_result(args, report, topic: str | None) -> dict:
                     failed=failures(report.failed))
 
 
+def _queued(deleted) -> str:
+    """What becomes of the deleted ledgers' tier-2 objects, said when there are any."""
+    return "; their tier-2 objects are queued for gc" if deleted else ""
+
+
 def _losses(report) -> str:
     if not report.losses:
         return ""
@@ -209,7 +214,7 @@ def cmd_retention(ctx: Context, args, out: Output) -> int:
     result = _retention_result(args, report, args.topic)
     out.result(result,
                f"retention: deleted {len(report.deleted)} ledger(s) ({report.bytes} bytes), removed "
-               f"{report.files_removed} tier-1 file(s); their tier-2 objects are queued for gc" + _losses(report)
+               f"{report.files_removed} tier-1 file(s){_queued(report.deleted)}" + _losses(report)
                + (f"; {len(report.failed)} topic(s) failed" if report.failed else ""))
     return exit_failed(result["failed"], "topic(s)")
 
@@ -222,7 +227,7 @@ def cmd_truncate(ctx: Context, args, out: Output) -> int:
     result = {**_retention_result(args, report, args.name), "position": str(args.position)}
     out.result(result, a.would(args, f"truncated {args.name!r} before {args.position}: deleted {len(report.deleted)} "
                                     f"ledger(s) ({report.bytes} bytes), removed {report.files_removed} tier-1 "
-                                    f"file(s); their tier-2 objects are queued for gc" + _losses(report)
+                                    f"file(s){_queued(report.deleted)}" + _losses(report)
                                     + (f"; {len(report.failed)} tier-1 cop(ies) not removed" if report.failed else "")))
     # a copy it could not remove is planned work not done, as in retention: the next retention run removes it
     return exit_failed(result["failed"], "ledger(s)")

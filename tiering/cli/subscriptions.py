@@ -15,8 +15,8 @@ def _start(text: str) -> str:
     return text
 
 
-def subscription_name(p: argparse.ArgumentParser) -> None:
-    p.add_argument("subscription", type=a.subscription_name, metavar="NAME")
+def subscription_name(p: argparse.ArgumentParser, new: bool = False) -> None:
+    p.add_argument("subscription", type=a.new_subscription_name if new else a.subscription_name, metavar="NAME")
 
 
 def register(sub) -> None:
@@ -25,7 +25,7 @@ def register(sub) -> None:
     s_sub = s.add_subparsers(dest="subscription_command", required=True, parser_class=a.Parser)
     create = s_sub.add_parser("create", help="a new subscription of a topic")
     a.name(create)
-    subscription_name(create)
+    subscription_name(create, new=True)
     create.add_argument("--from", dest="start", type=_start, default="earliest", metavar="earliest|latest|L:E",
                         help="the first entry it reads: the topic's head (earliest, the default), the next entry "
                              "written (latest), or L:E")

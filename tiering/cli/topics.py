@@ -126,7 +126,7 @@ def register(sub) -> None:
     topic.set_defaults(handler=cmd_topic)
     t_sub = topic.add_subparsers(dest="topic_command", required=True, parser_class=a.Parser)
     create = t_sub.add_parser("create", help="create a topic with its tiering policy", description=UNITS)
-    a.name(create)
+    a.name(create, new=True)
     _policy_flags(create)
     _table_flags(create)
     a.json_flag(create)
@@ -255,7 +255,8 @@ def cmd_topic(ctx: Context, args, out: Output) -> int:
         out.result(result, f"would delete topic {r.topic!r}: {what}; nothing written" if args.dry_run else
                    f"deleted topic {r.topic!r}: {what} deleted"
                    + (" by this run; another delete of it ran at the same time and finished it"
-                      if r.finished_elsewhere else "") + "; its tier-2 objects are queued for gc")
+                      if r.finished_elsewhere else "")
+                   + ("; its tier-2 objects are queued for gc" if r.ledgers_deleted else ""))
     elif args.topic_command == "list":
         doc = document("topic list", None, topics=[_topic_dict(t) for t in ctx.meta.list_topics()])
         out.listing(doc, "topics", lambda rows: (r["topic"] for r in rows))

@@ -70,18 +70,19 @@ def cmd_repair(ctx: Context, args, out: Output) -> int:
                       skipped=ledger_refs(report.skipped), skipped_count=len(report.skipped),
                       failed=failures(report.failed), failed_count=len(report.failed), bytes=report.bytes)
     verb = "would repair" if args.dry_run else "repaired"
+    # a preview's findings that no tier holds a good copy of: the run would mark them lost
+    would_lose = [] if not args.dry_run else [(f.led.topic, f.led.ledger_id) for f in report.findings
+                                              if not f.repairable and not f.tier1_unseen]
     out.result(result, f"repair{' (dry run)' if args.dry_run else ''}: {report.checked} tier-2 cop(ies) checked, "
                        f"{len(problems)} problem(s) ({repairable} repairable); {verb} "
                        f"{repairable if args.dry_run else len(report.repaired)}, "
                        f"{'would recover' if args.dry_run else 'recovered'} {len(report.recovered)} lost, "
                        f"lost {len(report.lost)}"
-                       + (" (after this run)" if args.dry_run and len(problems) > repairable else "")
+                       + (f", would mark {len(would_lose)} lost" if would_lose else "")
                        + f", skipped {len(report.skipped)}, failed {len(report.failed)}")
     if report.failed:
         return exit_failed(result["failed"], "repair(s)")
-    lost = report.lost + ([] if not args.dry_run else
-                          [(f.led.topic, f.led.ledger_id) for f in report.findings
-                           if not f.repairable and not f.tier1_unseen])
+    lost = report.lost + would_lose
     if lost:
         t, i = lost[0]
         error(f"{len(lost)} ledger(s) {'would be ' if args.dry_run and not report.lost else ''}lost: no tier holds a "
