@@ -163,6 +163,28 @@ def test_a_maintenance_meeting_a_sync_waits_for_it_or_fails_saying_so(cli, deps)
                                         "the work")
 
 
+def test_previews_take_no_turn_so_no_real_run_meeting_one_reports_skipped(cli, deps):
+    """A `--dry-run` maintenance (or sync) took the table's turn: a real one meeting it was reported skipped,
+    exit 0, as if the preview did its work. A preview now runs beside any holder and says what it would do."""
+    from tiering.metadata.table_sync import TableRows
+
+    produce(deps, "pv", [entries("a", 2, 10)])
+    cli("topic", "set", "pv", "--table", "ns.pv").ok()
+    cli("table", "sync", "--topic", "pv").ok()
+    cli("produce", "pv", "--entries", "2", "--entry-size", "10", "--seal").ok()  # a ledger to plan
+    topic_id = TableRows(deps.meta.engine).get("pv").topic_id
+    for maintenance in (True, False):
+        holder, done = _held_for(deps.meta.engine, topic_id, 60, maintenance=maintenance)
+        try:
+            m = cli("table", "maintain", "--topic", "pv", "--dry-run", "--wait", "0s", "--json").ok().json
+            s = cli("table", "sync", "--topic", "pv", "--dry-run", "--wait", "0s", "--json").ok().json
+        finally:
+            done.set()
+            holder.join()
+        assert m["skipped"] == [] and m["tables"][0]["skipped"] is None and m["failed"] == [], m
+        assert s["skipped"] == [] and s["planned_count"] == 1 and s["failed"] == [], s
+
+
 def test_status_after_a_sync_stopped_between_commit_and_row_says_what_the_table_holds(cli, deps, settings):
     """A sync killed after its commit, before its row update: status gave the table's new metadata location
     beside the row's old mark and snapshot, and a lag of ledgers the table already held."""

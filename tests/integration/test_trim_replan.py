@@ -171,5 +171,13 @@ def test_a_trim_that_deletes_nothing_does_not_say_objects_are_queued(cli, deps):
     scene(deps)
     assert cli("retention", "--topic", "t").ok().stdout.strip() == \
         "retention: deleted 0 ledger(s) (0 bytes), removed 0 tier-1 file(s)"
+    assert cli("truncate", "t", "1:0", "--dry-run").ok().stdout.strip() == (
+        "[dry run] truncate 't' before 1:0 would delete 1 ledger(s) (1000 bytes) and remove 1 tier-1 file(s); their "
+        "tier-2 objects would be queued for gc")
     said = cli("truncate", "t", "1:0").ok().stdout
     assert "deleted 1 ledger(s)" in said and "their tier-2 objects are queued for gc" in said
+    # ledgers never offloaded have no object to queue
+    produce(deps, "u", [entries("u", 10, 100), entries("v", 10, 100)], TopicPolicy(**TEN))
+    for args in (("truncate", "u", "1:0"), ("topic", "delete", "u")):
+        said = cli(*args).ok().stdout
+        assert "deleted" in said and "gc" not in said, said

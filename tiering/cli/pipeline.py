@@ -177,9 +177,9 @@ def _retention_result(args, report, topic: str | None) -> dict:
                     failed=failures(report.failed))
 
 
-def _queued(deleted) -> str:
+def _queued(report) -> str:
     """What becomes of the deleted ledgers' tier-2 objects, said when there are any."""
-    return "; their tier-2 objects are queued for gc" if deleted else ""
+    return "; their tier-2 objects are queued for gc" if report.tier2_ledgers else ""
 
 
 def _losses(report) -> str:
@@ -214,7 +214,7 @@ def cmd_retention(ctx: Context, args, out: Output) -> int:
     result = _retention_result(args, report, args.topic)
     out.result(result,
                f"retention: deleted {len(report.deleted)} ledger(s) ({report.bytes} bytes), removed "
-               f"{report.files_removed} tier-1 file(s){_queued(report.deleted)}" + _losses(report)
+               f"{report.files_removed} tier-1 file(s){_queued(report)}" + _losses(report)
                + (f"; {len(report.failed)} topic(s) failed" if report.failed else ""))
     return exit_failed(result["failed"], "topic(s)")
 
@@ -225,10 +225,16 @@ def cmd_truncate(ctx: Context, args, out: Output) -> int:
     # unknown topic, position past the end, unread entries of an ACTIVE subscription without --force: exit 2
     report = truncate(ctx.deps, args.name, args.position, args.force, dry_run=args.dry_run)
     result = {**_retention_result(args, report, args.name), "position": str(args.position)}
-    out.result(result, a.would(args, f"truncated {args.name!r} before {args.position}: deleted {len(report.deleted)} "
-                                    f"ledger(s) ({report.bytes} bytes), removed {report.files_removed} tier-1 "
-                                    f"file(s){_queued(report.deleted)}" + _losses(report)
-                                    + (f"; {len(report.failed)} tier-1 cop(ies) not removed" if report.failed else "")))
+    if args.dry_run:  # in the conditional: what a run would do, nothing done
+        out.result(result, f"[dry run] truncate {args.name!r} before {args.position} would delete "
+                           f"{len(report.deleted)} ledger(s) ({report.bytes} bytes) and remove {report.files_removed} "
+                           "tier-1 file(s)" + ("; their tier-2 objects would be queued for gc" if report.tier2_ledgers
+                                               else "") + _losses(report).replace("deleted unread", "unread"))
+        return 0
+    out.result(result, f"truncated {args.name!r} before {args.position}: deleted {len(report.deleted)} ledger(s) "
+                       f"({report.bytes} bytes), removed {report.files_removed} tier-1 file(s){_queued(report)}"
+                       + _losses(report)
+                       + (f"; {len(report.failed)} tier-1 cop(ies) not removed" if report.failed else ""))
     # a copy it could not remove is planned work not done, as in retention: the next retention run removes it
     return exit_failed(result["failed"], "ledger(s)")
 

@@ -256,7 +256,7 @@ def cmd_topic(ctx: Context, args, out: Output) -> int:
                    f"deleted topic {r.topic!r}: {what} deleted"
                    + (" by this run; another delete of it ran at the same time and finished it"
                       if r.finished_elsewhere else "")
-                   + ("; its tier-2 objects are queued for gc" if r.ledgers_deleted else ""))
+                   + ("; its tier-2 objects are queued for gc" if r.tier2_ledgers else ""))
     elif args.topic_command == "list":
         doc = document("topic list", None, topics=[_topic_dict(t) for t in ctx.meta.list_topics()])
         out.listing(doc, "topics", lambda rows: (r["topic"] for r in rows))

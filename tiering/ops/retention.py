@@ -42,9 +42,11 @@ class RetentionReport:
     reasons: Counter = field(default_factory=Counter)  # why ledgers went: time, size, ceiling-*, truncate
     losses: list[dict] = field(default_factory=list)  # unread entries deleted, per subscription
     failed: list[tuple[str, int | None, str]] = field(default_factory=list)  # (topic, ledger or None, error)
+    tier2_ledgers: int = 0  # of the deleted, those offloaded or being offloaded: their objects are queued for GC
 
     def add(self, other: "RetentionReport") -> None:
         self.deleted += other.deleted
+        self.tier2_ledgers += other.tier2_ledgers
         self.files_removed += other.files_removed
         self.bytes += other.bytes
         self.reasons.update(other.reasons)
@@ -79,6 +81,7 @@ def _report(topic: str, trim: TrimResult) -> RetentionReport:
     report = RetentionReport()
     report.deleted += [(topic, led.ledger_id) for led in trim.deleted]
     report.bytes += sum(led.size_bytes for led in trim.deleted)
+    report.tier2_ledgers += sum(1 for led in trim.deleted if led.offload_uuid is not None)
     report.reasons.update(trim.reasons.values())
     report.losses += [_loss_item(topic, x.subscription, x.entries, x.bytes, x.first, x.last, x.reason)
                       for x in trim.losses]

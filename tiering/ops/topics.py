@@ -55,6 +55,7 @@ class TopicDeleteReport:
     next_ledger_id: int
     # another delete of the same topic finished it while this one ran (what this one did is counted above)
     finished_elsewhere: bool = False
+    tier2_ledgers: int = 0  # of the deleted, those offloaded or being offloaded: their objects are queued for GC
 
 
 def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = False) -> TopicDeleteReport:
@@ -103,6 +104,7 @@ def _delete_steps(deps: Deps, t: Topic, force: bool, done: TopicDeleteReport) ->
     late = done.subscriptions_deleted  # those steps 2 and 3 delete (those created meanwhile too, with --force)
     deleted = deps.meta.trims.delete_all_ledgers(name, deps.knobs.gc_delay, force, late, t.topic_id)
     done.ledgers_deleted, done.bytes = len(deleted), sum(led.size_bytes for led in deleted)
+    done.tier2_ledgers = sum(1 for led in deleted if led.offload_uuid is not None)
     files, failed = delete_deleted_copies(deps, name)
     done.files_removed = files
     if failed:

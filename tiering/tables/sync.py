@@ -126,6 +126,9 @@ class TableSync:
     # ------------------------------------------------------------------------------------------ a topic
     def sync_topic(self, state: TableState, write: Writer, dry_run: bool = False) -> TopicResult:
         result = TopicResult(state.topic, state.identifier)
+        if dry_run:  # a preview writes nothing: it takes no turn, so no real sync meeting it reports "skipped"
+            self._sync_held(state.topic, write, dry_run, result)
+            return result
         with turn(self.engine, state.topic_id, self.limits.wait_seconds) as got:
             if got == "held":
                 self._sync_held(state.topic, write, dry_run, result)
