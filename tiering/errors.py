@@ -28,6 +28,16 @@ class TopicNotFound(BadInput):
         self.topic = topic
 
 
+class TopicBeingDeleted(TieringError):
+    """A producer's next ledger refused: a `topic delete` of the topic is running (exit 1; once it has
+    finished the topic does not exist, and if it failed the producer can go on)."""
+
+    def __init__(self, topic: str):
+        super().__init__(f"topic {topic!r} is being deleted: no new ledger is opened in it (a delete that fails "
+                         "leaves it writable again)")
+        self.topic = topic
+
+
 class TopicReplaced(TopicNotFound):
     """The topic a multi-step operation started on was deleted by another run meanwhile and its name taken
     by a new topic: the operation stops rather than go on with the new one."""

@@ -100,26 +100,40 @@ def test_a_delete_that_loses_its_topic_to_another_leaves_the_topic_made_again_al
     assert read_trim_marker(deps.bucket, "a") == 2  # the old topic's marker, not past the new ledgers
 
 
-def test_two_deletes_of_one_topic_each_report_their_own_share_and_succeed(deps, monkeypatch):
-    # the slower delete deleted the ledgers and the reader; the faster one, finding nothing live, finished the
-    # topic first: the slower one's work is done all the same, and it reports what it deleted, not "no topic"
+def test_two_deletes_of_one_topic_take_turns_and_both_succeed(deps, monkeypatch):
+    # the second delete passed its first step while the first one was deleting: it waits for the first one's
+    # steps (the delete fence, which also keeps producers out), then finds the topic finished by it and
+    # reports that, with nothing it did not delete, instead of "no topic"
+    import threading
+
     produce(deps, "a", [entries(f"old{i}", 4, 100) for i in range(2)], TopicPolicy(**SMALL))
     deps.meta.subs.create("a", "reader", None)
-    trims, real = deps.meta.trims, deps.meta.trims.delete_all_ledgers
-    faster = []
+    trims = deps.meta.trims
+    real_steps, real_begin = trims.delete_all_ledgers, trims.begin_topic_delete
+    second, began = {}, threading.Event()
+
+    def begin(*args, **kwargs):
+        out = real_begin(*args, **kwargs)
+        if threading.current_thread() is second.get("thread"):
+            began.set()  # its first step done: it goes on to the fence the first one holds
+        return out
 
     def then_another_delete(*args, **kwargs):
-        out = real(*args, **kwargs)
-        if not faster:
-            faster.append(None)
-            faster[0] = delete_topic(deps, "a", force=True)
-        return out
+        if "thread" not in second:
+            second["thread"] = threading.Thread(
+                target=lambda: second.update(report=delete_topic(deps, "a", force=True)), daemon=True)
+            second["thread"].start()
+            assert began.wait(30)
+        return real_steps(*args, **kwargs)
+    monkeypatch.setattr(trims, "begin_topic_delete", begin)
     monkeypatch.setattr(trims, "delete_all_ledgers", then_another_delete)
-    slower = delete_topic(deps, "a", force=True)
-    assert slower.finished_elsewhere and not faster[0].finished_elsewhere
-    assert (slower.ledgers_deleted, slower.bytes, slower.subscriptions_deleted) == (2, 800, ["reader"])
-    assert (faster[0].ledgers_deleted, faster[0].subscriptions_deleted) == (0, [])
-    assert slower.files_removed + faster[0].files_removed == 2  # each tier-1 file removed once, by one of them
+    first = delete_topic(deps, "a", force=True)
+    second["thread"].join(60)
+    later = second["report"]
+    assert not first.finished_elsewhere and later.finished_elsewhere
+    assert (first.ledgers_deleted, first.bytes, first.subscriptions_deleted, first.files_removed) == \
+        (2, 800, ["reader"], 2)
+    assert (later.ledgers_deleted, later.subscriptions_deleted, later.files_removed) == (0, [], 0)
     assert "a" not in [t.name for t in deps.meta.list_topics()]
     assert not deps.tier1.has_topic("a")
 
@@ -225,3 +239,48 @@ def test_a_read_of_a_topic_deleted_meanwhile_ends_as_a_failure_not_as_bad_input(
     with pytest.raises(TopicGone, match="'a' was deleted while being read") as err:
         list(reading)
     assert err.value.exit_code == 1
+
+
+def test_a_producer_opens_no_ledger_while_its_topic_is_being_deleted(deps, monkeypatch):
+    """A producer rolling over while `topic delete --force` ran opened its next ledger between the delete's
+    steps: the delete had already deleted the subscriptions and ledgers, then failed ("still has 1 live
+    ledger(s)"), and the producer went on writing. Its next ledger is now refused while the delete runs."""
+    from tiering.errors import TopicBeingDeleted
+
+    produce(deps, "pd", [entries("pd", 4, 100)], TopicPolicy(**SMALL))
+    deps.meta.subs.create("pd", "s1", None)
+    writer = ManagedLedgerWriter(deps.meta, deps.tier1, "pd")  # between ledgers: its next append opens one
+    real, refused = deps.meta.trims.delete_all_ledgers, []
+
+    def producer_rolls_over_now(*args, **kwargs):
+        with pytest.raises(TopicBeingDeleted, match="is being deleted") as exc:
+            writer.append(b"written while the topic was being deleted")
+        refused.append(exc.value)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(deps.meta.trims, "delete_all_ledgers", producer_rolls_over_now)
+    report = delete_topic(deps, "pd", force=True)
+    assert refused and report.ledgers_deleted == 1 and report.subscriptions_deleted == ["s1"]
+    assert "pd" not in [t.name for t in deps.meta.list_topics()]
+    # the fence went with the delete: the name is usable again at once
+    deps.meta.create_topic("pd", TopicPolicy(**SMALL))
+    assert ManagedLedgerWriter(deps.meta, deps.tier1, "pd").append(b"new").entry_id == 0
+
+
+def test_a_read_acking_while_its_subscription_is_deleted_fails_it_is_not_bad_input(deps, monkeypatch):
+    """`read --ack` racing `topic delete --force`: the subscription went between the reader's look at it and
+    its ack, which then said the subscription does not exist, exit 2 (bad input), not exit 1."""
+    from tiering.errors import BadInput, TieringError
+    from tiering.model import Position
+    from tiering.ops.subscriptions import ack
+
+    produce(deps, "ra", [entries("ra", 4, 100), entries("rb", 4, 100)], TopicPolicy(**SMALL))
+    reader = deps.meta.subs.create("ra", "s1", None)
+    real = deps.meta.subs.set_position
+
+    def deleted_first(sub, position):
+        deps.meta.subs.delete("ra", "s1")
+        return real(sub, position)
+    monkeypatch.setattr(deps.meta.subs, "set_position", deleted_first)
+    with pytest.raises(TieringError, match="was deleted while this read ran") as exc:
+        ack(deps, "ra", "s1", Position(0, 3), reader=reader)
+    assert not isinstance(exc.value, BadInput)

@@ -87,3 +87,31 @@ def test_a_topic_delete_and_an_offload_committing_in_it_do_not_deadlock(deps, db
     assert not isinstance(deleted, str), deleted
     assert deleted.ledgers_deleted == 2
     assert [t.name for t in deps.meta.list_topics()] == []
+
+
+def test_a_trims_row_locks_take_the_chunks_sharing_its_ledgers_data_object(db, s3_client, bucket, tier1_root):
+    """Deleting or moving one chunk of a shared data object makes the data_alone recount (migration 0007)
+    update the other chunks of that object, after the totals row is held: those rows are locked first too,
+    or a writer holding one of them and waiting for the totals row would deadlock with the trim."""
+    from tests.integration.helpers import make_deps
+    from tiering.model import MIB
+
+    deps = make_deps(db, s3_client, bucket, tier1_root, batch_small_bytes=8 * MIB)
+    produce(deps, "sh", [entries(f"sh{i}", 2, 50) for i in range(3)])
+    assert offload_many(deps, deps.meta.list_ledgers("sh", [S.SEALED])).failed == {}
+    chunks = deps.meta.chunks("sh")
+    assert len({c.data_key for c in chunks.values()}) == 1  # one shared object
+    first = deps.meta.get_ledger("sh", 0)
+    with db.begin() as conn:
+        deps.meta.lock_rows(conn, [first], chunks=True)
+        with db.connect() as other:
+            for ledger_id in (1, 2):
+                with pytest.raises(Exception, match="lock timeout"):
+                    with other.begin():
+                        other.execute(text("SET LOCAL lock_timeout = '200ms'"))
+                        other.execute(text("SELECT 1 FROM tiering.chunk WHERE ledger_id = :l AND topic_id = "
+                                           ":t FOR UPDATE"), {"l": ledger_id, "t": first.topic_id})
+            # the other ledgers' ledger rows are not taken
+            with other.begin():
+                other.execute(text("SELECT 1 FROM tiering.ledger WHERE ledger_id = 1 AND topic_id = :t FOR UPDATE"),
+                              {"t": first.topic_id})

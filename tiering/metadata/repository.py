@@ -19,6 +19,7 @@ from tiering.metadata import attempt_locks, gc_queue
 from tiering.metadata.planning import Planning
 from tiering.metadata.repair import Repairs
 from tiering.metadata.subscriptions import Subscriptions
+from tiering.metadata import trim
 from tiering.metadata.trim import Trims
 from tiering.metadata.tables import chunk, chunk_values, gc_task, ledger, topic, topic_tombstone
 from tiering.model import Chunk, Ledger, LedgerState, Topic, TopicPolicy, check_topic_name
@@ -246,6 +247,7 @@ class MetadataStore:
                         raise TopicReplaced(topic_name)
                     raise ConditionalUpdateFailed(f"topic {topic_name!r}", f"next ledger id {ledger_id}",
                                                   f"next ledger id {now.next_ledger_id}")
+                trim.refuse_while_deleted(conn, topic_name, row.topic_id)
                 conn.execute(insert(ledger).values(topic_id=row.topic_id, ledger_id=row.next_ledger_id - 1,
                                                    state=S.OPEN.value))
                 return self.get_ledger(topic_name, row.next_ledger_id - 1, conn)
@@ -436,15 +438,22 @@ class MetadataStore:
         totals row at the end of each changing statement; a transaction that took that lock and then waited
         for a ledger row a single-statement writer holds (which waits for the totals row in turn) would
         deadlock. Taking every row lock first means a transaction holding a totals row never waits for a
-        ledger or chunk row again. FOR UPDATE waits; the compare-and-set that follows still decides."""
+        ledger or chunk row again. FOR UPDATE waits; the compare-and-set that follows still decides.
+        `chunks` also locks the chunk rows of other ledgers whose data object one of these chunks shares: a
+        chunk deleted or moved makes the data_alone recount (migration 0007) update those, after the totals
+        row is held."""
         pairs = sorted({(led.topic_id, led.ledger_id) for led in leds})
         if not pairs:
             return
-        for table, wanted in ((ledger, ledgers), (chunk, chunks)):
-            if wanted:
-                key = tuple_(table.c.topic_id, table.c.ledger_id)
-                conn.execute(select(table.c.ledger_id).where(key.in_(pairs))
-                             .order_by(table.c.topic_id, table.c.ledger_id).with_for_update()).all()
+        if ledgers:
+            conn.execute(select(ledger.c.ledger_id).where(tuple_(ledger.c.topic_id, ledger.c.ledger_id).in_(pairs))
+                         .order_by(ledger.c.topic_id, ledger.c.ledger_id).with_for_update()).all()
+        if chunks:
+            mine = chunk.alias("mine")  # (an alias: the same table in a subquery would be correlated)
+            shared = select(mine.c.data_key).where(tuple_(mine.c.topic_id, mine.c.ledger_id).in_(pairs))
+            conn.execute(select(chunk.c.ledger_id)
+                         .where(or_(tuple_(chunk.c.topic_id, chunk.c.ledger_id).in_(pairs), chunk.c.data_key.in_(shared)))
+                         .order_by(chunk.c.topic_id, chunk.c.ledger_id).with_for_update(of=chunk)).all()
 
     def _enqueue(self, conn: Connection, keys: Iterable[str], reason: str, owner: str | None,
                  delay: timedelta) -> None:

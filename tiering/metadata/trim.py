@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
-from sqlalchemy import delete, text
+from sqlalchemy import delete, func, literal, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from tiering import policy
-from tiering.errors import BadInput, ConditionalUpdateFailed, LedgerNotFound, TieringError, TopicReplaced
+from tiering.errors import (BadInput, ConditionalUpdateFailed, LedgerNotFound, TieringError, TopicBeingDeleted,
+                            TopicReplaced)
+from tiering.metadata.db import session_lock
 from tiering.metadata.subscriptions import active, topic_row
 from tiering.metadata.tables import topic, topic_tombstone
 from tiering.model import EXPIRED, Ledger, LedgerState, Position, Subscription, Topic
@@ -29,6 +31,27 @@ if TYPE_CHECKING:
 
 S = LedgerState
 R = TypeVar("R")
+
+# A topic's delete holds this session lock (class, topic id) from before its first step to its end; a
+# producer opening its next ledger takes it shared in that transaction, or is refused (TopicBeingDeleted). So
+# a producer either opened its ledger before the delete began (and holds the ledger file's writer lock, which
+# the delete's seal then fails on, before anything is deleted) or opens none until the delete has ended: a
+# delete no longer deletes subscriptions and ledgers and then fails on a ledger a producer opened meanwhile.
+DELETE_CLASS = 0x7464656c  # "tdel"
+
+
+def topic_delete_fence(engine, topic_id: int):
+    """`with topic_delete_fence(engine, topic_id):` held while a delete of the topic runs (waits for the
+    producers opening a ledger right now; released with its connection if the process dies)."""
+    return session_lock(engine, DELETE_CLASS, literal(topic_id), wait=True)
+
+
+def refuse_while_deleted(conn: Connection, topic_name: str, topic_id: int) -> None:
+    """In a producer's transaction opening a ledger: TopicBeingDeleted while a delete of the topic runs."""
+    if not conn.execute(select(func.pg_try_advisory_xact_lock_shared(literal(DELETE_CLASS),
+                                                                    literal(topic_id)))).scalar_one():
+        raise TopicBeingDeleted(topic_name)
+
 
 # A trim's first plan reads rows it has not locked: a repair moving a chunk, delete-lagged dropping a tier-1
 # flag or an offload claiming or committing between the plan and the locks changes a planned row's version.
@@ -150,6 +173,10 @@ class Trims:
             if readers and not force:
                 raise BadInput(_readers_refusal(topic_name, readers) + "; delete them first or use --force")
             return t, subs
+
+    def delete_fence(self, topic_id: int):
+        """`with trims.delete_fence(topic_id):` around a topic delete's steps (topic_delete_fence)."""
+        return topic_delete_fence(self.engine, topic_id)
 
     def _no_new_readers(self, conn: Connection, t: Topic, force: bool, late: list[str] | None) -> None:
         """Steps 2 and 3, under the topic row's lock (which a subscription's creation shares): the topic's

@@ -119,12 +119,18 @@ def ack(deps: Deps, topic: str, name: str, position: Position, reset: bool = Fal
                            "a position never moves backwards (use --reset to move it back on purpose)"
                            + (f"; entries it had not read were deleted ({sub.last_loss_reason})"
                               if sub.last_loss_reason else ""))
-        if position != sub.position:  # the same position again: only the ack time moves (the reader is alive)
-            _check_entry(deps, topic, position)
         try:
+            if position != sub.position:  # the same position again: only the ack time moves (the reader is alive)
+                _check_entry(deps, topic, position)
             return deps.meta.subs.set_position(sub, position)
         except ConditionalUpdateFailed:
             continue  # another ack or a trim moved it meanwhile: decide again on the new row
+        except BadInput:
+            # a reader's position was right when it read: refused now, its subscription (or topic) went since
+            # (a delete committed between the look above and these), which is that failure, not bad input
+            if reader is not None:
+                _readers_subscription(deps, reader)
+            raise
     raise ConditionalUpdateFailed(f"subscription {name!r} of topic {topic!r}", "a stable position",
                                   f"{CAS_ATTEMPTS} concurrent changes; ack again")
 

@@ -71,7 +71,10 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
                                  t.next_ledger_id)
     done = TopicDeleteReport(name, [], 0, 0, 0, t.next_ledger_id)
     try:
-        return _delete_steps(deps, t, force, done)
+        # no producer opens a ledger while the steps run (its next one is refused): one writing now holds its
+        # file, and the seal below fails on it before anything is deleted
+        with deps.meta.trims.delete_fence(t.topic_id):
+            return _delete_steps(deps, t, force, done)
     except TopicNotFound:
         # The topic step 1 found is gone (the name unknown, or another topic's now): another delete of it ran
         # at the same time and finished first, which it does only once no live ledger and no tier-1 copy is
