@@ -97,6 +97,25 @@ def test_a_broken_copy_is_remade_from_tier1(deps, how):
                                  for k in (ch.data_key, ch.index_key)}
 
 
+def test_a_truncated_object_is_corrupt_wherever_a_read_of_it_begins(deps):
+    """A read from the ledger's start said "corrupt ... shorter than metadata says" (exit 1); one from an
+    entry past the cut said its range was data loss, a DATALOSS gap (exit 0): the same object, two verdicts."""
+    from tiering.errors import CorruptObjectError
+    from tiering.model import Position
+    from tiering.read import ReadHandle
+    from tiering.tier2.reader import tier2_opener
+
+    produce(deps, "t", [entries("t", 40, 100 * 1024)])  # 4 MB: a read from its end asks a range
+    assert len(offload_many(deps, deps.meta.list_ledgers("t", [S.SEALED])).offloaded) == 1
+    drop_tier1(deps, "t", 0)
+    ch = chunk_of(deps, "t", 0)
+    damage(deps, ch.data_key, "truncate", at=ch.data_length // 4)
+    for start in (Position(0, 0), Position(0, 39)):
+        handle = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket))
+        with pytest.raises(CorruptObjectError, match="shorter than metadata says"):
+            list(handle.read("t", start))
+
+
 def test_a_lost_index_object_is_remade_too(deps):
     expected = offloaded(deps, "t", n=1)
     damage(deps, chunk_of(deps, "t", 0).index_key, "delete")

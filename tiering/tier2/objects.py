@@ -72,10 +72,14 @@ def read_object(b: Bucket, key: str, max_bytes: int | None = None) -> bytes | No
 
 
 def _read_error(key: str, exc: BaseException) -> Exception:
-    """A GET of bytes the metadata says are there: an object missing or shorter is data loss."""
+    """A GET of bytes the metadata says are there: an object missing is data loss; one that ends before the
+    range asked for is cut short, corrupt, as a body ending early is (RangeStream), wherever the read began."""
     error = tier2_error("GET", key, exc)
-    if isinstance(error, (NotFound, ShortObject)):
-        return DataLossError(f"tier-2 object {key!r} is missing or shorter than metadata says")
+    if isinstance(error, NotFound):
+        return DataLossError(f"tier-2 object {key!r} is missing")
+    if isinstance(error, ShortObject):
+        return CorruptObjectError("object", repr(key), "it ends before the range asked for (object shorter than "
+                                  "metadata says)")
     return error
 
 
