@@ -290,3 +290,23 @@ def test_a_bad_page_in_a_shared_object_loses_only_its_own_ledger(deps, new_datab
     assert report.ok and sorted(report.ledgers_recovered) == [("f", 0), ("f", 2)]
     assert report.unknown == {"f": [(1, 1)]}
     assert [why for key, why in report.ignored if key == mid.index_key and why.startswith("ledger 1: invalid")]
+
+
+def test_check_pages_reports_a_damaged_tier1_file_instead_of_adopting_it(cli, db, tier1_root):
+    """A sealed tier-1 file with a damaged entry (its header and trailer intact) was adopted as a SEALED
+    ledger, exit 0, with --check-pages too: every read, offload and verify of it then failed."""
+    cli("topic", "create", "dm").ok()
+    cli("produce", "dm", "--entries", "4", "--entry-size", "200", "--seal").ok()
+    cli("produce", "dm", "--entries", "4", "--entry-size", "200", "--seal", "--seed", "b").ok()
+    [path] = [p for p in tier1_root.rglob("*") if p.is_file() and p.name.startswith("0") and int(p.stem) == 1]
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x5A  # inside an entry's payload
+    path.write_bytes(bytes(raw))
+    lose_metadata(cli, db)
+    preview = cli("recover-from-bucket", "--check-pages", "--dry-run", "--json").ok().json_lines[0]
+    rec = cli("recover-from-bucket", "--check-pages", "--json").ok().json_lines[0]
+    for report in (preview, rec):
+        assert report["tier1_adopted_count"] == 1, report  # ledger 0 only
+        [ignored] = report["tier1_ignored"]
+        assert ignored.startswith("dm/1: corrupt"), ignored
+    assert [r[0] for r in rows(cli("status", "dm", "--json"))] == [0]

@@ -29,8 +29,9 @@ def register(sub) -> None:
     rec.set_defaults(handler=cmd_recover_from_bucket)
     rec.add_argument("--topic", type=a.topic_name, metavar="NAME", help="only this topic")
     rec.add_argument("--check-pages", action="store_true",
-                     help="also download every data object and check its page CRC32Cs, so a corrupt copy is "
-                          "not recovered (reads the whole bucket; off by default: reads check pages anyway)")
+                     help="also download every data object and check its page CRC32Cs, and read every entry of "
+                          "each sealed tier-1 file it would adopt, so a corrupt copy is not recovered (reads the "
+                          "whole bucket; off by default: reads check pages anyway)")
     rec.add_argument("--skip-page-check", action="store_true", help=argparse.SUPPRESS)  # the old default's opt-out
     rec.add_argument("--concurrency", type=_concurrency, default=16, metavar="N",
                      help="index objects read at once, 1 to 256 (default 16)")

@@ -335,7 +335,8 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
     for lid in [lid for lid in chosen if lid < trimmed_before]:
         report.ignored.append((chosen.pop(lid).chunk.index_key,
                                f"ledger {lid} trimmed by retention (marker: before ledger {trimmed_before})"))
-    scan = _scan_tier1(engine, tier1, name, chosen, trimmed_before, report, seal=not dry_run)
+    scan = _scan_tier1(engine, tier1, name, chosen, trimmed_before, report, seal=not dry_run,
+                       check_entries=check_pages)
     # A key names the ledger it holds (the first, for a shared object; its index object lists them all)
     # whether or not its copy is valid: a ledger whose only copy is corrupt or incomplete existed all the
     # same. Its id must not be handed out again to a new ledger, and it is reported unknown rather than left
@@ -401,14 +402,15 @@ def _keys_with_ledger_data(b: Bucket, objects: dict, above: int, report: Recover
 
 
 def _scan_tier1(engine, tier1: Tier1Store | None, name: str, chosen: dict[int, _Copy], trimmed_before: int,
-                report: RecoverReport, seal: bool = True) -> Tier1Scan:
+                report: RecoverReport, seal: bool = True, check_entries: bool = False) -> Tier1Scan:
     """The topic's tier-1 files, sorted into: copies of chosen (offloaded) ledgers, ledgers to adopt, and
     reported ones. Only ledgers the database does not have are looked at (one SELECT, only when the topic
-    has files)."""
+    has files). `check_entries` (with --check-pages): each sealed file's every entry is read and its CRC
+    checked, so a damaged one is reported, not adopted."""
     if tier1 is None or not (tier1.ledger_ids(name) or tier1.retired_ids(name)):
         return Tier1Scan()
     known = known_ledgers(engine, name)
-    scan = scan_topic(tier1, name, set(known), seal)
+    scan = scan_topic(tier1, name, set(known), seal, check_entries)
     for lid, why in scan.unreadable:
         report.tier1_ignored.append((f"{name}/{lid}", why))
     for lid, (state, present) in sorted(known.items()):

@@ -87,12 +87,15 @@ def topic_dirs(tier1: Tier1Store) -> list[str]:
         return []
 
 
-def scan_topic(tier1: Tier1Store, topic: str, known: set[int], seal: bool = True) -> Tier1Scan:
+def scan_topic(tier1: Tier1Store, topic: str, known: set[int], seal: bool = True,
+               check_entries: bool = False) -> Tier1Scan:
     """Read the topic's ledger files, except those of ledgers in `known` (the database has them: left
     alone), sealing open ones. An open file that cannot be sealed (a live writer holds it, an I/O error)
     raises LedgerStorageError: the topic must not be recovered while something writes to it. A file that
     cannot be read is reported, not adopted. `seal` false (a preview): an open file is left as it is and
-    taken with the entries sealing it would keep (a torn tail not counted), the same refusals raised."""
+    taken with the entries sealing it would keep (a torn tail not counted), the same refusals raised.
+    `check_entries`: a sealed file's entries are all read and checked (CRCs, ids, its index), so one with a
+    damaged entry is reported as unreadable (an open one's are checked as it is sealed)."""
     scan = Tier1Scan()
     ids = tier1.ledger_ids(topic)
     scan.top = max(ids + tier1.retired_ids(topic), default=-1)
@@ -103,6 +106,9 @@ def scan_topic(tier1: Tier1Store, topic: str, known: set[int], seal: bool = True
         try:
             with LedgerReader(path) as r:
                 sealed, count, size = r.sealed, r.entry_count, r.size_bytes
+                if check_entries and sealed:
+                    for _ in r.iter_framed():
+                        pass
         except LedgerFileMissing:
             continue  # deleted meanwhile (retention or delete-lagged of a live database): nothing to adopt
         except (CorruptObjectError, LedgerStorageError) as exc:
