@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tiering.errors import BadInput, TopicReplaced
+from tiering.errors import BadInput, TopicBeingDeleted, TopicNotFound, TopicReplaced
 from tiering.format.block import MAX_ENTRY_LEN
 from tiering.metadata.attributes import Attributes, AttributeUpdate, Verb
 from tiering.metadata.repository import MetadataStore
@@ -95,6 +95,12 @@ class ManagedLedgerWriter:
                                        "in metadata: it is not written over") from None
         try:
             self._ledger = self.meta.open_ledger(name, ledger_id, self.topic.topic_id)
+        except (TopicBeingDeleted, TopicNotFound):  # TopicReplaced too
+            # no row will ever name this empty file: removed while this writer still holds it, or a delete of
+            # the topic would meet it held, or find it left over after its end
+            self.tier1.delete(name, ledger_id)
+            writer.close()
+            raise
         except BaseException:
             writer.close()
             raise

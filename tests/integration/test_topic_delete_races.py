@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import text
 
 from tests.integration.helpers import entries, produce
-from tiering.errors import TopicReplaced
+from tiering.errors import TopicNotFound, TopicReplaced
 from tiering.model import LedgerState as S, TopicPolicy
 from tiering.ops import defrag as defrag_ops, delete_lagged as lagged_ops, retention as retention_ops
 from tiering.ops.delete_lagged import delete_lagged
@@ -253,14 +253,16 @@ def test_a_producer_opens_no_ledger_while_its_topic_is_being_deleted(deps, monke
     real, refused = deps.meta.trims.delete_all_ledgers, []
 
     def producer_rolls_over_now(*args, **kwargs):
+        next_id = deps.meta.get_topic("pd").next_ledger_id
         with pytest.raises(TopicBeingDeleted, match="is being deleted") as exc:
             writer.append(b"written while the topic was being deleted")
         refused.append(exc.value)
+        assert not deps.tier1.exists("pd", next_id)  # the file it made first, removed with its refusal
         return real(*args, **kwargs)
     monkeypatch.setattr(deps.meta.trims, "delete_all_ledgers", producer_rolls_over_now)
     report = delete_topic(deps, "pd", force=True)
     assert refused and report.ledgers_deleted == 1 and report.subscriptions_deleted == ["s1"]
-    assert "pd" not in [t.name for t in deps.meta.list_topics()]
+    assert "pd" not in [t.name for t in deps.meta.list_topics()] and not deps.tier1.has_topic("pd")
     # the fence went with the delete: the name is usable again at once
     deps.meta.create_topic("pd", TopicPolicy(**SMALL))
     assert ManagedLedgerWriter(deps.meta, deps.tier1, "pd").append(b"new").entry_id == 0
@@ -284,3 +286,49 @@ def test_a_read_acking_while_its_subscription_is_deleted_fails_it_is_not_bad_inp
     with pytest.raises(TieringError, match="was deleted while this read ran") as exc:
         ack(deps, "ra", "s1", Position(0, 3), reader=reader)
     assert not isinstance(exc.value, BadInput)
+
+
+def test_a_delete_waits_for_a_refused_producer_to_let_go_of_its_empty_file(deps, monkeypatch):
+    """A producer that made its next ledger's file and is being refused its row holds the file for a moment:
+    the delete, which had already deleted the ledgers and subscriptions, failed on it ("being written by
+    another writer") and released the fence, and the producer went on writing into the stripped topic."""
+    import threading
+
+    produce(deps, "pw", [entries("pw", 4, 100)], TopicPolicy(**SMALL))
+    deps.meta.subs.create("pw", "s1", None)
+    real = deps.meta.trims.delete_all_ledgers
+
+    def a_producer_holds_its_next_file(*args, **kwargs):
+        out = real(*args, **kwargs)
+        next_id = deps.meta.get_topic("pw").next_ledger_id
+        held = deps.tier1.create_ledger("pw", next_id)  # made, its row about to be refused
+        def refused_then_gone():
+            deps.tier1.delete("pw", next_id)
+            held.close()
+        threading.Timer(0.5, refused_then_gone).start()
+        return out
+    monkeypatch.setattr(deps.meta.trims, "delete_all_ledgers", a_producer_holds_its_next_file)
+    report = delete_topic(deps, "pw", force=True)
+    assert report.ledgers_deleted == 1 and report.subscriptions_deleted == ["s1"] and not report.finished_elsewhere
+    assert "pw" not in [t.name for t in deps.meta.list_topics()] and not deps.tier1.has_topic("pw")
+
+
+def test_a_delete_whose_seal_loses_to_the_producers_own_rollover_goes_on(deps, monkeypatch):
+    """The producer sealed its ledger (a rollover) between the delete's look at the OPEN row and its own
+    seal: the delete failed with the raw compare-and-set ("expected version 0 in OPEN, found version 1 in
+    SEALED"), both sides exit 1. Under the fence the producer opens no other, so a second look goes on."""
+    deps.meta.create_topic("ro", TopicPolicy(**SMALL))
+    producer = ManagedLedgerWriter(deps.meta, deps.tier1, "ro")
+    producer.append(b"one")  # its ledger 0, OPEN, its file held
+    real, done = deps.tier1.open_writer, []
+
+    def the_producer_rolls_over_first(topic, ledger_id, *args, **kwargs):
+        if not done:
+            done.append(1)
+            producer.seal()  # file and row sealed, the file let go
+        return real(topic, ledger_id, *args, **kwargs)
+    monkeypatch.setattr(deps.tier1, "open_writer", the_producer_rolls_over_first)
+    report = delete_topic(deps, "ro", force=True)
+    assert done and report.ledgers_deleted == 1 and "ro" not in [t.name for t in deps.meta.list_topics()]
+    with pytest.raises(TopicNotFound):
+        producer.append(b"two")  # its next ledger: the topic is gone

@@ -13,10 +13,12 @@ old ledger ids, so nothing the old one left can be mistaken for the new one's.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError, TopicNotFound, TopicReplaced
+from tiering.errors import (BadInput, ConditionalUpdateFailed, LedgerStorageError, TieringError, TopicNotFound,
+                            TopicReplaced)
 from tiering.model import Ledger, LedgerState, Topic, TopicPolicy
 from tiering.ops.context import Deps
 from tiering.ops.delete_lagged import delete_deleted_copies, leftover_copies, sweep_tombstones
@@ -87,23 +89,15 @@ def _delete_steps(deps: Deps, t: Topic, force: bool, done: TopicDeleteReport) ->
     name = t.name
     # every step goes by name: each one checks that the name is still the topic step 1 found (another delete
     # of it may have finished meanwhile and a new topic taken the name), or it would delete the new one
-    opened = deps.meta.list_ledgers(name, [LedgerState.OPEN])
-    if any(led.topic_id != t.topic_id for led in opened):
-        raise TopicReplaced(name)
-    if opened:
+    for tries_left in range(2, -1, -1):
         try:
-            writer = ManagedLedgerWriter(deps.meta, deps.tier1, name)  # takes the open file's writer lock
-        except LedgerFileMissing:
-            if not deps.tier1.has_topic(name):
-                raise  # a root without the topic's directory (a wrong mount): nothing is recorded
-            _seal_lost_open_ledger(deps, opened[0])
-        else:
-            try:
-                if writer.topic.topic_id != t.topic_id:
-                    raise TopicReplaced(name)
-                writer.seal()
-            finally:
-                writer.close()
+            _seal_open_ledger(deps, t)
+            break
+        except ConditionalUpdateFailed:
+            # its producer sealed it itself (a rollover) between this run's look and its seal; under the fence
+            # it opens no other, so a second look finds none open
+            if not tries_left:
+                raise
     late = done.subscriptions_deleted  # those steps 2 and 3 delete (those created meanwhile too, with --force)
     deleted = deps.meta.trims.delete_all_ledgers(name, deps.knobs.gc_delay, force, late, t.topic_id)
     done.ledgers_deleted, done.bytes = len(deleted), sum(led.size_bytes for led in deleted)
@@ -145,6 +139,49 @@ def _extent(deps: Deps, led: Ledger) -> tuple[int, int]:
         return 0, 0
 
 
+def _seal_open_ledger(deps: Deps, t: Topic) -> None:
+    """Seal the topic's open ledger, if any, through its file's writer lock (LedgerStorageError while a
+    producer writes it: nothing is deleted)."""
+    name = t.name
+    opened = deps.meta.list_ledgers(name, [LedgerState.OPEN])
+    if any(led.topic_id != t.topic_id for led in opened):
+        raise TopicReplaced(name)
+    if not opened:
+        return
+    try:
+        writer = ManagedLedgerWriter(deps.meta, deps.tier1, name)  # takes the open file's writer lock
+    except LedgerFileMissing:
+        if not deps.tier1.has_topic(name):
+            raise  # a root without the topic's directory (a wrong mount): nothing is recorded
+        _seal_lost_open_ledger(deps, opened[0])
+        return
+    try:
+        if writer.topic.topic_id != t.topic_id:
+            raise TopicReplaced(name)
+        writer.seal()
+    finally:
+        writer.close()
+
+
+def _unclaimed_writer(deps: Deps, name: str, ledger_id: int, wait_seconds: float = 10.0):
+    """The writer of a file no row names, or None once it is gone. A producer holding it is one the delete's
+    fence refuses a row: it removes the file and lets go within moments, so it is waited for (polled) rather
+    than failing a delete that has already deleted the ledgers; one still holding it after `wait_seconds`
+    raises LedgerStorageError (nothing removed)."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            return deps.tier1.open_writer(name, ledger_id, has_row=False)
+        except LedgerFileMissing:
+            return None
+        except LedgerStorageError:
+            if not deps.tier1.exists(name, ledger_id):
+                return None
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _remove_unclaimed_files(deps: Deps, name: str, next_ledger_id: int) -> None:
     """A producer makes the next ledger's file before its OPEN row (writer.py); killed in between, it left an
     empty file no row names, which no run would ever remove once the topic is gone. Such a file is removed
@@ -153,7 +190,9 @@ def _remove_unclaimed_files(deps: Deps, name: str, next_ledger_id: int) -> None:
     for ledger_id in deps.tier1.ledger_ids(name):
         if ledger_id < next_ledger_id:
             continue  # a ledger of the topic: its row says whether its copy is there
-        writer = deps.tier1.open_writer(name, ledger_id, has_row=False)  # raises while a producer holds it
+        writer = _unclaimed_writer(deps, name, ledger_id)
+        if writer is None:
+            continue  # its producer removed it, refused its row
         try:
             count = writer.entry_count
         finally:
