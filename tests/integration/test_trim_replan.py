@@ -181,3 +181,12 @@ def test_a_trim_that_deletes_nothing_does_not_say_objects_are_queued(cli, deps):
     for args in (("truncate", "u", "1:0"), ("topic", "delete", "u")):
         said = cli(*args).ok().stdout
         assert "deleted" in said and "gc" not in said, said
+
+
+def test_a_truncate_past_a_subscription_names_its_unread_entries_as_would_or_did(cli, deps):  # noqa: F811
+    produce(deps, "w", [entries("w", 10, 100), entries("x", 10, 100)], TopicPolicy(**TEN))
+    cli("subscription", "create", "w", "rd").ok()
+    preview = cli("truncate", "w", "1:0", "--force", "--dry-run").ok().stdout.strip()
+    assert preview.endswith("; unread: 'rd' of 'w' 10 entries (truncate before 1:0 --force)"), preview
+    said = cli("truncate", "w", "1:0", "--force").ok().stdout.strip()
+    assert said.endswith("; deleted unread: 'rd' of 'w' 10 entries (truncate before 1:0 --force)"), said

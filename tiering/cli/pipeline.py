@@ -177,16 +177,19 @@ def _retention_result(args, report, topic: str | None) -> dict:
                     failed=failures(report.failed))
 
 
-def _queued(report) -> str:
-    """What becomes of the deleted ledgers' tier-2 objects, said when there are any."""
-    return "; their tier-2 objects are queued for gc" if report.tier2_ledgers else ""
+def _queued(report, would: bool = False) -> str:
+    """What becomes (or, in a preview, would become) of the deleted ledgers' tier-2 objects, said when there
+    are any."""
+    if not report.tier2_ledgers:
+        return ""
+    return "; their tier-2 objects " + ("would be queued" if would else "are queued") + " for gc"
 
 
-def _losses(report) -> str:
+def _losses(report, would: bool = False) -> str:
     if not report.losses:
         return ""
-    return "; deleted unread: " + ", ".join(f"{x['subscription']!r} of {x['topic']!r} {x['entry_count']} entries "
-                                            f"({x['reason']})" for x in report.losses)
+    return ("; unread: " if would else "; deleted unread: ") + ", ".join(
+        f"{x['subscription']!r} of {x['topic']!r} {x['entry_count']} entries ({x['reason']})" for x in report.losses)
 
 
 def cmd_retention(ctx: Context, args, out: Output) -> int:
@@ -228,8 +231,7 @@ def cmd_truncate(ctx: Context, args, out: Output) -> int:
     if args.dry_run:  # in the conditional: what a run would do, nothing done
         out.result(result, f"[dry run] truncate {args.name!r} before {args.position} would delete "
                            f"{len(report.deleted)} ledger(s) ({report.bytes} bytes) and remove {report.files_removed} "
-                           "tier-1 file(s)" + ("; their tier-2 objects would be queued for gc" if report.tier2_ledgers
-                                               else "") + _losses(report).replace("deleted unread", "unread"))
+                           f"tier-1 file(s){_queued(report, would=True)}{_losses(report, would=True)}")
         return 0
     out.result(result, f"truncated {args.name!r} before {args.position}: deleted {len(report.deleted)} ledger(s) "
                        f"({report.bytes} bytes), removed {report.files_removed} tier-1 file(s){_queued(report)}"

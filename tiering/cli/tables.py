@@ -210,7 +210,7 @@ def _verify(ctx: Context, args, out: Output) -> int:
     from tiering.errors import BadInput, TieringError
     from tiering.metadata.table_sync import TableRows
     from tiering.tables.catalog import catalog, check_current_files, owner_problem
-    from tiering.tables.maintenance import check_data_files
+    from tiering.tables.maintenance import check_data_files, listed_files
     from tiering.tables.marks import dropped
     from tiering.tables.verify import verify_table
 
@@ -227,7 +227,7 @@ def _verify(ctx: Context, args, out: Output) -> int:
         raise TieringError(f"table {state.identifier!r} {problem}")
     # its snapshot's files gone: said so with the way out, not as a scan's FileNotFoundError
     check_current_files(table)
-    check_data_files(table, ctx.settings)
+    check_data_files(table, listed_files(table, ctx.settings))
     r = verify_table(ctx.read_handle(), ctx.meta, table, state.topic)
     diffs = failures((r.topic, d["ledger"], d["reason"]) for d in r.differences)
     obj = document("table verify", r.topic, identifier=r.table, synced_through=r.synced_through,

@@ -119,59 +119,62 @@ def referenced_files(table) -> set[str]:
     return refs
 
 
-def check_data_files(table, settings) -> None:
-    """TableUnreadable when a data file the current snapshot reads is not under the table's location any
-    more (deleted by hand, or by a tool sharing the location): a scan of the table would fail on it. One
-    listing of the location (a request per 1,000 files) against the manifests' live entries."""
+def listed_files(table, settings) -> list[tuple[str, datetime | None]]:
+    """Every file under the table's location, as (URI as the manifests spell it, modification time): one
+    listing (a request per 1,000 files) that the data-file check, the orphan removal and their preview share."""
     import pyarrow.fs as pafs
 
     from tiering.tables.files import s3_filesystem_for
 
-    if table.current_snapshot() is None:
-        return
     location = table.location().rstrip("/")
     fs, base = s3_filesystem_for(settings)(location)
     scheme = location.split("://", 1)[0]
-    present = {f"{scheme}://{info.path}" for info in
-               fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-               if info.type == pafs.FileType.File}
-    gone = sorted({task.file.file_path for task in table.scan().plan_files()} - present)
+    return [(f"{scheme}://{info.path}", info.mtime)
+            for info in fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+            if info.type == pafs.FileType.File]
+
+
+def check_data_files(table, listing: list[tuple[str, datetime | None]]) -> None:
+    """TableUnreadable when a data file the current snapshot reads is not in `listing` (the table's location,
+    from `listed_files`) any more: deleted by hand, or by a tool sharing the location; a scan of the table
+    would fail on it. Compared with the manifests' live entries."""
+    if table.current_snapshot() is None:
+        return
+    gone = sorted({task.file.file_path for task in table.scan().plan_files()} - {uri for uri, _ in listing})
     if gone:
         topic = table.properties.get(PROP_TOPIC, "TOPIC")
         raise TableUnreadable(f"table {'.'.join(table.name())!r} cannot be read: {len(gone)} data file(s) of its "
                               f"current snapshot are gone (the first: {gone[0]}); {rebuild_hint(topic)}")
 
 
-def remove_orphans(table, settings, grace: timedelta, report: MaintenanceReport | None = None) -> MaintenanceReport:
-    """Delete the files under the table's location that nothing references and that are older than
-    `grace`."""
-    import pyarrow.fs as pafs
+def _orphans(table, listing, grace: timedelta, also_referenced: set[str] = frozenset()) -> list[str]:
+    """The listed files nothing references and that are older than `grace` (a file a writer is making is
+    not referenced yet)."""
+    refs = referenced_files(table) | set(also_referenced)
+    cutoff = datetime.now(timezone.utc) - grace
+    return [uri for uri, mtime in listing if mtime is not None and mtime < cutoff and uri not in refs]
 
+
+def remove_orphans(table, settings, grace: timedelta, report: MaintenanceReport | None = None,
+                   listing: list[tuple[str, datetime | None]] | None = None) -> MaintenanceReport:
+    """Delete the files under the table's location that nothing references and that are older than
+    `grace`. `listing` is the location's listing when the caller has one at hand."""
     from tiering.tables.files import s3_filesystem_for
 
     report = report or MaintenanceReport(".".join(table.name()))
-    location = table.location().rstrip("/")
-    fs, base = s3_filesystem_for(settings)(location)
-    refs = referenced_files(table)
-    cutoff = datetime.now(timezone.utc) - grace
-    scheme = location.split("://", 1)[0]
-    for info in fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True)):
-        if info.type != pafs.FileType.File or info.mtime is None or info.mtime >= cutoff:
-            continue
-        if f"{scheme}://{info.path}" not in refs:
-            fs.delete_file(info.path)
-            report.orphans_deleted += 1
+    listing = listed_files(table, settings) if listing is None else listing
+    fs, _ = s3_filesystem_for(settings)(table.location().rstrip("/"))
+    for uri in _orphans(table, listing, grace):
+        fs.delete_file(uri.split("://", 1)[1])
+        report.orphans_deleted += 1
     return report
 
 
 def preview(table, settings, expire_after: timedelta, small_bytes: int, min_files: int, orphan_grace: timedelta,
-            report: MaintenanceReport, also_referenced: set[str] = frozenset()) -> None:
+            report: MaintenanceReport, also_referenced: set[str] = frozenset(),
+            listing: list[tuple[str, datetime | None]] | None = None) -> None:
     """What compact, expire_snapshots and remove_orphans would do to `table`, counted; nothing written.
     Orphans are counted against today's references (files an expiry would release are not counted)."""
-    import pyarrow.fs as pafs
-
-    from tiering.tables.files import s3_filesystem_for
-
     for files in small_file_groups(table, small_bytes, min_files, 256 * MIB):
         report.partitions_compacted += 1
         report.files_before += len(files)
@@ -180,14 +183,8 @@ def preview(table, settings, expire_after: timedelta, small_bytes: int, min_file
     kept = {ref.snapshot_id for ref in table.metadata.refs.values()}
     report.snapshots_expired += sum(1 for snap in table.snapshots() if snap.snapshot_id not in kept
                                     and snap.timestamp_ms < cutoff.timestamp() * 1000)
-    location = table.location().rstrip("/")
-    fs, base = s3_filesystem_for(settings)(location)
-    refs = referenced_files(table) | set(also_referenced)
-    scheme, grace_cutoff = location.split("://", 1)[0], datetime.now(timezone.utc) - orphan_grace
-    report.orphans_deleted += sum(
-        1 for info in fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-        if info.type == pafs.FileType.File and info.mtime is not None and info.mtime < grace_cutoff
-        and f"{scheme}://{info.path}" not in refs)
+    listing = listed_files(table, settings) if listing is None else listing
+    report.orphans_deleted += len(_orphans(table, listing, orphan_grace, also_referenced))
 
 
 def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 * MIB,
@@ -224,10 +221,12 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
             if problem is not None:
                 raise BadInput(f"table {state.identifier!r} {problem}")
             check_marks(sync.rows.get(state.topic), table)
-            check_data_files(table, sync.settings)  # a table with a hole is rebuilt, not maintained
+            listing = listed_files(table, sync.settings)  # the check and the orphan removal share it
+            check_data_files(table, listing)  # a table with a hole is rebuilt, not maintained
             dlq = state.identifier + DLQ_SUFFIX
             if dry_run:  # the counts of what it would do; the dead letters a killed sync left count as kept
-                preview(table, sync.settings, expire_after, small_bytes, min_files, orphan_grace, report)
+                preview(table, sync.settings, expire_after, small_bytes, min_files, orphan_grace, report,
+                        listing=listing)
                 if sync.catalog.table_exists(dlq):
                     pending = {f for s in table.snapshots() if s.summary
                                for f in s.summary.additional_properties.get(SUMMARY_DLQ_FILES, "").split(",") if f}
@@ -243,7 +242,8 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
             sync.reconcile(sync.rows.get(state.topic), table)
             compact(table, small_bytes, min_files, report=report)
             expire_snapshots(table.refresh(), expire_after, report=report)
-            remove_orphans(table.refresh(), sync.settings, orphan_grace, report=report)
+            # files written since the listing are newer than any grace: the listing leaves nothing out
+            remove_orphans(table.refresh(), sync.settings, orphan_grace, report=report, listing=listing)
             if sync.catalog.table_exists(dlq):  # the dead letters: expiry and orphans (they are few)
                 expire_snapshots(sync.catalog.load_table(dlq), expire_after, report=report)
                 remove_orphans(sync.catalog.load_table(dlq), sync.settings, orphan_grace, report=report)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from tiering.errors import BadInput, TableUnreadable
 from tiering.metadata.table_sync import TableRows
 from tiering.tables.catalog import check_current_files, owner_problem
-from tiering.tables.maintenance import check_data_files
+from tiering.tables.maintenance import check_data_files, listed_files
 from tiering.tables.marks import dropped, table_problem
 from tiering.tables.naming import DLQ_SUFFIX, PROP_TOPIC
 
@@ -77,7 +77,7 @@ def _found(cat, settings, state, namespace: str, names: list[str], locations: di
                                f"{state.topic!r} made; drop it with an Iceberg tool, or give the topic another "
                                "table")
             check_current_files(table)
-            check_data_files(table, settings)
+            check_data_files(table, listed_files(table, settings))
         except TableUnreadable as exc:
             problems.append(f"unreadable: {exc}")
             continue
