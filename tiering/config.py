@@ -481,6 +481,9 @@ def _with_units(parse, hint: str, kind: str, raw, name, default, lo, hi, out_of_
     try:
         return parse(raw, name, lo, hi)
     except BadInt as exc:
+        if exc.reason == "fraction":  # named, never its value (as every setting's refusal)
+            raise ConfigError(f"{name} must come to a whole number of "
+                              f"{'seconds' if parse is parse_duration else 'bytes'}") from None
         if exc.reason == "syntax":
             raise ConfigError(f"{name} must be an integer in ASCII digits, or {kind} with a unit ({hint})") from None
         raise ConfigError(out_of_range or f"{name} must be from {lo} to {hi}") from None

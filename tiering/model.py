@@ -100,7 +100,8 @@ ASCII_INT = re.compile(r"-?[0-9]+")
 
 class BadInt(BadInput):
     """parse_int's refusal. `reason`: "syntax" (not an integer in ASCII digits), "low" or "high" (outside the
-    bounds), so each edge (settings, CLI arguments, job arguments) phrases it its own way."""
+    bounds), or "fraction" (a size or duration that does not come to whole bytes or seconds: its message says
+    so), so each edge (settings, CLI arguments, job arguments) phrases it its own way."""
 
     def __init__(self, message: str, reason: str):
         super().__init__(message)

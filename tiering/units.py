@@ -45,10 +45,10 @@ def _parse(text: object, what: str, lo: int, hi: int, units: dict[str, int], bas
         raise BadInt(f"{what} must not be negative" + (" (a bare -1 disables it)" if lo < 0 else "")
                      + f"; got {shown!r}", "low")
     if not unit and "." in number:
-        raise BadInt(f"{what} must be a whole number of {noun} without a unit; got {shown!r}", "syntax")
+        raise BadInt(f"{what} must be a whole number of {noun} without a unit; got {shown!r}", "fraction")
     exact = Decimal(number) * units[unit or base]
     if exact != exact.to_integral_value():
-        raise BadInt(f"{what} must come to a whole number of {noun}; got {shown!r}", "syntax")
+        raise BadInt(f"{what} must come to a whole number of {noun}; got {shown!r}", "fraction")
     value = int(exact)
     if not lo <= value <= hi:
         rng = f"from {show(lo) if lo > 0 else lo} to {show(hi)}"

@@ -31,9 +31,11 @@ def test_sizes(text, size):
 def test_refused_durations_name_the_units(text):
     with pytest.raises(BadInt) as exc:
         parse_duration(text, "--retention-time", -1, MAX_SECONDS)
-    assert exc.value.reason in ("syntax", "low")
+    assert exc.value.reason in ("syntax", "low", "fraction")
     if exc.value.reason == "syntax":
-        assert "--retention-time" in str(exc.value) and ("90s" in str(exc.value) or "whole number" in str(exc.value))
+        assert "--retention-time" in str(exc.value) and "90s" in str(exc.value)
+    if exc.value.reason == "fraction":
+        assert "--retention-time" in str(exc.value) and "whole number of seconds" in str(exc.value)
 
 
 @pytest.mark.parametrize("text", ["-0", "-00", "-01", "-1.0", "-2"])
@@ -73,7 +75,11 @@ def test_cli_flags_take_units_and_say_which():
     assert cli.size_at_least(4096)("4KiB") == 4096
     for kind, text, message in [(cli.policy_seconds, "4x", "90s, 15m, 4h, 7d"), (cli.policy_size, "10QB", "KiB"),
                                 (cli.size_at_least(4096), "1", r"too small \(at least 4KiB\)"),
-                                (cli.expiry_seconds, "0", "not allowed")]:
+                                (cli.expiry_seconds, "0", "not allowed"),
+                                # a number with a unit that only misses whole bytes or seconds is said to
+                                (cli.policy_size, "1.3GiB", "'1.3GiB' does not come to a whole number of bytes"),
+                                (cli.size, "1.5B", "'1.5B' does not come to a whole number of bytes"),
+                                (cli.policy_seconds, "1.5", "'1.5' does not come to a whole number of seconds")]:
         with pytest.raises(argparse.ArgumentTypeError, match=message):
             kind(text)
 
@@ -89,6 +95,9 @@ def test_settings_and_job_arguments_take_units(tmp_path):
     with pytest.raises(ConfigError, match="TIERING_BLOCK_SIZE must be an integer in ASCII digits, or a size") as exc:
         config.Settings.from_env({**base, "TIERING_BLOCK_SIZE": "8 parsecs"})
     assert "parsecs" not in str(exc.value)  # the variable is named, never its value
+    with pytest.raises(ConfigError, match="TIERING_BLOCK_SIZE must come to a whole number of bytes$") as exc:
+        config.Settings.from_env({**base, "TIERING_BLOCK_SIZE": "1.3MiB"})
+    assert "1.3" not in str(exc.value)
     assert spec.size_arg("--small-bytes", 1, INT64_MAX)("8MiB") == 8 * 2**20
     assert spec.duration_arg("--orphan-grace-seconds", 0, 10**9)("2h") == 7200
     assert spec.spark_submit_args("tiering_offload_by_age", max_bytes_per_second="8MiB") == \

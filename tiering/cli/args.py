@@ -104,6 +104,9 @@ def _units(parse, text: str, lo: int, hi: int) -> int:
         return parse(text, "the value", lo, hi)
     except BadInt as exc:
         duration = parse is parse_duration
+        if exc.reason == "fraction":  # a number with a unit, only not a whole one: say that, not "not a size"
+            raise argparse.ArgumentTypeError(
+                f"{shown!r} does not come to a whole number of {'seconds' if duration else 'bytes'}") from None
         if exc.reason == "syntax":
             raise argparse.ArgumentTypeError(
                 f"{shown!r} is not {'a duration' if duration else 'a size'}: "
