@@ -274,3 +274,25 @@ def test_a_sync_holding_the_old_table_cannot_commit_into_it_after_a_rebuild(cli,
     assert not catalog(settings).table_exists("ns.zombie")
     cli("table", "sync", "--topic", "zombie").ok()
     assert _table(settings, "ns.zombie") == _read(deps, "zombie")
+
+
+def test_verify_names_a_catalog_row_set_back_and_a_manifest_gone_as_sync_does(cli, deps, settings):
+    """verify compared up to the table's own marks: a catalog row set back to the previous metadata file
+    (ledger 1 missing) was "the same", exit 0, where sync and maintain named the rollback; a manifest gone
+    printed pyiceberg's FileNotFoundError without the way out."""
+    _synced(cli, deps, "back")
+    cli("produce", "back", "--entries", "2", "--entry-size", "10", "--seal").ok()
+    cli("table", "sync", "--topic", "back").ok()
+    with deps.meta.engine.begin() as conn:
+        conn.execute(text("UPDATE iceberg_tables SET metadata_location = previous_metadata_location "
+                          "WHERE table_name = 'back'"))
+    line = cli("table", "verify", "back").one_line_error(1)
+    assert "rolled back" in line and "tiering table rebuild back" in line, line
+
+    _synced(cli, deps, "mani")
+    table = catalog(settings).load_table("ns.mani")
+    manifest = table.current_snapshot().manifests(table.io)[0].manifest_path
+    bucket, key = _object(manifest)
+    deps.bucket.s3.delete_object(Bucket=bucket, Key=key)
+    line = cli("table", "verify", "mani").one_line_error(1)
+    assert line.startswith("tiering: error: a file of the table is gone") and "tiering table rebuild mani" in line, line

@@ -425,22 +425,6 @@ def test_a_table_is_not_renamed_while_synced_or_syncing(deps, settings, cat):
     assert rows.get("rn").identifier == "ns.rn" and not cat.table_exists("ns.other")
 
 
-def test_a_topic_deleted_during_its_sync_fails_the_sync_saying_so_and_what_the_table_took(deps, settings, cat):
-    from tiering.ops.topics import delete_topic
-
-    produce(deps, "gone", [entries("a", 2, 30)])
-    rows = TableRows(deps.meta.engine)
-    rows.set_policy("gone", "ns.gone", "keep")
-
-    def delete(step):
-        if step == "committed":
-            delete_topic(deps, "gone", force=True)
-    r = TableSync(deps.meta.engine, settings, cat, fault=delete).sync_topic(rows.get("gone"),
-                                                                            local_writer(deps, settings))
-    assert r.status == "failed" and "the topic was deleted meanwhile" in r.error
-    assert r.ledgers == [0] and r.entries == 2  # the table took them; the record is what failed
-
-
 def test_a_decoder_change_during_a_sync_applies_from_the_next_run(deps, settings, cat):
     from tiering.tables.decoder import check_change, parse_fields
 

@@ -211,7 +211,7 @@ def _verify(ctx: Context, args, out: Output) -> int:
     from tiering.metadata.table_sync import TableRows
     from tiering.tables.catalog import catalog, check_current_files, owner_problem
     from tiering.tables.maintenance import check_data_files, listed_files
-    from tiering.tables.marks import dropped
+    from tiering.tables.marks import check_marks, dropped, gone_file
     from tiering.tables.verify import verify_table
 
     [state] = TableRows(ctx.engine).list(args.name)
@@ -225,10 +225,16 @@ def _verify(ctx: Context, args, out: Output) -> int:
     problem = owner_problem(table, state.topic, state.topic_id)
     if problem:  # its rows are not this topic's: comparing them would only list every ledger as a difference
         raise TieringError(f"table {state.identifier!r} {problem}")
+    # rolled back behind the sync state (a catalog row set back by hand): comparing up to the table's own
+    # marks would call it the same, as sync and maintain would not
+    check_marks(state, table)
     # its snapshot's files gone: said so with the way out, not as a scan's FileNotFoundError
     check_current_files(table)
-    check_data_files(table, listed_files(table, ctx.settings))
-    r = verify_table(ctx.read_handle(), ctx.meta, table, state.topic)
+    try:
+        check_data_files(table, listed_files(table, ctx.settings))
+        r = verify_table(ctx.read_handle(), ctx.meta, table, state.topic)
+    except FileNotFoundError as exc:  # a manifest gone (the manifest list was there)
+        raise TieringError(gone_file(exc, state.topic)) from None
     diffs = failures((r.topic, d["ledger"], d["reason"]) for d in r.differences)
     obj = document("table verify", r.topic, identifier=r.table, synced_through=r.synced_through,
                    ledger_count=r.ledgers, entry_count=r.entries, failed=diffs, failed_count=len(diffs))

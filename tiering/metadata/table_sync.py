@@ -18,7 +18,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from tiering.errors import BadInput, ConditionalUpdateFailed
+from tiering.errors import BadInput, ConditionalUpdateFailed, TieringError
 from tiering.metadata.db import lock_taken, session_lock
 from tiering.metadata.subscriptions import topic_row
 from tiering.metadata.tables import ICEBERG_CATALOG, iceberg_tables, ledger, topic, topic_table
@@ -302,6 +302,27 @@ def exclusive(engine: Engine, topic_id: int, maintenance: bool = False):
 def maintenance_running(engine: Engine, topic_id: int) -> bool:
     """Whether a maintenance of the topic's table holds its lock (rather than another sync)."""
     return lock_taken(engine, MAINTENANCE_CLASS, literal(topic_id))
+
+
+@contextmanager
+def quiet_for_delete(engine: Engine, topic: str, topic_id: int, wait_seconds: float,
+                     poll_seconds: float = 0.2) -> Iterator[None]:
+    """`with quiet_for_delete(...):` the table's lock for a topic deletion's step that marks the ledgers
+    DELETED and drops the table row: a sync holding the lock has read the row and would take those ledgers
+    for retention's (retention 'follow' deletes their rows: the whole table), so the step waits for it,
+    polling (a killed sync's lock goes with its connection); TieringError, nothing changed, when a sync or
+    maintenance held it for all of `wait_seconds`. A sync starting after the step finds no row."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        with exclusive(engine, topic_id) as held:
+            if held:
+                yield
+                return
+        if time.monotonic() >= deadline:
+            raise TieringError(f"a sync or maintenance of topic {topic!r}'s table ran on past the {wait_seconds:g} s "
+                               "a topic delete waits for it: nothing deleted; run topic delete again when it has "
+                               "ended")
+        time.sleep(poll_seconds)
 
 
 @contextmanager

@@ -23,7 +23,8 @@ from tiering.errors import (BadInput, ConditionalUpdateFailed, LedgerNotFound, T
                             TopicReplaced)
 from tiering.metadata.db import session_lock
 from tiering.metadata.subscriptions import active, topic_row
-from tiering.metadata.tables import topic, topic_tombstone
+from tiering.metadata.table_sync import quiet_for_delete
+from tiering.metadata.tables import topic, topic_table, topic_tombstone
 from tiering.model import EXPIRED, Ledger, LedgerState, Position, Subscription, Topic
 
 if TYPE_CHECKING:
@@ -59,6 +60,10 @@ def refuse_while_deleted(conn: Connection, topic_name: str, topic_id: int) -> No
 # may grow: an offload's commit can let retention take more); a bound keeps a trim whose plan keeps growing,
 # or whose compare-and-set still lost, from spinning (it then fails, changing nothing).
 REPLANS = 5
+
+# how long a topic delete waits for a sync or maintenance of the topic's table (a sync waits as long for a
+# maintenance: tiering/tables/sync.Limits.wait_seconds)
+TABLE_WAIT_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -195,12 +200,18 @@ class Trims:
             late += [s.name for s in subs]
 
     def delete_all_ledgers(self, topic_name: str, gc_delay: timedelta, force: bool = False,
-                           late: list[str] | None = None, topic_id: int | None = None) -> list[Ledger]:
-        """Step 2: every live ledger DELETED, chunks removed, keys queued for GC (one transaction). The open
+                           late: list[str] | None = None, topic_id: int | None = None,
+                           table_wait_seconds: float = TABLE_WAIT_SECONDS) -> list[Ledger]:
+        """Step 2: every live ledger DELETED, chunks removed, keys queued for GC, the table's sync row
+        dropped (one transaction; the Iceberg table itself stays), while no sync or maintenance of the
+        topic's table runs (it waits up to `table_wait_seconds` for one: quiet_for_delete). The open
         ledger must have been sealed (by its writer's lock: ops/topics.py); an offload in flight loses its
         commit and its objects are collected. `topic_id`: the topic step 1 found (TopicReplaced when the
         name is another topic's now)."""
-        return _replanning(lambda: self._delete_all_ledgers(topic_name, gc_delay, force, late, topic_id))
+        if topic_id is None:
+            topic_id = self.store.get_topic(topic_name).topic_id
+        with quiet_for_delete(self.engine, topic_name, topic_id, table_wait_seconds):
+            return _replanning(lambda: self._delete_all_ledgers(topic_name, gc_delay, force, late, topic_id))
 
     def _delete_all_ledgers(self, topic_name: str, gc_delay: timedelta, force: bool,
                             late: list[str] | None, topic_id: int | None = None) -> list[Ledger]:
@@ -216,8 +227,11 @@ class Trims:
             if any(led.state == S.OPEN for led in live):
                 raise TieringError(f"topic {topic_name!r} has an open ledger again (a producer is writing); stop it "
                                    "and run topic delete again")
-            return self.store.delete_ledgers_in(conn, live, f"topic {t.name} deleted", gc_delay,
-                                                states=(S.SEALED, S.OFFLOADING, S.OFFLOADED))
+            deleted = self.store.delete_ledgers_in(conn, live, f"topic {t.name} deleted", gc_delay,
+                                                   states=(S.SEALED, S.OFFLOADING, S.OFFLOADED))
+            # with the ledgers: a sync finding the row later would follow their deletion as retention's
+            conn.execute(delete(topic_table).where(topic_table.c.topic_id == t.topic_id))
+            return deleted
 
     def finish_topic_delete(self, topic_name: str, marker: int, force: bool = False,
                             late: list[str] | None = None, topic_id: int | None = None) -> Topic:

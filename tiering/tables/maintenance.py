@@ -209,6 +209,10 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
                                  "maintenance waits for it: nothing done; rerun when it has ended")
             return report
         try:
+            now = sync.rows.get(state.topic)  # under the lock: a topic delete drops the row only outside it
+            if now is None or now.topic_id != state.topic_id:
+                raise TieringError(f"topic {state.topic!r} was deleted meanwhile: nothing done; its table stays as "
+                                   "it was")
             if not sync.catalog.table_exists(state.identifier):
                 if why := dropped(state):
                     report.errors.append(why)

@@ -127,11 +127,11 @@ class TableSync:
     def sync_topic(self, state: TableState, write: Writer, dry_run: bool = False) -> TopicResult:
         result = TopicResult(state.topic, state.identifier)
         if dry_run:  # a preview writes nothing: it takes no turn, so no real sync meeting it reports "skipped"
-            self._sync_held(state.topic, write, dry_run, result)
+            self._sync_held(state.topic, write, dry_run, result, state.topic_id)
             return result
         with turn(self.engine, state.topic_id, self.limits.wait_seconds) as got:
             if got == "held":
-                self._sync_held(state.topic, write, dry_run, result)
+                self._sync_held(state.topic, write, dry_run, result, state.topic_id)
             elif got == "taken":
                 result.status, result.error = "skipped", "another sync of this topic is running"
             else:  # not another sync's work: this sync's work is not done, so it is not a success
@@ -140,17 +140,21 @@ class TableSync:
                     "a sync waits for it: nothing synced; rerun when it has ended")
         return result
 
-    def _sync_held(self, topic: str, write: Writer, dry_run: bool, result: TopicResult) -> None:
+    def _sync_held(self, topic: str, write: Writer, dry_run: bool, result: TopicResult, topic_id: int) -> None:
         try:
-            self._sync_locked(topic, write, dry_run, result)
+            self._sync_locked(topic, write, dry_run, result, topic_id)
         except TieringError as exc:
             result.status, result.error = "failed", str(exc)
         except Exception as exc:  # noqa: BLE001 - S3 or the catalog: this topic failed, the others go on
             result.status, result.error = "failed", gone_file(exc, topic) or \
                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
-    def _sync_locked(self, topic: str, write: Writer, dry_run: bool, result: TopicResult) -> None:
+    def _sync_locked(self, topic: str, write: Writer, dry_run: bool, result: TopicResult, topic_id: int) -> None:
         state = self.rows.get(topic)  # re-read under the lock
+        if state is None or state.topic_id != topic_id:
+            # a topic delete dropped the row with the ledgers (under this lock, so not while a sync ran):
+            # the DELETED ledgers are not retention's, and the table stays as it was
+            raise TieringError(f"topic {topic!r} was deleted meanwhile: nothing synced; its table stays as it was")
         exists = self.catalog.table_exists(state.identifier)
         if not exists and (why := dropped(state)):
             # dropped behind the store's back (or its catalog row deleted): making an empty one would only
