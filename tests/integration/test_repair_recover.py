@@ -204,3 +204,31 @@ def test_a_recovery_losing_to_retention_changes_nothing(deps):
     assert (report.recovered, report.skipped, report.failed) == ([], [("t", 0)], [])
     led = deps.meta.get_ledger("t", 0)
     assert led.state == S.DELETED and led.lost
+
+
+def test_a_ledger_marked_lost_on_a_corrupt_copy_moves_to_a_sound_one_by_a_checked_recovery(deps):
+    """A recovery that did not check pages chose a newer copy with a damaged page; repair marked the ledger
+    lost on it though the bucket held a sound copy, and `recover-from-bucket --check-pages` left it lost
+    (it moved only chunks whose objects were gone): no command brought the ledger back."""
+    import uuid
+
+    from tiering.format.keys import data_key, index_key
+    from tiering.ops.recover import recover_from_bucket
+
+    expected = offloaded(deps, "t", tier1=False)
+    ch = chunk_of(deps, "t", 1)
+    other = str(uuid.uuid4())  # a sound copy under another attempt's keys (an older offload's, a backup's)
+    put(deps, data_key(deps.bucket.prefix, "t", other, 1), get(deps, ch.data_key))
+    put(deps, index_key(deps.bucket.prefix, "t", other, 1), get(deps, ch.index_key))
+    damage(deps, ch.data_key, "flip", at=ch.data_offset + 300)
+    assert repair(deps, "t").lost == [("t", 1)]
+    unchecked = recover_from_bucket(deps.meta.engine, deps.bucket, "t")
+    assert unchecked.chunks_moved == [] and deps.meta.get_ledger("t", 1).lost  # its pages were not read
+    dry = recover_from_bucket(deps.meta.engine, deps.bucket, "t", check_pages=True, dry_run=True)
+    assert dry.chunks_moved == [("t", 1)] and deps.meta.get_ledger("t", 1).lost
+    report = recover_from_bucket(deps.meta.engine, deps.bucket, "t", check_pages=True)
+    assert report.chunks_moved == [("t", 1)], report
+    assert not deps.meta.get_ledger("t", 1).lost and chunk_of(deps, "t", 1).data_key != ch.data_key
+    assert read_all(deps, "t") == (expected, [])
+    again = repair(deps, "t")
+    assert (again.lost, again.findings, again.failed) == ([], [], [])

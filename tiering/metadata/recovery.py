@@ -89,7 +89,8 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
                   tier1_has: Callable[[int], bool] | None = None, root_holds_topic: bool = False,
                   lost: Callable[[int], LostLedger] | None = None, lost_from: int = 0,
                   lost_to: int = -1, gone: Callable[[str], bool] | None = None,
-                  present: Callable[[str], bool] | None = None, dry_run: bool = False) -> RestoredTopic:
+                  present: Callable[[str], bool] | None = None, dry_run: bool = False,
+                  checked: bool = False) -> RestoredTopic:
     """Create topic `name` if missing (with `policy`), insert each offloaded ledger it does not have as
     OFFLOADED with its chunk row (`tier1_present` as given), each adopted tier-1 ledger as SEALED with
     `tier1_present`, and move `next_ledger_id` past the largest id given and past `top` (the largest
@@ -110,7 +111,11 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
     chunk names objects `gone` says are not there (called under the row's lock: a defrag cannot move it
     meanwhile, and GC never deletes what a row references) while the bucket holds another whole copy (a
     defrag's merged object, newer than the export): its chunk moves to that copy and a lost mark is cleared
-    (the objects it named are queued for GC, which deletes what nothing references).
+    (the objects it named are queued for GC, which deletes what nothing references). With `checked` (every
+    page of the copies given was read and checked: `--check-pages`) a ledger marked lost whose chunk names
+    other objects than its checked copy moves to that copy too, objects gone or not: `repair` marked it lost
+    on the copy its row named (a newer copy recovery chose unchecked, found corrupt), and a sound one was
+    still in the bucket.
 
     Every key a recovered chunk names leaves GC's queue in this transaction, as an offload's commit takes
     its keys out (tiering/ops/gc.py, W2): the delete waits behind a GC run that claimed the key, and a key
@@ -134,7 +139,7 @@ def restore_topic(engine: Engine, name: str, policy: TopicPolicy, ledgers: Mappi
             .order_by(ledger_t.c.ledger_id).with_for_update())}  # in id order, as every ledger writer locks
         existing = set(have)
         # chunk rows locked before any write takes the totals row (the order every ledger writer keeps)
-        moved_from = _moved_away(conn, row.topic_id, have, ledgers, gone) if gone is not None else {}
+        moved_from = _moved_away(conn, row.topic_id, have, ledgers, gone, checked) if gone is not None else {}
         moved = [ledgers[i] for i in sorted(moved_from)]
         now = conn.execute(select(func.now())).scalar_one()
         found = _found_again(conn, row.topic_id, have, ledgers)
@@ -274,10 +279,10 @@ def _upgradable(conn, r) -> bool:
 
 
 def _moved_away(conn, topic_id: int, have: Mapping, ledgers: Mapping[int, RecoveredLedger],
-                gone: Callable[[str], bool]) -> dict[int, tuple[str, str]]:
+                gone: Callable[[str], bool], checked: bool = False) -> dict[int, tuple[str, str]]:
     """{ledger id: the (data, index) keys its chunk row names} of the OFFLOADED ledgers whose chunk row
-    (locked here) names objects that are gone while the copy found is another one of the same entries and
-    bytes (restore_topic's docstring)."""
+    (locked here) names objects that are gone (or, `checked`, that is marked lost) while the copy found is
+    another one of the same entries and bytes (restore_topic's docstring)."""
     offloaded = [i for i in sorted(ledgers) if i in have and _state(have[i]) == LedgerState.OFFLOADED.value
                  and (have[i].entry_count, have[i].size_bytes) == (ledgers[i].entry_count, ledgers[i].size_bytes)]
     if not offloaded:
@@ -294,7 +299,8 @@ def _moved_away(conn, topic_id: int, have: Mapping, ledgers: Mapping[int, Recove
         return {}
     rows = conn.execute(query.where(chunk_t.c.ledger_id.in_(wanted)).order_by(chunk_t.c.topic_id, chunk_t.c.ledger_id)
                         .with_for_update()).all()
-    return {r.ledger_id: (r.data_key, r.index_key) for r in rows if differ(r) and (gone(r.data_key) or gone(r.index_key))}
+    return {r.ledger_id: (r.data_key, r.index_key) for r in rows if differ(r) and (
+        (checked and have[r.ledger_id].lost_at is not None) or gone(r.data_key) or gone(r.index_key))}
 
 
 def _take_out_of_queue(conn, chunks: list[Chunk], present: Callable[[str], bool] | None) -> None:

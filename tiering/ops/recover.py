@@ -356,7 +356,7 @@ def _recover_topic(engine, b: Bucket, listed: _Listed, policy: TopicPolicy, pool
                       # a key a row names: not listed, and not there now either (the listing may be older than
                       # the row; a HEAD that fails stops the topic, as any read error does)
                       lambda key: key not in objects and object_head(b, key) is None,
-                      lambda key: object_head(b, key) is not None, dry_run)
+                      lambda key: object_head(b, key) is not None, dry_run, check_pages)
 
 
 def _keys_with_ledger_data(b: Bucket, objects: dict, above: int, report: RecoverReport,
@@ -529,13 +529,14 @@ def _as_uuid(value: str, key: str) -> str:
 def _commit_topic(engine, name: str, chosen: dict[int, _Copy], scan: Tier1Scan, policy: TopicPolicy,
                   report: RecoverReport, tier1_has=None, root_holds_topic: bool = False,
                   named_top: int = -1, trim_point: int = 0, lost=None, gone=None, present=None,
-                  dry_run: bool = False) -> None:
+                  dry_run: bool = False, checked: bool = False) -> None:
     restored = restore_topic(engine, name, policy, {i: RecoveredLedger(
         c.ledger_id, c.entry_count, c.length, c.sealed_at, _as_uuid(c.offload_uuid, c.chunk.index_key),
         c.started_at, c.finished_at, c.chunk, tier1_present=i in scan.copies) for i, c in chosen.items()},
         {i: AdoptedLedger(f.ledger_id, f.entry_count, f.size_bytes, f.sealed_at) for i, f in scan.ledgers.items()},
         top=max(scan.top, named_top), tier1_has=tier1_has, root_holds_topic=root_holds_topic,
-        lost=lost, lost_from=trim_point, lost_to=named_top, gone=gone, present=present, dry_run=dry_run)
+        lost=lost, lost_from=trim_point, lost_to=named_top, gone=gone, present=present, dry_run=dry_run,
+        checked=checked)
     existing = restored.existing
     if restored.created:
         report.topics_created.append(name)
