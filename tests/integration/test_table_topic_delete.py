@@ -11,23 +11,15 @@ import pytest
 from sqlalchemy import text
 
 from tests.integration.helpers import entries, produce
+from tests.integration.test_tables import cat  # noqa: F401  (the catalog, emptied of earlier tests' tables)
 from tiering.errors import TieringError
 from tiering.metadata.table_sync import TableRows, exclusive
 from tiering.model import LedgerState as S
 from tiering.ops.topics import delete_topic
-from tiering.tables.catalog import catalog
 from tiering.tables.files import local_writer
 from tiering.tables.maintenance import maintain_topic
 from tiering.tables.sync import TableSync
 from tiering.writer import ManagedLedgerWriter
-
-
-@pytest.fixture
-def cat(settings, db):
-    c = catalog(settings)
-    with db.begin() as conn:  # the bucket is emptied per test: forget the previous tests' tables
-        conn.execute(text("DELETE FROM iceberg_tables"))
-    return c
 
 
 def rows_of(cat, identifier: str) -> list[tuple[int, int]]:
