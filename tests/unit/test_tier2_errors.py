@@ -26,6 +26,11 @@ def test_codes_map_to_classes(code, cls):
     assert error_class(code) is cls
 
 
+def test_a_code_without_a_message_says_the_code_only():
+    err = tier2_error("list uploads", "x/t", ClientError({"Error": {"Code": "NoSuchBucket", "Message": None}}, "List"))
+    assert isinstance(err, NoSuchBucket) and str(err) == "S3 list uploads of 'x/t' failed: NoSuchBucket"
+
+
 def test_botocore_exceptions_map_to_classes():
     creds = tier2_error("PUT", "k", NoCredentialsError())
     assert isinstance(creds, NoCredentials) and "no usable S3 credentials (NoCredentialsError)" in str(creds)

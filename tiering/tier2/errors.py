@@ -74,7 +74,8 @@ def tier2_error(op: str, key: str, exc: BaseException) -> Tier2Error:
     cls: type[Tier2Error] = Tier2Error
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})
-        cls, detail = error_class(err.get("Code")), f"{err.get('Code')} {err.get('Message', '')}".rstrip()
+        # a server may answer a code with no message: botocore then gives None, not an empty string
+        cls, detail = error_class(err.get("Code")), f"{err.get('Code')} {err.get('Message') or ''}".rstrip()
     elif isinstance(exc, _CREDENTIALS):
         cls, detail = NoCredentials, f"no usable S3 credentials ({type(exc).__name__}): {CREDENTIALS_HINT}"
     elif isinstance(exc, SSLError):
