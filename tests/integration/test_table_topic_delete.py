@@ -13,7 +13,7 @@ from sqlalchemy import text
 from tests.integration.helpers import entries, produce
 from tests.integration.test_tables import cat  # noqa: F401  (the catalog, emptied of earlier tests' tables)
 from tiering.errors import TieringError
-from tiering.metadata.table_sync import TableRows, exclusive
+from tiering.metadata.table_sync import TableRows, exclusive, quiet_for_delete
 from tiering.model import LedgerState as S
 from tiering.ops.topics import delete_topic
 from tiering.tables.files import local_writer
@@ -99,3 +99,24 @@ def test_a_delete_waits_for_a_running_sync_only_so_long(deps, settings, cat):
     assert S.DELETED not in {led.state for led in deps.meta.list_ledgers("busy")}
     assert TableRows(deps.meta.engine).get("busy") is not None
     assert delete_topic(deps, "busy", force=True).ledgers_deleted == 5  # once the sync let go
+
+
+def test_a_sync_meeting_a_delete_s_step_waits_for_it_rather_than_report_another_sync(deps, settings, cat):
+    """The step held the sync's own lock unmarked: a sync meeting it said "skipped: another sync of this topic
+    is running", exit 0, though none was (and the delete could still fail, leaving the ledgers unsynced)."""
+    sync = synced_topic(deps, settings, cat, "meet")
+    state = TableRows(deps.meta.engine).get("meet")
+    held, release = threading.Event(), threading.Event()
+
+    def a_delete_step() -> None:
+        with quiet_for_delete(deps.meta.engine, "meet", state.topic_id, 5):
+            held.set()
+            release.wait(30)
+
+    th = threading.Thread(target=a_delete_step)
+    th.start()
+    assert held.wait(30)
+    threading.Timer(1.5, release.set).start()
+    r = sync.sync_topic(state, local_writer(deps, settings))  # the delete's step then failed: nothing deleted
+    th.join(30)
+    assert r.status == "synced" and r.ledgers == [3, 4], (r.status, r.error)

@@ -108,7 +108,7 @@ def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
                        f"sealed now), {len(report.tier1_copies_recorded)} tier-1 copie(s) recorded, "
                        f"{len(report.tier1_copies_gone)} recorded gone, "
                        f"{len(report.lost_recorded)} ledger(s) with no copy left recorded lost, "
-                       f"{len(report.chunks_moved)} moved off objects gone to another copy, "
+                       f"{len(report.chunks_moved)} moved to another copy (off objects gone, or lost on a damaged one), "
                        f"{len(report.topics_created)} new topic(s); {len(report.already_known)} already known, "
                        f"{len(report.ignored)} object(s) and {len(report.tier1_ignored)} tier-1 file(s) ignored, "
                        f"{len(report.errors)} error(s); pages "

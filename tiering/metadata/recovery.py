@@ -71,7 +71,9 @@ class RestoredTopic:
     tier1_gone: list[int] = field(default_factory=list)  # OFFLOADED ledgers whose missing tier-1 copy is recorded
     lost: list[int] = field(default_factory=list)  # ids recorded as lost ledgers (no copy), ascending
     lost_unrecorded: int = 0  # unknown ids not recorded: more than MAX_LOST_ROWS (unknown_ids)
-    moved: list[int] = field(default_factory=list)  # ledgers whose chunk moved off objects gone (also in restored)
+    # ledgers whose chunk moved to another copy: off objects gone, or (checked) lost on a damaged copy; also
+    # in restored
+    moved: list[int] = field(default_factory=list)
 
 
 def known_ledgers(engine: Engine, name: str) -> dict[int, tuple[str, bool]]:

@@ -288,6 +288,7 @@ class TableRows:
 
 LOCK_CLASS = 0x74626c73  # "tbls": one sync of a topic's table at a time (two-key advisory locks)
 MAINTENANCE_CLASS = 0x74626d74  # "tbmt": also held by a maintenance holding LOCK_CLASS (maintenance_running)
+DELETE_MARK_CLASS = 0x7462646c  # "tbdl": also held by a topic delete's step holding LOCK_CLASS (delete_running)
 
 
 def exclusive(engine: Engine, topic_id: int, maintenance: bool = False):
@@ -304,6 +305,12 @@ def maintenance_running(engine: Engine, topic_id: int) -> bool:
     return lock_taken(engine, MAINTENANCE_CLASS, literal(topic_id))
 
 
+def delete_running(engine: Engine, topic_id: int) -> bool:
+    """Whether a topic delete's step holds the table's lock (quiet_for_delete: neither sync's nor
+    maintenance's work)."""
+    return lock_taken(engine, DELETE_MARK_CLASS, literal(topic_id))
+
+
 @contextmanager
 def quiet_for_delete(engine: Engine, topic: str, topic_id: int, wait_seconds: float,
                      poll_seconds: float = 0.2) -> Iterator[None]:
@@ -314,7 +321,7 @@ def quiet_for_delete(engine: Engine, topic: str, topic_id: int, wait_seconds: fl
     maintenance held it for all of `wait_seconds`. A sync starting after the step finds no row."""
     deadline = time.monotonic() + wait_seconds
     while True:
-        with exclusive(engine, topic_id) as held:
+        with session_lock(engine, LOCK_CLASS, literal(topic_id), also=DELETE_MARK_CLASS) as held:
             if held:
                 yield
                 return
@@ -342,8 +349,10 @@ def turn(engine: Engine, topic_id: int, wait_seconds: float, maintenance: bool =
         if not lock_taken(engine, LOCK_CLASS, literal(topic_id)):
             time.sleep(0.05)  # its holder let go meanwhile: try again soon
             continue
-        # looked at after the table's lock: a maintenance takes its own lock right after that one
-        if maintenance_running(engine, topic_id) == maintenance:
+        # looked at after the table's lock: a maintenance (or a topic delete) takes its own lock right after
+        # that one. A delete's step is short, and neither kind's work: waited for, as the other kind is (the
+        # sync then finds the topic deleted and says so)
+        if not delete_running(engine, topic_id) and maintenance_running(engine, topic_id) == maintenance:
             yield "taken"
             return
         if time.monotonic() >= deadline:
