@@ -71,6 +71,16 @@ class TableRows:
     def __init__(self, engine: Engine):
         self.engine = engine
 
+    def held(self, topic_name: str, topic_id: int, nothing: str) -> TableState:
+        """The topic's row read again by a sync or maintenance holding the table's lock. A topic delete drops
+        the row with the ledgers it marks DELETED, under that lock: a row gone (or another topic's under the
+        name) means the topic was deleted meanwhile, and those deletions are not retention's to follow;
+        TieringError saying `nothing` was done and the table stays as it was."""
+        state = self.get(topic_name)  # TopicNotFound once the delete has finished
+        if state is None or state.topic_id != topic_id:
+            raise TieringError(f"topic {topic_name!r} was deleted meanwhile: {nothing}; its table stays as it was")
+        return state
+
     def get(self, topic_name: str) -> TableState | None:
         """The topic's table row; None when the topic has no table (TopicNotFound when no such topic)."""
         with self.engine.connect() as conn:
@@ -289,6 +299,9 @@ class TableRows:
 LOCK_CLASS = 0x74626c73  # "tbls": one sync of a topic's table at a time (two-key advisory locks)
 MAINTENANCE_CLASS = 0x74626d74  # "tbmt": also held by a maintenance holding LOCK_CLASS (maintenance_running)
 DELETE_MARK_CLASS = 0x7462646c  # "tbdl": also held by a topic delete's step holding LOCK_CLASS (delete_running)
+# how long a sync waits for the table's running maintenance to end, a maintenance for a sync, and a topic
+# delete's step for either (turn, quiet_for_delete); a sync or maintenance can take minutes on a large table
+WAIT_SECONDS = 600.0
 
 
 def exclusive(engine: Engine, topic_id: int, maintenance: bool = False):

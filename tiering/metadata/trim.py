@@ -23,7 +23,7 @@ from tiering.errors import (BadInput, ConditionalUpdateFailed, LedgerNotFound, T
                             TopicReplaced)
 from tiering.metadata.db import session_lock
 from tiering.metadata.subscriptions import active, topic_row
-from tiering.metadata.table_sync import quiet_for_delete
+from tiering.metadata.table_sync import WAIT_SECONDS, quiet_for_delete
 from tiering.metadata.tables import topic, topic_table, topic_tombstone
 from tiering.model import EXPIRED, Ledger, LedgerState, Position, Subscription, Topic
 
@@ -60,10 +60,6 @@ def refuse_while_deleted(conn: Connection, topic_name: str, topic_id: int) -> No
 # may grow: an offload's commit can let retention take more); a bound keeps a trim whose plan keeps growing,
 # or whose compare-and-set still lost, from spinning (it then fails, changing nothing).
 REPLANS = 5
-
-# how long a topic delete waits for a sync or maintenance of the topic's table (a sync waits as long for a
-# maintenance: tiering/tables/sync.Limits.wait_seconds)
-TABLE_WAIT_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -201,7 +197,7 @@ class Trims:
 
     def delete_all_ledgers(self, topic_name: str, gc_delay: timedelta, force: bool = False,
                            late: list[str] | None = None, topic_id: int | None = None,
-                           table_wait_seconds: float = TABLE_WAIT_SECONDS) -> list[Ledger]:
+                           table_wait_seconds: float = WAIT_SECONDS) -> list[Ledger]:
         """Step 2: every live ledger DELETED, chunks removed, keys queued for GC, the table's sync row
         dropped (one transaction; the Iceberg table itself stays), while no sync or maintenance of the
         topic's table runs (it waits up to `table_wait_seconds` for one: quiet_for_delete). The open

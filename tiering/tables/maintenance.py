@@ -209,10 +209,7 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
                                  "maintenance waits for it: nothing done; rerun when it has ended")
             return report
         try:
-            now = sync.rows.get(state.topic)  # under the lock: a topic delete drops the row only outside it
-            if now is None or now.topic_id != state.topic_id:
-                raise TieringError(f"topic {state.topic!r} was deleted meanwhile: nothing done; its table stays as "
-                                   "it was")
+            now = sync.rows.held(state.topic, state.topic_id, "nothing done")  # re-read under the lock
             if not sync.catalog.table_exists(state.identifier):
                 if why := dropped(state):
                     report.errors.append(why)
@@ -224,7 +221,7 @@ def maintain_topic(sync, state, expire_after: timedelta, small_bytes: int = 32 *
             problem = owner_problem(table, state.topic, state.topic_id)
             if problem is not None:
                 raise BadInput(f"table {state.identifier!r} {problem}")
-            check_marks(sync.rows.get(state.topic), table)
+            check_marks(now, table)
             listing = listed_files(table, sync.settings)  # the check and the orphan removal share it
             check_data_files(table, listing)  # a table with a hole is rebuilt, not maintained
             dlq = state.identifier + DLQ_SUFFIX

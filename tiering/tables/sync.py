@@ -27,7 +27,7 @@ from pyiceberg.table.update import ValidatableTableRequirement
 
 from tiering.config import Settings
 from tiering.errors import TieringError
-from tiering.metadata.table_sync import TableRows, TableState, turn
+from tiering.metadata.table_sync import WAIT_SECONDS, TableRows, TableState, turn
 from tiering.model import MIB
 from tiering.tables.catalog import PARTITION_FIELD, ensure_table, table_dataset
 from tiering.tables.marks import (SUMMARY_THROUGH, TableBehind, check_marks, dropped, gone_file, has_rows, prop,
@@ -66,9 +66,7 @@ class Limits:
     file_ledgers: int = 1000
     spread: int = 4  # a round of a few small ledgers is still at least this many files: Spark writes them in parallel
     max_rounds: int = 1000
-    # how long a sync waits for the table's running maintenance to end, and a maintenance for a sync
-    # (metadata/table_sync.turn); either can take minutes on a large table
-    wait_seconds: float = 600
+    wait_seconds: float = WAIT_SECONDS  # for the table's running maintenance (metadata/table_sync.turn)
 
 
 @dataclass
@@ -150,11 +148,7 @@ class TableSync:
                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
     def _sync_locked(self, topic: str, write: Writer, dry_run: bool, result: TopicResult, topic_id: int) -> None:
-        state = self.rows.get(topic)  # re-read under the lock
-        if state is None or state.topic_id != topic_id:
-            # a topic delete dropped the row with the ledgers (under this lock, so not while a sync ran):
-            # the DELETED ledgers are not retention's, and the table stays as it was
-            raise TieringError(f"topic {topic!r} was deleted meanwhile: nothing synced; its table stays as it was")
+        state = self.rows.held(topic, topic_id, "nothing synced")  # re-read under the lock
         exists = self.catalog.table_exists(state.identifier)
         if not exists and (why := dropped(state)):
             # dropped behind the store's back (or its catalog row deleted): making an empty one would only
