@@ -317,7 +317,8 @@ class Chunk:
                                           "no chunk" if now is None else f"version {now.version} at {now.data_key}")
 
 
-_S3_BUCKET = re.compile(r"[A-Za-z0-9._-]{1,255}")
+# a bucket as an export location or a manifest names it (no user, password or port: those may hold a secret)
+BUCKET_NAME = re.compile(r"[A-Za-z0-9._-]{1,255}")
 _EXPORT_KEY_MAX = 900
 
 
@@ -355,7 +356,7 @@ def check_export_location(url: object, bucket: str | None = None, prefix: str | 
     if parts.scheme in ("s3", "s3a"):
         if not parts.netloc:
             raise BadInput(f"export location {url!r} names no bucket (expected s3://bucket/path)")
-        if not _S3_BUCKET.fullmatch(parts.netloc):
+        if not BUCKET_NAME.fullmatch(parts.netloc):
             # a user, password or port is no bucket (and is not echoed: it may hold a secret key)
             raise BadInput("export location's bucket must be a bucket name (letters, digits, '.', '-', '_'; no "
                            "user, password or port)")

@@ -189,8 +189,10 @@ def test_metadata_export_by_spark_over_jdbc_imports_back_exactly(airflow, deps, 
         # the executors' parts carry their digests, which the import checks
         from tiering.ops.export_metadata import read_manifest
 
-        assert all(p.sha256 for t in read_manifest(fs, base).tables.values() for p in t.files)
-        import_metadata(target, fs, base)
+        written = read_manifest(fs, base)
+        assert all(p.sha256 for t in written.tables.values() for p in t.files)
+        assert written.bucket == b.name  # the job's manifest names the store's bucket, as the CLI's does
+        import_metadata(target, fs, base, bucket=b.name)
 
         def dump(engine, tname):
             with engine.connect() as conn:

@@ -42,11 +42,24 @@ def test_export_import_and_recover_by_hand(cli, db, s3_client, bucket, tier1_roo
     assert "already" in cli("export-metadata", dest).one_line_error(2)  # no silent overwrite
     refused = cli("export-metadata", f"s3://{bucket}/t/snap").one_line_error(2)
     assert "GC" in refused
+    for command in ("export-metadata", "import-metadata"):  # was exit 1, the server's code for the export
+        assert "bucket 'no-such-bucket-of-tiering' does not exist" in \
+            cli(command, "s3://no-such-bucket-of-tiering/snap").one_line_error(2)
 
     elsewhere = {"TIERING_DATABASE_URL": other_database}
+    # an export names its store's bucket: under another, every chunk row would name objects not there
+    refused = cli("import-metadata", dest, env={**elsewhere, "TIERING_BUCKET": "another-bucket"}).one_line_error(2)
+    assert f"bucket {bucket!r}, not 'another-bucket'" in refused and "--other-bucket" in refused
+    with create_engine(other_database.replace("postgresql://", "postgresql+psycopg2://", 1)).connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM tiering.ledger")).scalar_one() == 0
     cli("import-metadata", dest, env=elsewhere).ok()
     assert read_data(cli("read", "m", "--json", env=elsewhere)) == before
     assert "rows" in cli("import-metadata", dest, env=elsewhere).one_line_error(2)  # not empty any more
+    with create_engine(other_database.replace("postgresql://", "postgresql+psycopg2://", 1)).begin() as conn:
+        conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
+                          "tiering.attribute, tiering.job_run CASCADE"))
+    # the objects copied to another bucket under the same keys: the operator says so
+    cli("import-metadata", dest, "--other-bucket", env={**elsewhere, "TIERING_BUCKET": "another-bucket"}).ok()
 
     with create_engine(other_database.replace("postgresql://", "postgresql+psycopg2://", 1)).begin() as conn:
         conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "

@@ -96,3 +96,12 @@ def test_a_parts_digest_must_be_64_lower_case_hex_digits(digest):
         Manifest.from_json(data, "x/manifest.json")
     ok = Manifest.from_json(data.replace(digest, '"' + "0a" * 32 + '"'), "x/manifest.json")
     assert ok.tables["topic"].files[0].sha256 == "0a" * 32
+
+
+@pytest.mark.parametrize("bucket", ['""', "7", '"a/b"', '"user:pw@host"', '"' + "b" * 256 + '"', '"a\\nb"'])
+def test_the_bucket_a_manifest_names_must_be_a_bucket_name(bucket):
+    data = _manifest("1")[:-1] + f', "bucket": {bucket}}}'
+    with pytest.raises(BadInput, match="bucket must be a bucket name"):
+        Manifest.from_json(data, "x/manifest.json")
+    assert Manifest.from_json(data.replace(bucket, '"tier2.b-1"'), "x/manifest.json").bucket == "tier2.b-1"
+    assert Manifest.from_json(data.replace(bucket, "null"), "x/manifest.json").bucket is None  # an older export

@@ -23,6 +23,9 @@ def register(sub) -> None:
     imp = sub.add_parser("import-metadata", help="restore an export into an empty schema (all or nothing)")
     imp.set_defaults(handler=cmd_import_metadata)
     imp.add_argument("source", metavar="SOURCE", help="s3://bucket/path or a local directory")
+    imp.add_argument("--other-bucket", action="store_true",
+                     help="import an export of a store whose tier 2 was another bucket (its objects copied to "
+                          "TIERING_BUCKET under the same keys)")
     a.json_flag(imp)
     rec = sub.add_parser("recover-from-bucket",
                          help="rebuild the metadata of a lost database from the bucket's index objects and tier 1")
@@ -56,7 +59,7 @@ def cmd_export_metadata(ctx: Context, args, out: Output) -> int:
     from tiering.ops.export_metadata import export_metadata
 
     fs, base = _location(ctx, args.dest)
-    manifest = export_metadata(ctx.engine, fs, base, overwrite=args.overwrite)
+    manifest = export_metadata(ctx.engine, fs, base, overwrite=args.overwrite, bucket=ctx.settings.bucket)
     out.result(document("export-metadata", None, dest=args.dest, exported_at=iso(manifest.exported_at),
                         row_count=sum(manifest.row_counts.values()), row_counts=manifest.row_counts),
                f"exported {sum(manifest.row_counts.values())} rows to {args.dest} "
@@ -68,7 +71,7 @@ def cmd_import_metadata(ctx: Context, args, out: Output) -> int:
     from tiering.ops.import_metadata import import_metadata
 
     fs, base = _location(ctx, args.source)
-    report = import_metadata(ctx.engine, fs, base)
+    report = import_metadata(ctx.engine, fs, base, bucket=ctx.settings.bucket, other_bucket=args.other_bucket)
     out.result(document("import-metadata", None, source=args.source, exported_at=iso(report.exported_at),
                         row_count=sum(report.rows.values()), row_counts=report.rows),
                f"imported {sum(report.rows.values())} rows exported at {report.exported_at} from {args.source}")

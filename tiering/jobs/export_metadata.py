@@ -135,7 +135,7 @@ def _write(spark, settings: Settings, engine, fs, base: str, dest: str, export_i
             parts[table] = sorted((ex.PartFile(r["path"], r["rows"], r["sha256"]) for r in written),
                                   key=lambda f: f.path)
             outcome.items_done += sum(f.rows for f in parts[table])
-        manifest = ex.build_manifest(snap_conn, parts, export_id=export_id)
+        manifest = ex.build_manifest(snap_conn, parts, export_id=export_id, bucket=settings.bucket)
         outcome.details["schemas"] = ex.schemas(snap_conn)  # where each table is, for lineage
     ex.write_manifest(fs, base, manifest)
     return manifest

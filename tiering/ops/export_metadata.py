@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from tiering.tier2.arrowfs import s3_filesystem
 from tiering.errors import BadInput, TieringError
-from tiering.model import INT64_MAX, check_export_location
+from tiering.model import BUCKET_NAME, INT64_MAX, check_export_location
 from tiering.metadata import export_rows as R
 from tiering.metadata.export_rows import jdbc_query, schemas, table_names  # re-exported: the Spark job uses them
 from tiering.ops.export_location import (EXPORT_ID_KEY, MANIFEST, TABLE_KEY, LocationTaken, another_export,
@@ -174,11 +174,17 @@ def check_export_target(url: str, settings=None) -> None:
     that are not parts of an export in its table directories (export_location.check_claimable). For a
     pipeline's plan, so that bad input is refused before Spark starts, and never retried."""
     fs, base = filesystem_for(url, settings)
-    if not _is_local(fs):
-        bucket = base.split("/", 1)[0]
-        if fs.get_file_info(bucket).type == pafs.FileType.NotFound:
-            raise BadInput(f"export location {url[:200]!r}: bucket {bucket!r} does not exist")
+    check_bucket_exists(fs, base)
     check_claimable(fs, base, overwrite=False)
+
+
+def check_bucket_exists(fs: pafs.FileSystem, base_path: str) -> None:
+    """BadInput when an S3 location's bucket does not exist (one HEAD): an export would fail on its first
+    request with the server's code, an import would find no manifest; neither is what to fix."""
+    if not _is_local(fs):
+        bucket = base_path.split("/", 1)[0]
+        if fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+            raise BadInput(f"export location s3://{base_path[:200]}: bucket {bucket!r} does not exist")
 
 
 _NAMES_UNDER_BASE = 128  # what an export adds under its base: "/<table>/part-<export id>-<n>.parquet", markers
@@ -254,6 +260,9 @@ class Manifest:
     sequences: dict[str, int | None] = field(default_factory=dict)  # "table.column" -> last value
     format: str = FORMAT
     export_id: str | None = None  # every part's Parquet metadata names it (None: an export written before exports had ids)
+    # the tier-2 bucket the chunk rows' keys are in (None: an export written before manifests named it, or
+    # by a caller that did not say): an import under another bucket would name objects that are not there
+    bucket: str | None = None
 
     @property
     def row_counts(self) -> dict[str, int]:
@@ -279,7 +288,8 @@ class Manifest:
                        [{"name": str(m["name"]), "checksum": str(m["checksum"])} for m in d["migrations"]],
                        tables, {str(k): (None if v is None else _count(v, f"sequence {k}", where))
                                 for k, v in d.get("sequences", {}).items()},
-                       export_id=None if d.get("export_id") is None else str(d["export_id"]))
+                       export_id=None if d.get("export_id") is None else str(d["export_id"]),
+                       bucket=_bucket(d.get("bucket"), where))
         except BadInput:
             raise
         # RecursionError: JSON nested too deep; OverflowError: a count of 1e400 (float infinity)
@@ -294,6 +304,14 @@ def _count(value: object, what: str, where: str) -> int:
         shown = repr(value)
         raise BadInput(f"{where} is malformed: {what} must be a whole number from 0 to {INT64_MAX}, got "
                        f"{shown[:40]}{'...' if len(shown) > 40 else ''}")
+    return value
+
+
+def _bucket(value: object, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not BUCKET_NAME.fullmatch(value):
+        raise BadInput(f"{where} is malformed: bucket must be a bucket name")
     return value
 
 
@@ -330,9 +348,11 @@ def _part_path(table: str, path: object, where: str) -> str:
 
 
 def build_manifest(source, parts: Mapping[str, Sequence[PartFile]],
-                   exported_at: _dt.datetime | None = None, export_id: str | None = None) -> Manifest:
+                   exported_at: _dt.datetime | None = None, export_id: str | None = None,
+                   bucket: str | None = None) -> Manifest:
     """The manifest of an export whose parts were written (e.g. by Spark executors): migrations and
-    sequences are read from the database now. Every table must have at least one part."""
+    sequences are read from the database now; `bucket`: the store's tier-2 bucket. Every table must have
+    at least one part."""
     missing = [t for t in table_names() if not parts.get(t)]
     if missing:
         raise BadInput(f"no parts for tables {', '.join(missing)} (an empty table still gets one empty part)")
@@ -340,7 +360,7 @@ def build_manifest(source, parts: Mapping[str, Sequence[PartFile]],
     facts = R.manifest_facts(source, exported_at)  # an engine, a connection or an export_rows.Snapshot
     return Manifest(FORMAT_VERSION, facts.exported_at.astimezone(_UTC).isoformat(), facts.migrations,
                     {t: TableManifest(sum(p.rows for p in parts[t]), list(parts[t])) for t in table_names()},
-                    facts.sequences, export_id=export_id)
+                    facts.sequences, export_id=export_id, bucket=bucket)
 
 
 def check_parts(fs: pafs.FileSystem, base_path: str, manifest: Manifest) -> None:
@@ -480,14 +500,17 @@ class _PartWriter:
 
 
 def export_metadata(engine, fs: pafs.FileSystem, base_path: str, batch_rows: int = DEFAULT_BATCH_ROWS,
-                    rows_per_part: int = DEFAULT_ROWS_PER_PART, overwrite: bool = False) -> Manifest:
-    """Write a consistent Parquet snapshot of the metadata tables under `base_path`; returns its manifest.
+                    rows_per_part: int = DEFAULT_ROWS_PER_PART, overwrite: bool = False,
+                    bucket: str | None = None) -> Manifest:
+    """Write a consistent Parquet snapshot of the metadata tables under `base_path`; returns its manifest,
+    which names `bucket` (the store's tier-2 bucket: an import checks it is the bucket it imports under).
 
     Refuses (BadInput) to write over a complete export unless `overwrite`; then the old manifest is deleted
     first, so a failure midway leaves a recognisably incomplete export, never a mixed one; a failure removes
     the parts this export wrote (export_location.py)."""
     if batch_rows < 1 or rows_per_part < 1:
         raise BadInput("batch_rows and rows_per_part must be positive")
+    check_bucket_exists(fs, base_path)
     export_id = new_export_id()
     with only_writer(engine, fs, base_path):
         claim(fs, base_path, export_id, overwrite)
@@ -495,7 +518,7 @@ def export_metadata(engine, fs: pafs.FileSystem, base_path: str, batch_rows: int
             with R.snapshot(engine) as snap:
                 parts = {t: _export_table(snap, fs, base_path, t, batch_rows, rows_per_part, export_id)
                          for t in table_names()}
-                manifest = build_manifest(snap, parts, snap.now, export_id)
+                manifest = build_manifest(snap, parts, snap.now, export_id, bucket)
             write_manifest(fs, base_path, manifest)
         except BaseException:
             discard(fs, base_path, export_id)

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 from tiering.errors import BadInput
 from tiering.metadata import import_rows
 from tiering.ops.export_location import read_footer
-from tiering.ops.export_metadata import (DEFAULT_BATCH_ROWS, TableManifest, _join, arrow_schema, read_manifest,
-                                         table_names)
+from tiering.ops.export_metadata import (DEFAULT_BATCH_ROWS, TableManifest, _join, arrow_schema,
+                                         check_bucket_exists, read_manifest, table_names)
 
 
 @dataclass
@@ -30,9 +30,18 @@ class ImportReport:
 
 
 def import_metadata(engine, fs: pafs.FileSystem, base_path: str, batch_rows: int = DEFAULT_BATCH_ROWS,
-                    lock_timeout_seconds: int = 30) -> ImportReport:
-    """Restore an export into an empty, migrated schema: one transaction, all or nothing."""
+                    lock_timeout_seconds: int = 30, bucket: str | None = None,
+                    other_bucket: bool = False) -> ImportReport:
+    """Restore an export into an empty, migrated schema: one transaction, all or nothing. `bucket`: the
+    tier-2 bucket of the store imported into; an export that names another is refused unless `other_bucket`
+    (its objects were copied to this one, under the same keys)."""
+    check_bucket_exists(fs, base_path)
     manifest = read_manifest(fs, base_path)
+    if bucket is not None and manifest.bucket is not None and manifest.bucket != bucket and not other_bucket:
+        raise BadInput(f"export at {base_path!r} is of a store whose tier 2 is bucket {manifest.bucket!r}, not "
+                       f"{bucket!r}: its chunks name objects this bucket does not hold (set TIERING_BUCKET to "
+                       "that bucket, or, with its objects copied here under the same keys, import with "
+                       "--other-bucket)")
     if set(manifest.tables) != set(table_names()):
         last = manifest.migrations[-1]["name"][:80] if manifest.migrations else "none"
         raise BadInput(f"export at {base_path!r} has tables {sorted(manifest.tables)}, expected {table_names()} "
