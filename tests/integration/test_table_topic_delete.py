@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from tests.integration.helpers import entries, produce
+from tests.integration.test_cli import _on_a_terminal, cli  # noqa: F401  (the fixture)
 from tests.integration.test_tables import cat  # noqa: F401  (the catalog, emptied of earlier tests' tables)
 from tiering.errors import TieringError
 from tiering.metadata.table_sync import TableRows, exclusive, quiet_for_delete
@@ -93,12 +94,16 @@ def test_a_delete_waits_for_a_running_sync_only_so_long(deps, settings, cat):
     topic_id = deps.meta.get_topic("busy").topic_id
     with exclusive(deps.meta.engine, topic_id) as held:  # as a sync holds it for its run
         assert held
+        told = []  # the operator is told once that the delete waits, not at every poll
         with pytest.raises(TieringError, match=r"table ran on past the 0.5 s a topic delete waits for it: nothing "
                                                r"deleted; run topic delete again"):
-            deps.meta.trims.delete_all_ledgers("busy", timedelta(0), table_wait_seconds=0.5)
+            deps.meta.trims.delete_all_ledgers("busy", timedelta(0), table_wait_seconds=0.5,
+                                               on_wait=lambda: told.append(1))
+        assert told == [1]
     assert S.DELETED not in {led.state for led in deps.meta.list_ledgers("busy")}
     assert TableRows(deps.meta.engine).get("busy") is not None
-    assert delete_topic(deps, "busy", force=True).ledgers_deleted == 5  # once the sync let go
+    assert delete_topic(deps, "busy", force=True, on_wait=lambda: told.append(2)).ledgers_deleted == 5
+    assert told == [1]  # once the sync let go: no wait, nothing said
 
 
 def test_a_sync_meeting_a_delete_s_step_waits_for_it_rather_than_report_another_sync(deps, settings, cat):
@@ -120,3 +125,27 @@ def test_a_sync_meeting_a_delete_s_step_waits_for_it_rather_than_report_another_
     r = sync.sync_topic(state, local_writer(deps, settings))  # the delete's step then failed: nothing deleted
     th.join(30)
     assert r.status == "synced" and r.ledgers == [3, 4], (r.status, r.error)
+
+
+def test_an_operator_at_a_terminal_is_told_the_delete_waits(deps, cli):
+    """Waiting up to 10 minutes for a sync would look like a hang: on a terminal the delete says why, once."""
+    produce(deps, "told", [entries("told0", 3, 20)])
+    topic_id = deps.meta.get_topic("told").topic_id
+    holding, release = threading.Event(), threading.Event()
+
+    def sync_running():  # as a sync holds the table's lock for its run
+        with exclusive(deps.meta.engine, topic_id) as held:
+            assert held
+            holding.set()
+            release.wait(60)
+
+    th = threading.Thread(target=sync_running)
+    th.start()
+    assert holding.wait(30)
+    threading.Timer(3, release.set).start()
+    code, out, shown = _on_a_terminal(cli, "topic", "delete", "told", "--force")
+    th.join(30)
+    assert code == 0 and b"deleted topic 'told'" in out
+    assert shown.count(b"topic delete waits for a sync or maintenance of the Iceberg table of topic 'told' to "
+                       b"end (up to 600 s)") == 1
+    assert "told" not in {t.name for t in deps.meta.list_topics()}

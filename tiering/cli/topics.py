@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import asdict
 
 from tiering.cli import args as a
@@ -244,9 +245,15 @@ def cmd_topic(ctx: Context, args, out: Output) -> int:
                    f"updated topic {t.name!r}: version {t.version}"
                    + (f"; table {table['identifier']!r} (retention {table['retention']})" if table else ""))
     elif args.topic_command == "delete":
+        from tiering.metadata.table_sync import WAIT_SECONDS
         from tiering.ops.topics import delete_topic
 
-        r = delete_topic(ctx.deps, args.name, args.force, args.dry_run)
+        def waiting() -> None:  # on a terminal only, as progress bars are: stderr stays one line otherwise
+            if sys.stderr.isatty():
+                print(f"tiering: topic delete waits for a sync or maintenance of the Iceberg table of topic "
+                      f"{args.name!r} to end (up to {WAIT_SECONDS:g} s)", file=sys.stderr, flush=True)
+
+        r = delete_topic(ctx.deps, args.name, args.force, args.dry_run, on_wait=waiting)
         result = document("topic delete", r.topic, subscriptions_deleted=r.subscriptions_deleted,
                           deleted_count=r.ledgers_deleted, bytes=r.bytes, files_removed_count=r.files_removed,
                           finished_elsewhere=r.finished_elsewhere, **({"dry_run": True} if args.dry_run else {}))

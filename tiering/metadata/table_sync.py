@@ -326,18 +326,23 @@ def delete_running(engine: Engine, topic_id: int) -> bool:
 
 @contextmanager
 def quiet_for_delete(engine: Engine, topic: str, topic_id: int, wait_seconds: float,
-                     poll_seconds: float = 0.2) -> Iterator[None]:
+                     poll_seconds: float = 0.2, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     """`with quiet_for_delete(...):` the table's lock for a topic deletion's step that marks the ledgers
     DELETED and drops the table row: a sync holding the lock has read the row and would take those ledgers
     for retention's (retention 'follow' deletes their rows: the whole table), so the step waits for it,
     polling (a killed sync's lock goes with its connection); TieringError, nothing changed, when a sync or
-    maintenance held it for all of `wait_seconds`. A sync starting after the step finds no row."""
+    maintenance held it for all of `wait_seconds`. A sync starting after the step finds no row. `on_wait`
+    is called once, when the step first finds the lock held (an operator's delete would otherwise seem to
+    hang for minutes)."""
     deadline = time.monotonic() + wait_seconds
     while True:
         with session_lock(engine, LOCK_CLASS, literal(topic_id), also=DELETE_MARK_CLASS) as held:
             if held:
                 yield
                 return
+        if on_wait is not None:
+            on_wait()
+            on_wait = None
         if time.monotonic() >= deadline:
             raise TieringError(f"a sync or maintenance of topic {topic!r}'s table ran on past the {wait_seconds:g} s "
                                "a topic delete waits for it: nothing deleted; run topic delete again when it has "

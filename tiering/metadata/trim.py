@@ -197,16 +197,18 @@ class Trims:
 
     def delete_all_ledgers(self, topic_name: str, gc_delay: timedelta, force: bool = False,
                            late: list[str] | None = None, topic_id: int | None = None,
-                           table_wait_seconds: float = WAIT_SECONDS) -> list[Ledger]:
+                           table_wait_seconds: float = WAIT_SECONDS,
+                           on_wait: Callable[[], None] | None = None) -> list[Ledger]:
         """Step 2: every live ledger DELETED, chunks removed, keys queued for GC, the table's sync row
         dropped (one transaction; the Iceberg table itself stays), while no sync or maintenance of the
-        topic's table runs (it waits up to `table_wait_seconds` for one: quiet_for_delete). The open
+        topic's table runs (it waits up to `table_wait_seconds` for one, calling `on_wait` when it starts
+        to: quiet_for_delete). The open
         ledger must have been sealed (by its writer's lock: ops/topics.py); an offload in flight loses its
         commit and its objects are collected. `topic_id`: the topic step 1 found (TopicReplaced when the
         name is another topic's now)."""
         if topic_id is None:
             topic_id = self.store.get_topic(topic_name).topic_id
-        with quiet_for_delete(self.engine, topic_name, topic_id, table_wait_seconds):
+        with quiet_for_delete(self.engine, topic_name, topic_id, table_wait_seconds, on_wait=on_wait):
             return _replanning(lambda: self._delete_all_ledgers(topic_name, gc_delay, force, late, topic_id))
 
     def _delete_all_ledgers(self, topic_name: str, gc_delay: timedelta, force: bool,

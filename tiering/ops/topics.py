@@ -60,9 +60,11 @@ class TopicDeleteReport:
     tier2_ledgers: int = 0  # of the deleted, those offloaded or being offloaded: their objects are queued for GC
 
 
-def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = False) -> TopicDeleteReport:
+def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = False,
+                 on_wait: Callable[[], None] | None = None) -> TopicDeleteReport:
     """`dry_run`: what the delete would do (the same refusal; the ledgers, bytes and tier-1 files it would
-    delete, the open ledger included), nothing written: no row, no file, no marker."""
+    delete, the open ledger included), nothing written: no row, no file, no marker. `on_wait`: called when
+    the delete starts to wait for a running sync or maintenance of the topic's Iceberg table."""
     t, subs = deps.meta.trims.begin_topic_delete(name, force, dry_run)
     if dry_run:
         live = [led for led in deps.meta.list_ledgers(name) if led.state != LedgerState.DELETED]
@@ -76,7 +78,7 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
         # no producer opens a ledger while the steps run (its next one is refused): one writing now holds its
         # file, and the seal below fails on it before anything is deleted
         with deps.meta.trims.delete_fence(t.topic_id):
-            return _delete_steps(deps, t, force, done)
+            return _delete_steps(deps, t, force, done, on_wait)
     except TopicNotFound:
         # The topic step 1 found is gone (the name unknown, or another topic's now): another delete of it ran
         # at the same time and finished first, which it does only once no live ledger and no tier-1 copy is
@@ -84,7 +86,8 @@ def delete_topic(deps: Deps, name: str, force: bool = False, dry_run: bool = Fal
         return replace(done, finished_elsewhere=True)
 
 
-def _delete_steps(deps: Deps, t: Topic, force: bool, done: TopicDeleteReport) -> TopicDeleteReport:
+def _delete_steps(deps: Deps, t: Topic, force: bool, done: TopicDeleteReport,
+                  on_wait: Callable[[], None] | None = None) -> TopicDeleteReport:
     """Steps 2 to 4 of delete_topic; `done` is filled in as they go (what this run deleted so far)."""
     name = t.name
     # every step goes by name: each one checks that the name is still the topic step 1 found (another delete
@@ -99,7 +102,8 @@ def _delete_steps(deps: Deps, t: Topic, force: bool, done: TopicDeleteReport) ->
             if not tries_left:
                 raise
     late = done.subscriptions_deleted  # those steps 2 and 3 delete (those created meanwhile too, with --force)
-    deleted = deps.meta.trims.delete_all_ledgers(name, deps.knobs.gc_delay, force, late, t.topic_id)
+    deleted = deps.meta.trims.delete_all_ledgers(name, deps.knobs.gc_delay, force, late, t.topic_id,
+                                                 on_wait=on_wait)
     done.ledgers_deleted, done.bytes = len(deleted), sum(led.size_bytes for led in deleted)
     done.tier2_ledgers = sum(1 for led in deleted if led.offload_uuid is not None)
     files, failed = delete_deleted_copies(deps, name)
