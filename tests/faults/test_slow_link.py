@@ -57,11 +57,24 @@ class SlowLink:
         """The next `connections` connections are reset once `after` bytes of responses went through each."""
         self.break_after, self.breaks_left = after, connections
 
+    flips_left = 0  # flip_response(): connections still to have a byte flipped
+    flip_at = 0
+    flipped = 0  # bytes flipped so far
+
+    def flip_response(self, at: int, connections: int = 1) -> None:
+        """In the next `connections` connections, the response byte `at` (counted over the connection's
+        responses) arrives with its bits inverted, once: a fault of the link, not of the stored object."""
+        self.flip_at, self.flips_left = at, connections
+
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int | None = None,
-                    other: asyncio.StreamWriter | None = None) -> None:
+                    other: asyncio.StreamWriter | None = None, flip: int | None = None) -> None:
         passed = 0
         try:
             while data := await reader.read(16 * KIB):
+                if flip is not None and passed <= flip < passed + len(data):
+                    at = flip - passed
+                    data = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+                    self.flipped += 1
                 if limit is not None and passed + len(data) > limit:  # a reset mid-response
                     writer.write(data[:limit - passed])
                     await writer.drain()
@@ -80,11 +93,15 @@ class SlowLink:
     async def _handle(self, client_r, client_w) -> None:
         server_r, server_w = await asyncio.open_connection(*self.target)
         self._writers |= {client_w, server_w}
-        limit = None
+        limit = flip = None
         if self.breaks_left:
             self.breaks_left -= 1
             limit = self.break_after
-        await asyncio.gather(self._pipe(client_r, server_w), self._pipe(server_r, client_w, limit, server_w))
+        if self.flips_left:
+            self.flips_left -= 1
+            flip = self.flip_at
+        await asyncio.gather(self._pipe(client_r, server_w),
+                             self._pipe(server_r, client_w, limit, server_w, flip))
 
     @property
     def url(self) -> str:
@@ -217,3 +234,45 @@ def test_an_object_replaced_while_its_read_broke_off_is_not_mixed_in(
     with pytest.raises(CorruptObjectError, match="replaced while being read"):
         stream.read(ch.data_length - len(first))
     stream.close()
+
+
+def test_a_byte_flipped_on_the_way_once_marks_no_sound_copy_lost(
+        link, s3_settings, db, bucket, tier1_root, offloaded_topic, caplog):
+    """Repair with no tier-1 copy marks a ledger lost when its tier-2 copy fails; one GET's byte flipped in
+    transit (the stored object sound) must not: the copy is judged on a second look."""
+    from tiering.ops.repair import repair
+
+    expected, led = offloaded_topic
+    over = link(rate=64 * 1024 * KIB, delay=0)
+    deps = deps_over(over, s3_settings, db, bucket, tier1_root)
+    over.flip_response(at=3 * 1024 * KIB)  # inside the data GET's ~6 MiB body, on the connection the check uses
+    caplog.set_level(logging.WARNING, logger="tiering.ops.repair")
+    report = repair(deps, "broken")
+    assert over.flipped == 1, "no byte was flipped: the test tested nothing"
+    assert (report.findings, report.lost, report.failed) == ([], [], [])
+    assert not deps.meta.get_ledger("broken", 0).lost
+    assert [r for r in caplog.records if "checking its copy again" in r.getMessage()]
+    check_invariants(deps, db, {"broken": expected})
+
+
+def test_recovery_judges_a_copy_flipped_on_the_way_once_by_a_second_read(
+        link, s3_settings, db, bucket, tier1_root, offloaded_topic, caplog):
+    """recover-from-bucket --check-pages with the database lost: one GET's byte flipped in transit must not
+    have the only copy judged bad and its ledger recorded lost."""
+    from sqlalchemy import text
+
+    from tiering.ops.recover import recover_from_bucket
+
+    expected, _ = offloaded_topic
+    with db.begin() as conn:  # the database lost: the bucket is all there is
+        conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task CASCADE"))
+    over = link(rate=64 * 1024 * KIB, delay=0)
+    deps = deps_over(over, s3_settings, db, bucket, tier1_root)
+    over.flip_response(at=3 * 1024 * KIB)
+    caplog.set_level(logging.WARNING, logger="tiering.ops.recover")
+    report = recover_from_bucket(db, deps.bucket, "broken", concurrency=1, check_pages=True, tier1=deps.tier1)
+    assert over.flipped == 1, "no byte was flipped: the test tested nothing"
+    assert report.lost_recorded == [] and ("broken", 0) in report.ledgers_recovered, report
+    assert not deps.meta.get_ledger("broken", 0).lost
+    assert [r for r in caplog.records if "reading it again" in r.getMessage()]
+    check_invariants(deps, db, {"broken": expected})

@@ -41,6 +41,7 @@ times (milliseconds, as stored).
 """
 from __future__ import annotations
 
+import logging
 import threading
 import uuid as _uuid
 from collections import deque
@@ -68,6 +69,7 @@ from tiering.tier2.markers import read_trim_marker
 from tiering.tier2.objects import Bucket, get_range, list_objects, object_head, object_metadata
 from tiering.tier2.reader import check_stored_pages
 
+log = logging.getLogger(__name__)
 # offload uuids that are not UUIDs (keys allow [0-9A-Za-z_-]) get a stable name-based one
 _UUID_NS = _uuid.UUID("6f1d3c2e-8a43-4f0e-9d7c-2b6a5e1f0c11")
 _LIST_FIELDS = ("topics_created", "topics", "ledgers_recovered", "already_known", "ignored", "errors",
@@ -150,6 +152,8 @@ class _Group:
     bad: list[tuple[int, str]] = field(default_factory=list)  # (ledger id, why) copies failing their pages
     named: list[int] = field(default_factory=list)  # the ledgers its index object lists, valid or not
     described: dict[int, tuple] = field(default_factory=dict)  # (entries, bytes, seal time) of each, as listed
+    # a problem (or a bad copy) found in the bytes read, not in the listing: a fault of the link can say so once
+    from_bytes: bool = False
 
 
 @dataclass
@@ -436,6 +440,19 @@ def _scan_tier1(engine, tier1: Tier1Store | None, name: str, chosen: dict[int, _
 # ----------------------------------------------------------------------------------------------- reading
 def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects: dict[str, _Obj],
                 check_pages: bool = True) -> _Group:
+    """The copies one index object (and its data object) proves valid. What the bytes say is wrong is read
+    again once: a bit flipped on the way or a 404 of a busy gateway would otherwise have a sound copy judged
+    bad and, with no other copy, its ledger recorded lost."""
+    g = _read_group_once(b, segment, parsed, index, objects, check_pages)
+    if g.from_bytes:
+        log.warning("recovery: %s failed its checks (%s); reading it again", index.key,
+                    g.problem or "; ".join(why for _, why in g.bad))
+        g = _read_group_once(b, segment, parsed, index, objects, check_pages)
+    return g
+
+
+def _read_group_once(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects: dict[str, _Obj],
+                     check_pages: bool) -> _Group:
     g = _Group(index)
     data = objects.get(index.key[:-len(INDEX_SUFFIX)])
     try:
@@ -446,7 +463,7 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
         parts = split_indexes(buf, index.key)
         problem = _check_indexes(segment, parsed, parts)
         if problem:
-            g.problem = problem
+            g.problem, g.from_bytes = problem, True
             return g
         g.named = [ix.metadata.ledger_id for _, _, ix in parts]
         g.described = {ix.metadata.ledger_id: (ix.metadata.entry_count, ix.metadata.length, _sealed_at(ix.metadata))
@@ -475,6 +492,7 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
                     g.unchecked += 1
             except CorruptObjectError as exc:
                 bad[i] = f"invalid: {exc}"
+        g.from_bytes = bool(bad)
         for i, ((ioff, ilen, ix), doff) in enumerate(zip(parts, offsets)):
             m = ix.metadata
             if i in bad:
@@ -489,9 +507,9 @@ def _read_group(b: Bucket, segment: str, parsed: ParsedKey, index: _Obj, objects
                 min(data.last_modified, index.last_modified), max(data.last_modified, index.last_modified),
                 m.topic))
     except CorruptObjectError as exc:
-        g.problem = f"invalid: {exc}"
+        g.problem, g.from_bytes = f"invalid: {exc}", True
     except DataLossError:
-        g.problem = "vanished while recovery read it"
+        g.problem, g.from_bytes = "vanished while recovery read it", True
     except TieringError as exc:
         g.error = str(exc)
     return g

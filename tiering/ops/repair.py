@@ -3,8 +3,8 @@ left, mark the ledger lost so reads give a DATALOSS gap for its range at once.
 
 Checking (plan_repair): for every OFFLOADED ledger not marked lost, its chunk's objects by HEAD (missing,
 shorter than the chunk row says), its index (decodes, describes this ledger) and every page's CRC32C of its
-data. No listing of the bucket: what is checked is what the chunk rows name. A ledger whose copy fails is a
-finding; it is repairable when its tier-1 copy exists and verifies (every entry read, every CRC checked,
+data. No listing of the bucket: what is checked is what the chunk rows name. A ledger whose copy fails twice
+(the second look caches nothing: a byte flipped on the way fails one check of a sound copy) is a finding; it is repairable when its tier-1 copy exists and verifies (every entry read, every CRC checked,
 count and bytes as metadata says).
 
 Repairing one finding (repair_ledger), safe to kill anywhere and to run again:
@@ -192,6 +192,12 @@ def plan_repair(deps: Deps, topic: str | None = None, report: RepairReport | Non
             report.checked += 1
             ch = chunks.get(led.ledger_id)
             problem = check_copy(deps, led, ch, lengths, opener)
+            if problem is not None:
+                # a bit flipped on the way or a 404 of a busy gateway fails one check of a sound copy: it is a
+                # finding (and, with no tier-1 copy, marked lost) only when a second look, nothing cached,
+                # fails too
+                log.warning("repair: ledger %s/%d: %s; checking its copy again", led.topic, led.ledger_id, problem)
+                problem = check_copy(deps, led, ch, _Lengths(deps), opener)
             if problem is not None:
                 tier1 = check_tier1(deps, led)
                 found.append(Finding(led, ch, problem, tier1, tier1 is not None and tier1.startswith(TIER1_UNSEEN)))
