@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from urllib.parse import urlsplit
 
 import boto3
@@ -57,6 +58,14 @@ class SlowLink:
         """The next `connections` connections are reset once `after` bytes of responses went through each."""
         self.break_after, self.breaks_left = after, connections
 
+    drips_left = 0  # drip_responses(): connections still to be slowed to a drip
+    drip_after = 0
+
+    def drip_responses(self, after: int, connections: int) -> None:
+        """The next `connections` connections pass one byte of responses every 0.2 s once `after` bytes went
+        through each: every socket read gets a byte well within any read timeout, the body never ends."""
+        self.drip_after, self.drips_left = after, connections
+
     flips_left = 0  # flip_response(): connections still to have a byte flipped
     flip_at = 0
     flipped = 0  # bytes flipped so far
@@ -67,10 +76,19 @@ class SlowLink:
         self.flip_at, self.flips_left = at, connections
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int | None = None,
-                    other: asyncio.StreamWriter | None = None, flip: int | None = None) -> None:
+                    other: asyncio.StreamWriter | None = None, flip: int | None = None,
+                    drip: int | None = None) -> None:
         passed = 0
         try:
             while data := await reader.read(16 * KIB):
+                if drip is not None and passed + len(data) > drip:
+                    for i in range(len(data)):
+                        if passed + i >= drip:
+                            await asyncio.sleep(0.2)
+                        writer.write(data[i:i + 1])
+                        await writer.drain()
+                    passed += len(data)
+                    continue
                 if flip is not None and passed <= flip < passed + len(data):
                     at = flip - passed
                     data = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
@@ -93,7 +111,10 @@ class SlowLink:
     async def _handle(self, client_r, client_w) -> None:
         server_r, server_w = await asyncio.open_connection(*self.target)
         self._writers |= {client_w, server_w}
-        limit = flip = None
+        limit = flip = drip = None
+        if self.drips_left:
+            self.drips_left -= 1
+            drip = self.drip_after
         if self.breaks_left:
             self.breaks_left -= 1
             limit = self.break_after
@@ -101,7 +122,7 @@ class SlowLink:
             self.flips_left -= 1
             flip = self.flip_at
         await asyncio.gather(self._pipe(client_r, server_w),
-                             self._pipe(server_r, client_w, limit, server_w, flip))
+                             self._pipe(server_r, client_w, limit, server_w, flip, drip))
 
     @property
     def url(self) -> str:
@@ -276,3 +297,41 @@ def test_recovery_judges_a_copy_flipped_on_the_way_once_by_a_second_read(
     assert not deps.meta.get_ledger("broken", 0).lost
     assert [r for r in caplog.records if "reading it again" in r.getMessage()]
     check_invariants(deps, db, {"broken": expected})
+
+
+def _over_a_drip(link, s3_settings, db, bucket, tier1_root, connections: int, monkeypatch):
+    """A read over a link that drips after 1 MiB, on a client whose read timeout is 2 s and whose bodies need
+    average no particular rate (the deadline is then the read timeout alone, for a quick test)."""
+    import tiering.tier2.stalls as stalls
+
+    monkeypatch.setattr(stalls, "MIN_BODY_RATE", 1 << 40)
+    over = link(rate=64 * 1024 * KIB, delay=0)
+    over.drip_responses(after=1024 * KIB, connections=connections)
+    s3 = boto3.client("s3", **{**s3_settings, "endpoint_url": over.url},
+                      config=Config(retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=2,
+                                    read_timeout=2))
+    return make_deps(db, s3, bucket, tier1_root, offload_timeout=OFFLOAD_TIMEOUT)
+
+
+def test_a_body_that_drips_is_cut_at_its_deadline_and_read_on(
+        link, s3_settings, db, bucket, tier1_root, offloaded_topic, caplog, monkeypatch):
+    """A link passing a byte every 0.2 s never trips botocore's read timeout (each socket read gets a byte):
+    the read's deadline cuts the body, and a new ranged GET goes on from the byte reached."""
+    expected, led = offloaded_topic
+    deps = _over_a_drip(link, s3_settings, db, bucket, tier1_root, 2, monkeypatch)
+    caplog.set_level(logging.WARNING, logger="tiering.tier2.objects")
+    got = dict(tier2_opener(deps.bucket)(led, deps.meta.get_chunk(led)).iter_entries(0, led.entry_count - 1))
+    assert got == {e: v for (lid, e), v in expected.items() if lid == 0}
+    assert [r for r in caplog.records if "BodyStalled" in r.getMessage()], "nothing dripped: the test tested nothing"
+
+
+def test_a_body_that_keeps_dripping_fails_with_one_line_in_bounded_time(
+        link, s3_settings, db, bucket, tier1_root, offloaded_topic, monkeypatch):
+    _, led = offloaded_topic
+    deps = _over_a_drip(link, s3_settings, db, bucket, tier1_root, 10**6, monkeypatch)
+    started = time.monotonic()
+    with pytest.raises(Tier2Error) as failure:
+        dict(tier2_opener(deps.bucket)(led, deps.meta.get_chunk(led)).iter_entries(0, led.entry_count - 1))
+    assert time.monotonic() - started < 60  # four GETs of ~2 s each, not the days a drip would take
+    msg = str(failure.value)
+    assert "BodyStalled" in msg and "\n" not in msg and s3_settings["aws_secret_access_key"] not in msg, msg

@@ -1,0 +1,86 @@
+"""A deadline on every read of a GET's body. botocore's read timeout bounds each socket read, not a body: a
+link that passes a byte every few seconds keeps one GET alive for days and a reader waiting for ever. Each
+`RangeStream` read of n bytes must end within the client's read timeout plus n at MIN_BODY_RATE; one watchdog
+thread per process shuts the socket of a read past its deadline, and the read takes that as a body broken
+off (it goes on from the byte reached with a new ranged GET, up to its retries, then fails with
+`BodyStalled`). A read that ends in time costs two dictionary operations."""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from itertools import count
+
+from botocore.exceptions import BotoCoreError
+
+log = logging.getLogger(__name__)
+
+MIN_BODY_RATE = 64 * 1024  # bytes per second a body must average, beyond the read timeout, for a read to go on
+_TICK = 0.25  # how often the watchdog looks
+
+
+class BodyStalled(BotoCoreError):
+    fmt = "the response body arrived slower than the read's deadline allows ({seconds:g} s for {size} bytes)"
+
+
+def deadline_seconds(s3, size: int) -> float:
+    """How long a read of `size` bytes of a body may take on client `s3`."""
+    timeout = getattr(getattr(getattr(s3, "meta", None), "config", None), "read_timeout", None) or 60
+    return float(timeout) + size / MIN_BODY_RATE
+
+
+class _Watchdog:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._due: dict[int, tuple[float, object]] = {}
+        self._fired: set[int] = set()
+        self._ids = count()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, body, seconds: float) -> int:
+        token = next(self._ids)
+        with self._lock:
+            self._due[token] = (time.monotonic() + seconds, body)
+            if self._thread is None or not self._thread.is_alive():  # (a forked child has no thread)
+                self._thread = threading.Thread(target=self._run, name="tiering-body-deadlines", daemon=True)
+                self._thread.start()
+        return token
+
+    def done(self, token: int) -> bool:
+        """Stop watching; whether the read's socket was shut for missing its deadline."""
+        with self._lock:
+            self._due.pop(token, None)
+            if token in self._fired:
+                self._fired.discard(token)
+                return True
+        return False
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(_TICK)
+            now = time.monotonic()
+            with self._lock:
+                late = [(t, body) for t, (deadline, body) in self._due.items() if deadline <= now]
+                for t, _ in late:
+                    del self._due[t]
+                    self._fired.add(t)
+            for _, body in late:
+                _shut(body)
+
+
+def _shut(body) -> None:
+    """Shut the socket under a botocore StreamingBody (urllib3's response, its connection's socket): the
+    blocked read returns at once, where closing the descriptor from another thread would not wake it."""
+    raw = getattr(body, "_raw_stream", None)
+    sock = getattr(getattr(raw, "connection", None), "sock", None)
+    if sock is None:
+        log.warning("a read past its deadline could not be stopped: no socket under its response")
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # closed meanwhile: the read has ended anyway
+
+
+WATCHDOG = _Watchdog()
