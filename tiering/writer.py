@@ -42,12 +42,17 @@ class ManagedLedgerWriter:
         self._bytes = 0
         self.sealed_on_open: Ledger | None = None  # the open ledger, if its file was found sealed (below)
         self.recovery = None  # what resuming the open ledger's file cut (tier1.RecoveryInfo), if there was one
+        # with `discard_damaged`: the intact entries cut after a damaged one, (first, last) at least, and the
+        # subscriptions that had not read them, with how many each lost (recorded before the cut)
+        self.discarded: tuple[int, int] | None = None
+        self.discard_losses: list[tuple[str, int]] = []
         open_ = meta.list_ledgers(topic_name, [LedgerState.OPEN])
         if open_:  # resume the open ledger; a crash may have torn its tail
             self._ledger = open_[0]
             # An OPEN row always has its file (made before the row, below): a missing one is a wrong tier-1
             # root or a lost file, and writing a new file would hand out its positions a second time.
-            self._writer = tier1.open_writer(topic_name, self._ledger.ledger_id, discard_damaged)
+            self._writer = tier1.open_writer(topic_name, self._ledger.ledger_id, discard_damaged,
+                                             before_discard=self._record_discard if discard_damaged else None)
             self.recovery = self._writer.recovery
             self._entries = self._writer.entry_count
             self._bytes = self._writer.size_bytes
@@ -55,6 +60,15 @@ class ManagedLedgerWriter:
                 # killed between sealing the file and recording it: the file is final, so its seal is
                 # recorded now (its counts from the file) and the next append starts the next ledger
                 self.sealed_on_open = self.seal()
+
+    def _record_discard(self, plan) -> None:
+        """Entries plan.kept..plan.last_intact (at least) are about to be cut: the subscriptions that had not
+        read them lose them, recorded before the cut (metadata/subscriptions.record_discard)."""
+        led = self._ledger
+        lost = self.meta.subs.record_discard(self.topic.name, self.topic.topic_id, led.ledger_id, plan.kept,
+                                             plan.last_intact, plan.cut_bytes)
+        self.discarded = (plan.kept, plan.last_intact)
+        self.discard_losses = lost or []
 
     def append(self, payload: bytes) -> Position:
         if not isinstance(payload, (bytes, bytearray, memoryview)):

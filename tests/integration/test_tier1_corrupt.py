@@ -186,6 +186,59 @@ def test_a_damaged_entry_inside_the_open_ledger_stops_its_writers_until_an_opera
     assert read_data(cli("read", "o", "--json")) == {k: v for k, v in expected.items() if k[1] < 3}
 
 
+def _damaged_open_ledger(deps, topic: str) -> dict:
+    """An open ledger of 10 entries of 100 bytes whose entry 3 is damaged, intact ones after it."""
+    expected = produce(deps, topic, [], open_tail=[bytes([i]) * 100 for i in range(10)])
+    path = deps.tier1.path(topic, 0)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0x01  # inside entry 3's frame
+    path.write_bytes(bytes(data))
+    return expected
+
+
+def test_entries_a_discard_cuts_are_lost_to_each_subscription_that_had_not_read_them(cli, deps):  # noqa: F811
+    """Before, `seal --discard-damaged` cut entries 3 to 9 with no record: a subscription at 0:1 went on at
+    1:0 with nothing said, and one at 0:8 was left on an entry that no longer exists (an ack of it passed)."""
+    _damaged_open_ledger(deps, "d")
+    subs = deps.meta.subs
+    subs.create("d", "behind", Position(0, 1))
+    subs.create("d", "inside", Position(0, 8))
+    subs.create("d", "fresh", None)
+    sealed = cli("seal", "d", "--discard-damaged", "--json").ok().json
+    assert sealed["entry_count"] == 3 and sealed["discarded_entries"] == {"from": 3, "to": 9}
+    assert sealed["subscriptions_losing"] == [{"subscription": "behind", "entries": 7},
+                                              {"subscription": "inside", "entries": 1},
+                                              {"subscription": "fresh", "entries": 7}]
+    now = {s.name: s for s in subs.of_topics(["d"])["d"]}
+    assert now["behind"].position == Position(0, 1) and now["fresh"].position is None  # still to read 0:2, 0:0..
+    assert now["inside"].position == Position(0, 2)  # an entry that exists: the last one kept
+    assert {n: (s.entries_deleted_unread, s.last_loss_reason) for n, s in now.items()} == {
+        n: (k, "ledger 0 sealed with --discard-damaged: entries 3 to 9 discarded")
+        for n, k in (("behind", 7), ("inside", 1), ("fresh", 7))}
+    assert "beyond the end of ledger 0" in cli("subscription", "ack", "d", "inside", "0:8").one_line_error(2)
+    with deps.meta.engine.connect() as conn:
+        from sqlalchemy import text
+
+        assert conn.execute(text("SELECT from_ledger_id, from_entry_id, to_entry_id, entries FROM "
+                                 "tiering.subscription_loss ORDER BY subscription_id")).all() == [
+            (0, 3, 9, 7), (0, 9, 9, 1), (0, 3, 9, 7)]
+
+
+def test_a_discard_killed_after_recording_its_losses_records_them_once(cli, deps):  # noqa: F811
+    """The losses are recorded before the cut, with the discard itself (the ledger's attribute): a seal killed
+    between the two, run again, cuts the file and records nothing twice."""
+    _damaged_open_ledger(deps, "k")
+    deps.meta.subs.create("k", "r", Position(0, 0))
+    topic_id = deps.meta.get_topic("k").topic_id
+    # what the killed run committed: the losses of entries 3 to 9, and no cut
+    assert deps.meta.subs.record_discard("k", topic_id, 0, 3, 9, 700) == [("r", 7)]
+    assert deps.meta.subs.record_discard("k", topic_id, 0, 3, 9, 700) is None  # once
+    sealed = cli("seal", "k", "--discard-damaged", "--json").ok().json
+    assert sealed["entry_count"] == 3 and sealed["subscriptions_losing"] == []
+    [r] = deps.meta.subs.of_topics(["k"])["k"]
+    assert (r.position, r.entries_deleted_unread) == (Position(0, 0), 7)
+
+
 def test_copies_that_each_pass_their_checks_but_differ_are_not_called_repairable(cli, deps, world):  # noqa: F811
     """Before, verify called such a ledger repairable by re-making tier 2 from tier 1, while repair (which
     checks each copy on its own) found nothing to do: nothing tells which copy holds the ledger."""

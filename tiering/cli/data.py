@@ -102,10 +102,15 @@ def cmd_seal(ctx: Context, args, out: Output) -> int:
     finally:
         writer.close()
     cut = writer.recovery.truncated_bytes if writer.recovery else 0
+    gone = writer.discarded  # intact entries cut after a damaged one: (first, last at least)
     out.result(document("seal", args.name, sealed_ledger=None if sealed is None else sealed.ledger_id,
-                        entry_count=0 if sealed is None else sealed.entry_count, discarded_bytes=cut),
+                        entry_count=0 if sealed is None else sealed.entry_count, discarded_bytes=cut,
+                        discarded_entries=None if gone is None else {"from": gone[0], "to": gone[1]},
+                        subscriptions_losing=[{"subscription": n, "entries": k} for n, k in writer.discard_losses]),
                (f"sealed ledger {sealed.ledger_id} ({sealed.entry_count} entries)" if sealed else "no open ledger")
-               + (f"; {cut} byte(s) after its last intact entry discarded" if cut else ""))
+               + (f"; {cut} byte(s) after its last intact entry discarded" if cut else "")
+               + (f" (entries {gone[0]} to at least {gone[1]})" if gone else "")
+               + "".join(f"; subscription {n!r} lost {k} entries it had not read" for n, k in writer.discard_losses))
     return 0
 
 

@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from tiering.errors import (BadInput, BeforeHead, ConditionalUpdateFailed, LedgerTrimmed, SubscriptionNotFound,
                             TopicNotFound)
 from tiering.metadata.planning import _ACTIVE, _NOW
-from tiering.metadata.tables import ledger, subscription, subscription_loss, topic
+from tiering.metadata.tables import attribute, ledger, subscription, subscription_loss, topic
 from tiering.model import ACTIVE, Position, Subscription, Topic, check_subscription_name, check_topic_name
 from tiering.policy import UnreadLoss
 
@@ -197,6 +197,54 @@ class Subscriptions:
             from_entry_id=loss.first.entry_id, to_ledger_id=loss.new_position.ledger_id,
             to_entry_id=loss.new_position.entry_id, entries=loss.entries, bytes=loss.bytes))
 
+    def record_discard(self, topic_name: str, topic_id: int, ledger_id: int, kept: int, last: int,
+                       cut_bytes: int) -> list[tuple[str, int]] | None:
+        """Before an open ledger is sealed with `seal --discard-damaged` cutting entries `kept`..`last` (at
+        least: a reader's position may show more): each subscription that had not read them all loses them
+        (counted and logged as a deletion of unread entries is, its bytes prorated from the bytes cut), and
+        one positioned inside the cut moves back to the last entry kept (a position names an entry that
+        exists). One transaction, which also records the discard as the ledger's attribute DISCARD_KEY: a
+        rerun after a kill before the cut finds it and changes nothing again (returns None). Returns
+        (subscription, entries lost) for those that lost any."""
+        with self.engine.begin() as conn:
+            t = self._topic(topic_name, conn, "FOR SHARE")
+            if t.topic_id != topic_id or conn.execute(select(attribute.c.value).where(
+                    attribute.c.topic_id == topic_id, attribute.c.ledger_id == ledger_id,
+                    attribute.c.key == DISCARD_KEY)).scalar_one_or_none() is not None:
+                return None
+            subs = self.of_topic(conn, topic_id, lock=True)
+            last = max([last] + [s.position.entry_id for s in subs
+                                 if s.position is not None and s.position.ledger_id == ledger_id])
+            back = Position(ledger_id, kept - 1) if kept else _entry_before(conn, topic_id, ledger_id)
+            reason = f"ledger {ledger_id} sealed with --discard-damaged: entries {kept} to {last} discarded"
+            per_entry = cut_bytes / (last - kept + 1)
+            lost = []
+            for sub in subs:
+                read_to = sub.position.entry_id if sub.position and sub.position.ledger_id == ledger_id else \
+                    last if sub.position and sub.position.ledger_id > ledger_id else -1
+                unread = last - max(read_to, kept - 1)
+                moved = back if read_to >= kept else sub.position
+                if unread <= 0 and moved == sub.position:
+                    continue
+                values = {"version": subscription.c.version + 1,
+                          "ack_ledger_id": None if moved is None else moved.ledger_id,
+                          "ack_entry_id": None if moved is None else moved.entry_id}
+                if unread > 0:
+                    first = Position(ledger_id, max(read_to + 1, kept))
+                    values.update(entries_deleted_unread=subscription.c.entries_deleted_unread + unread,
+                                  bytes_deleted_unread=subscription.c.bytes_deleted_unread
+                                  + round(per_entry * unread), last_loss_at=func.now(), last_loss_reason=reason)
+                    conn.execute(insert(subscription_loss).values(
+                        subscription_id=sub.subscription_id, reason=reason, from_ledger_id=first.ledger_id,
+                        from_entry_id=first.entry_id, to_ledger_id=ledger_id, to_entry_id=last, entries=unread,
+                        bytes=round(per_entry * unread)))
+                    lost.append((sub.name, unread))
+                conn.execute(update(subscription).where(subscription.c.subscription_id == sub.subscription_id)
+                             .values(**values))
+            conn.execute(insert(attribute).values(topic_id=topic_id, ledger_id=ledger_id, key=DISCARD_KEY,
+                                                  value=kept))
+            return lost
+
     # ----------------------------------------------------------------------------------------- helpers
     def _topic(self, name: str, conn: Connection | None = None, lock: str = "") -> Topic:
         if conn is None:
@@ -224,6 +272,20 @@ def topic_row(conn: Connection, name: str, lock: str = "") -> Topic:
     if row is None:
         raise TopicNotFound(name)
     return _topic_row(row)
+
+# the attribute of a ledger sealed with `seal --discard-damaged`: the first entry it discarded
+DISCARD_KEY = "tiering.discarded_from"
+
+
+def _entry_before(conn: Connection, topic_id: int, ledger_id: int) -> Position | None:
+    """The last entry of the topic before ledger `ledger_id` (of any state: a position may name a deleted
+    ledger's, as retention leaves it), None when there is none: where a reader that has read nothing of the
+    ledger stands."""
+    row = conn.execute(select(ledger.c.ledger_id, ledger.c.entry_count).where(
+        ledger.c.topic_id == topic_id, ledger.c.ledger_id < ledger_id, ledger.c.entry_count > 0)
+        .order_by(ledger.c.ledger_id.desc()).limit(1)).one_or_none()
+    return None if row is None else Position(row.ledger_id, row.entry_count - 1)
+
 
 def active(subs: Sequence[Subscription]) -> list[Subscription]:
     return [s for s in subs if s.state == ACTIVE]

@@ -191,9 +191,9 @@ class Scan:
     end: int  # offset just after the last complete frame
 
 
-def scan_frames(fd: int, length: int, path, verify: bool, start: int) -> Scan:
-    """Walk frames from `start` (the header's end) to the first one that is incomplete or wrong (id, and crc
-    if `verify`).
+def scan_frames(fd: int, length: int, path, verify: bool, start: int, first_id: int = 0) -> Scan:
+    """Walk frames from `start` (the header's end, or a frame of entry `first_id`) to the first one that is
+    incomplete or wrong (id, and crc if `verify`).
 
     Without `verify` payloads are skipped unread (counting an open ledger); with it they are streamed through
     the crc (recovery), so memory stays bounded either way.
@@ -209,7 +209,7 @@ def scan_frames(fd: int, length: int, path, verify: bool, start: int) -> Scan:
         if raw is None:
             break
         plen, entry_id, crc = FRAME.unpack(raw)
-        if entry_id != len(offsets) or plen > MAX_PAYLOAD:
+        if entry_id != first_id + len(offsets) or plen > MAX_PAYLOAD:
             break
         # A frame without payload is checked even when counting (its crc costs nothing): an empty ledger's
         # footer, written before the sealed flag, is a trailer alone whose bytes parse as such a frame.
@@ -247,6 +247,19 @@ def intact_after(fd: int, length: int, end: int, next_id: int, path) -> int | No
                 return start
         pos += CHUNK  # the next chunk overlaps this one by a frame header
     return None
+
+
+def last_intact_after(fd: int, length: int, scan: Scan, path) -> int | None:
+    """The id of the last intact entry after where `scan` stopped at a damaged frame (runs of intact frames
+    found one after another by `intact_after`), or None when none follows (a torn tail): the entries a cut
+    at the damage would discard end there, at least."""
+    end, next_id, last = scan.end, len(scan.offsets), None
+    while end < length and (start := intact_after(fd, length, end, next_id, path)) is not None:
+        first = FRAME.unpack(pread_exact(fd, FRAME.size, start, path))[1]
+        run = scan_frames(fd, length, path, verify=True, start=start, first_id=first)
+        last = first + len(run.offsets) - 1
+        end, next_id = run.end, last + 1
+    return last
 
 
 def damage_inside(fd: int, length: int, scan: Scan, path, advice: str = "") -> CorruptObjectError | None:

@@ -22,6 +22,7 @@ import stat
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 from typing import TYPE_CHECKING, Iterator
 
 from tiering.errors import BadInput, EntryNotFound, LedgerStorageError
@@ -113,9 +114,11 @@ class _State:
 
 
 def _recover_fd(fd: int, path: Path, discard_damaged: bool = False, has_row: bool = False,
-                write: bool = True) -> _State:
+                write: bool = True, before_discard: Callable[[DiscardPlan], None] | None = None) -> _State:
     """The state recovery leaves an open file in, cutting its torn tail (or writing the header a crash
-    left out); `write` false: the same state, the file left as it is (would_recover)."""
+    left out); `write` false: the same state, the file left as it is (would_recover). `before_discard` is
+    told, before the cut, what `discard_damaged` cuts when that is more than a torn tail (intact entries
+    after a damaged one): what readers lose is recorded first, so a kill after the cut loses no record."""
     length = os.fstat(fd).st_size
     head = F.header_state(fd, length, path)
     if head is None and has_row:
@@ -141,6 +144,10 @@ def _recover_fd(fd: int, path: Path, discard_damaged: bool = False, has_row: boo
         damage = None if discard_damaged else F.damage_inside(fd, length, scan, path, _NOT_CUT)
         if damage is not None:
             raise damage
+        if write and before_discard is not None:
+            last = F.last_intact_after(fd, length, scan, path)
+            if last is not None:
+                before_discard(DiscardPlan(len(scan.offsets), length - scan.end, last))
         if write:
             os.ftruncate(fd, scan.end)
             os.fsync(fd)
@@ -160,6 +167,14 @@ def would_recover(path: Path | str) -> RecoveryInfo:
         fcntl.flock(file.fileno(), fcntl.LOCK_UN)
         st = _recover_fd(file.fileno(), path, write=False)
     return RecoveryInfo(st.count, st.size_bytes, st.truncated)
+
+
+@dataclass(frozen=True)
+class DiscardPlan:
+    """What sealing an open file with `discard_damaged` would keep and cut, the file unchanged."""
+    kept: int  # entries before the damage
+    cut_bytes: int  # bytes from the damage to the file's end
+    last_intact: int | None  # the last intact entry after the damage (None: a torn tail, nothing intact cut)
 
 
 # A writer makes a ledger's file and fsyncs its header before the ledger's row exists (writer.py): a file
@@ -194,7 +209,7 @@ class LedgerWriter:
     """
 
     def __init__(self, path: Path | str, *, open_existing: bool = False, discard_damaged: bool = False,
-                 has_row: bool = False):
+                 has_row: bool = False, before_discard: Callable[[DiscardPlan], None] | None = None):
         self.path = Path(path)
         self.recovery: RecoveryInfo | None = None
         flags = os.O_RDWR if open_existing else os.O_RDWR | os.O_CREAT | os.O_EXCL
@@ -204,7 +219,7 @@ class LedgerWriter:
             _lock(self._file, self.path)
             fd = self._file.fileno()
             if open_existing:
-                st = _recover_fd(fd, self.path, discard_damaged, has_row)
+                st = _recover_fd(fd, self.path, discard_damaged, has_row, before_discard=before_discard)
             else:
                 # Between the exclusive create and the lock, another writer may have taken the new, empty file
                 # for a crashed writer's leftover (open_existing), written its header and entries, and even

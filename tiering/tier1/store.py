@@ -11,11 +11,12 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import Callable
 
 from tiering.errors import LedgerStorageError
 from tiering.model import Ledger, LedgerState
 from tiering.tier1.frames import corrupt
-from tiering.tier1.ledger_file import (HEADER_GONE, LedgerFileExists, LedgerFileMissing, LedgerReader,
+from tiering.tier1.ledger_file import (HEADER_GONE, DiscardPlan, LedgerFileExists, LedgerFileMissing, LedgerReader,
                                        LedgerWriter, RecoveryInfo, fsync_dir, recover)
 from tiering.tier1.paths import LEDGER_FILE, ledger_id_of, ledger_path, topic_dir
 
@@ -73,13 +74,15 @@ class Tier1Store:
         fsync_dir(self.root)  # the new topic directory survives a crash along with its first ledger
 
     def open_writer(self, topic: str, ledger_id: int, discard_damaged: bool = False,
-                    has_row: bool = True) -> LedgerWriter:
+                    has_row: bool = True, before_discard: Callable[[DiscardPlan], None] | None = None
+                    ) -> LedgerWriter:
         """A writer appending to an existing open ledger, after cutting a torn tail (see `.recovery`; a damaged
-        entry with intact ones after it only with `discard_damaged`). `has_row` False: a file no row names yet
-        (a producer killed between making it and recording it), which may lack its header."""
+        entry with intact ones after it only with `discard_damaged`, `before_discard` told first what goes).
+        `has_row` False: a file no row names yet (a producer killed between making it and recording it),
+        which may lack its header."""
         try:
             return LedgerWriter(self.path(topic, ledger_id), open_existing=True, discard_damaged=discard_damaged,
-                                has_row=has_row)
+                                has_row=has_row, before_discard=before_discard)
         except LedgerFileMissing:
             raise self._missing(topic, ledger_id) from None
 
