@@ -63,6 +63,12 @@ def test_a_reader_holds_retention_until_it_has_read(cli, deps):
     assert "before the head" in cli("subscription", "ack", "t", "slow", "0:9", "--reset").one_line_error(2)
     assert "beyond the end of ledger 3" in cli("subscription", "ack", "t", "slow", "3:4").one_line_error(2)
     cli("subscription", "ack", "t", "slow", "1:2", "--reset").ok()
+    # a replay of everything retained: the entry before the head is in a trimmed ledger, so no L:E names it
+    assert "use --reset" in cli("subscription", "ack", "t", "slow", "earliest").one_line_error(2)
+    assert cli("subscription", "ack", "t", "slow", "earliest", "--reset", "--json").ok().json["position"] is None
+    replay = cli("read", "t", "--subscription", "slow", "--max-entries", "2", "--ack", "--json").ok().json_lines
+    assert [r.get("gap") or (r["ledger"], r["entry"]) for r in replay][-2:] == [(1, 0), (1, 1)]
+    assert subs(cli, "t")["slow"]["position"] == "1:1"
     # a reader whose output goes away mid-way (more than a pipe holds) acknowledges nothing: it re-reads
     produce(deps, "big", [entries("b", 20, 100_000)], TopicPolicy(**TEN))
     cli("subscription", "create", "big", "w").ok()

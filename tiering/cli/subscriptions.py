@@ -6,6 +6,7 @@ import argparse
 from tiering.cli import args as a
 from tiering.cli.context import Context
 from tiering.cli.output import Output, document, error, iso, position_text
+from tiering.errors import BadInput
 
 
 def _start(text: str) -> str:
@@ -13,6 +14,11 @@ def _start(text: str) -> str:
         return text
     a.position(text)  # L:E, or one line naming what is expected
     return text
+
+
+def _acked(text: str):
+    """L:E, or `earliest`: nothing read (the next read starts at the topic's head), with --reset only."""
+    return None if text == "earliest" else a.position(text)
 
 
 def subscription_name(p: argparse.ArgumentParser, new: bool = False) -> None:
@@ -33,7 +39,9 @@ def register(sub) -> None:
     ack = s_sub.add_parser("ack", help="everything up to and including L:E is read")
     a.name(ack)
     subscription_name(ack)
-    ack.add_argument("position", type=a.position, metavar="L:E")
+    ack.add_argument("position", type=_acked, metavar="L:E|earliest",
+                     help="the last entry read; earliest (with --reset): nothing, the next read starts at the "
+                          "topic's head (a replay of all it retains)")
     ack.add_argument("--reset", action="store_true", help="allow moving the position backwards")
     a.json_flag(ack)
     lst = s_sub.add_parser("list", help="subscriptions with their backlog, state and losses")
@@ -85,6 +93,8 @@ def cmd_subscription(ctx: Context, args, out: Output) -> int:
         out.result(document("subscription create", **_one(s)),
                    f"created subscription {s.name!r} of {s.topic!r} at {_at(s)}")
     elif cmd == "ack":
+        if args.position is None and not args.reset:
+            raise BadInput("earliest moves a subscription back to the topic's head: use --reset")
         s = ops.ack(ctx.deps, args.name, args.subscription, args.position, args.reset)
         out.result(document("subscription ack", **_one(s)), f"subscription {s.name!r} of {s.topic!r} at {_at(s)}")
     elif cmd == "list":

@@ -150,10 +150,10 @@ class Subscriptions:
                 raise BadInput(f"subscription {name!r} of topic {topic_name!r} already exists") from None
             raise
 
-    def set_position(self, sub: Subscription, position: Position) -> Subscription:
-        """Compare-and-set the position (an ack, or a reset): the row must still be at `sub.version`, and the
-        position's ledger must not have been trimmed meanwhile (read after the row lock, which retention holds
-        until it commits: a trim that raced this ack is seen here)."""
+    def set_position(self, sub: Subscription, position: Position | None) -> Subscription:
+        """Compare-and-set the position (an ack, or a reset; None: nothing read): the row must still be at
+        `sub.version`, and the position's ledger must not have been trimmed meanwhile (read after the row
+        lock, which retention holds until it commits: a trim that raced this ack is seen here)."""
         with self.engine.begin() as conn:
             current = self.get(sub.topic, sub.name, conn, lock=True)
             # the same row, not only the same version: a subscription deleted and made again under its name
@@ -162,12 +162,14 @@ class Subscriptions:
                 raise ConditionalUpdateFailed(f"subscription {sub.name!r} of topic {sub.topic!r}",
                                               f"id {sub.subscription_id} at version {sub.version}",
                                               f"id {current.subscription_id} at version {current.version}")
-            state = conn.execute(select(ledger.c.state).where(
-                ledger.c.topic_id == sub.topic_id, ledger.c.ledger_id == position.ledger_id)).scalar_one_or_none()
-            if position != current.position and (state is None or state == "DELETED"):
-                raise BeforeHead(position, sub.topic, f"ledger {position.ledger_id} was trimmed")
+            if position is not None:
+                state = conn.execute(select(ledger.c.state).where(
+                    ledger.c.topic_id == sub.topic_id, ledger.c.ledger_id == position.ledger_id)).scalar_one_or_none()
+                if position != current.position and (state is None or state == "DELETED"):
+                    raise BeforeHead(position, sub.topic, f"ledger {position.ledger_id} was trimmed")
             done = conn.execute(update(subscription).where(subscription.c.subscription_id == sub.subscription_id)
-                                .values(ack_ledger_id=position.ledger_id, ack_entry_id=position.entry_id,
+                                .values(ack_ledger_id=None if position is None else position.ledger_id,
+                                        ack_entry_id=None if position is None else position.entry_id,
                                         last_ack_at=func.now(), version=subscription.c.version + 1))
             if done.rowcount != 1:  # the row is locked above: cannot happen, and must not pass silently
                 raise ConditionalUpdateFailed(f"subscription {sub.name!r} of topic {sub.topic!r}",

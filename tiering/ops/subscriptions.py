@@ -92,10 +92,12 @@ def _create(deps: Deps, topic: str, name: str, start: str) -> Subscription:
     return deps.meta.subs.create(topic, name, before, live_ledger=first.ledger_id)
 
 
-def ack(deps: Deps, topic: str, name: str, position: Position, reset: bool = False,
+def ack(deps: Deps, topic: str, name: str, position: Position | None, reset: bool = False,
         reader: Subscription | None = None) -> Subscription:
     """Everything up to and including `position` is read. Refused (BadInput, nothing changed): a position
     before the current one without `reset`, in a trimmed ledger, or past the end of its ledger or topic.
+    None with `reset`: nothing read, the next read starts at the topic's head (a replay of all it retains:
+    an entry before the head, which a position would have to name, is always in a trimmed ledger).
 
     `reader`: the ack of a reader that has just delivered entries up to `position` (`read --ack`), with the
     subscription's row as it read it (or as its previous ack left it). Its position was right when it read:
@@ -105,6 +107,16 @@ def ack(deps: Deps, topic: str, name: str, position: Position, reset: bool = Fal
       or is another subscription of that name (deleted and created again) or gone: the reader's ack must not
       undo that. The first is left as it is (returned unchanged); the other two are a TieringError: what
       was printed is not acknowledged."""
+    if position is None:
+        if not reset or reader is not None:
+            raise BadInput("only a reset moves a subscription back to the topic's head")
+        for _ in range(CAS_ATTEMPTS):
+            try:
+                return deps.meta.subs.set_position(deps.meta.subs.get(topic, name), None)
+            except ConditionalUpdateFailed:
+                continue
+        raise ConditionalUpdateFailed(f"subscription {name!r} of topic {topic!r}", "a stable position",
+                                      f"{CAS_ATTEMPTS} concurrent changes; reset it again")
     for _ in range(CAS_ATTEMPTS):
         if reader is not None:
             sub = _readers_subscription(deps, reader)
