@@ -507,3 +507,19 @@ def test_an_io_error_reading_a_tier1_file_is_said_not_raised_raw_and_an_offloade
     handle = ReadHandle(deps.meta, deps.tier1, tier2_opener(deps.bucket))
     got = [e for e in handle.read("w", Position(0, 0), Position(0, 29)) if isinstance(e, Entry)]
     assert {(e.ledger_id, e.entry_id): e.data for e in got} == {k: v for k, v in written.items() if k[0] == 0}
+
+
+def test_a_reset_during_a_long_read_is_said_once(cli, deps):
+    """A `read --ack` acks every 1,000 entries; each ack after an operator's reset finds it and leaves it, and
+    each said so: one line per batch for the one reset."""
+    produce(deps, "long", [entries("l", 5000, 100)], TopicPolicy(rollover_entries=10**6))
+    cli("subscription", "create", "long", "r", "--from", "0:500").ok()
+    reader = subprocess.Popen([sys.executable, "-m", "tiering", "read", "long", "--subscription", "r", "--ack",
+                               "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli.env, cwd=cli.cwd)
+    first = reader.stdout.readline()  # it started where the subscription was, and now waits on the full pipe
+    assert json.loads(first)["entry"] == 500
+    cli("subscription", "ack", "long", "r", "0:100", "--reset").ok()
+    rest, err = reader.communicate(timeout=120)
+    assert reader.returncode == 0 and len(rest.splitlines()) == 4499
+    assert err.decode().count("was reset to 0:100 meanwhile") == 1, err.decode()
+    assert subs(cli, "long")["r"]["position"] == "0:100"  # the replay asked for stays

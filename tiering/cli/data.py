@@ -207,10 +207,10 @@ def _read(ctx: Context, args, out: Output) -> int:
         raise BadInput("--format is for text output (--json prints data in base64)")
     if args.start is not None:
         check_start(ctx, args.name, args.start)
-    printed, last, acked = 0, None, None
+    printed, last, acked, told_reset = 0, None, None, False
 
     def ack_printed():
-        nonlocal acked, sub
+        nonlocal acked, sub, told_reset
         if args.ack and last is not None and last != acked:
             from tiering.ops.subscriptions import ack
 
@@ -224,9 +224,11 @@ def _read(ctx: Context, args, out: Output) -> int:
                                  f"past the last entry printed ({last}); left there\n")
                 sub = now
             elif now.position != last:
-                sys.stderr.write(f"tiering: subscription {args.subscription!r} was reset to "
-                                 f"{position_text(now.position)} meanwhile; left there (the entries printed are "
-                                 "read again from there)\n")
+                if not told_reset:  # said once: every later ack of this read finds it so, and leaves it too
+                    sys.stderr.write(f"tiering: subscription {args.subscription!r} was reset to "
+                                     f"{position_text(now.position)} meanwhile; left there (the entries printed "
+                                     "are read again from there)\n")
+                told_reset = True
             else:
                 sub = now
             acked = last
