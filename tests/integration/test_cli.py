@@ -465,7 +465,8 @@ def test_ctrl_c_ends_a_command_waiting_on_postgresql(cli, deps):
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 60
         while not holder.execute(text("SELECT count(*) FROM pg_locks WHERE relation = 'tiering.topic'::regclass "
-                                      "AND NOT granted")).scalar_one():
+                                      "AND NOT granted AND database = (SELECT oid FROM pg_database "
+                                      "WHERE datname = current_database())")).scalar_one():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)

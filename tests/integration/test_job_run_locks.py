@@ -129,7 +129,8 @@ def test_a_waiter_killed_while_it_waits_for_a_session_lock_leaves_no_waiter_behi
     def waiters() -> int:
         with eng.connect() as conn:
             return conn.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-                                     "AND classid::bigint = :c AND objid::bigint = :k"),
+                                     "AND classid::bigint = :c AND objid::bigint = :k AND database = (SELECT oid "
+                                     "FROM pg_database WHERE datname = current_database())"),
                                 {"c": lock_class, "k": key}).scalar_one()
 
     with db.session_lock(eng, lock_class, literal(key)) as held:

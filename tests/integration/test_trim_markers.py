@@ -102,7 +102,8 @@ def test_two_runs_moving_the_marker_at_once_never_move_it_back(deps, monkeypatch
             while faster[0].is_alive() and time.monotonic() < deadline:  # done, or waiting for this run
                 with deps.meta.engine.connect() as conn:
                     if conn.execute(text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                         "AND NOT granted")).scalar():
+                                         "AND NOT granted AND database = (SELECT oid FROM pg_database "
+                                         "WHERE datname = current_database())")).scalar():
                         break
                 time.sleep(0.05)
         return seen
