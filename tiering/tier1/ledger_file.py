@@ -22,8 +22,7 @@ import stat
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from tiering.errors import BadInput, EntryNotFound, LedgerStorageError
 from tiering.tier1 import frames as F
@@ -171,7 +170,7 @@ def would_recover(path: Path | str) -> RecoveryInfo:
 
 @dataclass(frozen=True)
 class DiscardPlan:
-    """What sealing an open file with `discard_damaged` would keep and cut, the file unchanged."""
+    """What `discard_damaged` cuts of an open file, told before the cut (`before_discard`)."""
     kept: int  # entries before the damage
     cut_bytes: int  # bytes from the damage to the file's end
     last_intact: int | None  # the last intact entry after the damage (None: a torn tail, nothing intact cut)
