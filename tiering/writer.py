@@ -66,7 +66,7 @@ class ManagedLedgerWriter:
         read them lose them, recorded before the cut (metadata/subscriptions.record_discard)."""
         led = self._ledger
         lost = self.meta.subs.record_discard(self.topic.name, self.topic.topic_id, led.ledger_id, plan.kept,
-                                             plan.last_intact, plan.cut_bytes)
+                                             plan.last_intact, plan.payload_bytes)
         self.discarded = (plan.kept, plan.last_intact)
         self.discard_losses = lost or []
 

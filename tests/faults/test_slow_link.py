@@ -60,6 +60,7 @@ class SlowLink:
 
     drips_left = 0  # drip_responses(): connections still to be slowed to a drip
     drip_after = 0
+    dripped = 0  # pieces of responses dripped so far
 
     def drip_responses(self, after: int, connections: int) -> None:
         """The next `connections` connections pass one byte of responses every 0.2 s once `after` bytes went
@@ -82,6 +83,7 @@ class SlowLink:
         try:
             while data := await reader.read(16 * KIB):
                 if drip is not None and passed + len(data) > drip:
+                    self.dripped += 1
                     for i in range(len(data)):
                         if passed + i >= drip:
                             await asyncio.sleep(0.2)
@@ -335,3 +337,45 @@ def test_a_body_that_keeps_dripping_fails_with_one_line_in_bounded_time(
     assert time.monotonic() - started < 60  # four GETs of ~2 s each, not the days a drip would take
     msg = str(failure.value)
     assert "BodyStalled" in msg and "\n" not in msg and s3_settings["aws_secret_access_key"] not in msg, msg
+
+
+def _listing_over_a_drip(link, s3_settings, connections: int, monkeypatch):
+    """The product's S3 client over a link dripping after 300 bytes of a response (a listing's first keys), the
+    deadline of a read 1 s for a quick test."""
+    import tiering.tier2.stalls as stalls
+    from tiering.tier2.client import s3_client
+
+    monkeypatch.setattr(stalls, "deadline_seconds", lambda s3, size: 1.0)
+    over = link(rate=64 * 1024 * KIB, delay=0)
+    client = s3_client(endpoint_url=over.url, access_key=s3_settings["aws_access_key_id"],
+                       secret_key=s3_settings["aws_secret_access_key"], session_token=None,
+                       region=s3_settings["region_name"], ca_bundle=None)
+    over.drip_responses(after=300, connections=connections)
+    return over, client
+
+
+def test_a_listing_that_drips_once_is_sent_again(link, s3_settings, bucket, monkeypatch):
+    """botocore reads a listing's body whole before parsing it: a drip kept `recover-from-bucket` and the
+    sweep waiting for days. The read has the same deadline as an object's body, and the request is retried."""
+    from tiering.tier2.objects import Bucket, list_objects
+
+    s3 = boto3.client("s3", **s3_settings)
+    keys = [f"drip/{i:04d}" for i in range(40)]
+    for key in keys:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+    over, client = _listing_over_a_drip(link, s3_settings, 1, monkeypatch)
+    assert [o["Key"] for o in list_objects(Bucket(client, bucket, "drip/"))] == keys
+    assert over.dripped, "nothing dripped: the test tested nothing"
+
+
+def test_a_listing_that_keeps_dripping_fails_in_bounded_time(link, s3_settings, bucket, monkeypatch):
+    from botocore.exceptions import BotoCoreError
+
+    from tiering.tier2.objects import Bucket, list_objects
+
+    boto3.client("s3", **s3_settings).put_object(Bucket=bucket, Key="drip/one", Body=b"x")
+    _, client = _listing_over_a_drip(link, s3_settings, 10**6, monkeypatch)
+    started = time.monotonic()
+    with pytest.raises(BotoCoreError, match="slower than the read's deadline"):
+        list(list_objects(Bucket(client, bucket, "drip/")))
+    assert time.monotonic() - started < 60  # five attempts of ~1 s, not the days a drip would take

@@ -212,6 +212,7 @@ def test_entries_a_discard_cuts_are_lost_to_each_subscription_that_had_not_read_
     now = {s.name: s for s in subs.of_topics(["d"])["d"]}
     assert now["behind"].position == Position(0, 1) and now["fresh"].position is None  # still to read 0:2, 0:0..
     assert now["inside"].position == Position(0, 2)  # an entry that exists: the last one kept
+    assert [now[n].bytes_deleted_unread for n in ("behind", "inside", "fresh")] == [700, 100, 700]  # payload bytes
     assert {n: (s.entries_deleted_unread, s.last_loss_reason) for n, s in now.items()} == {
         n: (k, "ledger 0 sealed with --discard-damaged: entries 3 to 9 discarded")
         for n, k in (("behind", 7), ("inside", 1), ("fresh", 7))}

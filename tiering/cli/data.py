@@ -226,7 +226,8 @@ def _read(ctx: Context, args, out: Output) -> int:
             elif now.position != last:
                 if not told_reset:  # said once: every later ack of this read finds it so, and leaves it too
                     sys.stderr.write(f"tiering: subscription {args.subscription!r} was reset to "
-                                     f"{position_text(now.position)} meanwhile; left there (the entries printed "
+                                     f"{position_text(now.position) or 'the start (nothing read)'} meanwhile; "
+                                     "left there (the entries printed "
                                      "are read again from there)\n")
                 told_reset = True
             else:

@@ -200,10 +200,10 @@ class Subscriptions:
             to_entry_id=loss.new_position.entry_id, entries=loss.entries, bytes=loss.bytes))
 
     def record_discard(self, topic_name: str, topic_id: int, ledger_id: int, kept: int, last: int,
-                       cut_bytes: int) -> list[tuple[str, int]] | None:
+                       payload_bytes: int) -> list[tuple[str, int]] | None:
         """Before an open ledger is sealed with `seal --discard-damaged` cutting entries `kept`..`last` (at
         least: a reader's position may show more): each subscription that had not read them all loses them
-        (counted and logged as a deletion of unread entries is, its bytes prorated from the bytes cut), and
+        (counted and logged as a deletion of unread entries is, its bytes prorated from `payload_bytes`), and
         one positioned inside the cut moves back to the last entry kept (a position names an entry that
         exists). One transaction, which also records the discard as the ledger's attribute DISCARD_KEY: a
         rerun after a kill before the cut finds it and changes nothing again (returns None). Returns
@@ -219,7 +219,7 @@ class Subscriptions:
                                  if s.position is not None and s.position.ledger_id == ledger_id])
             back = Position(ledger_id, kept - 1) if kept else _entry_before(conn, topic_id, ledger_id)
             reason = f"ledger {ledger_id} sealed with --discard-damaged: entries {kept} to {last} discarded"
-            per_entry = cut_bytes / (last - kept + 1)
+            per_entry = payload_bytes / (last - kept + 1)
             lost = []
             for sub in subs:
                 read_to = sub.position.entry_id if sub.position and sub.position.ledger_id == ledger_id else \

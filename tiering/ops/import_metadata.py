@@ -15,7 +15,7 @@ from typing import IO, Iterator
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from tiering.errors import BadInput
+from tiering.errors import BadInput, TieringError
 from tiering.metadata import import_rows
 from tiering.ops.export_location import read_footer
 from tiering.ops.export_metadata import (DEFAULT_BATCH_ROWS, TableManifest, _join, arrow_schema,
@@ -73,9 +73,12 @@ def _check_part(fs: pafs.FileSystem, base_path: str, table: str, rel: str, expor
         raise BadInput(f"export at {base_path!r}: {rel} is not a regular file")
     try:
         footer = read_footer(fs, path)
-    except (ValueError, OSError) as exc:  # pyarrow's ArrowInvalid is a ValueError: not Parquet, or cut short
+    except ValueError as exc:  # pyarrow's ArrowInvalid: not Parquet, or cut short
         raise BadInput(f"export at {base_path!r}: {rel} is not a readable Parquet file "
                        f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    except OSError as exc:  # the file or the link failed, not the export: a failure (exit 1), to try again
+        raise TieringError(f"export at {base_path!r}: {rel} could not be read "
+                           f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
     if footer.table is not None and footer.table != table:
         raise BadInput(f"export at {base_path!r}: {rel} holds table {footer.table[:80]!r}, not {table}")
     if export_id is not None and footer.export_id != export_id:

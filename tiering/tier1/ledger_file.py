@@ -146,7 +146,8 @@ def _recover_fd(fd: int, path: Path, discard_damaged: bool = False, has_row: boo
         if write and before_discard is not None:
             last = F.last_intact_after(fd, length, scan, path)
             if last is not None:
-                before_discard(DiscardPlan(len(scan.offsets), length - scan.end, last))
+                cut = length - scan.end - F.FRAME.size * (last - len(scan.offsets) + 1)
+                before_discard(DiscardPlan(len(scan.offsets), max(0, cut), last))
         if write:
             os.ftruncate(fd, scan.end)
             os.fsync(fd)
@@ -172,7 +173,9 @@ def would_recover(path: Path | str) -> RecoveryInfo:
 class DiscardPlan:
     """What `discard_damaged` cuts of an open file, told before the cut (`before_discard`)."""
     kept: int  # entries before the damage
-    cut_bytes: int  # bytes from the damage to the file's end
+    # payload bytes of the entries cut, as near as a damaged file tells: its bytes from the damage on less a
+    # frame's header per entry (retention counts a loss in payload bytes too)
+    payload_bytes: int
     last_intact: int | None  # the last intact entry after the damage (None: a torn tail, nothing intact cut)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tiering.config import Settings
 from tiering.tier2.encryption import install_encryption
+from tiering.tier2.stalls import install_deadlines
 
 
 def make_client(settings: Settings, max_pool_connections: int = 32):
@@ -43,6 +44,7 @@ def s3_client(*, endpoint_url: str | None, access_key: str | None, secret_key: s
     # (botocore wraps them in a BytesIO), so the checksum goes in a header as it does over http
     for op in ("PutObject", "UploadPart"):
         client.meta.events.register(f"before-call.s3.{op}", _checksum_in_header)
+    install_deadlines(client)  # a listing page dripping in never trips the read timeout (tier2/stalls.py)
     return client
 
 

@@ -3,7 +3,9 @@ link that passes a byte every few seconds keeps one GET alive for days and a rea
 `RangeStream` read of n bytes must end within the client's read timeout plus n at MIN_BODY_RATE; one watchdog
 thread per process shuts the socket of a read past its deadline, and the read takes that as a body broken
 off (it goes on from the byte reached with a new ranged GET, up to its retries, then fails with
-`BodyStalled`). A read that ends in time costs two dictionary operations."""
+`BodyStalled`). A read that ends in time costs two dictionary operations. The responses botocore reads whole
+and parses (listings) get the same deadline through `install_deadlines`; a late one fails the request, which
+botocore retries as it retries a broken connection."""
 from __future__ import annotations
 
 import logging
@@ -12,7 +14,8 @@ import threading
 import time
 from itertools import count
 
-from botocore.exceptions import BotoCoreError
+from botocore.exceptions import ConnectionClosedError, HTTPClientError, ReadTimeoutError
+from urllib3.exceptions import ProtocolError, ReadTimeoutError as URLLib3ReadTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +23,13 @@ MIN_BODY_RATE = 64 * 1024  # bytes per second a body must average, beyond the re
 _TICK = 0.25  # how often the watchdog looks
 
 
-class BodyStalled(BotoCoreError):
+class BodyStalled(HTTPClientError):  # an HTTPClientError: botocore's standard retries try a request again
     fmt = "the response body arrived slower than the read's deadline allows ({seconds:g} s for {size} bytes)"
+
+
+# the operations whose response botocore reads whole before parsing it, and which can be long: a listing page
+LISTINGS = ("ListObjectsV2", "ListObjects", "ListMultipartUploads", "ListParts")
+_LISTING_BYTES = 1 << 20  # a page's size when the response does not say (chunked): a thousand keys and more
 
 
 def deadline_seconds(s3, size: int) -> float:
@@ -69,10 +77,46 @@ class _Watchdog:
                 _shut(body)
 
 
+def install_deadlines(client) -> None:
+    """Give the responses of LISTINGS a deadline as RangeStream gives body reads: a `before-send` handler
+    sends the request through the client's own HTTP session (botocore's `_send`, which it then skips), asks
+    for the body unread, and reads it under the watchdog. The errors are the ones botocore's session raises
+    for the same failures, so its retries and error handling are unchanged."""
+    session = client._endpoint.http_session  # the session botocore sends every request of this client with
+
+    def send(request, **_):
+        wanted = request.stream_output
+        request.stream_output = True  # headers only: the body is read below, under a deadline
+        try:
+            response = session.send(request)
+        finally:
+            request.stream_output = wanted
+        size = int(response.headers.get("content-length") or _LISTING_BYTES)
+        seconds = deadline_seconds(client, size)
+        token = WATCHDOG.watch(response, seconds)
+        try:
+            response.content  # read and kept: botocore parses it from there
+        except URLLib3ReadTimeoutError as exc:
+            raise ReadTimeoutError(endpoint_url=request.url, error=exc) from None
+        except (ProtocolError, OSError) as exc:
+            if WATCHDOG.done(token):
+                raise BodyStalled(seconds=seconds, size=size) from None
+            raise ConnectionClosedError(error=exc, request=request, endpoint_url=request.url) from None
+        finally:
+            stalled = WATCHDOG.done(token)
+        if stalled:  # the socket was shut as the body ended: what came may be cut short
+            raise BodyStalled(seconds=seconds, size=size)
+        return response
+
+    for op in LISTINGS:
+        client.meta.events.register(f"before-send.s3.{op}", send)
+
+
 def _shut(body) -> None:
-    """Shut the socket under a botocore StreamingBody (urllib3's response, its connection's socket): the
-    blocked read returns at once, where closing the descriptor from another thread would not wake it."""
-    raw = getattr(body, "_raw_stream", None)
+    """Shut the socket under a botocore StreamingBody or AWSResponse (urllib3's response, its connection's
+    socket): the blocked read returns at once, where closing the descriptor from another thread would not
+    wake it."""
+    raw = getattr(body, "_raw_stream", None) or getattr(body, "raw", None)
     sock = getattr(getattr(raw, "connection", None), "sock", None)
     if sock is None:
         log.warning("a read past its deadline could not be stopped: no socket under its response")
