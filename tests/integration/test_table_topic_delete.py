@@ -5,6 +5,7 @@ maintenance), and a sync or maintenance finding the row gone does nothing. Real 
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -21,6 +22,29 @@ from tiering.tables.files import local_writer
 from tiering.tables.maintenance import maintain_topic
 from tiering.tables.sync import TableSync
 from tiering.writer import ManagedLedgerWriter
+
+
+@contextmanager
+def held_by_another_thread(lock, release_after: float):
+    """`lock` (a context manager taking a lock) taken by another thread before the block runs, and let go
+    `release_after` seconds later, while the block waits for it."""
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock as got:
+            if got is False:  # a try-lock refused
+                return
+            holding.set()
+            release.wait(60)
+
+    th = threading.Thread(target=hold)
+    th.start()
+    assert holding.wait(30), "the lock was not taken"
+    threading.Timer(release_after, release.set).start()
+    try:
+        yield
+    finally:
+        th.join(30)
 
 
 def rows_of(cat, identifier: str) -> list[tuple[int, int]]:
@@ -111,19 +135,8 @@ def test_a_sync_meeting_a_delete_s_step_waits_for_it_rather_than_report_another_
     is running", exit 0, though none was (and the delete could still fail, leaving the ledgers unsynced)."""
     sync = synced_topic(deps, settings, cat, "meet")
     state = TableRows(deps.meta.engine).get("meet")
-    held, release = threading.Event(), threading.Event()
-
-    def a_delete_step() -> None:
-        with quiet_for_delete(deps.meta.engine, "meet", state.topic_id, 5):
-            held.set()
-            release.wait(30)
-
-    th = threading.Thread(target=a_delete_step)
-    th.start()
-    assert held.wait(30)
-    threading.Timer(1.5, release.set).start()
-    r = sync.sync_topic(state, local_writer(deps, settings))  # the delete's step then failed: nothing deleted
-    th.join(30)
+    with held_by_another_thread(quiet_for_delete(deps.meta.engine, "meet", state.topic_id, 5), 1.5):
+        r = sync.sync_topic(state, local_writer(deps, settings))  # the delete's step then failed: nothing deleted
     assert r.status == "synced" and r.ledgers == [3, 4], (r.status, r.error)
 
 
@@ -131,20 +144,8 @@ def test_an_operator_at_a_terminal_is_told_the_delete_waits(deps, cli):
     """Waiting up to 10 minutes for a sync would look like a hang: on a terminal the delete says why, once."""
     produce(deps, "told", [entries("told0", 3, 20)])
     topic_id = deps.meta.get_topic("told").topic_id
-    holding, release = threading.Event(), threading.Event()
-
-    def sync_running():  # as a sync holds the table's lock for its run
-        with exclusive(deps.meta.engine, topic_id) as held:
-            assert held
-            holding.set()
-            release.wait(60)
-
-    th = threading.Thread(target=sync_running)
-    th.start()
-    assert holding.wait(30)
-    threading.Timer(3, release.set).start()
-    code, out, shown = _on_a_terminal(cli, "topic", "delete", "told", "--force")
-    th.join(30)
+    with held_by_another_thread(exclusive(deps.meta.engine, topic_id), 3):  # as a sync holds it for its run
+        code, out, shown = _on_a_terminal(cli, "topic", "delete", "told", "--force")
     assert code == 0 and b"deleted topic 'told'" in out
     assert shown.count(b"topic delete waits for a sync or maintenance of the Iceberg table of topic 'told' to "
                        b"end (up to 600 s)") == 1

@@ -9,7 +9,7 @@ import sys
 from tiering.cli import args as a
 from tiering.cli.context import Context
 from tiering.cli.output import (PAYLOAD_FORMATS, Output, document, gap_dict, iso, position_text, progress,
-                                warnings_after)
+                                subscription_at, warnings_after)
 from tiering.errors import BadInput
 from tiering.model import LedgerState
 from tiering.policy import check_within_ledger
@@ -226,9 +226,8 @@ def _read(ctx: Context, args, out: Output) -> int:
             elif now.position != last:
                 if not told_reset:  # said once: every later ack of this read finds it so, and leaves it too
                     sys.stderr.write(f"tiering: subscription {args.subscription!r} was reset to "
-                                     f"{position_text(now.position) or 'the start (nothing read)'} meanwhile; "
-                                     "left there (the entries printed "
-                                     "are read again from there)\n")
+                                     f"{subscription_at(now.position)} meanwhile; left there (the entries "
+                                     "printed are read again from there)\n")
                 told_reset = True
             else:
                 sub = now

@@ -159,6 +159,11 @@ def position_text(p) -> str | None:
     return None if p is None else str(p)
 
 
+def subscription_at(p) -> str:
+    """A subscription's position in a sentence: `L:E`, or the start when it has read nothing."""
+    return position_text(p) or "the start (nothing read)"
+
+
 def iso(t) -> str | None:
     """A timestamp as ISO 8601 in UTC with `Z` (None stays None): 2026-11-25T14:15:41.084535Z."""
     if t is None:

@@ -5,8 +5,7 @@ import argparse
 
 from tiering.cli import args as a
 from tiering.cli.context import Context
-from tiering.cli.output import Output, document, error, iso, position_text
-from tiering.errors import BadInput
+from tiering.cli.output import Output, document, error, iso, position_text, subscription_at
 
 
 def _start(text: str) -> str:
@@ -81,7 +80,7 @@ def _one(s) -> dict:
 
 
 def _at(s) -> str:
-    return position_text(s.position) or "the start (nothing read)"
+    return subscription_at(s.position)
 
 
 def cmd_subscription(ctx: Context, args, out: Output) -> int:
@@ -93,8 +92,6 @@ def cmd_subscription(ctx: Context, args, out: Output) -> int:
         out.result(document("subscription create", **_one(s)),
                    f"created subscription {s.name!r} of {s.topic!r} at {_at(s)}")
     elif cmd == "ack":
-        if args.position is None and not args.reset:
-            raise BadInput("earliest moves a subscription back to the topic's head: use --reset")
         s = ops.ack(ctx.deps, args.name, args.subscription, args.position, args.reset)
         out.result(document("subscription ack", **_one(s)), f"subscription {s.name!r} of {s.topic!r} at {_at(s)}")
     elif cmd == "list":

@@ -222,8 +222,13 @@ class Subscriptions:
             per_entry = payload_bytes / (last - kept + 1)
             lost = []
             for sub in subs:
-                read_to = sub.position.entry_id if sub.position and sub.position.ledger_id == ledger_id else \
-                    last if sub.position and sub.position.ledger_id > ledger_id else -1
+                at = sub.position
+                if at is None or at.ledger_id < ledger_id:
+                    read_to = -1  # nothing of the ledger read
+                elif at.ledger_id == ledger_id:
+                    read_to = at.entry_id
+                else:
+                    read_to = last  # past it: all of it read
                 unread = last - max(read_to, kept - 1)
                 moved = back if read_to >= kept else sub.position
                 if unread <= 0 and moved == sub.position:

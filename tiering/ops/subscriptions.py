@@ -107,9 +107,9 @@ def ack(deps: Deps, topic: str, name: str, position: Position | None, reset: boo
       or is another subscription of that name (deleted and created again) or gone: the reader's ack must not
       undo that. The first is left as it is (returned unchanged); the other two are a TieringError: what
       was printed is not acknowledged."""
-    if position is None:
-        if not reset or reader is not None:
-            raise BadInput("only a reset moves a subscription back to the topic's head")
+    if position is None:  # (a reader acks what it printed: never None)
+        if not reset:
+            raise BadInput("earliest moves a subscription back to the topic's head: use --reset")
         for _ in range(CAS_ATTEMPTS):
             try:
                 return deps.meta.subs.set_position(deps.meta.subs.get(topic, name), None)

@@ -15,7 +15,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.errors import CorruptObjectError, DataLossError
 from tiering.tier2.errors import NotFound, PreconditionFailed, ShortObject, bucket_unavailable, error_class, tier2_error
-from tiering.tier2.stalls import WATCHDOG, BodyStalled, deadline_seconds
+from tiering.tier2.stalls import read_within
 
 log = logging.getLogger(__name__)
 # how many times one read goes on after its body broke off mid-way (RangeStream, and get_range through it)
@@ -121,16 +121,10 @@ class RangeStream:
             raise ValueError(f"read of {n} bytes past the range's end ({self.left} left)")
         pieces, got = [], 0
         while got < n:
-            seconds = deadline_seconds(self.b.s3, n - got)
-            token = WATCHDOG.watch(self._body, seconds)
             try:
-                data = self._body.read(n - got)
+                data = read_within(self.b.s3, self._body, n - got, lambda: self._body.read(n - got))
             except (BotoCoreError, OSError) as exc:  # the connection broke mid-body (urllib3's errors are OSErrors)
-                stalled = WATCHDOG.done(token)
-                self._resume(BodyStalled(seconds=seconds, size=n - got) if stalled else exc)
-                continue
-            if WATCHDOG.done(token):  # its socket shut: what came is cut short, not the object's end
-                self._resume(BodyStalled(seconds=seconds, size=n - got))
+                self._resume(exc)  # BodyStalled (a BotoCoreError) too: the body came too slowly
                 continue
             if not data:
                 break

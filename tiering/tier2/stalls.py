@@ -38,6 +38,23 @@ def deadline_seconds(s3, size: int) -> float:
     return float(timeout) + size / MIN_BODY_RATE
 
 
+def read_within(s3, body, size: int, read):
+    """`read()` of `size` bytes of `body` (a response of client `s3`) under its deadline: what it returns, or
+    BodyStalled when the watchdog shut its socket meanwhile, whatever `read()` returned or raised then (a body
+    cut short by the shutdown is not the object's end)."""
+    seconds = deadline_seconds(s3, size)
+    token = WATCHDOG.watch(body, seconds)
+    try:
+        result = read()
+    except BaseException:
+        if WATCHDOG.done(token):
+            raise BodyStalled(seconds=seconds, size=size) from None
+        raise
+    if WATCHDOG.done(token):
+        raise BodyStalled(seconds=seconds, size=size)
+    return result
+
+
 class _Watchdog:
     def __init__(self):
         self._lock = threading.Lock()
@@ -92,20 +109,12 @@ def install_deadlines(client) -> None:
         finally:
             request.stream_output = wanted
         size = int(response.headers.get("content-length") or _LISTING_BYTES)
-        seconds = deadline_seconds(client, size)
-        token = WATCHDOG.watch(response, seconds)
         try:
-            response.content  # read and kept: botocore parses it from there
+            read_within(client, response, size, lambda: response.content)  # kept: botocore parses it from there
         except URLLib3ReadTimeoutError as exc:
             raise ReadTimeoutError(endpoint_url=request.url, error=exc) from None
         except (ProtocolError, OSError) as exc:
-            if WATCHDOG.done(token):
-                raise BodyStalled(seconds=seconds, size=size) from None
             raise ConnectionClosedError(error=exc, request=request, endpoint_url=request.url) from None
-        finally:
-            stalled = WATCHDOG.done(token)
-        if stalled:  # the socket was shut as the body ended: what came may be cut short
-            raise BodyStalled(seconds=seconds, size=size)
         return response
 
     for op in LISTINGS:
