@@ -376,3 +376,9 @@ def check_export_location(url: object, bucket: str | None = None, prefix: str | 
     elif parts.scheme != "file" and len(parts.scheme) > 1:
         raise BadInput(f"export location {url!r}: unsupported scheme {parts.scheme!r} (use s3:// or a path)")
     return url
+
+
+def preview_marks(dry_run: bool) -> dict:
+    """What a preview's output and its `job_run.details` carry besides its counts ({"dry_run": true}), the
+    CLI's and the pipeline's alike; nothing for a run."""
+    return {"dry_run": True} if dry_run else {}

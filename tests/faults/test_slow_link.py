@@ -39,6 +39,7 @@ class SlowLink:
         self.target, self.rate, self.delay = target, rate, delay
         self.loop = asyncio.new_event_loop()
         self._writers: set[asyncio.StreamWriter] = set()
+        self.held: list[bytes] = []  # hold_writes(): the request lines held so far
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
         self._thread.start()
@@ -76,12 +77,24 @@ class SlowLink:
         responses) arrives with its bits inverted, once: a fault of the link, not of the stored object."""
         self.flip_at, self.flips_left = at, connections
 
+    holding = False  # hold_writes()
+
+    def hold_writes(self, on: bool = True) -> None:
+        """From now on (until hold_writes(False)), a connection that carries a PUT or a POST never passes an
+        answer back from that request on: a write path black-holed while HEADs and GETs are answered."""
+        self.holding = on
+
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int | None = None,
                     other: asyncio.StreamWriter | None = None, flip: int | None = None,
-                    drip: int | None = None) -> None:
+                    drip: int | None = None, conn: dict | None = None, requests: bool = False) -> None:
         passed = 0
         try:
             while data := await reader.read(16 * KIB):
+                if requests and self.holding and data.startswith((b"PUT ", b"POST ")):
+                    conn["held"] = True  # set before the request goes on: its answer comes after
+                    self.held.append(data.split(b"\r\n", 1)[0])
+                if not requests and conn.get("held"):
+                    continue
                 if drip is not None and passed + len(data) > drip:
                     self.dripped += 1
                     for i in range(len(data)):
@@ -123,8 +136,9 @@ class SlowLink:
         if self.flips_left:
             self.flips_left -= 1
             flip = self.flip_at
-        await asyncio.gather(self._pipe(client_r, server_w),
-                             self._pipe(server_r, client_w, limit, server_w, flip, drip))
+        conn: dict = {}
+        await asyncio.gather(self._pipe(client_r, server_w, conn=conn, requests=True),
+                             self._pipe(server_r, client_w, limit, server_w, flip, drip, conn))
 
     @property
     def url(self) -> str:
@@ -139,6 +153,13 @@ class SlowLink:
 
     def stop(self) -> None:
         self.cut()
+
+        async def end_all():  # a held connection's pipes may still wait on the server
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(end_all(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
 
@@ -379,3 +400,40 @@ def test_a_listing_that_keeps_dripping_fails_in_bounded_time(link, s3_settings, 
     with pytest.raises(BotoCoreError, match="slower than the read's deadline"):
         list(list_objects(Bucket(client, bucket, "drip/")))
     assert time.monotonic() - started < 60  # five attempts of ~1 s, not the days a drip would take
+
+
+def test_writes_that_get_no_answer_cost_one_request_not_one_per_ledger(
+        link, s3_settings, db, bucket, tier1_root, monkeypatch):
+    """A write path black-holed while HEADs are answered: every request waits out its timeouts and retries
+    (about five minutes each with the default 60 s), and an offload went on to the next ledger because the
+    bucket answered its HEAD. The product's client pauses after one request timed out: the first ledger
+    fails, the others are not attempted, and once the link answers again a run offloads them all."""
+    from botocore.config import Config as BotoConfig
+
+    from tiering.tier2.client import s3_client
+
+    # the product's client with 1 s timeouts instead of 60 s (its retries and pause unchanged otherwise)
+    monkeypatch.setitem(BotoConfig.OPTION_DEFAULTS, "connect_timeout", 1)
+    monkeypatch.setitem(BotoConfig.OPTION_DEFAULTS, "read_timeout", 1)
+    over = link(rate=64 * 1024 * KIB, delay=0)
+    client = s3_client(endpoint_url=over.url, access_key=s3_settings["aws_access_key_id"],
+                       secret_key=s3_settings["aws_secret_access_key"], session_token=None,
+                       region=s3_settings["region_name"], ca_bundle=None)
+    deps = make_deps(db, client, bucket, tier1_root, offload_timeout=OFFLOAD_TIMEOUT)
+    expected = produce(deps, "hole", [entries(f"l{i}", 5, 1 * KIB) for i in range(3)], TopicPolicy(**BIG),
+                       open_tail=[b"tail"])
+    over.hold_writes()
+    report = offload_many(deps, deps.meta.list_ledgers("hole", [S.SEALED]))
+    assert not report.offloaded and sorted(report.failed) == [0, 1, 2], report
+    assert "ReadTimeoutError" in report.failed[0], report
+    assert all(report.failed[i].startswith("not attempted") for i in (1, 2)), report
+    held = {line.split()[1] for line in over.held}
+    assert len(held) == 1, f"held: {held}: one request's attempts, not one request per ledger"
+
+    over.hold_writes(False)
+    time.sleep(1.2)  # the pause (the read timeout) is over: the next request is sent
+    settle(db)
+    report = offload_many(deps, deps.meta.list_ledgers("hole", [S.SEALED]) + deps.meta.stale_offloads(OFFLOAD_TIMEOUT))
+    assert sorted(report.offloaded) == [0, 1, 2] and not report.failed, report
+    gc_all(deps)
+    check_invariants(deps, db, {"hole": expected})

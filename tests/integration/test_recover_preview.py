@@ -17,7 +17,7 @@ from tiering.model import LedgerState as S, TopicPolicy
 from tiering.ops.gc import preview_gc, run_gc
 from tiering.ops.offload import offload_many
 from tiering.ops.recover import recover_from_bucket
-from tiering.tier1.ledger_file import LedgerReader
+from tiering.tier1.ledger_reader import LedgerReader
 
 BIG = TopicPolicy(rollover_entries=10**9, rollover_bytes=2**40)
 

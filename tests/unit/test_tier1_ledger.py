@@ -275,14 +275,14 @@ def test_bad_magic_is_corrupt(tmp_path):
 def test_a_reader_opening_the_file_while_its_writer_seals_it(tmp_path, monkeypatch):
     """The reader takes the file's length, then its header: a seal landing in between (footer, then the
     sealed flag) must not make the open ledger's last frames read as a bad trailer."""
-    import tiering.tier1.ledger_file as ledger_file
+    import tiering.tier1.ledger_reader as ledger_reader
 
     path = tmp_path / "l.ledger"
     payloads = [payload(i) for i in range(5)]
     w = LedgerWriter(path)
     for p in payloads:
         w.append(p)
-    real_fstat = ledger_file.os.fstat
+    real_fstat = ledger_reader.os.fstat
 
     def fstat_then_seal(fd):
         got = real_fstat(fd)
@@ -290,7 +290,7 @@ def test_a_reader_opening_the_file_while_its_writer_seals_it(tmp_path, monkeypat
             w.seal()
         return got
 
-    monkeypatch.setattr(ledger_file.os, "fstat", fstat_then_seal)
+    monkeypatch.setattr(ledger_reader.os, "fstat", fstat_then_seal)
     with LedgerReader(path) as r:
         assert w.sealed and r.entry_count == 5
         assert [data for _, data in r.iter_entries(0, 4)] == payloads

@@ -7,7 +7,7 @@ import sys
 
 from tiering.argtypes import arg_type
 from tiering.model import (INT64_MAX, MAX_SECONDS, BadInt, Position, check_subscription_name, check_topic_name,
-                           parse_int)
+                           parse_int, preview_marks)
 from tiering.units import DURATION_HELP, SIZE_HELP, format_duration, format_size, parse_duration, parse_size
 
 EXIT_BAD_INPUT = 2
@@ -181,7 +181,7 @@ def dry_run_flag(p: argparse.ArgumentParser) -> None:
 
 def preview_fields(args) -> dict:
     """What a command's JSON document adds on a preview (`--dry-run`)."""
-    return {"dry_run": True} if getattr(args, "dry_run", False) else {}
+    return preview_marks(getattr(args, "dry_run", False))
 
 
 def would(args, text: str) -> str:

@@ -256,7 +256,7 @@ def cmd_topic(ctx: Context, args, out: Output) -> int:
         r = delete_topic(ctx.deps, args.name, args.force, args.dry_run, on_wait=waiting)
         result = document("topic delete", r.topic, subscriptions_deleted=r.subscriptions_deleted,
                           deleted_count=r.ledgers_deleted, bytes=r.bytes, files_removed_count=r.files_removed,
-                          finished_elsewhere=r.finished_elsewhere, **({"dry_run": True} if args.dry_run else {}))
+                          finished_elsewhere=r.finished_elsewhere, **a.preview_fields(args))
         what = (f"{r.ledgers_deleted} ledger(s) ({r.bytes} bytes), {r.files_removed} tier-1 file(s), "
                 f"{len(r.subscriptions_deleted)} subscription(s)")
         out.result(result, f"would delete topic {r.topic!r}: {what}; nothing written" if args.dry_run else

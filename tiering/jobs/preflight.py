@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from tiering.errors import BadInput
 from tiering.jobs.runner import planned_ledgers
-from tiering.jobs.spec import CHECKS, JOBS, preview_marks, run_job_name, spark_submit_args
+from tiering.jobs.spec import CHECKS, JOBS, run_job_name, spark_submit_args
 from tiering.metadata.job_runs import JobOutcome, JobRuns, RunRef
-from tiering.model import check_export_location, check_topic_name
+from tiering.model import check_export_location, check_topic_name, preview_marks
 
 @dataclass(frozen=True)
 class Preflight:

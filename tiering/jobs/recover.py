@@ -26,10 +26,10 @@ from tiering.config import Settings
 from tiering.errors import TieringError
 from tiering.format.keys import encode_topic, parse_key
 from tiering.jobs.runner import driver_job, executor_partition, fan_out, retried, spark_context, topic_arg
-from tiering.jobs.spec import int_arg, preview_marks, run_job_name
+from tiering.jobs.spec import int_arg, run_job_name
 from tiering.metadata import gc_sweep
 from tiering.metadata.job_runs import JobOutcome
-from tiering.model import TopicPolicy
+from tiering.model import TopicPolicy, preview_marks
 from tiering.ops.recover import RecoverReport, list_segment, recover_topic, recovery_guard, tier1_only_items
 from tiering.ops.recover_tier1 import topic_dirs
 from tiering.tier1 import topic_dir_name

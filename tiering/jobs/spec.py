@@ -89,11 +89,6 @@ def run_job_name(job: str, dry_run: bool) -> str:
     return f"{job}_dry_run" if dry_run else job
 
 
-def preview_marks(dry_run: bool) -> dict:
-    """What a preview's `job_run.details` carry besides its counts ({"dry_run": true}); nothing for a run."""
-    return {"dry_run": True} if dry_run else {}
-
-
 # every run parameter's check, in the order a parameter the job does not take is refused (position first)
 CHECKS = {"position": _check_position, "topic": check_topic_name, "dest": check_export_location,
           "check_pages": _check_switch, "max_bytes_per_second": _check_rate, "repair": _check_switch,

@@ -16,8 +16,9 @@ from typing import Callable
 from tiering.errors import LedgerStorageError
 from tiering.model import Ledger, LedgerState
 from tiering.tier1.frames import corrupt
-from tiering.tier1.ledger_file import (HEADER_GONE, DiscardPlan, LedgerFileExists, LedgerFileMissing, LedgerReader,
-                                       LedgerWriter, RecoveryInfo, fsync_dir, recover)
+from tiering.tier1.ledger_file import (HEADER_GONE, DiscardPlan, LedgerFileExists, LedgerFileMissing, LedgerWriter,
+                                       RecoveryInfo, fsync_dir, recover)
+from tiering.tier1.ledger_reader import LedgerReader
 from tiering.tier1.paths import LEDGER_FILE, ledger_id_of, ledger_path, topic_dir
 
 _CREATE_ATTEMPTS = 5

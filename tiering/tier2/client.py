@@ -4,6 +4,7 @@ settings older S3-compatible servers accept, and the server-side encryption ever
 from __future__ import annotations
 
 from tiering.config import Settings
+from tiering.tier2.breaker import install_breaker
 from tiering.tier2.encryption import install_encryption
 from tiering.tier2.stalls import install_deadlines
 
@@ -45,6 +46,7 @@ def s3_client(*, endpoint_url: str | None, access_key: str | None, secret_key: s
     for op in ("PutObject", "UploadPart"):
         client.meta.events.register(f"before-call.s3.{op}", _checksum_in_header)
     install_deadlines(client)  # a listing page dripping in never trips the read timeout (tier2/stalls.py)
+    install_breaker(client)  # a link that stopped answering costs one request's timeouts, not each one's
     return client
 
 

@@ -8,6 +8,7 @@ from botocore.exceptions import (BotoCoreError, ClientError, CredentialRetrieval
                                  PartialCredentialsError, SSLError)
 
 from tiering.errors import Tier2Error
+from tiering.tier2.breaker import RecentlyTimedOut
 
 
 class NotFound(Tier2Error):
@@ -80,6 +81,8 @@ def tier2_error(op: str, key: str, exc: BaseException) -> Tier2Error:
         cls, detail = NoCredentials, f"no usable S3 credentials ({type(exc).__name__}): {CREDENTIALS_HINT}"
     elif isinstance(exc, SSLError):
         cls, detail = TlsRefused, TLS_HINT
+    elif isinstance(exc, RecentlyTimedOut):
+        cls, detail = Unreachable, str(exc)  # its own sentence: why nothing was sent
     elif isinstance(exc, BotoCoreError):
         cls, detail = Unreachable, type(exc).__name__
     else:

@@ -15,6 +15,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tiering.errors import CorruptObjectError, DataLossError
 from tiering.tier2.errors import NotFound, PreconditionFailed, ShortObject, bucket_unavailable, error_class, tier2_error
+from tiering.tier2.breaker import gave_up
 from tiering.tier2.stalls import read_within
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,7 @@ class RangeStream:
     def _resume(self, exc: BaseException) -> None:
         self._body.close()
         if self.resumed == BODY_RETRIES:
+            gave_up(self.b.s3, exc)
             raise tier2_error("GET", self.key, exc) from None
         self.resumed += 1
         log.warning("GET of %r broke off at byte %d (%s); going on from there", self.key, self.start,
