@@ -113,6 +113,10 @@ VARIABLES: tuple[Variable, ...] = (
     _int_variable("offload_max_bytes_per_second", "TIERING_OFFLOAD_MAX_BYTES_PER_SECOND", 0, 0, INT64_MAX,
                   "upload rate limit of one offload process; a Spark offload job splits it across its tasks; "
                   "0: unlimited", unit="size"),
+    _int_variable("s3_timeout_seconds", "TIERING_S3_TIMEOUT_SECONDS", 60, 1, 3600,
+                  "how long an S3 request waits to connect, and for each byte of its answer, before it is tried "
+                  "again (5 tries); a request that timed out every time pauses its process's S3 requests this "
+                  "long", unit="duration"),
     Variable("TIERING_S3_SSE", "s3_sse", "none", "server-side encryption of every object written: none, AES256 "
              "(SSE-S3) or aws:kms (SSE-KMS)", lambda raw, var: _sse(raw), lambda v: None if v == "none" else v),
     Variable("TIERING_S3_SSE_KMS_KEY_ID", "s3_sse_kms_key_id", "unset", "the KMS key id, ARN or alias for "
@@ -188,6 +192,7 @@ class Settings:
     gc_delay_seconds: int = INTS["gc_delay_seconds"].default
     offload_batch_bytes: int = INTS["offload_batch_bytes"].default
     offload_max_bytes_per_second: int = INTS["offload_max_bytes_per_second"].default
+    s3_timeout_seconds: int = INTS["s3_timeout_seconds"].default
     s3_sse: str = "none"
     s3_sse_kms_key_id: str | None = None
     s3_sse_c_key_file: Path | None = None

@@ -402,24 +402,20 @@ def test_a_listing_that_keeps_dripping_fails_in_bounded_time(link, s3_settings, 
     assert time.monotonic() - started < 60  # five attempts of ~1 s, not the days a drip would take
 
 
-def test_writes_that_get_no_answer_cost_one_request_not_one_per_ledger(
-        link, s3_settings, db, bucket, tier1_root, monkeypatch):
+def test_writes_that_get_no_answer_cost_one_request_not_one_per_ledger(link, s3_settings, db, bucket, tier1_root):
     """A write path black-holed while HEADs are answered: every request waits out its timeouts and retries
     (about five minutes each with the default 60 s), and an offload went on to the next ledger because the
     bucket answered its HEAD. The product's client pauses after one request timed out: the first ledger
     fails, the others are not attempted, and once the link answers again a run offloads them all."""
-    from botocore.config import Config as BotoConfig
+    from tiering.config import Settings
+    from tiering.tier2.client import make_client
 
-    from tiering.tier2.client import s3_client
-
-    # the product's client with 1 s timeouts instead of 60 s (its retries and pause unchanged otherwise)
-    monkeypatch.setitem(BotoConfig.OPTION_DEFAULTS, "connect_timeout", 1)
-    monkeypatch.setitem(BotoConfig.OPTION_DEFAULTS, "read_timeout", 1)
     over = link(rate=64 * 1024 * KIB, delay=0)
-    client = s3_client(endpoint_url=over.url, access_key=s3_settings["aws_access_key_id"],
-                       secret_key=s3_settings["aws_secret_access_key"], session_token=None,
-                       region=s3_settings["region_name"], ca_bundle=None)
-    deps = make_deps(db, client, bucket, tier1_root, offload_timeout=OFFLOAD_TIMEOUT)
+    settings = Settings(database_url="postgresql://unused/unused", bucket=bucket, tier1_root=tier1_root,
+                        s3_endpoint_url=over.url, aws_access_key_id=s3_settings["aws_access_key_id"],
+                        aws_secret_access_key=s3_settings["aws_secret_access_key"],
+                        aws_region=s3_settings["region_name"], s3_timeout_seconds=1)  # the product's client, 1 s
+    deps = make_deps(db, make_client(settings), bucket, tier1_root, offload_timeout=OFFLOAD_TIMEOUT)
     expected = produce(deps, "hole", [entries(f"l{i}", 5, 1 * KIB) for i in range(3)], TopicPolicy(**BIG),
                        open_tail=[b"tail"])
     over.hold_writes()
@@ -431,7 +427,7 @@ def test_writes_that_get_no_answer_cost_one_request_not_one_per_ledger(
     assert len(held) == 1, f"held: {held}: one request's attempts, not one request per ledger"
 
     over.hold_writes(False)
-    time.sleep(1.2)  # the pause (the read timeout) is over: the next request is sent
+    time.sleep(1.2)  # the pause (TIERING_S3_TIMEOUT_SECONDS) is over: the next request is sent
     settle(db)
     report = offload_many(deps, deps.meta.list_ledgers("hole", [S.SEALED]) + deps.meta.stale_offloads(OFFLOAD_TIMEOUT))
     assert sorted(report.offloaded) == [0, 1, 2] and not report.failed, report

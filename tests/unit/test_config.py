@@ -43,6 +43,8 @@ def test_missing_variable_is_named(missing):
     ("TIERING_S3_ENDPOINT_URL", "http://127.0.0.1:99999"),  # failed as an unreachable endpoint (exit 1)
     ("AWS_DEFAULT_REGION", "bad region"),  # failed as "S3 is unreachable or misconfigured" (exit 1)
     ("AWS_DEFAULT_REGION", "-us"),
+    ("TIERING_S3_TIMEOUT_SECONDS", "0"),  # botocore would take 0 as "no timeout"
+    ("TIERING_S3_TIMEOUT_SECONDS", "2h"),
 ])
 def test_malformed_variable_is_named_without_its_value(var, value):
     with pytest.raises(ConfigError) as err:
@@ -257,3 +259,13 @@ def test_reuse_freed_buffers_keeps_freed_blocks_for_the_next_ones():
     assert run("default")[1] > 4 * 1000  # 4 x 8 MiB of 4 KiB pages faulted in again
     tuned, faults = run("tuned")
     assert tuned == "True" and faults < 100
+
+
+def test_the_s3_timeout_reaches_the_client():
+    from tiering.tier2.client import make_client
+
+    settings = Settings.from_env({**BASE, "TIERING_S3_TIMEOUT_SECONDS": "5s"})
+    config = make_client(settings).meta.config
+    assert settings.s3_timeout_seconds == 5 and (config.connect_timeout, config.read_timeout) == (5, 5)
+    config = make_client(Settings.from_env(BASE)).meta.config
+    assert (config.connect_timeout, config.read_timeout) == (60, 60)

@@ -16,15 +16,16 @@ def make_client(settings: Settings, max_pool_connections: int = 32):
         endpoint_url=settings.s3_endpoint_url, access_key=settings.aws_access_key_id,
         secret_key=settings.aws_secret_access_key, session_token=settings.aws_session_token,
         region=settings.aws_region, ca_bundle=str(settings.s3_ca_bundle) if settings.s3_ca_bundle else None,
-        max_pool_connections=max_pool_connections)
+        max_pool_connections=max_pool_connections, timeout_seconds=settings.s3_timeout_seconds)
     install_encryption(client, settings.s3_encryption, settings.s3_endpoint_url)
     return client
 
 
 def s3_client(*, endpoint_url: str | None, access_key: str | None, secret_key: str | None,
               session_token: str | None, region: str | None, ca_bundle: str | None,
-              max_pool_connections: int = 32):
-    """A boto3 S3 client with the product's retries and checksum settings, without encryption: what
+              max_pool_connections: int = 32, timeout_seconds: float = 60):
+    """A boto3 S3 client with the product's retries, timeouts (`timeout_seconds` to connect and for each byte
+    of an answer: TIERING_S3_TIMEOUT_SECONDS) and checksum settings, without encryption: what
     `make_client` builds on, and what the export uses for a conditional PUT beside pyarrow's own filesystem
     (its options give the endpoint and credentials; tier2/arrowfs.py)."""
     import boto3
@@ -38,6 +39,7 @@ def s3_client(*, endpoint_url: str | None, access_key: str | None, secret_key: s
         # checksums only when an operation requires them: older S3-compatible servers (Ceph RGW 16) neither
         # return nor verify the newer flexible checksums, and the readers check every page themselves
         config=Config(max_pool_connections=max_pool_connections, retries={"max_attempts": 5, "mode": "standard"},
+                      connect_timeout=timeout_seconds, read_timeout=timeout_seconds,
                       request_checksum_calculation="when_required", response_checksum_validation="when_required"),
     )
     # over https botocore sends a checksummed upload as `aws-chunked` with the checksum in a trailer and no
