@@ -196,3 +196,14 @@ def test_errors_have_one_prefix_and_repeated_flags_are_refused(cli, deps):
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert "trades that for speed" not in readme
     assert bucket_keys(deps) == set()
+
+
+def test_offload_status_text_shows_the_attempt_and_the_tier1_copy(cli):
+    cli("topic", "create", "os", "--offload-after", "0").ok()
+    cli("produce", "os", "--entries", "3", "--entry-size", "10", "--seal").ok()
+    cli("offload-by-age").ok()
+    header, row, *_ = cli("offload-status", "os").ok().stdout.splitlines()
+    assert header.split() == ["ledger", "state", "attempt", "offloaded_at", "tier1", "keys"]
+    doc = cli("offload-status", "os", "--json").ok().json["ledgers"][0]
+    assert row.split() == ["0", "OFFLOADED", doc["attempt"], doc["offloaded_at"], "yes", doc["data_key"],
+                           doc["index_key"]]

@@ -46,8 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("tiering: interrupted\n")
         return 130
-    except BrokenPipeError:  # the reader of our output went away: the work is not done (an --ack acked
-        _silence_stdout()     # nothing), so not a success; 128 + SIGPIPE, as a process SIGPIPE ended
+    except BrokenPipeError:  # the reader of our output went away: the work is not done (an --ack acks
+        _silence_stdout()     # nothing more), so not a success; 128 + SIGPIPE, as a process SIGPIPE ended
         return 141
     except Exception as exc:  # services down and the like: one line, no traceback, no secrets
         error(describe_failure(exc))

@@ -86,7 +86,7 @@ NOT_RECOVERED = ("subscriptions and their positions (recreate them: tiering subs
 
 
 def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
-    from tiering.ops.recover import recover_from_bucket
+    from tiering.ops.recover import recover_from_bucket, unnamed_dirs_error
 
     if args.check_pages and args.skip_page_check:
         raise BadInput("--check-pages and --skip-page-check contradict each other")
@@ -123,5 +123,8 @@ def cmd_recover_from_bucket(ctx: Context, args, out: Output) -> int:
                + f"; not recoverable from the bucket: {NOT_RECOVERED}"))
     if report.errors:
         error(f"{len(report.errors)} error(s); first: {report.errors[0]} (rerun to finish)")
+        return 1
+    if report.unnamed_tier1_dirs and not args.dry_run:
+        error(unnamed_dirs_error(report.unnamed_tier1_dirs))
         return 1
     return 0

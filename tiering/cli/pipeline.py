@@ -25,7 +25,7 @@ def register(sub) -> None:
     op.add_argument("--all-sealed", action="store_true", help="instead of L:E: every sealed ledger")
     a.dry_run_flag(op)
     a.json_flag(op)
-    ost = sub.add_parser("offload-status", help="per ledger: state, attempt, offloaded time, keys")
+    ost = sub.add_parser("offload-status", help="per ledger: state, attempt, offloaded time, tier-1 copy, keys")
     ost.set_defaults(handler=cmd_offload_status)
     a.name(ost)
     a.json_flag(ost)
@@ -136,9 +136,11 @@ def cmd_offload_by(ctx: Context, args, out: Output) -> int:
 
 
 def _offload_table(rows: list[dict]):
-    yield f"{'ledger':>8} {'state':<11} {'offloaded_at':<32} keys"
+    yield f"{'ledger':>8} {'state':<11} {'attempt':<36} {'offloaded_at':<32} {'tier1':<5} keys"
     for r in rows:
-        yield f"{r['ledger']:>8} {r['state']:<11} {str(r['offloaded_at'] or '-'):<32} {r['data_key'] or '-'}"
+        keys = f"{r['data_key']} {r['index_key']}" if r["data_key"] else "-"
+        yield (f"{r['ledger']:>8} {r['state']:<11} {r['attempt'] or '-':<36} {str(r['offloaded_at'] or '-'):<32} "
+               f"{'yes' if r['tier1_present'] else 'no':<5} {keys}")
 
 
 def cmd_offload_status(ctx: Context, args, out: Output) -> int:

@@ -29,8 +29,10 @@ from tiering.jobs.runner import driver_job, executor_partition, fan_out, retried
 from tiering.jobs.spec import int_arg, run_job_name
 from tiering.metadata import gc_sweep
 from tiering.metadata.job_runs import JobOutcome
+from tiering.metadata.recovery import topic_names
 from tiering.model import TopicPolicy, preview_marks
-from tiering.ops.recover import RecoverReport, list_segment, recover_topic, recovery_guard, tier1_only_items
+from tiering.ops.recover import (RecoverReport, list_segment, recover_topic, recovery_guard, tier1_only_items,
+                                 unnamed_dirs_error)
 from tiering.ops.recover_tier1 import topic_dirs
 from tiering.tier1 import topic_dir_name
 from tiering.tier1.marker import root_token
@@ -55,13 +57,17 @@ def _plan(deps, args) -> tuple[list[dict], list[str]]:
     if args.topic:
         return [{"segment": encode_topic(args.topic), "topic": args.topic}], []
     items, seen = [], set()
+    known = topic_names(deps.meta.engine)
+    by_segment = {encode_topic(n): n for n in known}
     for segment in topic_segments(deps.bucket):
         items.append({"segment": segment})
         parsed = parse_key(deps.bucket.prefix, f"{deps.bucket.prefix}{segment}/x-ledger-0")
-        if parsed is not None and parsed.topic is not None:  # not hashed: its name is known now
-            seen.add(topic_dir_name(parsed.topic))
+        # not hashed, or a topic metadata knows: its name is known now, and its directory is this item's
+        name = parsed.topic if parsed is not None and parsed.topic is not None else by_segment.get(segment)
+        if name is not None:
+            seen.add(topic_dir_name(name))
     unnamed = RecoverReport()
-    items += tier1_only_items(topic_dirs(deps.tier1), seen, unnamed)
+    items += tier1_only_items(topic_dirs(deps.tier1), seen, unnamed, known=known)
     return items, unnamed.unnamed_tier1_dirs
 
 
@@ -144,7 +150,10 @@ def _run(deps, args, settings: Settings, outcome: JobOutcome) -> None:
             _add(outcome.details, p)
             names += p["topics"]
     covered = {topic_dir_name(n) for n in names}
-    outcome.details["unnamed_tier1_dirs"] = [d for d in unnamed if d not in covered][:SHOWN]
+    left = [d for d in unnamed if d not in covered]
+    outcome.details["unnamed_tier1_dirs"] = left[:SHOWN]
+    if left and not args.dry_run:  # their ledgers are not in metadata: the run did not finish
+        outcome.add(JobOutcome(items_failed=len(left), errors=[unnamed_dirs_error(left)]))
 
 
 def main(argv=None) -> int:

@@ -76,6 +76,12 @@ class RestoredTopic:
     moved: list[int] = field(default_factory=list)
 
 
+def topic_names(engine: Engine) -> list[str]:
+    """Every topic's name: what names a tier-1 directory whose own name is cut (a long topic's)."""
+    with engine.connect() as conn:
+        return list(conn.execute(select(topic_t.c.name)).scalars())
+
+
 def known_ledgers(engine: Engine, name: str) -> dict[int, tuple[str, bool]]:
     """{ledger id: (state, tier1_present)} of the topic's rows ({} when the topic does not exist): recovery
     leaves these alone, and must not seal the tier-1 file of a ledger the database has (it may be open)."""

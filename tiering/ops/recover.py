@@ -59,7 +59,7 @@ from tiering.format.merged import split_indexes
 from tiering.format.metadata import last_ledger_of
 from tiering.metadata import gc_sweep
 from tiering.metadata.recovery import (MAX_LOST_ROWS, AdoptedLedger, RecoveredLedger, gaps, known_ledgers, lost_ledger,
-                                       restore_topic)
+                                       restore_topic, topic_names)
 from tiering.model import Chunk, TopicPolicy
 from tiering.ops.recover_merged import merged_offsets
 from tiering.ops.recover_tier1 import Tier1Scan, scan_topic, topic_dirs, topic_of_dir
@@ -115,6 +115,15 @@ class RecoverReport:
         self.objects_listed += other.objects_listed
         self.foreign_objects += other.foreign_objects
         self.without_page_index += other.without_page_index
+
+
+def unnamed_dirs_error(dirs: list[str]) -> str:
+    """Why a recovery that met tier-1 directories it could not name did not finish: a long topic's directory
+    name holds a cut of its name and a hash, which cannot be read back; its ledgers come back only with the
+    name given (`--topic NAME`), as nothing else holds it once metadata is gone."""
+    shown = ", ".join(dirs[:3]) + (f" and {len(dirs) - 3} more" if len(dirs) > 3 else "")
+    return (f"{len(dirs)} tier-1 director{'y' if len(dirs) == 1 else 'ies'} not recovered: {shown} (a long topic "
+            f"name is cut in its directory's name; recover each by its name: recover-from-bucket --topic NAME)")
 
 
 @dataclass(frozen=True)
@@ -222,7 +231,7 @@ def _recover(engine, bucket: Bucket, topic: str | None, policy: TopicPolicy, con
         if tier1 is not None:  # topics only tier 1 knows (never offloaded, or the bucket lost them)
             seen = {topic_dir_name(t) for t in report.topics}
             dirs = [topic_dir_name(topic)] if topic is not None else topic_dirs(tier1)
-            for item in tier1_only_items(dirs, seen, report, topic):
+            for item in tier1_only_items(dirs, seen, report, topic, () if topic is not None else topic_names(engine)):
                 submit(_Listed(item["segment"]), item["topic"])
             while pending:
                 pending.popleft().result()
@@ -231,14 +240,16 @@ def _recover(engine, bucket: Bucket, topic: str | None, policy: TopicPolicy, con
 
 
 def tier1_only_items(dirs: Iterable[str], seen: set[str], report: RecoverReport,
-                     topic: str | None = None) -> list[dict]:
+                     topic: str | None = None, known: Iterable[str] = ()) -> list[dict]:
     """Items of the tier-1 directories no bucket topic covered: a topic name decoded from the directory
-    name, or reported in `unnamed_tier1_dirs` when the name cannot be decoded (a long topic's cut name)."""
+    name, or, for a long topic's cut name, the name of a topic metadata knows (`known`) whose directory it is;
+    else reported in `unnamed_tier1_dirs`."""
+    named = {topic_dir_name(n): n for n in known}
     items = []
     for d in dirs:
         if d in seen:
             continue
-        name = topic if topic is not None else topic_of_dir(d)
+        name = topic if topic is not None else topic_of_dir(d) or named.get(d)
         if name is None:
             report.unnamed_tier1_dirs.append(d)
         else:
