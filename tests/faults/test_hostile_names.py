@@ -19,7 +19,7 @@ from tiering.errors import BadInput
 from tiering.format.keys import data_key, encode_topic, index_key, parse_key
 from tiering.model import MAX_LEDGER_ID, LedgerState as S, TopicPolicy
 from tiering.ops.offload import offload_many
-from tiering.tier1.paths import LEDGER_FILE
+from tiering.tier1.paths import LEDGER_FILE, NAME_FILE, topic_dir_name
 
 NAMES = [
     "../", "/", "..", ".", "../../../../../../tmp/escaped", "a/../../b", "..\\..\\win",
@@ -48,7 +48,10 @@ def test_hostile_names_stay_inside_the_tier1_root_and_the_bucket_prefix(deps, db
         assert not path.is_symlink() and path.is_dir() and Path(os.path.realpath(path)).parent == root
         assert d not in (".", "..") and len(d.encode()) <= 255
         for f in os.listdir(path):
-            assert LEDGER_FILE.match(f) and (path / f).is_file() and not (path / f).is_symlink()
+            assert LEDGER_FILE.match(f) or f == NAME_FILE, f  # a long name's whole name, beside its ledgers
+            assert (path / f).is_file() and not (path / f).is_symlink()
+            if f == NAME_FILE:
+                assert topic_dir_name((path / f).read_bytes().decode()) == d
     assert not Path("/tmp/escaped").exists() and not (tmp_path.parent / "b").exists()
 
     # tier 2: every key under the prefix, exactly one segment for the topic, mapping back to the name

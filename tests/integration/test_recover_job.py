@@ -15,9 +15,10 @@ from tiering.model import LedgerState as S, TopicPolicy
 from tiering.ops.offload import offload_many
 from tiering.tier1 import topic_dir_name
 from tiering.tier1.marker import MARKER, root_token
+from tiering.tier1.paths import NAME_FILE
 
 LONG = "L" * 250  # its key segment is hashed, its tier-1 directory name cut: only its index names it
-LONG_T1 = "M" * 250  # never offloaded: nothing can name it
+LONG_T1 = "M" * 250  # never offloaded: only the name beside its ledgers names it
 
 
 def lose_metadata(db) -> None:
@@ -40,6 +41,8 @@ def states(deps, name):
 
 def test_plan_and_partitions_recover_every_topic_and_report_the_unnamed_directory(deps, db, settings):
     world(deps)
+    for name in (LONG, LONG_T1):  # directories made before tier 1 wrote a long topic's name beside its ledgers
+        (deps.tier1.root / topic_dir_name(name) / NAME_FILE).unlink()
     lose_metadata(db)
     items, unnamed = job._plan(deps, Namespace(topic=None))
     assert sorted(i["segment"] for i in items) == sorted([encode_topic("a"), encode_topic(LONG),
@@ -82,3 +85,13 @@ def test_an_executor_on_another_tier1_root_fails_its_topics_with_the_marker_mess
     assert part["done"] == 0 and part["failed"] == len(items) == 1
     assert str(elsewhere / MARKER) in part["errors"][0] and "not the driver's" in part["errors"][0]
     assert deps.meta.list_topics() == []  # nothing recovered without tier 1
+
+
+def test_the_plan_names_long_topics_by_the_name_beside_their_ledgers_once_each(deps, db):
+    world(deps)
+    lose_metadata(db)
+    items, unnamed = job._plan(deps, Namespace(topic=None))
+    assert unnamed == []
+    # LONG once (its bucket item covers its tier 1 too), LONG_T1 by its name file
+    assert sorted(i["segment"] for i in items) == sorted(encode_topic(n) for n in ("a", LONG, "b/tier 1 only", LONG_T1))
+    assert [i.get("topic") for i in items if i["segment"] == encode_topic(LONG_T1)] == [LONG_T1]

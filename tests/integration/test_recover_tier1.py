@@ -312,27 +312,34 @@ def test_check_pages_reports_a_damaged_tier1_file_instead_of_adopting_it(cli, db
     assert [r[0] for r in rows(cli("status", "dm", "--json"))] == [0]
 
 
-def test_a_long_tier1_only_topic_is_not_recovered_silently(cli, db):
-    """A long topic's directory name holds a cut of its name and a hash: a recovery that cannot name the
-    directory must not exit 0 as if it had recovered everything. It names the directory and the way back
-    (--topic NAME); once the topic is known to metadata, a plain run names the directory by it."""
-    long = "ä" * 300
-    cli("topic", "create", "--", long).ok()
-    cli("produce", "--entries", "2", "--entry-size", "5", "--seal", "--", long).ok()
-    cli("produce", "--entries", "2", "--entry-size", "5", "--", long).ok()  # an open ledger too
+
+def test_a_long_tier1_only_topic_comes_back_by_the_name_beside_its_ledgers(cli, db, tier1_root):
+    """A long topic's directory name holds a cut of its name and a hash: tier 1 writes the whole name beside
+    its ledgers, and a recovery reads it from there. A directory without it (made before tier 1 wrote one)
+    is not recovered silently: the run exits 1 naming it and the way back (--topic NAME); once the topic is
+    known to metadata, a plain run names the directory by it."""
+    from tiering.tier1.paths import NAME_FILE, topic_dir
+
+    long, other = "ä" * 300, "ö" * 300
+    for name in (long, other):
+        cli("topic", "create", "--", name).ok()
+        cli("produce", "--entries", "2", "--entry-size", "5", "--seal", "--", name).ok()
+        cli("produce", "--entries", "2", "--entry-size", "5", "--", name).ok()  # an open ledger too
+    assert (topic_dir(tier1_root, long) / NAME_FILE).read_bytes() == long.encode()
+    (topic_dir(tier1_root, other) / NAME_FILE).unlink()  # as a directory made before the name was written
     lose_metadata(cli, db)
 
-    preview = cli("recover-from-bucket", "--dry-run", "--json")  # a preview says it, and did nothing
-    assert preview.ok().json_lines[0]["unnamed_tier1_dirs"] != []
+    preview = cli("recover-from-bucket", "--dry-run", "--json").ok().json_lines[0]  # a preview: exit 0
+    assert preview["unnamed_tier1_dirs"] == [topic_dir(tier1_root, other).name]
     failed = cli("recover-from-bucket", "--json")
     msg = failed.one_line_error(1)
     assert "1 tier-1 directory not recovered" in msg and "--topic NAME" in msg, msg
-    assert failed.json_lines[0]["unnamed_tier1_dirs"] == [
-        d for d in failed.json_lines[0]["unnamed_tier1_dirs"] if d.endswith(tuple("0123456789abcdef"))]
-    assert cli("topic", "list", "--json").ok().json["topics"] == []
+    assert failed.json_lines[0]["unnamed_tier1_dirs"] == [topic_dir(tier1_root, other).name]
+    assert [t["topic"] for t in cli("topic", "list", "--json").ok().json["topics"]] == [long]  # by its file
 
-    rec = cli("recover-from-bucket", "--topic", long, "--json").ok().json_lines[0]
+    rec = cli("recover-from-bucket", "--topic", other, "--json").ok().json_lines[0]
     assert rec["tier1_adopted_count"] == 2 and rec["unnamed_tier1_dirs"] == []
-    again = cli("recover-from-bucket", "--json").ok().json_lines[0]  # the topic names its directory now
+    again = cli("recover-from-bucket", "--json").ok().json_lines[0]  # metadata names its directory now
     assert again["unnamed_tier1_dirs"] == [] and again["tier1_adopted_count"] == 0
-    assert cli("produce", "--entries", "1", "--entry-size", "5", "--", long).ok().stdout == "2:0\n"
+    for name in (long, other):
+        assert cli("produce", "--entries", "1", "--entry-size", "5", "--", name).ok().stdout == "2:0\n"

@@ -136,3 +136,51 @@ def test_create_races_with_delete_of_the_empty_topic_dir(store):
         t.join()
     assert errors == []
     assert store.ledger_ids("t") == []
+
+
+LONG = "ä" * 300  # its directory's name holds a cut of it
+
+
+def test_a_long_topic_s_name_is_written_beside_its_ledgers_and_goes_with_its_directory(store):
+    from tiering.ops.recover_tier1 import topic_of_dir
+    from tiering.tier1.paths import NAME_FILE
+
+    for topic in ("short", LONG):
+        store.create_ledger(topic, 0).close()
+    assert sorted(os.listdir(topic_dir(store.root, "short"))) == ["00000000000000000000.ledger"]
+    long_dir = topic_dir(store.root, LONG)
+    assert (long_dir / NAME_FILE).read_bytes() == LONG.encode() and store.ledger_ids(LONG) == [0]
+    assert topic_of_dir(long_dir.name) is None and topic_of_dir(long_dir.name, store) == LONG
+    assert topic_of_dir(topic_dir(store.root, "short").name, store) == "short"
+
+    (long_dir / NAME_FILE).write_bytes(b"something else")  # damaged: written again by the next ledger
+    assert topic_of_dir(long_dir.name, store) is None  # it does not make this directory's name
+    store.create_ledger(LONG, 1).close()
+    assert topic_of_dir(long_dir.name, store) == LONG
+
+    for lid in (0, 1):
+        store.delete(LONG, lid)
+    store.remove_topic_dir(LONG)  # the topic's deletion: its name goes with the directory
+    assert not long_dir.exists()
+
+
+@pytest.mark.parametrize("plant", ["fifo", "huge", "not utf-8", "directory", "symlink"])
+def test_a_name_file_that_is_not_a_name_names_nothing_and_never_blocks(store, tmp_path, plant):
+    from tiering.ops.recover_tier1 import topic_of_dir
+    from tiering.tier1.paths import NAME_FILE
+
+    store.create_ledger(LONG, 0).close()
+    path = topic_dir(store.root, LONG) / NAME_FILE
+    path.unlink()
+    if plant == "fifo":
+        os.mkfifo(path)
+    elif plant == "huge":
+        path.write_bytes(LONG.encode() * 100)
+    elif plant == "not utf-8":
+        path.write_bytes(b"\xff" * 10)
+    elif plant == "directory":
+        path.mkdir()
+    else:
+        (tmp_path / "elsewhere").write_bytes(LONG.encode())
+        path.symlink_to(tmp_path / "elsewhere")
+    assert topic_of_dir(path.parent.name, store) is None

@@ -67,7 +67,10 @@ def _plan(deps, args) -> tuple[list[dict], list[str]]:
         if name is not None:
             seen.add(topic_dir_name(name))
     unnamed = RecoverReport()
-    items += tier1_only_items(topic_dirs(deps.tier1), seen, unnamed, known=known)
+    segments = {item["segment"] for item in items}
+    # a long topic the bucket holds, named by its directory's name file: its bucket item covers its tier 1
+    items += [item for item in tier1_only_items(topic_dirs(deps.tier1), seen, unnamed, known=known, tier1=deps.tier1)
+              if item["segment"] not in segments]
     return items, unnamed.unnamed_tier1_dirs
 
 

@@ -64,6 +64,7 @@ from tiering.model import Chunk, TopicPolicy
 from tiering.ops.recover_merged import merged_offsets
 from tiering.ops.recover_tier1 import Tier1Scan, scan_topic, topic_dirs, topic_of_dir
 from tiering.tier1 import Tier1Store, topic_dir_name
+from tiering.tier1.paths import NAME_FILE
 from tiering.tier2.listing import segment_objects
 from tiering.tier2.markers import read_trim_marker
 from tiering.tier2.objects import Bucket, get_range, list_objects, object_head, object_metadata
@@ -119,11 +120,12 @@ class RecoverReport:
 
 def unnamed_dirs_error(dirs: list[str]) -> str:
     """Why a recovery that met tier-1 directories it could not name did not finish: a long topic's directory
-    name holds a cut of its name and a hash, which cannot be read back; its ledgers come back only with the
-    name given (`--topic NAME`), as nothing else holds it once metadata is gone."""
+    name holds a cut of its name and a hash, which cannot be read back; without its name file (a directory
+    made before tier 1 wrote one, or the file lost) its ledgers come back only with the name given."""
     shown = ", ".join(dirs[:3]) + (f" and {len(dirs) - 3} more" if len(dirs) > 3 else "")
-    return (f"{len(dirs)} tier-1 director{'y' if len(dirs) == 1 else 'ies'} not recovered: {shown} (a long topic "
-            f"name is cut in its directory's name; recover each by its name: recover-from-bucket --topic NAME)")
+    return (f"{len(dirs)} tier-1 director{'y' if len(dirs) == 1 else 'ies'} not recovered: {shown} (a long topic's "
+            f"name is cut in its directory's name, and no {NAME_FILE} file there holds it whole: recover each by "
+            f"its name, recover-from-bucket --topic NAME)")
 
 
 @dataclass(frozen=True)
@@ -231,7 +233,8 @@ def _recover(engine, bucket: Bucket, topic: str | None, policy: TopicPolicy, con
         if tier1 is not None:  # topics only tier 1 knows (never offloaded, or the bucket lost them)
             seen = {topic_dir_name(t) for t in report.topics}
             dirs = [topic_dir_name(topic)] if topic is not None else topic_dirs(tier1)
-            for item in tier1_only_items(dirs, seen, report, topic, () if topic is not None else topic_names(engine)):
+            for item in tier1_only_items(dirs, seen, report, topic, () if topic is not None else topic_names(engine),
+                                         tier1):
                 submit(_Listed(item["segment"]), item["topic"])
             while pending:
                 pending.popleft().result()
@@ -239,17 +242,17 @@ def _recover(engine, bucket: Bucket, topic: str | None, policy: TopicPolicy, con
     return report
 
 
-def tier1_only_items(dirs: Iterable[str], seen: set[str], report: RecoverReport,
-                     topic: str | None = None, known: Iterable[str] = ()) -> list[dict]:
+def tier1_only_items(dirs: Iterable[str], seen: set[str], report: RecoverReport, topic: str | None = None,
+                     known: Iterable[str] = (), tier1: Tier1Store | None = None) -> list[dict]:
     """Items of the tier-1 directories no bucket topic covered: a topic name decoded from the directory
-    name, or, for a long topic's cut name, the name of a topic metadata knows (`known`) whose directory it is;
-    else reported in `unnamed_tier1_dirs`."""
+    name, or, for a long topic's cut name, the name `tier1` recorded in the directory or the name of a topic
+    metadata knows (`known`) whose directory it is; else reported in `unnamed_tier1_dirs`."""
     named = {topic_dir_name(n): n for n in known}
     items = []
     for d in dirs:
         if d in seen:
             continue
-        name = topic if topic is not None else topic_of_dir(d) or named.get(d)
+        name = topic if topic is not None else topic_of_dir(d, tier1) or named.get(d)
         if name is None:
             report.unnamed_tier1_dirs.append(d)
         else:

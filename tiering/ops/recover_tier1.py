@@ -61,20 +61,30 @@ class Tier1Scan:
         return set(self.ledgers)
 
 
-def topic_of_dir(name: str) -> str | None:
-    """The topic whose tier-1 directory is `name`, when the name holds it whole (its encoding fits the
-    directory name's readable part); None for a cut name (a long topic) or a name tier 1 did not make."""
+def topic_of_dir(name: str, tier1: Tier1Store | None = None) -> str | None:
+    """The topic whose tier-1 directory is `name`: read from the name when it holds it whole (its encoding
+    fits the directory name's readable part), else from the name `tier1` recorded in the directory (a long
+    topic's, written beside its first ledger); either only if it makes exactly that directory name. None
+    for a name tier 1 did not make, or a long topic's directory without its name file."""
     m = _DIR_NAME.match(name)
     if m is None:
         return None
     try:
         topic = unquote(m["encoded"], errors="strict")
     except UnicodeDecodeError:
-        return None
+        topic = None
+    if topic and _makes(topic, name):
+        return topic
+    topic = tier1.recorded_name(name) if tier1 is not None else None
+    return topic if topic and _makes(topic, name) else None
+
+
+def _makes(topic: str, name: str) -> bool:
     try:
-        return topic if topic and topic_dir_name(topic) == name else None
+        return topic_dir_name(topic) == name
     except TieringError:
-        return None
+        return False
+
 
 
 def topic_dirs(tier1: Tier1Store) -> list[str]:

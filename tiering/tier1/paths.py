@@ -43,6 +43,17 @@ def _topic_bytes(topic: object) -> bytes:
         raise BadInput(f"topic name {topic!r} is not valid Unicode") from None
 
 
+# A long topic's whole name, beside its ledgers: its directory's name holds a cut of it, which a recovery
+# without metadata cannot read back (recover_tier1.topic_of_dir reads this file then, and checks it)
+NAME_FILE = "topic.name"
+NAME_FILE_MAX = 8192  # bytes: more than a topic name's UTF-8 can take (check_topic_name)
+
+
+def name_fits(topic: str) -> bool:
+    """Whether `topic_dir_name(topic)` holds the topic's whole name (its encoding fits the readable part)."""
+    return sum(1 if byte in _SAFE else 3 for byte in _topic_bytes(topic)) <= _PREFIX_CHARS
+
+
 def topic_dir_name(topic: str) -> str:
     """The directory name (one path component) of `topic`."""
     raw = _topic_bytes(topic)

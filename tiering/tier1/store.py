@@ -19,7 +19,8 @@ from tiering.tier1.frames import corrupt
 from tiering.tier1.ledger_file import (HEADER_GONE, DiscardPlan, LedgerFileExists, LedgerFileMissing, LedgerWriter,
                                        RecoveryInfo, fsync_dir, recover)
 from tiering.tier1.ledger_reader import LedgerReader
-from tiering.tier1.paths import LEDGER_FILE, ledger_id_of, ledger_path, topic_dir
+from tiering.tier1.paths import (LEDGER_FILE, NAME_FILE, NAME_FILE_MAX, ledger_id_of, ledger_path, name_fits,
+                                 topic_dir)
 
 _CREATE_ATTEMPTS = 5
 RETIRED_SUFFIX = ".retired"
@@ -46,6 +47,8 @@ class Tier1Store:
         path = self.path(topic, ledger_id)
         for _ in range(_CREATE_ATTEMPTS):
             self._ensure_dir(path.parent)
+            if not name_fits(topic):
+                self._record_name(path.parent, topic)
             try:
                 return LedgerWriter(path)
             except LedgerFileMissing:
@@ -178,11 +181,62 @@ class Tier1Store:
             pass
         return True
 
+    def _record_name(self, directory: Path, topic: str) -> None:
+        """Write the topic's name to NAME_FILE in its directory unless it is there already: atomically (a
+        temporary file renamed over it) and durably, before the topic's first ledger is."""
+        data, path = topic.encode("utf-8"), directory / NAME_FILE
+        try:
+            with open(path, "rb") as f:
+                if f.read(len(data) + 1) == data:
+                    return
+        except FileNotFoundError:
+            pass  # also: the directory was removed meanwhile; the ledger's creation then makes it again
+        except OSError:
+            pass  # not readable as a file (a directory in its place): the rename below replaces it or fails
+        tmp = directory / (NAME_FILE + ".tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            try:
+                os.write(fd, data)  # under NAME_FILE_MAX: one write of a regular file takes it whole
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except FileNotFoundError:
+            return  # the directory was removed meanwhile: the ledger's creation makes it again and comes back
+        except OSError as exc:
+            raise LedgerStorageError(f"cannot record the topic's name in {directory}/{NAME_FILE}: "
+                                     f"{exc.strerror or type(exc).__name__}") from None
+        fsync_dir(directory)
+
+    def recorded_name(self, dir_name: str) -> str | None:
+        """The name recorded in the directory `dir_name` under the root (a long topic's NAME_FILE), if it is a
+        regular file of UTF-8 of a plausible length; whether it is that directory's topic is the caller's to
+        check."""
+        try:
+            fd = os.open(self.root / dir_name / NAME_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except (OSError, ValueError):
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO would block a read, a device answer anything
+            os.close(fd)
+            return None
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(NAME_FILE_MAX + 1)
+        try:
+            return data.decode("utf-8") if 0 < len(data) <= NAME_FILE_MAX else None
+        except UnicodeDecodeError:
+            return None
+
     def remove_topic_dir(self, topic: str) -> None:
         """Remove the topic's directory once it is empty (the topic's deletion, after its last copy). Removing a
         ledger's copy leaves it: whether a root holds a topic is how a copy removed by hand is told from a
         wrong mount, and that must not change when a run is killed after removing the other copies."""
         directory = topic_dir(self.root, topic)
+        for name in (NAME_FILE, NAME_FILE + ".tmp"):  # a long topic's name goes with its directory
+            try:
+                self._unlink(directory / name)
+            except LedgerStorageError:
+                pass  # something else in its place: left, and the directory with it (as below)
         try:
             directory.rmdir()
         except FileNotFoundError:
