@@ -77,12 +77,16 @@ class SlowLink:
         responses) arrives with its bits inverted, once: a fault of the link, not of the stored object."""
         self.flip_at, self.flips_left = at, connections
 
-    holding = False  # hold_writes()
+    holding = None  # hold(): which request lines get no answer
+
+    def hold(self, lines=None) -> None:
+        """From now on (until hold(None)), a connection that carries a request whose first line `lines` takes
+        never passes an answer back from that request on."""
+        self.holding = lines
 
     def hold_writes(self, on: bool = True) -> None:
-        """From now on (until hold_writes(False)), a connection that carries a PUT or a POST never passes an
-        answer back from that request on: a write path black-holed while HEADs and GETs are answered."""
-        self.holding = on
+        """A write path black-holed while HEADs and GETs are answered: PUTs and POSTs get no answer."""
+        self.hold((lambda line: line.startswith((b"PUT ", b"POST "))) if on else None)
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int | None = None,
                     other: asyncio.StreamWriter | None = None, flip: int | None = None,
@@ -90,9 +94,10 @@ class SlowLink:
         passed = 0
         try:
             while data := await reader.read(16 * KIB):
-                if requests and self.holding and data.startswith((b"PUT ", b"POST ")):
+                line = data.split(b"\r\n", 1)[0]
+                if requests and self.holding is not None and line[:1].isupper() and self.holding(line):
                     conn["held"] = True  # set before the request goes on: its answer comes after
-                    self.held.append(data.split(b"\r\n", 1)[0])
+                    self.held.append(line)
                 if not requests and conn.get("held"):
                     continue
                 if drip is not None and passed + len(data) > drip:
@@ -433,3 +438,41 @@ def test_writes_that_get_no_answer_cost_one_request_not_one_per_ledger(link, s3_
     assert sorted(report.offloaded) == [0, 1, 2] and not report.failed, report
     gc_all(deps)
     check_invariants(deps, db, {"hole": expected})
+
+
+def test_one_object_that_gets_no_answer_fails_alone_while_the_rest_are_answered(
+        link, s3_settings, db, bucket, tier1_root):
+    """The pause after a timeout is for a link that stopped answering, not for one stuck object (a placement
+    group that is not active blocks only the objects mapped to it): while other requests of the client get
+    answers, the stuck one fails alone and the next read of another object goes out."""
+    from tiering.config import Settings
+    from tiering.tier2.client import make_client
+
+    over = link(rate=64 * 1024 * KIB, delay=0)
+    settings = Settings(database_url="postgresql://unused/unused", bucket=bucket, tier1_root=tier1_root,
+                        s3_endpoint_url=over.url, aws_access_key_id=s3_settings["aws_access_key_id"],
+                        aws_secret_access_key=s3_settings["aws_secret_access_key"],
+                        aws_region=s3_settings["region_name"], s3_timeout_seconds=1)
+    deps = make_deps(db, make_client(settings), bucket, tier1_root, offload_timeout=OFFLOAD_TIMEOUT)
+    expected = produce(deps, "one", [entries("a", 5, 1 * KIB), entries("b", 5, 1 * KIB)], TopicPolicy(**BIG),
+                       open_tail=[b"tail"])
+    offload_many(deps, deps.meta.list_ledgers("one", [S.SEALED]))
+    stuck, fine = (deps.meta.get_ledger("one", i) for i in (0, 1))
+    stuck_key = deps.meta.get_chunk(stuck).data_key.rsplit("/", 1)[1].encode()
+    over.hold(lambda line: line.startswith(b"GET ") and stuck_key + b" " in line)  # its data object's GETs
+    stop = threading.Event()
+
+    def others_answered():  # the rest of the process's traffic, answered all along
+        while not stop.wait(0.2):
+            deps.bucket.s3.head_bucket(Bucket=bucket)
+    beside = threading.Thread(target=others_answered, daemon=True)
+    beside.start()
+    try:
+        with pytest.raises(Tier2Error, match="ReadTimeoutError"):
+            dict(tier2_opener(deps.bucket)(stuck, deps.meta.get_chunk(stuck)).iter_entries(0, 4))
+        got = dict(tier2_opener(deps.bucket)(fine, deps.meta.get_chunk(fine)).iter_entries(0, 4))
+    finally:
+        stop.set()
+        beside.join(10)
+    assert got == {e: v for (lid, e), v in expected.items() if lid == 1}
+    assert over.held, "nothing held: the test tested nothing"

@@ -173,3 +173,19 @@ def test_a_topic_made_again_without_ledgers_ends_at_its_next_ledger(cli, deps):
     assert "beyond the end" in cli("offload-prefix", "r", "3:1").one_line_error(2)
     cli("produce", "r", "--entries", "4", "--entry-size", "10").ok()
     assert [row["ledger"] for row in cli("read", "r", "--from", "0:0", "--json").ok().json_lines] == [3] * 4
+
+
+def test_read_ack_acknowledges_what_it_printed_before_tier2_failed(cli, tier1_root):
+    """A read meeting a ledger it cannot get (its tier-1 copy gone by hand, tier 2 down) fails; what it printed
+    before was delivered and is acknowledged (it was re-delivered, up to a thousand entries each time)."""
+    from tiering.tier1 import ledger_path
+
+    cli("topic", "create", "ak", "--rollover-entries", "2").ok()
+    cli("produce", "ak", "--entries", "7", "--entry-size", "10").ok()  # ledgers 0-2 sealed, 3 open
+    cli("subscription", "create", "ak", "r", "--from", "earliest").ok()
+    cli("offload-prefix", "ak", "--all-sealed").ok()
+    ledger_path(tier1_root, "ak", 2).unlink()  # ledger 2 now only in tier 2, which is down below
+    res = cli("read", "ak", "--subscription", "r", "--ack", env={"TIERING_S3_ENDPOINT_URL": "http://127.0.0.1:9"})
+    assert "S3 " in res.one_line_error(1) and len(res.stdout.splitlines()) == 4
+    [sub] = cli("subscription", "list", "ak", "--json").ok().json["subscriptions"]
+    assert sub["position"] == "1:1"

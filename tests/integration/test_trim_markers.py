@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 from tests.integration.helpers import bucket_keys
+from tests.integration.test_cli import cli, read_data  # noqa: F401 - the fixture
 from tests.integration.test_export_recover import new_database  # noqa: F401  (extra databases)
 from tests.integration.test_sweep_guards import _offloaded_topics
 from tiering.format.keys import trim_marker_key
@@ -113,3 +114,43 @@ def test_two_runs_moving_the_marker_at_once_never_move_it_back(deps, monkeypatch
     assert not faster[0].is_alive()
     assert read_trim_marker(deps.bucket, "m") == 4
     assert deps.meta.planning.trim_point("m") == (4, 4)
+
+
+def test_a_trim_whose_marker_cannot_be_written_reports_what_it_deleted(cli):  # noqa: F811
+    """The trim commits, then its marker's PUT fails (tier 2 down): the run reported nothing deleted (the
+    marker's error replaced its report), so no run ever said which ledgers went and which subscription lost
+    unread entries. Now the deletion and the loss are reported beside the failed marker (exit 1), the tier-1
+    copies wait for the marker, and the next run with tier 2 back writes it and removes them."""
+    down = {"TIERING_S3_ENDPOINT_URL": "http://127.0.0.1:9"}  # nothing listens: refused at once
+    for name in ("tt", "tr"):
+        cli("topic", "create", name, "--rollover-entries", "2").ok()
+        cli("produce", name, "--entries", "7", "--entry-size", "10").ok()  # ledgers 0-2 sealed, 3 open
+        cli("subscription", "create", name, "s", "--from", "earliest").ok()
+
+    res = cli("truncate", "tt", "2:0", "--force", "--json", env=down)
+    assert "trim marker not written" in res.one_line_error(1)
+    doc = res.json
+    assert doc["deleted_count"] == 2 and doc["files_removed_count"] == 0
+    assert [(u["subscription"], u["entry_count"]) for u in doc["unread_deleted"]] == [("s", 4)]
+    assert [(f["topic"], f["ledger"]) for f in doc["failed"]] == [("tt", None)]
+
+    cli("topic", "set", "tr", "--max-retention-size", "30").ok()  # a ceiling below what the topic holds
+    res = cli("retention", "--topic", "tr", "--json", env=down)
+    assert "trim marker not written" in res.one_line_error(1)
+    gone = res.json["deleted_count"]
+    assert gone >= 1 and [u["entry_count"] for u in res.json["unread_deleted"]] == [2 * gone]
+
+    healed = cli("retention", "--json").ok().json  # tier 2 is back: the markers, then the copies
+    assert healed["deleted_count"] == 0 and healed["files_removed_count"] == 2 + gone and healed["failed"] == []
+    assert min(read_data(cli("read", "tt", "--json"))) == (2, 0)
+    assert min(read_data(cli("read", "tr", "--json"))) == (gone, 0)
+
+
+def test_a_topic_delete_whose_marker_cannot_be_written_says_what_it_did_and_finishes_on_a_rerun(cli):  # noqa: F811
+    cli("topic", "create", "td", "--rollover-entries", "2").ok()
+    cli("produce", "td", "--entries", "5", "--entry-size", "10").ok()
+    msg = cli("topic", "delete", "td", env={"TIERING_S3_ENDPOINT_URL": "http://127.0.0.1:9"}).one_line_error(1)
+    assert "3 ledger(s) deleted by this run, but its trim marker was not written" in msg, msg
+    assert "run the delete again" in msg
+    cli("topic", "delete", "td").ok()
+    assert cli("topic", "list", "--json").ok().json["topics"] == []

@@ -31,6 +31,22 @@ def test_what_fails_fast_anyway_does_not_pause_it(exc):
     breaker.check()
 
 
+def test_a_timeout_while_other_requests_are_answered_pauses_nothing():
+    breaker = _Breaker(pause=60)
+    breaker.answered()  # another request got an answer within the pause: the server answers
+    breaker.timed_out(ReadTimeoutError(endpoint_url="http://s3"))
+    breaker.check()
+
+
+def test_an_answer_during_the_pause_ends_it():
+    breaker = _Breaker(pause=60)
+    breaker.timed_out(ReadTimeoutError(endpoint_url="http://s3"))
+    with pytest.raises(RecentlyTimedOut):
+        breaker.check()
+    breaker.answered()  # a request sent before the pause got its answer
+    breaker.check()
+
+
 def test_the_pause_ends():
     breaker = _Breaker(pause=0.0)
     breaker.timed_out(ReadTimeoutError(endpoint_url="http://s3"))

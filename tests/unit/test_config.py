@@ -269,3 +269,14 @@ def test_the_s3_timeout_reaches_the_client():
     assert settings.s3_timeout_seconds == 5 and (config.connect_timeout, config.read_timeout) == (5, 5)
     config = make_client(Settings.from_env(BASE)).meta.config
     assert (config.connect_timeout, config.read_timeout) == (60, 60)
+
+
+def test_the_s3_timeout_reaches_the_export_s_filesystem_and_its_boto3_requests():
+    from tiering.tier2.arrowfs import _client_of, s3_filesystem
+
+    settings = Settings.from_env({**BASE, "TIERING_S3_TIMEOUT_SECONDS": "7"})
+    fs = s3_filesystem(settings, region="us-east-1", endpoint_override="127.0.0.1:9", scheme="http")
+    options = fs.__reduce__()[1][0]
+    assert (options["connect_timeout"], options["request_timeout"]) == (7, 7)
+    config = _client_of(fs).meta.config  # the manifest's conditional PUT, the listing of uploads
+    assert (config.connect_timeout, config.read_timeout) == (7, 7)

@@ -10,7 +10,7 @@ from tiering.cli import args as a
 from tiering.cli.context import Context
 from tiering.cli.output import (PAYLOAD_FORMATS, Output, document, gap_dict, iso, position_text, progress,
                                 subscription_at, warnings_after)
-from tiering.errors import BadInput
+from tiering.errors import BadInput, TieringError
 from tiering.model import LedgerState
 from tiering.policy import check_within_ledger
 
@@ -255,6 +255,12 @@ def _read(ctx: Context, args, out: Output) -> int:
             raise DataLossError(f"{exc}; subscription {args.subscription!r} left "
                                 f"{'at ' + str(held) if held is not None else 'before the first entry'} (`tiering repair` may "
                                 f"bring the entries back; `tiering subscription ack` past them gives them up)") from None
+        raise
+    except TieringError:
+        try:  # what was printed before the failure (tier 2 down, say) was delivered: not delivered again
+            ack_printed()
+        except TieringError:
+            pass  # the failure to report is the read's; unacknowledged, the entries are delivered again
         raise
     ack_printed()
     return 0

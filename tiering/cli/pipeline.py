@@ -237,10 +237,17 @@ def cmd_truncate(ctx: Context, args, out: Output) -> int:
         return 0
     out.result(result, f"truncated {args.name!r} before {args.position}: deleted {len(report.deleted)} ledger(s) "
                        f"({report.bytes} bytes), removed {report.files_removed} tier-1 file(s){_queued(report)}"
-                       + _losses(report)
-                       + (f"; {len(report.failed)} tier-1 cop(ies) not removed" if report.failed else ""))
-    # a copy it could not remove is planned work not done, as in retention: the next retention run removes it
-    return exit_failed(result["failed"], "ledger(s)")
+                       + _losses(report) + _truncate_failures(report))
+    # a copy it could not remove, or the trim marker not written, is planned work not done, as in retention:
+    # the next retention run finishes it
+    return exit_failed(result["failed"], "ledger(s)" if all(ledger is not None for _, ledger, _ in report.failed)
+                       else "step(s)")
+
+
+def _truncate_failures(report) -> str:
+    copies = sum(1 for _, ledger, _ in report.failed if ledger is not None)
+    return ("; the trim marker not written" if len(report.failed) > copies else "") + \
+        (f"; {copies} tier-1 cop(ies) not removed" if copies else "")
 
 
 # --------------------------------------------------------------------------------------------- defrag, gc

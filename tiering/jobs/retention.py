@@ -25,10 +25,11 @@ def plan(deps, args) -> list[dict]:
 def work(deps, item) -> tuple[int, bool]:
     # decided again under the topic's locks: the freshest view wins (the marker and leftover copies too)
     report = apply_retention(deps, item["topic"])
-    if report.failed:  # the item fails (its deletion is committed; the next run removes the copies left)
+    if report.failed:  # the item fails (its deletion is committed; the next run finishes the marker and copies)
         _, ledger_id, error = report.failed[0]
-        raise LedgerStorageError(f"{len(report.failed)} tier-1 cop(ies) of topic {item['topic']!r} not removed; "
-                                 f"first, ledger {ledger_id}: {error}")
+        what = f"ledger {ledger_id}'s tier-1 copy" if ledger_id is not None else "the trim marker"
+        raise LedgerStorageError(f"topic {item['topic']!r}: {len(report.deleted)} ledger(s) deleted, then "
+                                 f"{len(report.failed)} step(s) not done; first, {what}: {error}")
     return report.bytes, not report.deleted and not report.files_removed
 
 

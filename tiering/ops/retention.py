@@ -98,9 +98,20 @@ def _loss_item(topic: str, subscription: str, entries: int, size: int, first: Po
 def _finish(deps: Deps, topic: str, trim: TrimResult) -> RetentionReport:
     """After the trim's commit: the marker, then the tier-1 copies, each on its own (a copy that cannot be
     removed is in `failed`; the deletion it follows is committed and reported all the same), then the renamed
-    files a run killed between recording a copy's deletion and removing the file left."""
+    files a run killed between recording a copy's deletion and removing the file left. A marker that cannot
+    be written (tier 2 down) is in `failed` too, beside the committed deletion it follows; the copies then
+    stay for the next run, which writes the marker first (a recovery from the bucket reads the trim point
+    there, so files go only once it is written)."""
     report = _report(topic, trim)
-    _move_trim_marker(deps, topic)
+    try:
+        _move_trim_marker(deps, topic)
+    except TieringError as exc:
+        if isinstance(exc, BadInput):
+            raise
+        log.warning("trim marker of topic %r not written: %s", topic, exc)
+        report.failed.append((topic, None, f"trim marker not written (the deletion is committed; the next run "
+                                           f"writes it and removes the tier-1 copies): {exc}"))
+        return report
     report.files_removed, failed = delete_deleted_copies(deps, topic)
     report.failed += [(topic, ledger_id, str(exc)) for ledger_id, exc in failed]
     sweep_tombstones(deps, [topic])

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from tiering.errors import (BadInput, ConditionalUpdateFailed, LedgerStorageError, TieringError, TopicNotFound,
-                            TopicReplaced)
+from tiering.errors import (BadInput, ConditionalUpdateFailed, LedgerStorageError, Tier2Error, TieringError,
+                            TopicNotFound, TopicReplaced)
 from tiering.model import Ledger, LedgerState, Topic, TopicPolicy
 from tiering.ops.context import Deps
 from tiering.ops.delete_lagged import delete_deleted_copies, leftover_copies, sweep_tombstones
@@ -119,7 +119,11 @@ def _delete_steps(deps: Deps, t: Topic, force: bool, done: TopicDeleteReport,
     _remove_unclaimed_files(deps, name, now.next_ledger_id)
     deps.tier1.remove_topic_dir(name)  # empty now; killed before the finish below, the rerun has no copy left
     with deps.meta.planning.marker_lock(name):  # a retention run's marker never lands over this one
-        record_trim(deps.bucket, name, now.next_ledger_id)
+        try:
+            record_trim(deps.bucket, name, now.next_ledger_id)
+        except Tier2Error as exc:  # what is deleted stays deleted: said, and how to finish
+            raise Tier2Error(f"topic {name!r}: {done.ledgers_deleted} ledger(s) deleted by this run, but its trim marker "
+                             f"was not written ({exc}); run the delete again to finish") from None
     done.next_ledger_id = deps.meta.trims.finish_topic_delete(name, now.next_ledger_id, force, late,
                                                               t.topic_id).next_ledger_id
     return done

@@ -33,6 +33,9 @@ def s3_filesystem(settings: Settings | None, **kwargs) -> pafs.FileSystem:
     if settings is None or not settings.s3_encryption.enabled:
         if settings is not None and settings.s3_ca_bundle is not None:
             kwargs.setdefault("tls_ca_file_path", str(settings.s3_ca_bundle))
+        if settings is not None:  # TIERING_S3_TIMEOUT_SECONDS, as the boto3 clients have it (not the SDK's 1 s/3 s)
+            kwargs.setdefault("connect_timeout", settings.s3_timeout_seconds)
+            kwargs.setdefault("request_timeout", settings.s3_timeout_seconds)
         aws_sdk_checksums_when_required()
         return pafs.S3FileSystem(**kwargs)
     changes = {}
@@ -87,7 +90,8 @@ def _client_like(fs: pafs.FileSystem):
         endpoint_url=f"{o['scheme']}://{o['endpoint_override']}" if o.get("endpoint_override") else None,
         access_key=o.get("access_key") or None, secret_key=o.get("secret_key") or None,
         session_token=o.get("session_token") or None, region=o.get("region") or None,
-        ca_bundle=o.get("tls_ca_file_path") or None, max_pool_connections=1)
+        ca_bundle=o.get("tls_ca_file_path") or None, max_pool_connections=1,
+        timeout_seconds=o["request_timeout"] if (o.get("request_timeout") or 0) > 0 else 60)
 
 
 def _split(path: str) -> tuple[str, str]:

@@ -7,8 +7,11 @@ request waits, the rest fail within milliseconds with a line that says why, and 
 reports the ledgers it did not attempt). Once the pause is over the next request is sent again: a link that
 came back is used at once.
 
-Only timeouts trip it (the connection, the first byte of an answer, or a body past its deadline): a refused
-connection or an error answer fails fast anyway, and a server that answers is not down."""
+Only timeouts trip it (the connection, the first byte of an answer, or a body past its deadline), and only
+when no other request of the client got an answer for as long: a refused connection or an error answer fails
+fast anyway, and a server that answers is not down (one stuck object, on a placement group that is not
+active, say, fails alone while the requests around it are answered). An answer that arrives during the
+pause (a request sent before it) ends it."""
 from __future__ import annotations
 
 import threading
@@ -33,11 +36,18 @@ class _Breaker:
         self._lock = threading.Lock()
         self._since: float | None = None
         self._cause = ""
+        self._answered: float | None = None  # when a request of the client last got an answer
+
+    def answered(self) -> None:
+        with self._lock:
+            self._answered, self._since = time.monotonic(), None
 
     def timed_out(self, exc: BaseException) -> None:
         if isinstance(exc, TIMEOUTS):
+            now = time.monotonic()
             with self._lock:
-                self._since, self._cause = time.monotonic(), type(exc).__name__
+                if self._answered is None or now - self._answered >= self.pause:
+                    self._since, self._cause = now, type(exc).__name__
 
     def check(self) -> None:
         with self._lock:
@@ -51,10 +61,12 @@ class _Breaker:
 
 def install_breaker(client) -> None:
     """Trip on a request of `client` that ended in a timeout after botocore's retries (`after-call-error`,
-    which comes once they are spent); while tripped, refuse its requests before they are signed or sent
-    (`before-call`). Also `gave_up(client, exc)` for a body read that gave up on its own retries."""
+    which comes once they are spent) when no answer came for as long (`after-call`: any HTTP answer, an
+    error's too); while tripped, refuse its requests before they are signed or sent (`before-call`). Also
+    `gave_up(client, exc)` for a body read that gave up on its own retries."""
     breaker = _Breaker(float(client.meta.config.read_timeout or 60))
     client._tiering_breaker = breaker
+    client.meta.events.register("after-call.s3", lambda **_: breaker.answered())
     client.meta.events.register("after-call-error.s3", lambda exception, **_: breaker.timed_out(exception))
     client.meta.events.register("before-call.s3", lambda **_: breaker.check())
 
