@@ -1,3 +1,3 @@
-from tiering.cli.main import main
+from tiering.cli.main import entry
 
-raise SystemExit(main())
+entry()

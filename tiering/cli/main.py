@@ -54,6 +54,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def entry() -> None:
+    """The `tiering` command: main(), then exit with its status. Interrupted (130), it exits at once: Python's
+    own exit would first wait for every worker thread still inside a request (an upload's part on a link
+    that stopped answering: its retries, minutes), and what those threads were doing is left as a killed
+    process leaves it, which every operation takes up on its next run."""
+    code = main()
+    if code == 130:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    raise SystemExit(code)
+
+
 def refuse_non_utf8(argv: Sequence[str]) -> None:
     """Bytes that are not UTF-8 reach us as lone surrogates (surrogateescape), which fail only later when
     encoded (a path, a seed, a SQL parameter) with exit 1: refuse them as bad input first. The argument is

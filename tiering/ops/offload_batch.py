@@ -99,6 +99,10 @@ def offload_batch(deps: Deps, leds: Sequence[Ledger], hook: StepHook = None,
                      for led, p in zip(started, uploaded.ledgers)]
             return deps.meta.complete_offload_batch(items, attempt)
         except BaseException as exc:
+            if not isinstance(exc, Exception):
+                # interrupted: undone as a killed attempt is (its lock goes with the process: taken over at
+                # once), without the requests an undo makes, which a link that stopped answering would hold
+                raise
             if claim.may_have_landed():  # else nothing is in metadata and nothing was shown: upload aborted
                 _undo(deps, leds, attempt, keys)
             elif isinstance(exc, Exception) and (refused := claim.refusal()) is not exc:

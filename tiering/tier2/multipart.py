@@ -217,6 +217,13 @@ class MultipartUpload:
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None and not isinstance(exc, Exception):
+            # interrupted (Ctrl-C): no waiting for parts in flight or for an abort, which on a link that stopped
+            # answering would hold the interrupt for their retries; the upload is left as a killed process
+            # leaves it (its key is queued: GC's sweep of stale uploads aborts it)
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            return
         try:
             if exc is not None or not self._finished:
                 self._abort()
