@@ -2,6 +2,8 @@
 lasts, and that it is per client. Through a real link that stops answering: tests/faults/test_slow_link.py."""
 from __future__ import annotations
 
+import time
+
 import boto3
 import pytest
 from botocore.config import Config
@@ -18,7 +20,7 @@ from tiering.tier2.stalls import BodyStalled
 def test_a_timeout_pauses_the_client(exc):
     breaker = _Breaker(pause=60)
     breaker.check()
-    breaker.timed_out(exc)
+    breaker.timed_out(exc, time.monotonic())
     with pytest.raises(RecentlyTimedOut, match=f"timed out 0 s ago \\({type(exc).__name__} after all retries\\)"):
         breaker.check()
 
@@ -27,20 +29,29 @@ def test_a_timeout_pauses_the_client(exc):
                                  Tier2Error("answered 500")])
 def test_what_fails_fast_anyway_does_not_pause_it(exc):
     breaker = _Breaker(pause=60)
-    breaker.timed_out(exc)
+    breaker.timed_out(exc, time.monotonic())
     breaker.check()
 
 
 def test_a_timeout_while_other_requests_are_answered_pauses_nothing():
     breaker = _Breaker(pause=60)
-    breaker.answered()  # another request got an answer within the pause: the server answers
-    breaker.timed_out(ReadTimeoutError(endpoint_url="http://s3"))
+    sent = time.monotonic()
+    breaker.answered()  # another request got an answer after this one was sent: the server answers
+    breaker.timed_out(ReadTimeoutError(endpoint_url="http://s3"), sent)
     breaker.check()
+
+
+def test_answers_before_a_request_was_sent_do_not_keep_its_timeout_from_pausing():
+    breaker = _Breaker(pause=60)
+    breaker.answered()  # the HEAD of the bucket, then the PUT that gets no answer
+    breaker.timed_out(ReadTimeoutError(endpoint_url="http://s3"), time.monotonic() + 1e-6)
+    with pytest.raises(RecentlyTimedOut):
+        breaker.check()
 
 
 def test_an_answer_during_the_pause_ends_it():
     breaker = _Breaker(pause=60)
-    breaker.timed_out(ReadTimeoutError(endpoint_url="http://s3"))
+    breaker.timed_out(ReadTimeoutError(endpoint_url="http://s3"), time.monotonic())
     with pytest.raises(RecentlyTimedOut):
         breaker.check()
     breaker.answered()  # a request sent before the pause got its answer
@@ -49,7 +60,7 @@ def test_an_answer_during_the_pause_ends_it():
 
 def test_the_pause_ends():
     breaker = _Breaker(pause=0.0)
-    breaker.timed_out(ReadTimeoutError(endpoint_url="http://s3"))
+    breaker.timed_out(ReadTimeoutError(endpoint_url="http://s3"), time.monotonic())
     breaker.check()  # a pause of 0 s is over at once: the next request is sent
 
 
@@ -58,7 +69,7 @@ def test_a_paused_request_is_unsent_and_says_why_in_one_line():
                           aws_secret_access_key="wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", region_name="us-east-1",
                           config=Config(retries={"max_attempts": 1}))
     install_breaker(client)
-    gave_up(client, BodyStalled(seconds=1, size=1))  # a body read that gave up trips it as a request would
+    gave_up(client, BodyStalled(seconds=1, size=1), time.monotonic())  # a body read that gave up trips it as a request would
     with pytest.raises(RecentlyTimedOut) as raised:
         client.head_bucket(Bucket="b")  # port 9 would refuse: nothing was sent
     error = tier2_error("HEAD", "b", raised.value)
@@ -74,9 +85,9 @@ def test_each_client_has_its_own_pause():
         install_breaker(made)
         return made
     tripped, other = client(), client()
-    gave_up(tripped, ReadTimeoutError(endpoint_url="http://s3"))
+    gave_up(tripped, ReadTimeoutError(endpoint_url="http://s3"), time.monotonic())
     with pytest.raises(RecentlyTimedOut):
         tripped.head_bucket(Bucket="b")
     with pytest.raises(EndpointConnectionError):  # sent, and refused: not paused by the other client's timeout
         other.head_bucket(Bucket="b")
-    gave_up(boto3.client("s3", region_name="us-east-1"), ReadTimeoutError(endpoint_url="http://s3"))  # no breaker: nothing
+    gave_up(boto3.client("s3", region_name="us-east-1"), ReadTimeoutError(endpoint_url="http://s3"), 0.0)  # no breaker: nothing

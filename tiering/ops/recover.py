@@ -210,10 +210,14 @@ def _recover(engine, bucket: Bucket, topic: str | None, policy: TopicPolicy, con
     only = encode_topic(topic) if topic is not None else None
     prefix = bucket.prefix + (only + "/" if only is not None else "")
 
+    unread: set[str] = set()  # segments whose recovery failed: what the bucket holds of them is not known
+
     def one(listed: _Listed, name: str | None = None) -> None:
         part = recover_topic(engine, bucket, listed, policy, reads, check_pages, tier1, name, dry_run)
         with lock:
             report.merge(part)
+            if part.errors:
+                unread.add(listed.segment)
 
     listing = RecoverReport()  # counted by this thread only; merged at the end
     with ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="recover-read") as reads, \
@@ -235,7 +239,10 @@ def _recover(engine, bucket: Bucket, topic: str | None, policy: TopicPolicy, con
             dirs = [topic_dir_name(topic)] if topic is not None else topic_dirs(tier1)
             for item in tier1_only_items(dirs, seen, report, topic, () if topic is not None else topic_names(engine),
                                          tier1):
-                submit(_Listed(item["segment"]), item["topic"])
+                # a topic whose objects could not be read is not one "only tier 1 knows": taken so, the ledgers
+                # before its tier-1 files would be recorded lost; the rerun that reads them recovers it whole
+                if item["segment"] not in unread:
+                    submit(_Listed(item["segment"]), item["topic"])
             while pending:
                 pending.popleft().result()
     report.merge(listing)

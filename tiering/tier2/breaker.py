@@ -8,10 +8,10 @@ reports the ledgers it did not attempt). Once the pause is over the next request
 came back is used at once.
 
 Only timeouts trip it (the connection, the first byte of an answer, or a body past its deadline), and only
-when no other request of the client got an answer for as long: a refused connection or an error answer fails
-fast anyway, and a server that answers is not down (one stuck object, on a placement group that is not
-active, say, fails alone while the requests around it are answered). An answer that arrives during the
-pause (a request sent before it) ends it."""
+when no other request of the client got an answer since the one that timed out was sent: a refused
+connection or an error answer fails fast anyway, and a server that answers is not down (one stuck object, on
+a placement group that is not active, say, fails alone while the requests around it are answered). An
+answer that arrives during the pause (a request sent before it) ends it."""
 from __future__ import annotations
 
 import threading
@@ -22,6 +22,7 @@ from botocore.exceptions import BotoCoreError, ConnectTimeoutError, ReadTimeoutE
 from tiering.tier2.stalls import BodyStalled
 
 TIMEOUTS = (ConnectTimeoutError, ReadTimeoutError, BodyStalled)
+_SENT = "tiering_sent"  # in a request's context: when it was sent (its first try)
 
 
 class RecentlyTimedOut(BotoCoreError):
@@ -42,12 +43,12 @@ class _Breaker:
         with self._lock:
             self._answered, self._since = time.monotonic(), None
 
-    def timed_out(self, exc: BaseException) -> None:
+    def timed_out(self, exc: BaseException, sent: float) -> None:
+        """`exc` ended a request (or a body's read) begun at `sent` (time.monotonic())."""
         if isinstance(exc, TIMEOUTS):
-            now = time.monotonic()
             with self._lock:
-                if self._answered is None or now - self._answered >= self.pause:
-                    self._since, self._cause = now, type(exc).__name__
+                if self._answered is None or self._answered < sent:
+                    self._since, self._cause = time.monotonic(), type(exc).__name__
 
     def check(self) -> None:
         with self._lock:
@@ -63,17 +64,25 @@ def install_breaker(client) -> None:
     """Trip on a request of `client` that ended in a timeout after botocore's retries (`after-call-error`,
     which comes once they are spent) when no answer came for as long (`after-call`: any HTTP answer, an
     error's too); while tripped, refuse its requests before they are signed or sent (`before-call`). Also
-    `gave_up(client, exc)` for a body read that gave up on its own retries."""
+    `gave_up(client, exc, sent)` for a body read that gave up on its own retries."""
     breaker = _Breaker(float(client.meta.config.read_timeout or 60))
     client._tiering_breaker = breaker
+
+    def before_call(context, **_):
+        breaker.check()
+        context[_SENT] = time.monotonic()
+
+    def after_call_error(exception, context, **_):
+        breaker.timed_out(exception, context.get(_SENT, time.monotonic()))
+    client.meta.events.register("before-call.s3", before_call)
     client.meta.events.register("after-call.s3", lambda **_: breaker.answered())
-    client.meta.events.register("after-call-error.s3", lambda exception, **_: breaker.timed_out(exception))
-    client.meta.events.register("before-call.s3", lambda **_: breaker.check())
+    client.meta.events.register("after-call-error.s3", after_call_error)
 
 
-def gave_up(client, exc: BaseException) -> None:
-    """A read of a body gave up on `exc` after its own retries (they are not botocore's): a timeout trips
-    the client's breaker as a request's would. A client without one (built outside `s3_client`) is left be."""
+def gave_up(client, exc: BaseException, sent: float) -> None:
+    """A read of a body, begun at `sent`, gave up on `exc` after its own retries (they are not botocore's): a
+    timeout trips the client's breaker as a request's would. A client without one (built outside `s3_client`)
+    is left be."""
     breaker = getattr(client, "_tiering_breaker", None)
     if breaker is not None:
-        breaker.timed_out(exc)
+        breaker.timed_out(exc, sent)

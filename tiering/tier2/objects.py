@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -100,6 +101,7 @@ class RangeStream:
         self.b, self.key, self.start, self.left = b, key, start, length
         self.etag: str | None = None
         self.resumed = 0
+        self._opened = 0.0  # when the last GET's answer came: a body that stalls after it got no answer since
         self._body = self._open() if length > 0 else None
 
     def _open(self):
@@ -113,6 +115,7 @@ class RangeStream:
                                          "it was replaced while being read (its ETag changed)") from None
             raise _read_error(self.key, exc) from None
         self.etag = self.etag or resp.get("ETag")
+        self._opened = time.monotonic()
         return resp["Body"]
 
     def read(self, n: int) -> bytes:
@@ -141,7 +144,7 @@ class RangeStream:
     def _resume(self, exc: BaseException) -> None:
         self._body.close()
         if self.resumed == BODY_RETRIES:
-            gave_up(self.b.s3, exc)
+            gave_up(self.b.s3, exc, self._opened)
             raise tier2_error("GET", self.key, exc) from None
         self.resumed += 1
         log.warning("GET of %r broke off at byte %d (%s); going on from there", self.key, self.start,
