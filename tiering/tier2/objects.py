@@ -22,6 +22,10 @@ from tiering.tier2.stalls import read_within
 log = logging.getLogger(__name__)
 # how many times one read goes on after its body broke off mid-way (RangeStream, and get_range through it)
 BODY_RETRIES = 3
+# once a body broke off, it is read on in pieces this size, each under its own deadline: what arrived before
+# a cut is kept (a read of n bytes in one call loses all of it), so a link slower than a whole read's deadline
+# still gets through, one piece after another
+RESUMED_PIECE = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -125,8 +129,9 @@ class RangeStream:
             raise ValueError(f"read of {n} bytes past the range's end ({self.left} left)")
         pieces, got = [], 0
         while got < n:
+            want = min(n - got, RESUMED_PIECE) if self.resumed else n - got
             try:
-                data = read_within(self.b.s3, self._body, n - got, lambda: self._body.read(n - got))
+                data = read_within(self.b.s3, self._body, want, lambda: self._body.read(want))
             except (BotoCoreError, OSError) as exc:  # the connection broke mid-body (urllib3's errors are OSErrors)
                 self._resume(exc)  # BodyStalled (a BotoCoreError) too: the body came too slowly
                 continue
