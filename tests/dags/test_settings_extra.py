@@ -1,4 +1,4 @@
-"""The offload timeout and GC delay as settings of the `tiering_s3` connection's extra: what every
+"""The offload timeout, GC delay and S3 timeout as settings of the `tiering_s3` connection's extra: what every
 DAG task resolves with TieringHook().get_settings(), validated like the environment (ASCII digits, bounds).
 Run in a subprocess so Airflow's import does not leak into other tests."""
 from __future__ import annotations
@@ -20,6 +20,7 @@ for extra, env in json.loads(sys.argv[1]):
     try:
         s = TieringHook().get_settings({**os.environ, **env})
         out.append({"offload_timeout": s.offload_timeout_seconds, "gc_delay": s.gc_delay_seconds,
+                    "s3_timeout": s.s3_timeout_seconds,
                     "env": {k: v for k, v in s.to_env().items() if k.endswith("_SECONDS")}})
     except ConfigError as exc:
         out.append({"error": str(exc)})
@@ -27,8 +28,10 @@ print(json.dumps(out))
 """
 
 CASES = {
-    "defaults": ({}, {}, {"offload_timeout": 3600, "gc_delay": 600}),
-    "extra": ({"offload_timeout_seconds": 60, "gc_delay_seconds": "0"}, {}, {"offload_timeout": 60, "gc_delay": 0}),
+    "defaults": ({}, {}, {"offload_timeout": 3600, "gc_delay": 600, "s3_timeout": 60}),
+    "extra": ({"offload_timeout_seconds": 60, "gc_delay_seconds": "0", "s3_timeout_seconds": "5"}, {},
+              {"offload_timeout": 60, "gc_delay": 0, "s3_timeout": 5}),
+    "s3-timeout-zero": ({"s3_timeout_seconds": 0}, {}, "TIERING_S3_TIMEOUT_SECONDS must be from 1 to"),
     "environment": ({}, {"TIERING_OFFLOAD_TIMEOUT_SECONDS": "120"}, {"offload_timeout": 120, "gc_delay": 600}),
     "extra-wins": ({"offload_timeout_seconds": "30"}, {"TIERING_OFFLOAD_TIMEOUT_SECONDS": "120"},
                    {"offload_timeout": 30, "gc_delay": 600}),
@@ -62,7 +65,8 @@ def test_timeouts_from_the_s3_connection_extra(tmp_path):
         assert {k: got[k] for k in want} == want, (name, got)
         # what spark-submit's environment gets
         assert got["env"] == {"TIERING_OFFLOAD_TIMEOUT_SECONDS": str(want["offload_timeout"]),
-                              "TIERING_GC_DELAY_SECONDS": str(want["gc_delay"])}, (name, got)
+                              "TIERING_GC_DELAY_SECONDS": str(want["gc_delay"]),
+                              "TIERING_S3_TIMEOUT_SECONDS": str(got["s3_timeout"])}, (name, got)
 
 
 # Encryption and TLS: the `tiering_s3` extra's sse / sse_kms_key_id / sse_c_key_file / ca_bundle

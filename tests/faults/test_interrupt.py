@@ -19,8 +19,11 @@ def test_ctrl_c_ends_an_offload_whose_uploads_get_no_answer_at_once(cli, link): 
     cli("topic", "create", "ci", "--rollover-entries", "3").ok()
     cli("produce", "ci", "--entries", "20", "--entry-size", "100").ok()  # ledgers 0-5 sealed, 6 open
     over.hold_writes()
+    # SIGINT as a terminal's Ctrl-C delivers it: the suite may run with it ignored (started as a shell's
+    # background job), which children inherit, and a Python started so never raises KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, "-m", "tiering", "offload-prefix", "ci", "--all-sealed"],
-                            env={**cli.env, **here}, cwd=cli.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            env={**cli.env, **here}, cwd=cli.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not over.held and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -68,13 +68,14 @@ class SlowLink:
         through each: every socket read gets a byte well within any read timeout, the body never ends."""
         self.drip_after, self.drips_left = after, connections
 
-    flips_left = 0  # flip_response(): connections still to have a byte flipped
+    flips_left = 0  # flip_response(): bytes still to be flipped, one per connection
     flip_at = 0
     flipped = 0  # bytes flipped so far
 
     def flip_response(self, at: int, connections: int = 1) -> None:
-        """In the next `connections` connections, the response byte `at` (counted over the connection's
-        responses) arrives with its bits inverted, once: a fault of the link, not of the stored object."""
+        """In the next `connections` connections whose responses reach byte `at` (counted over the
+        connection's responses), that byte arrives with its bits inverted, once: a fault of the link, not of
+        the stored object."""
         self.flip_at, self.flips_left = at, connections
 
     holding = None  # hold(): which request lines get no answer
@@ -109,7 +110,8 @@ class SlowLink:
                         await writer.drain()
                     passed += len(data)
                     continue
-                if flip is not None and passed <= flip < passed + len(data):
+                if flip is not None and self.flips_left and passed <= flip < passed + len(data):
+                    self.flips_left -= 1
                     at = flip - passed
                     data = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
                     self.flipped += 1
@@ -138,8 +140,7 @@ class SlowLink:
         if self.breaks_left:
             self.breaks_left -= 1
             limit = self.break_after
-        if self.flips_left:
-            self.flips_left -= 1
+        if self.flips_left:  # counted when flipped: a connection whose responses end before `at` takes none
             flip = self.flip_at
         conn: dict = {}
         await asyncio.gather(self._pipe(client_r, server_w, conn=conn, requests=True),

@@ -53,7 +53,7 @@ def test_retention_fails_where_the_file_is_not_and_a_rerun_removes_it(deps, else
     assert [(t, i) for t, i, _ in report.failed] == [("rt", 0), ("rt", 1)]
     assert str(elsewhere.tier1.path("rt", 0)) in report.failed[0][2]
     from tiering.jobs.retention import work
-    with pytest.raises(LedgerStorageError, match="2 tier-1 cop"):  # the Spark job's item fails
+    with pytest.raises(LedgerStorageError, match="2 step.s. not done; first, ledger 0's tier-1 copy"):  # the job's item fails
         work(elsewhere, {"topic": "rt"})
     # the trim itself is committed (metadata first), the files are still owed
     leds = deps.meta.list_ledgers("rt")

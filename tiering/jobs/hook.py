@@ -65,6 +65,7 @@ class TieringHook(BaseHook):
         for key, var in (("bucket", "TIERING_BUCKET"), ("prefix", "TIERING_PREFIX"),
                          ("offload_timeout_seconds", "TIERING_OFFLOAD_TIMEOUT_SECONDS"),
                          ("gc_delay_seconds", "TIERING_GC_DELAY_SECONDS"),
+                         ("s3_timeout_seconds", "TIERING_S3_TIMEOUT_SECONDS"),
                          ("sse", "TIERING_S3_SSE"), ("sse_kms_key_id", "TIERING_S3_SSE_KMS_KEY_ID"),
                          ("sse_c_key_file", "TIERING_S3_SSE_C_KEY_FILE"), ("ca_bundle", "TIERING_S3_CA_BUNDLE")):
             if extra.get(key) not in (None, ""):
