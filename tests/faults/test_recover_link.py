@@ -8,23 +8,17 @@ import time
 
 from sqlalchemy import text
 
-from tests.faults.harness import OFFLOAD_TIMEOUT, check_invariants
-from tests.faults.test_slow_link import BIG, KIB, link  # noqa: F401 - the fixture
-from tests.integration.helpers import entries, make_deps, produce
-from tiering.config import Settings
+from tests.faults.harness import check_invariants
+from tests.faults.test_slow_link import BIG, KIB, link, product_deps_over  # noqa: F401 - the fixture
+from tests.integration.helpers import entries, produce
 from tiering.model import LedgerState as S, TopicPolicy
 from tiering.ops.offload import offload_many
 from tiering.ops.recover import recover_from_bucket
-from tiering.tier2.client import make_client
 
 
 def test_objects_the_link_did_not_deliver_are_not_recorded_lost(link, s3_settings, db, bucket, tier1_root):  # noqa: F811
     over = link(rate=64 * 1024 * KIB, delay=0)
-    settings = Settings(database_url="postgresql://unused/unused", bucket=bucket, tier1_root=tier1_root,
-                        s3_endpoint_url=over.url, aws_access_key_id=s3_settings["aws_access_key_id"],
-                        aws_secret_access_key=s3_settings["aws_secret_access_key"],
-                        aws_region=s3_settings["region_name"], s3_timeout_seconds=1)
-    deps = make_deps(db, make_client(settings), bucket, tier1_root, offload_timeout=OFFLOAD_TIMEOUT)
+    deps = product_deps_over(over, s3_settings, db, bucket, tier1_root)
     expected = produce(deps, "rl", [entries(f"l{i}", 3, 1 * KIB) for i in range(4)], TopicPolicy(**BIG),
                        open_tail=[b"tail"])
     offload_many(deps, deps.meta.list_ledgers("rl", [S.SEALED]))

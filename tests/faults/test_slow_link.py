@@ -183,6 +183,19 @@ def link(s3_settings):
         made.stop()
 
 
+def product_deps_over(over, s3_settings, db, bucket, tier1_root):
+    """Deps whose S3 client is the product's (make_client: its pause after a timeout, its deadlines) over the
+    link `over`, with TIERING_S3_TIMEOUT_SECONDS 1 for quick tests."""
+    from tiering.config import Settings
+    from tiering.tier2.client import make_client
+
+    settings = Settings(database_url="postgresql://unused/unused", bucket=bucket, tier1_root=tier1_root,
+                        s3_endpoint_url=over.url, aws_access_key_id=s3_settings["aws_access_key_id"],
+                        aws_secret_access_key=s3_settings["aws_secret_access_key"],
+                        aws_region=s3_settings["region_name"], s3_timeout_seconds=1)
+    return make_deps(db, make_client(settings), bucket, tier1_root, offload_timeout=OFFLOAD_TIMEOUT)
+
+
 def deps_over(link, s3_settings, db, bucket, tier1_root):
     s3 = boto3.client("s3", **{**s3_settings, "endpoint_url": link.url},
                       config=Config(retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=2,
@@ -413,15 +426,8 @@ def test_writes_that_get_no_answer_cost_one_request_not_one_per_ledger(link, s3_
     (about five minutes each with the default 60 s), and an offload went on to the next ledger because the
     bucket answered its HEAD. The product's client pauses after one request timed out: the first ledger
     fails, the others are not attempted, and once the link answers again a run offloads them all."""
-    from tiering.config import Settings
-    from tiering.tier2.client import make_client
-
     over = link(rate=64 * 1024 * KIB, delay=0)
-    settings = Settings(database_url="postgresql://unused/unused", bucket=bucket, tier1_root=tier1_root,
-                        s3_endpoint_url=over.url, aws_access_key_id=s3_settings["aws_access_key_id"],
-                        aws_secret_access_key=s3_settings["aws_secret_access_key"],
-                        aws_region=s3_settings["region_name"], s3_timeout_seconds=1)  # the product's client, 1 s
-    deps = make_deps(db, make_client(settings), bucket, tier1_root, offload_timeout=OFFLOAD_TIMEOUT)
+    deps = product_deps_over(over, s3_settings, db, bucket, tier1_root)
     expected = produce(deps, "hole", [entries(f"l{i}", 5, 1 * KIB) for i in range(3)], TopicPolicy(**BIG),
                        open_tail=[b"tail"])
     over.hold_writes()
@@ -446,15 +452,8 @@ def test_one_object_that_gets_no_answer_fails_alone_while_the_rest_are_answered(
     """The pause after a timeout is for a link that stopped answering, not for one stuck object (a placement
     group that is not active blocks only the objects mapped to it): while other requests of the client get
     answers, the stuck one fails alone and the next read of another object goes out."""
-    from tiering.config import Settings
-    from tiering.tier2.client import make_client
-
     over = link(rate=64 * 1024 * KIB, delay=0)
-    settings = Settings(database_url="postgresql://unused/unused", bucket=bucket, tier1_root=tier1_root,
-                        s3_endpoint_url=over.url, aws_access_key_id=s3_settings["aws_access_key_id"],
-                        aws_secret_access_key=s3_settings["aws_secret_access_key"],
-                        aws_region=s3_settings["region_name"], s3_timeout_seconds=1)
-    deps = make_deps(db, make_client(settings), bucket, tier1_root, offload_timeout=OFFLOAD_TIMEOUT)
+    deps = product_deps_over(over, s3_settings, db, bucket, tier1_root)
     expected = produce(deps, "one", [entries("a", 5, 1 * KIB), entries("b", 5, 1 * KIB)], TopicPolicy(**BIG),
                        open_tail=[b"tail"])
     offload_many(deps, deps.meta.list_ledgers("one", [S.SEALED]))
