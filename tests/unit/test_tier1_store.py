@@ -184,3 +184,14 @@ def test_a_name_file_that_is_not_a_name_names_nothing_and_never_blocks(store, tm
         (tmp_path / "elsewhere").write_bytes(LONG.encode())
         path.symlink_to(tmp_path / "elsewhere")
     assert topic_of_dir(path.parent.name, store) is None
+
+
+def test_a_fifo_in_the_name_file_s_place_does_not_hold_the_producer(store):
+    from tiering.tier1.paths import NAME_FILE
+
+    store.create_ledger(LONG, 0).close()
+    path = topic_dir(store.root, LONG) / NAME_FILE
+    path.unlink()
+    os.mkfifo(path)  # an open for reading would wait for a writer for ever
+    store.create_ledger(LONG, 1).close()  # the name is written over it
+    assert path.read_bytes() == LONG.encode()

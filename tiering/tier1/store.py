@@ -184,15 +184,11 @@ class Tier1Store:
     def _record_name(self, directory: Path, topic: str) -> None:
         """Write the topic's name to NAME_FILE in its directory unless it is there already: atomically (a
         temporary file renamed over it) and durably, before the topic's first ledger is."""
+        # read as recovery reads it: a FIFO planted in its place must not hold the producer for ever; anything
+        # but this name there (nothing, a damaged file) is replaced by the rename below, or the rename fails
+        if self.recorded_name(directory.name) == topic:
+            return
         data, path = topic.encode("utf-8"), directory / NAME_FILE
-        try:
-            with open(path, "rb") as f:
-                if f.read(len(data) + 1) == data:
-                    return
-        except FileNotFoundError:
-            pass  # also: the directory was removed meanwhile; the ledger's creation then makes it again
-        except OSError:
-            pass  # not readable as a file (a directory in its place): the rename below replaces it or fails
         tmp = directory / (NAME_FILE + ".tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
