@@ -154,3 +154,13 @@ def test_a_topic_delete_whose_marker_cannot_be_written_says_what_it_did_and_fini
     assert "run the delete again" in msg
     cli("topic", "delete", "td").ok()
     assert cli("topic", "list", "--json").ok().json["topics"] == []
+
+
+def test_retention_text_counts_the_steps_not_done_and_the_topics_they_fall_in(cli):  # noqa: F811
+    down = {"TIERING_S3_ENDPOINT_URL": "http://127.0.0.1:9"}
+    for name in ("ra", "rb"):
+        cli("topic", "create", name, "--rollover-entries", "2", "--max-retention-size", "30").ok()
+        cli("produce", name, "--entries", "7", "--entry-size", "10").ok()
+    res = cli("retention", env=down)
+    assert "2 step(s) failed; first: 'ra': trim marker not written" in res.one_line_error(1)
+    assert "; 2 step(s) not done in 2 topic(s)" in res.stdout, res.stdout
