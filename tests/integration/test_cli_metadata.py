@@ -58,8 +58,15 @@ def test_export_import_and_recover_by_hand(cli, db, s3_client, bucket, tier1_roo
     with create_engine(other_database.replace("postgresql://", "postgresql+psycopg2://", 1)).begin() as conn:
         conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "
                           "tiering.attribute, tiering.job_run CASCADE"))
-    # the objects copied to another bucket under the same keys: the operator says so
-    cli("import-metadata", dest, "--other-bucket", env={**elsewhere, "TIERING_BUCKET": "another-bucket"}).ok()
+    # the objects copied to another bucket under the same keys: the operator says so; that bucket must exist
+    copy = f"{bucket}-copy"
+    refused = cli("import-metadata", dest, "--other-bucket", env={**elsewhere, "TIERING_BUCKET": copy})
+    assert f"bucket {copy!r} does not exist" in refused.one_line_error(1)
+    s3_client.create_bucket(Bucket=copy)
+    try:
+        cli("import-metadata", dest, "--other-bucket", env={**elsewhere, "TIERING_BUCKET": copy}).ok()
+    finally:
+        s3_client.delete_bucket(Bucket=copy)
 
     with create_engine(other_database.replace("postgresql://", "postgresql+psycopg2://", 1)).begin() as conn:
         conn.execute(text("TRUNCATE tiering.topic, tiering.ledger, tiering.chunk, tiering.gc_task, "

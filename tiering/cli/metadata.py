@@ -71,7 +71,8 @@ def cmd_import_metadata(ctx: Context, args, out: Output) -> int:
     from tiering.ops.import_metadata import import_metadata
 
     fs, base = _location(ctx, args.source)
-    report = import_metadata(ctx.engine, fs, base, bucket=ctx.settings.bucket, other_bucket=args.other_bucket)
+    report = import_metadata(ctx.engine, fs, base, bucket=ctx.settings.bucket, other_bucket=args.other_bucket,
+                             store_bucket=ctx.bucket)
     out.result(document("import-metadata", None, source=args.source, exported_at=iso(report.exported_at),
                         row_count=sum(report.rows.values()), row_counts=report.rows),
                f"imported {sum(report.rows.values())} rows exported at {report.exported_at} from {args.source}")

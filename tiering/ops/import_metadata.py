@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from tiering.errors import BadInput, TieringError
 from tiering.metadata import import_rows
 from tiering.ops.export_location import read_footer
+from tiering.tier2.objects import Bucket, check_bucket
 from tiering.ops.export_metadata import (DEFAULT_BATCH_ROWS, TableManifest, _join, arrow_schema,
                                          check_bucket_exists, read_manifest, table_names)
 
@@ -31,10 +32,12 @@ class ImportReport:
 
 def import_metadata(engine, fs: pafs.FileSystem, base_path: str, batch_rows: int = DEFAULT_BATCH_ROWS,
                     lock_timeout_seconds: int = 30, bucket: str | None = None,
-                    other_bucket: bool = False) -> ImportReport:
+                    other_bucket: bool = False, store_bucket: Bucket | None = None) -> ImportReport:
     """Restore an export into an empty, migrated schema: one transaction, all or nothing. `bucket`: the
     tier-2 bucket of the store imported into; an export that names another is refused unless `other_bucket`
-    (its objects were copied to this one, under the same keys)."""
+    (its objects were copied to this one, under the same keys). `store_bucket`: that bucket's client, checked
+    to exist before anything is written: the rows imported name its objects, and into a bucket that is not
+    there the import would make a store whose every tier-2 read fails."""
     check_bucket_exists(fs, base_path)
     manifest = read_manifest(fs, base_path)
     if bucket is not None and manifest.bucket is not None and manifest.bucket != bucket and not other_bucket:
@@ -46,6 +49,8 @@ def import_metadata(engine, fs: pafs.FileSystem, base_path: str, batch_rows: int
         last = manifest.migrations[-1]["name"][:80] if manifest.migrations else "none"
         raise BadInput(f"export at {base_path!r} has tables {sorted(manifest.tables)}, expected {table_names()} "
                        f"(taken at migrations up to {last!r}: import it into a database migrated to that version)")
+    if store_bucket is not None:
+        check_bucket(store_bucket)
     for t in table_names():  # before anything is locked: a refusal here takes no lock and writes nothing
         for p in manifest.tables[t].files:
             _check_part(fs, base_path, t, p.path, manifest.export_id, p.sha256)
