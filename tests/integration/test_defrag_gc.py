@@ -330,9 +330,9 @@ def test_a_dry_run_reports_the_bytes_its_run_moves(deps, settings, bucket, tier1
     cli = make_cli(settings, bucket, tier1_root, tmp_path)
     dry = cli("defrag", "--topic", "t", "--small-bytes", "1MiB", "--dry-run", "--json").json
     run = cli("defrag", "--topic", "t", "--small-bytes", "1MiB", "--json").json
-    assert dry["bytes_downloaded"] > 0 and dry["bytes_copied_server_side"] == 0
-    assert (dry["bytes_downloaded"], dry["bytes_copied_server_side"]) == (run["bytes_downloaded"],
-                                                                          run["bytes_copied_server_side"])
+    assert dry["downloaded_bytes"] > 0 and dry["copied_server_side_bytes"] == 0
+    assert (dry["downloaded_bytes"], dry["copied_server_side_bytes"]) == (run["downloaded_bytes"],
+                                                                          run["copied_server_side_bytes"])
 
 
 def test_a_group_a_truncate_took_part_of_meanwhile_is_planned_again_and_the_rest_merged(slow_deps, db):

@@ -192,7 +192,7 @@ def test_status_after_a_sync_stopped_between_commit_and_row_says_what_the_table_
     st = cli("table", "status", "st", "--json").ok().json
     table = catalog(settings).load_table("ns.st")
     assert st["metadata_location"] == table.metadata_location
-    assert (st["synced_through"], st["lag_ledgers"], st["lag_bytes"]) == (1, 0, 0), st
+    assert (st["synced_through"], st["lag_ledger_count"], st["lag_bytes"]) == (1, 0, 0), st
     assert st["snapshot_id"] == table.current_snapshot().snapshot_id
     assert cli("table", "sync", "--topic", "st", "--json").ok().json["topics"][0]["reconciled"] is True
     assert cli("table", "status", "st", "--json").ok().json["synced_through"] == 1
@@ -241,7 +241,7 @@ def test_sync_status_verify(cli, deps, settings):
     cli("topic", "set", "orders", "--table", "sales.orders", "--table-retention", "keep").ok()
     st = cli("table", "status", "orders", "--json").ok().json
     assert st["command"] == "table status" and st["identifier"] == "sales.orders"
-    assert (st["lag_ledgers"], st["metadata_location"]) == (3, None) and st["lag_bytes"] > 0
+    assert (st["lag_ledger_count"], st["metadata_location"]) == (3, None) and st["lag_bytes"] > 0
     dry = cli("table", "sync", "--dry-run", "--json").ok().json
     assert dry["planned"] == [{"topic": "orders", "ledger": i} for i in (0, 1, 2)] and dry["ledger_count"] == 0
     assert not catalog(settings).table_exists("sales.orders")  # a dry run creates nothing
@@ -250,7 +250,7 @@ def test_sync_status_verify(cli, deps, settings):
     assert out["failed"] == [] and out["failed_count"] == 0 and out["topics"][0]["entry_count"] == 12
     assert _table(settings, "sales.orders") == {k: v for k, v in _read(deps, "orders").items() if k[0] < 3}
     st = cli("table", "status", "orders", "--json").ok().json
-    assert (st["lag_ledgers"], st["lag_bytes"], st["synced_through"]) == (0, 0, 2)
+    assert (st["lag_ledger_count"], st["lag_bytes"], st["synced_through"]) == (0, 0, 2)
     assert (st["ledger_count"], st["entry_count"], st["row_count"]) == (3, 12, 12)
     assert st["metadata_location"].startswith(f"s3://{settings.bucket}/t-tables/sales/orders/metadata/")
     assert st["synced_at"].endswith("Z")

@@ -35,7 +35,7 @@ def test_retentions_dry_run_counts_the_copies_its_run_removes_after_a_kill(cli, 
     assert dry.returncode == 0, dry.stderr
     assert dry.json["deleted_count"] == 0 and dry.json["files_removed_count"] == 3
     [item] = dry.json["plan"]
-    assert (item["topic"], item["ledger_count"], item["leftover_tier1_copies"]) == ("r", 0, 3)
+    assert (item["topic"], item["ledger_count"], item["leftover_tier1_copy_count"]) == ("r", 0, 3)
     assert "remove 3 tier-1 file(s) of ledgers an interrupted run deleted" in cli(
         "retention", "--topic", "r", "--dry-run").ok().stdout
     run = cli("retention", "--topic", "r", "--json")

@@ -186,6 +186,13 @@ _ISO_Z = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0
 LEDGER_LISTS = ("offloaded", "skipped", "deleted", "ledgers")  # lists of ledgers wherever they appear
 
 
+# an integer under a name ending in one of these words is a count, named *_count ("lag_ledgers" is not)
+_COUNTED = frozenset({"ledgers", "entries", "pages", "copies", "files", "objects", "rows", "topics", "groups",
+                      "subscriptions", "keys", "parts", "uploads", "gaps", "problems"})
+# a topic's policy names its limits as its flags do (`--rollover-entries`): a threshold, not a count of things
+_LIMITS = frozenset({"rollover_entries"})
+
+
 def check_document(obj: object, stream: bool = False) -> list[str]:
     """What breaks the JSON language in one command's output object (empty: none); `stream` for the
     lines of `read --json`. The rules of the module docstring, spelled out for the tests."""
@@ -215,9 +222,12 @@ def check_document(obj: object, stream: bool = False) -> list[str]:
                     problems.append(f"{where} is a count but not an integer")
                 if k.endswith("_at") and v is not None and not (isinstance(v, str) and _ISO_Z.fullmatch(v)):
                     problems.append(f"{where} is not an ISO 8601 UTC timestamp with Z: {v!r}")
-                if isinstance(v, int) and not isinstance(v, bool) and k in ("deleted", "failed", "planned",
-                                                                            "ledgers", "entries", "pages"):
-                    problems.append(f"{where} is a count not named *_count")
+                if isinstance(v, int) and not isinstance(v, bool):
+                    last = k.rsplit("_", 1)[-1]
+                    if k in ("deleted", "failed", "planned") or (last in _COUNTED and k not in _LIMITS):
+                        problems.append(f"{where} is a count not named *_count")
+                    if "bytes" in k.split("_") and not (k == "bytes" or k.endswith("_bytes")):
+                        problems.append(f"{where} is a byte amount not named bytes or *_bytes")
                 walk(v, where)
         elif isinstance(value, list):
             for i, v in enumerate(value):

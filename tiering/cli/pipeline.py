@@ -204,7 +204,7 @@ def cmd_retention(ctx: Context, args, out: Output) -> int:
         for p in plan:
             report.deleted += [(p["topic"], i) for i in p["ledger_ids"]]
             report.bytes += p["bytes"]
-            report.files_removed += p["tier1_copies"]
+            report.files_removed += p["tier1_copy_count"]
             report.reasons.update(p["reasons"].values())
             # as the run reports them (the plan's items also say the subscription's state)
             report.losses += [{k: v for k, v in u.items() if k != "state"} for u in p["unread_deleted"]]
@@ -280,8 +280,8 @@ def cmd_defrag(ctx: Context, args, out: Output) -> int:
                       group_count=report.groups, ledger_count=report.ledgers,
                       objects_before_count=report.objects_before, objects_after_count=report.objects_after,
                       planned_bytes=sum(g.data_bytes for g in groups),
-                      bytes_copied_server_side=report.bytes_copied_server_side,
-                      bytes_downloaded=report.bytes_downloaded, lost_race_count=report.lost_races,
+                      copied_server_side_bytes=report.bytes_copied_server_side,
+                      downloaded_bytes=report.bytes_downloaded, lost_race_count=report.lost_races,
                       failed=failures(report.failures))
     out.result(result, a.would(args, f"defrag: merged {report.groups} group(s) of {report.ledgers} ledger(s), "
                                     f"{report.objects_before} object(s) -> {report.objects_after}; "

@@ -200,7 +200,7 @@ def _status(ctx: Context, args, out: Output) -> int:
     obj = {**document("table status", state.topic), "identifier": state.identifier, "problem": problem,
            "retention": state.retention, "metadata_location": location, "snapshot_id": snapshot_id,
            "synced_through": state.synced_through, "trimmed_through": state.trimmed_through,
-           "lag_ledgers": lag_ledgers, "lag_bytes": lag_bytes, "ledger_count": state.ledgers_committed,
+           "lag_ledger_count": lag_ledgers, "lag_bytes": lag_bytes, "ledger_count": state.ledgers_committed,
            "entry_count": state.entries_committed, "row_count": row_count, "synced_at": iso(state.synced_at)}
     out.result(obj, "\n".join(f"{k:18} {'-' if v is None else v}" for k, v in obj.items() if k != "command"))
     return 0

@@ -209,8 +209,8 @@ def dry_run(deps: Deps, topic: str | None = None) -> list[dict]:
                 unread.append({**_loss_item(name, sub.name, loss.entries, loss.bytes, loss.first, loss.new_position,
                                             why), "state": sub.state})
         out.append({"topic": name, **_sums(doomed), "ledger_ids": [led.ledger_id for led in doomed],
-                    "tier1_copies": sum(1 for led in doomed if led.tier1_present) + left.get(name, 0),
-                    "leftover_tier1_copies": left.get(name, 0),
+                    "tier1_copy_count": sum(1 for led in doomed if led.tier1_present) + left.get(name, 0),
+                    "leftover_tier1_copy_count": left.get(name, 0),
                     "reasons": {led.ledger_id: why for led, why in plan},
                     "by_reason": {why: _sums(leds) for why, leds in sorted(by_reason.items())},
                     "held_back": {**_sums(held), "by_subscription": holders},
@@ -228,8 +228,8 @@ def describe_plan(item: dict) -> str:
     line = (f"{item['topic']!r}: delete {item['ledger_count']} ledger(s), {item['entry_count']} entries, "
             f"{item['bytes']} bytes"
             + (f" ({reasons})" if reasons else ""))
-    if item["leftover_tier1_copies"]:
-        line += f"; remove {item['leftover_tier1_copies']} tier-1 file(s) of ledgers an interrupted run deleted"
+    if item["leftover_tier1_copy_count"]:
+        line += f"; remove {item['leftover_tier1_copy_count']} tier-1 file(s) of ledgers an interrupted run deleted"
     held = item["held_back"]
     if held["ledger_count"]:
         who = "; ".join(f"{h['subscription']!r} {h['entry_count']} entries / {h['bytes']} bytes unread"
