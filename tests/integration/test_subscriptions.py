@@ -525,3 +525,19 @@ def test_a_reset_during_a_long_read_is_said_once(cli, deps):
     assert reader.wait(120) == 0 and len(rest.splitlines()) == 4499
     assert err.decode().count("was reset to 0:100 meanwhile") == 1, err.decode()
     assert subs(cli, "long")["r"]["position"] == "0:100"  # the replay asked for stays
+
+
+def test_a_version_read_from_a_deleted_topic_does_not_match_the_topic_made_again_under_its_name(cli):
+    """Both incarnations started at version 0, so `topic set --expect-version 0` read from the old topic
+    changed the new one (exit 0), a topic the operator never looked at. The version goes on from the old
+    topic's, as its ledger ids do."""
+    cli("topic", "create", "aba", "--retention-time", "7d").ok()
+    cli("topic", "set", "aba", "--retention-size", "1GiB").ok()  # version 1
+    cli("topic", "delete", "aba").ok()
+    again = cli("topic", "create", "aba", "--retention-time", "1h", "--json").ok().json
+    assert again["version"] == 2
+    for stale in ("0", "1"):
+        assert "conditional update" in cli("topic", "set", "aba", "--max-retention-time", "2h",
+                                           "--expect-version", stale).one_line_error(1)
+    assert cli("topic", "show", "aba", "--json").ok().json["max_retention_seconds"] == -1
+    cli("topic", "set", "aba", "--max-retention-time", "2h", "--expect-version", "2").ok()

@@ -81,13 +81,15 @@ class MetadataStore:
                 row = conn.execute(
                     insert(topic).values(name=name, **{f: getattr(policy, f) for f in _POLICY_FIELDS})
                     .returning(topic)).one()
-                # a deleted topic's name: ledger ids go on from the old topic's (metadata/trim.py)
+                # a deleted topic's name: ledger ids go on from the old topic's (metadata/trim.py), and so
+                # does the version, so that a version read from the old topic is not the new one's
                 tomb = conn.execute(delete(topic_tombstone).where(topic_tombstone.c.name == name)
                                     .returning(topic_tombstone)).one_or_none()
                 if tomb is not None:
                     row = conn.execute(
                         update(topic).where(topic.c.topic_id == row.topic_id)
-                        .values(next_ledger_id=tomb.next_ledger_id, trim_marker_written=tomb.trim_marker_written)
+                        .values(next_ledger_id=tomb.next_ledger_id, trim_marker_written=tomb.trim_marker_written,
+                                version=tomb.version + 1)
                         .returning(topic)).one()
                 if then is not None:
                     then(conn, _topic_row(row))

@@ -192,6 +192,7 @@ topic_tombstone = Table(  # 0006
     Column("next_ledger_id", BigInteger, nullable=False),
     Column("trim_marker_written", BigInteger, nullable=False),
     Column("deleted_at", DateTime(timezone=True), nullable=False),
+    Column("version", BigInteger, nullable=False),  # 0015: the deleted topic's last version (-1: not known)
 )
 
 topic_table = Table(  # 0008: a topic's Iceberg table policy and sync state (metadata/table_sync.py)

@@ -246,10 +246,10 @@ class Trims:
                 raise TieringError(f"topic {topic_name!r} still has {left.live} live ledger(s) and {left.copies} "
                                    "tier-1 cop(ies) (written meanwhile?); run topic delete again")
             conn.execute(pg_insert(topic_tombstone).values(name=t.name, next_ledger_id=t.next_ledger_id,
-                                                           trim_marker_written=marker)
+                                                           trim_marker_written=marker, version=t.version)
                          .on_conflict_do_update(index_elements=["name"], set_={
                              "next_ledger_id": t.next_ledger_id, "trim_marker_written": marker,
-                             "deleted_at": text("now()")}))
+                             "version": t.version, "deleted_at": text("now()")}))
             conn.execute(delete(topic).where(topic.c.topic_id == t.topic_id))
             return t
 
