@@ -170,7 +170,7 @@ def test_a_topic_made_again_under_its_old_name_does_not_adopt_the_old_table(cli,
     assert out.returncode == 1 and "earlier topic 'z'" in out.json["failed"][0]["error"], out.stdout
     status = cli("table", "status", "z", "--json").ok().json  # says whose it is, not its location as this one's
     assert "earlier topic 'z'" in status["problem"] and status["metadata_location"] is None
-    assert status["row_count"] == 0  # the earlier topic's rows are not this one's
+    assert status["row_count"] is None and status["metadata_location"] is None  # the earlier topic's: not this one's
     assert "earlier topic 'z'" in cli("table", "verify", "z").one_line_error(1)
     cli("topic", "set", "z", "--table", "ns.z2").ok()  # the other way out: another name (nothing synced yet)
     cli("topic", "set", "z", "--table", "ns.z").ok()
@@ -245,3 +245,36 @@ def test_topic_create_with_a_taken_table_creates_no_topic(cli, deps):
     cli("topic", "create", "c1", "--table", "ns.c").ok()
     assert "already the table of topic 'c1'" in cli("topic", "create", "c2", "--table", "ns.c").one_line_error(2)
     assert "does not exist" in cli("topic", "show", "c2").one_line_error(2)
+
+
+def test_dead_letters_behind_their_table_are_shown_and_dead_letters_removed_by_another_tool_are_found(
+        cli, deps, settings):
+    """A sync killed between the table's commit and the dead letters' left TABLE__dlq behind: status said
+    nothing (no lag, no problem) and the next sync caught up unseen. Rows another tool deleted from
+    TABLE__dlq never came back, and `table verify` said "the same", exit 0."""
+    import pytest
+
+    from tests.integration.test_tables import Stop, _json_ledgers, _stop_at
+    from tiering.tables.files import local_writer
+    from tiering.tables.sync import TableSync
+
+    produce(deps, "dl", [_json_ledgers(0, 6, bad_every=3), _json_ledgers(6, 3, bad_every=3)])
+    cli("topic", "set", "dl", "--table", "ns.dl", "--table-json-fields", "id:int64").ok()
+    rows = TableRows(deps.meta.engine)
+    with pytest.raises(Stop):  # killed there
+        TableSync(deps.meta.engine, settings, catalog(settings), fault=_stop_at("before-dlq")).sync_topic(
+            rows.get("dl"), local_writer(deps, settings))
+    status = cli("table", "status", "dl", "--json").ok().json
+    assert (status["problem"], status["dlq_pending_commit_count"], status["row_count"]) == (None, 1, 9), status
+    checked = cli("table", "verify", "dl").ok()  # the table is sound; its dead letters wait for the next sync
+    assert "the dead letters of 1 commit(s) not in 'ns.dl__dlq' yet" in checked.stdout, checked.stdout
+    cli("table", "sync", "--topic", "dl").ok()
+    assert cli("table", "status", "dl", "--json").ok().json["dlq_pending_commit_count"] == 0
+    dead = catalog(settings).load_table("ns.dl__dlq")
+    assert sorted(dead.scan().to_arrow()["entry_id"].to_pylist()) == [0, 0, 3]  # ledger 0: 0 and 3; ledger 1: 0
+    assert cli("table", "verify", "dl").returncode == 0
+
+    dead.delete("entry_id = 3")  # another Iceberg tool
+    bad = cli("table", "verify", "dl", "--json")
+    assert "not committed by a sync: dead letters it removed are not in the table" in bad.one_line_error(1)
+    assert bad.json["failed"][0]["ledger"] is None and bad.json["dlq_pending_commit_count"] == 0

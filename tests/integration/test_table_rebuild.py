@@ -67,6 +67,10 @@ def test_a_table_whose_metadata_file_is_gone_or_garbage_is_rebuilt_from_the_log_
     cli("produce", "lost", "--entries", "2", "--entry-size", "10", "--seal").ok()  # a sync has work
     st = cli("table", "status", "lost", "--json").ok().json
     assert "cannot be read" in st["problem"] and "tiering table rebuild" in st["problem"], st
+    if damage == "manifest list gone":  # its metadata file is read: what it says is shown, not 0 rows and no file
+        assert (st["metadata_location"], st["row_count"]) == (location, 5), st
+    else:  # nothing read: not known (null), rather than a table holding nothing
+        assert (st["metadata_location"], st["row_count"]) == (None, None), st
     for args in (("table", "sync", "--topic", "lost"), ("table", "maintain", "--topic", "lost"),
                  ("table", "verify", "lost")):
         line = cli(*args).one_line_error(1)

@@ -425,20 +425,29 @@ def test_a_table_is_not_renamed_while_synced_or_syncing(deps, settings, cat):
     assert rows.get("rn").identifier == "ns.rn" and not cat.table_exists("ns.other")
 
 
-def test_a_decoder_change_during_a_sync_applies_from_the_next_run(deps, settings, cat):
+def test_a_decoder_change_is_refused_while_a_sync_runs_and_applies_from_the_next_run(deps, settings, cat):
+    """A field added while a sync ran went through (exit 0), and the rounds that sync committed after it had
+    the new column null on every row, for good (no later sync decodes a ledger again). It is refused, as a
+    rename is, until the sync has ended."""
+    from tiering.errors import ConditionalUpdateFailed
     from tiering.tables.decoder import check_change, parse_fields
 
     expected = produce(deps, "jd", [_json_ledgers(0, 3), _json_ledgers(3, 3), _json_ledgers(6, 1)])
     rows = TableRows(deps.meta.engine)
     rows.set_policy("jd", "ns.jd", "keep", parse_fields("id:int64"), check_change)
+    tried = []
 
     def add_field(step):
-        if step == "committed" and rows.get("jd").decoder == parse_fields("id:int64"):
-            rows.set_policy("jd", None, None, parse_fields("id:int64,name:string"), check_change)
+        if step == "committed" and not tried:
+            with pytest.raises(ConditionalUpdateFailed, match="a sync or maintenance of it running: change its JSON"):
+                rows.set_policy("jd", None, None, parse_fields("id:int64,name:string"), check_change)
+            rows.set_policy("jd", None, "keep", parse_fields("id:int64"), check_change)  # the same fields: no lock
+            tried.append(step)
     [r] = _sync(deps, settings, cat, limits=Limits(round_ledgers=1, max_rounds=2), fault=add_field)
-    assert r.status == "synced" and r.ledgers == [0, 1], r.error  # round 2 with the run's decoder, no new column
+    assert r.status == "synced" and r.ledgers == [0, 1] and tried, r.error
+    assert rows.get("jd").decoder == parse_fields("id:int64")
     assert _table_rows(cat, "ns.jd")[0] == {k: v for k, v in expected.items() if k[0] < 2}
-    assert "name" not in cat.load_table("ns.jd").schema().column_names
+    rows.set_policy("jd", None, None, parse_fields("id:int64,name:string"), check_change)  # no sync now
     [r] = _sync(deps, settings, cat)
     assert r.status == "synced" and r.ledgers == [2], r.error
     t = cat.load_table("ns.jd").scan().to_arrow()

@@ -154,7 +154,7 @@ def _status(ctx: Context, args, out: Output) -> int:
     from tiering.tables.catalog import catalog, owner_problem
     from tiering.errors import BadInput, TableUnreadable
     from tiering.tables.catalog import check_current_files
-    from tiering.tables.marks import dropped, table_problem, uncounted
+    from tiering.tables.marks import dead_letters_pending, dropped, table_problem, uncounted
     from tiering.tables.naming import DLQ_SUFFIX, PROP_SYNCED, PROP_TRIMMED
 
     rows = TableRows(ctx.engine)
@@ -162,7 +162,8 @@ def _status(ctx: Context, args, out: Output) -> int:
     cat = catalog(ctx.settings)
     location = problem = None
     snapshot_id = state.snapshot_id
-    row_count = 0
+    row_count = None  # not known: no table of this topic's, or its metadata unreadable
+    dlq_pending = None  # of the table's commits, those whose dead letters TABLE__dlq has not taken yet
     table = None
     try:
         if not cat.table_exists(state.identifier):
@@ -170,20 +171,26 @@ def _status(ctx: Context, args, out: Output) -> int:
         else:
             table = cat.load_table(state.identifier)
             problem = owner_problem(table, state.topic, state.topic_id)  # e.g. an earlier topic's of this name
-            if problem is None:
-                check_current_files(table)
-        dlq = state.identifier + DLQ_SUFFIX
-        if problem is None and cat.table_exists(dlq):  # the dead letters' table fails a sync as much
-            check_current_files(cat.load_table(dlq))
-    except (TableUnreadable, BadInput) as exc:  # a file gone or corrupt; metadata outside the warehouse
+            if problem is not None:
+                table = None  # another topic's table: none of its rows, nor its location, are this topic's
+    except (TableUnreadable, BadInput) as exc:  # its metadata file gone or corrupt, or outside the warehouse
         table, problem = None, str(exc)
     if table is not None:
-        location = None if problem else table.metadata_location
+        # what its metadata file says, also when a file it names is gone (the operator looks there first)
+        location = table.metadata_location
+        current = table.current_snapshot()
+        row_count = int((current.summary or {}).get("total-records", "0")) if current else 0
+        try:
+            check_current_files(table)
+            dlq = cat.load_table(state.identifier + DLQ_SUFFIX) \
+                if cat.table_exists(state.identifier + DLQ_SUFFIX) else None
+            if dlq is not None:  # the dead letters' table fails a sync as much
+                check_current_files(dlq)
+            dlq_pending = dead_letters_pending(table, dlq)
+        except (TableUnreadable, BadInput) as exc:
+            problem = str(exc)
         if problem is None:
-            # what the table holds now (none of this topic's when it is another's): the counts below are
-            # what syncs committed, rows deleted since included
-            current = table.current_snapshot()
-            row_count = int((current.summary or {}).get("total-records", "0")) if current else 0
+            # the counts below are what syncs committed, rows deleted since included; row_count what it holds
             problem = table_problem(table, state)  # e.g. rolled back: the marks claim rows it does not hold
         if problem is None:
             # the table's own marks are the record (a sync killed after its commit left the row behind them
@@ -201,7 +208,8 @@ def _status(ctx: Context, args, out: Output) -> int:
            "retention": state.retention, "metadata_location": location, "snapshot_id": snapshot_id,
            "synced_through": state.synced_through, "trimmed_through": state.trimmed_through,
            "lag_ledger_count": lag_ledgers, "lag_bytes": lag_bytes, "ledger_count": state.ledgers_committed,
-           "entry_count": state.entries_committed, "row_count": row_count, "synced_at": iso(state.synced_at)}
+           "entry_count": state.entries_committed, "row_count": row_count,
+           "dlq_pending_commit_count": dlq_pending, "synced_at": iso(state.synced_at)}
     out.result(obj, "\n".join(f"{k:18} {'-' if v is None else v}" for k, v in obj.items() if k != "command"))
     return 0
 
@@ -211,7 +219,8 @@ def _verify(ctx: Context, args, out: Output) -> int:
     from tiering.metadata.table_sync import TableRows
     from tiering.tables.catalog import catalog, check_current_files, owner_problem
     from tiering.tables.maintenance import check_data_files, listed_files
-    from tiering.tables.marks import check_marks, dropped, gone_file
+    from tiering.tables.marks import check_marks, dead_letters_pending, dropped, foreign_commits, gone_file
+    from tiering.tables.naming import DLQ_SUFFIX
     from tiering.tables.verify import verify_table
 
     [state] = TableRows(ctx.engine).list(args.name)
@@ -235,11 +244,20 @@ def _verify(ctx: Context, args, out: Output) -> int:
         r = verify_table(ctx.read_handle(), ctx.meta, table, state.topic)
     except FileNotFoundError as exc:  # a manifest gone (the manifest list was there)
         raise TieringError(gone_file(exc, state.topic)) from None
-    diffs = failures((r.topic, d["ledger"], d["reason"]) for d in r.differences)
+    # the dead letters: what another tool removed from their table, no sync puts back (a difference); the
+    # commits a killed sync left for the next one to take are said, as the table's own lag is not a difference
+    dlq = cat.load_table(state.identifier + DLQ_SUFFIX) if cat.table_exists(state.identifier + DLQ_SUFFIX) else None
+    diffs = failures([(r.topic, d["ledger"], d["reason"]) for d in r.differences]
+                     + [(r.topic, None, why) for why in (foreign_commits(dlq) if dlq is not None else [])])
+    pending = dead_letters_pending(table, dlq)
     obj = document("table verify", r.topic, identifier=r.table, synced_through=r.synced_through,
-                   ledger_count=r.ledgers, entry_count=r.entries, failed=diffs, failed_count=len(diffs))
+                   ledger_count=r.ledgers, entry_count=r.entries, dlq_pending_commit_count=pending, failed=diffs,
+                   failed_count=len(diffs))
     text = [f"{r.topic} -> {r.table}: {r.ledgers} ledger(s), {r.entries} entries compared through ledger "
-            f"{r.synced_through}: " + ("the same" if not diffs else f"{len(diffs)} difference(s)")]
-    text += [f"  ledger {d['ledger']}: {d['error']}" for d in diffs]
+            f"{r.synced_through}: " + ("the same" if not diffs else f"{len(diffs)} difference(s)")
+            + (f"; the dead letters of {pending} commit(s) not in {r.table + DLQ_SUFFIX!r} yet (the next sync "
+               "or maintenance takes them)" if pending else "")]
+    text += [f"  {'ledger ' + str(d['ledger']) if d['ledger'] is not None else 'dead letters'}: {d['error']}"
+             for d in diffs]
     out.result(obj, "\n".join(text))
-    return exit_failed(diffs, "ledger(s)", "differ")
+    return exit_failed(diffs, "ledger(s)" if all(d["ledger"] is not None for d in diffs) else "check(s)", "differ")

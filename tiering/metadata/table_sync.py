@@ -141,13 +141,13 @@ class TableRows:
             if cur.synced_through >= 0 or cur.trimmed_through >= 0:
                 raise BadInput(f"topic {topic_name!r} is already synced to table {cur.identifier!r}; "
                                "its table cannot be renamed")
-            if not conn.execute(select(func.pg_try_advisory_xact_lock(literal(LOCK_CLASS),
-                                                                      literal(t.topic_id)))).scalar_one():
-                raise ConditionalUpdateFailed(f"the table of topic {topic_name!r}", "no sync running",
-                                              "a sync or maintenance of it running: rename it when that has "
-                                              "ended")
+            _no_sync_running(conn, t, "rename it")
             if check_rename is not None:
                 check_rename(cur.identifier, t)
+        if cur is not None and decoder is not None and decoder != cur.decoder:
+            # a sync running decodes its rounds with the decoder it read: the rounds it commits after this
+            # change would lack the new fields, and no later sync decodes those ledgers again
+            _no_sync_running(conn, t, "change its JSON fields")
         if decoder is not None and check_decoder is not None:
             check_decoder(None if cur is None else cur.decoder, decoder)  # under the row lock
         values = {k: v for k, v in (("identifier", identifier), ("retention", retention),
@@ -302,6 +302,14 @@ DELETE_MARK_CLASS = 0x7462646c  # "tbdl": also held by a topic delete's step hol
 # how long a sync waits for the table's running maintenance to end, a maintenance for a sync, and a topic
 # delete's step for either (turn, quiet_for_delete); a sync or maintenance can take minutes on a large table
 WAIT_SECONDS = 600.0
+
+
+def _no_sync_running(conn: Connection, t: Topic, what: str) -> None:
+    """Hold the table's sync lock for the caller's transaction, or refuse: a sync or maintenance of the
+    topic's table is running (ConditionalUpdateFailed: nothing changed, try again)."""
+    if not conn.execute(select(func.pg_try_advisory_xact_lock(literal(LOCK_CLASS), literal(t.topic_id)))).scalar_one():
+        raise ConditionalUpdateFailed(f"the table of topic {t.name!r}", "no sync running",
+                                      f"a sync or maintenance of it running: {what} when that has ended")
 
 
 def exclusive(engine: Engine, topic_id: int, maintenance: bool = False):

@@ -7,7 +7,8 @@ from __future__ import annotations
 from tiering.errors import BadInput, TieringError
 from tiering.metadata.table_sync import TableState
 from tiering.tables.catalog import owner_problem
-from tiering.tables.naming import PROP_SYNCED, PROP_TRIMMED, SUMMARY_LEDGERS, decode_ledgers, rebuild_hint
+from tiering.tables.naming import (PROP_SYNCED, PROP_TRIMMED, SUMMARY_DLQ_FILES, SUMMARY_LEDGERS, decode_ledgers,
+                                   rebuild_hint)
 
 SUMMARY_THROUGH = "tiering.synced-through"
 
@@ -121,3 +122,22 @@ def check_renamable(cat, identifier: str, topic: str, topic_id: int) -> None:
     if synced >= 0 or trimmed >= 0:
         raise BadInput(f"table {identifier!r} already holds ledgers through {synced} (committed by a sync whose "
                        "state was not recorded yet; the next sync records it): the topic's table cannot be renamed")
+
+
+def dead_letters_pending(table, dlq) -> int:
+    """How many of the table's commits have dead letters `dlq` (its TABLE__dlq, None when not made yet) has
+    not taken: a sync killed between the two commits leaves them, and the next sync or maintenance commits
+    them (sync.catch_up_dlq)."""
+    mark = -1 if dlq is None else prop(dlq, PROP_SYNCED)
+    return sum(1 for s in table.snapshots()
+               if s.summary and s.summary.additional_properties.get(SUMMARY_DLQ_FILES)
+               and int(s.summary.additional_properties.get(SUMMARY_THROUGH, "-1")) > mark)
+
+
+def foreign_commits(dlq) -> list[str]:
+    """The commits of a dead-letter table that no sync made (each of a sync's records the ledger it reaches):
+    another tool's delete or overwrite, whose removed rows no sync puts back."""
+    return [f"snapshot {s.snapshot_id} ({s.summary.operation.value if s.summary else 'unknown operation'}) of "
+            f"{'.'.join(dlq.name())!r} was not committed by a sync: dead letters it removed are not in the table"
+            for s in dlq.snapshots()
+            if not (s.summary and SUMMARY_THROUGH in s.summary.additional_properties)]

@@ -18,6 +18,7 @@ PARTITION_FIELD = "sealed_at_day"
 SUMMARY_TOPIC = "tiering.topic"
 SUMMARY_LEDGERS = "tiering.ledgers"
 SUMMARY_RUN = "tiering.run"
+SUMMARY_DLQ_FILES = "tiering.dlq-files"  # a round's dead-letter files, committed to TABLE__dlq after it
 PROP_SYNCED = "tiering.synced-through"
 PROP_TRIMMED = "tiering.trimmed-through"
 PROP_TOPIC = "tiering.topic"

@@ -32,13 +32,12 @@ from tiering.model import MIB
 from tiering.tables.catalog import PARTITION_FIELD, ensure_table, table_dataset
 from tiering.tables.marks import (SUMMARY_THROUGH, TableBehind, check_marks, dropped, gone_file, has_rows, prop,
                                   uncounted)
-from tiering.tables.naming import (DLQ_SUFFIX, PROP_SYNCED, PROP_TRIMMED, SUMMARY_LEDGERS, SUMMARY_RUN, SUMMARY_TOPIC, batches,
-                                   encode_ledgers)
+from tiering.tables.naming import (DLQ_SUFFIX, PROP_SYNCED, PROP_TRIMMED, SUMMARY_DLQ_FILES, SUMMARY_LEDGERS, SUMMARY_RUN,
+                                   SUMMARY_TOPIC, batches, encode_ledgers)
 
 log = logging.getLogger(__name__)
 SUMMARY_PASSED = "tiering.ledgers-passed"  # deleted or empty ledgers the round passed over
 SUMMARY_DELETED = "tiering.ledgers-deleted"
-SUMMARY_DLQ_FILES = "tiering.dlq-files"  # the round's dead-letter files, committed to TABLE__dlq after it
 COMMIT_ATTEMPTS = 3
 
 
