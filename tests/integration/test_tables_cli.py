@@ -242,6 +242,7 @@ def test_sync_status_verify(cli, deps, settings):
     st = cli("table", "status", "orders", "--json").ok().json
     assert st["command"] == "table status" and st["identifier"] == "sales.orders"
     assert (st["lag_ledger_count"], st["metadata_location"]) == (3, None) and st["lag_bytes"] > 0
+    assert (st["row_count"], st["dlq_pending_commit_count"], st["problem"]) == (0, 0, None)  # not made yet: empty
     dry = cli("table", "sync", "--dry-run", "--json").ok().json
     assert dry["planned"] == [{"topic": "orders", "ledger": i} for i in (0, 1, 2)] and dry["ledger_count"] == 0
     assert not catalog(settings).table_exists("sales.orders")  # a dry run creates nothing

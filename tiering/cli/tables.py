@@ -168,6 +168,8 @@ def _status(ctx: Context, args, out: Output) -> int:
     try:
         if not cat.table_exists(state.identifier):
             problem = dropped(state)  # what sync, verify and maintain refuse: the row's marks name rows no table holds
+            if problem is None:  # not made yet (nothing synced): it holds nothing, and no dead letter waits
+                row_count = dlq_pending = 0
         else:
             table = cat.load_table(state.identifier)
             problem = owner_problem(table, state.topic, state.topic_id)  # e.g. an earlier topic's of this name
