@@ -124,14 +124,22 @@ def check_renamable(cat, identifier: str, topic: str, topic_id: int) -> None:
                        "state was not recorded yet; the next sync records it): the topic's table cannot be renamed")
 
 
+def dead_letter_rounds(table) -> list[tuple[int, list[str]]]:
+    """The table's commits that had dead letters, in order: (the ledger each reached, its dead-letter files)."""
+    rounds = []
+    for s in table.snapshots():
+        summary = s.summary.additional_properties if s.summary else {}
+        if summary.get(SUMMARY_DLQ_FILES):
+            rounds.append((int(summary[SUMMARY_THROUGH]), summary[SUMMARY_DLQ_FILES].split(",")))
+    return sorted(rounds)
+
+
 def dead_letters_pending(table, dlq) -> int:
     """How many of the table's commits have dead letters `dlq` (its TABLE__dlq, None when not made yet) has
     not taken: a sync killed between the two commits leaves them, and the next sync or maintenance commits
     them (sync.catch_up_dlq)."""
     mark = -1 if dlq is None else prop(dlq, PROP_SYNCED)
-    return sum(1 for s in table.snapshots()
-               if s.summary and s.summary.additional_properties.get(SUMMARY_DLQ_FILES)
-               and int(s.summary.additional_properties.get(SUMMARY_THROUGH, "-1")) > mark)
+    return sum(1 for through, _ in dead_letter_rounds(table) if through > mark)
 
 
 def foreign_commits(dlq) -> list[str]:

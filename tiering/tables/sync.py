@@ -30,8 +30,8 @@ from tiering.errors import TieringError
 from tiering.metadata.table_sync import WAIT_SECONDS, TableRows, TableState, turn
 from tiering.model import MIB
 from tiering.tables.catalog import PARTITION_FIELD, ensure_table, table_dataset
-from tiering.tables.marks import (SUMMARY_THROUGH, TableBehind, check_marks, dropped, gone_file, has_rows, prop,
-                                  uncounted)
+from tiering.tables.marks import (SUMMARY_THROUGH, TableBehind, check_marks, dead_letter_rounds, dropped, gone_file,
+                                  has_rows, prop, uncounted)
 from tiering.tables.naming import (DLQ_SUFFIX, PROP_SYNCED, PROP_TRIMMED, SUMMARY_DLQ_FILES, SUMMARY_LEDGERS, SUMMARY_RUN,
                                    SUMMARY_TOPIC, batches, encode_ledgers)
 
@@ -301,12 +301,7 @@ class TableSync:
         """Commit to TABLE__dlq the dead-letter files of the table's rounds it has not taken yet, in order,
         each guarded by the dead-letter table's own mark: the table's commit (its snapshot summary) is the
         record, so a run killed between the two commits loses no dead letter and adds none twice."""
-        rounds = []
-        for s in table.snapshots():
-            summary = s.summary.additional_properties if s.summary else {}
-            if summary.get(SUMMARY_DLQ_FILES):
-                rounds.append((int(summary[SUMMARY_THROUGH]), summary[SUMMARY_DLQ_FILES].split(",")))
-        for through, files in sorted(rounds):
+        for through, files in dead_letter_rounds(table):
             mark = prop(dlq, PROP_SYNCED)
             if through <= mark:
                 continue
